@@ -1,0 +1,402 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/engine/transport/shm"
+)
+
+// batch is a set of tasks submitted together and awaited together.
+type batch struct {
+	capacity int
+
+	mu         sync.Mutex
+	tasks      []*task
+	unfinished int
+	waiters    []chan struct{}
+	notify     *pendingNotify
+}
+
+type pendingNotify struct {
+	seg *segment
+	n   Notify
+}
+
+// task is one submitted Request, cut into slices.
+type task struct {
+	e        *Engine
+	b        *batch
+	op       Op
+	via      string
+	length   uint64
+	start    time.Time
+	left     atomic.Int32
+	done     atomic.Uint64
+	status   atomic.Int32
+	err      atomic.Pointer[error]
+	canceled bool
+}
+
+// SubmitOption adjusts one Submit call.
+type SubmitOption func(*submitOpts)
+
+type submitOpts struct {
+	deadline time.Time
+	notify   *Notify
+}
+
+// WithDeadline sets the deadline of the submitted requests (default: now
+// plus Config.Timeout).
+func WithDeadline(t time.Time) SubmitOption { return func(o *submitOpts) { o.deadline = t } }
+
+// WithNotify sends n to the target of the first request once every task of
+// the batch has completed successfully (Mooncake's submitTransferWithNotify).
+func WithNotify(n Notify) SubmitOption { return func(o *submitOpts) { o.notify = &n } }
+
+// AllocateBatch returns a batch that holds up to size tasks.
+func (e *Engine) AllocateBatch(size int) (BatchID, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	if size <= 0 {
+		return 0, errorf(CodeInvalidArgument, "allocate batch of %d", size)
+	}
+	e.batchMu.Lock()
+	defer e.batchMu.Unlock()
+	id := e.nextBatch
+	e.nextBatch++
+	e.batches[id] = &batch{capacity: size}
+	return id, nil
+}
+
+// FreeBatch releases a batch. A batch with unfinished tasks is busy
+// (CodeBatchBusy) and stays allocated.
+func (e *Engine) FreeBatch(id BatchID) error {
+	e.batchMu.Lock()
+	defer e.batchMu.Unlock()
+	b, ok := e.batches[id]
+	if !ok {
+		return errorf(CodeInvalidArgument, "free batch %d: unknown batch", id)
+	}
+	b.mu.Lock()
+	busy := b.unfinished > 0
+	b.mu.Unlock()
+	if busy {
+		return &Error{CodeBatchBusy, fmt.Sprintf("free batch %d: tasks still running", id)}
+	}
+	delete(e.batches, id)
+	return nil
+}
+
+func (e *Engine) batch(id BatchID) (*batch, error) {
+	e.batchMu.RLock()
+	defer e.batchMu.RUnlock()
+	b, ok := e.batches[id]
+	if !ok {
+		return nil, errorf(CodeInvalidArgument, "batch %d: unknown batch", id)
+	}
+	return b, nil
+}
+
+// Submit starts reqs as new tasks of batch id; their task IDs follow those
+// already submitted to the batch, in order. Every request is checked first
+// (registered local memory, open segment, capacity); if one is bad nothing
+// is submitted. Submit returns once the work is queued; it may block while
+// a peer's queue is full, never past the deadline.
+func (e *Engine) Submit(id BatchID, reqs []Request, opts ...SubmitOption) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	var o submitOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.deadline.IsZero() {
+		o.deadline = time.Now().Add(e.cfg.Timeout)
+	}
+	b, err := e.batch(id)
+	if err != nil {
+		return err
+	}
+	segs := make([]*segment, len(reqs))
+	for i, r := range reqs {
+		if segs[i], err = e.check(r); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	if o.notify != nil && (len(reqs) == 0 || segs[0] == nil) {
+		return errorf(CodeInvalidArgument, "submit with notify: needs a remote target")
+	}
+	tasks := make([]*task, len(reqs))
+	now := time.Now()
+	for i, r := range reqs {
+		tasks[i] = &task{e: e, b: b, op: r.Op, length: r.Length, start: now, via: e.via(segs[i])}
+		tasks[i].status.Store(int32(Pending))
+	}
+	b.mu.Lock()
+	if len(b.tasks)+len(reqs) > b.capacity {
+		b.mu.Unlock()
+		return &Error{CodeTooManyRequests, fmt.Sprintf("batch %d holds %d tasks: %d submitted, %d more asked",
+			id, b.capacity, len(b.tasks), len(reqs))}
+	}
+	if o.notify != nil {
+		b.notify = &pendingNotify{seg: segs[0], n: *o.notify}
+	}
+	b.tasks = append(b.tasks, tasks...)
+	b.unfinished += len(reqs)
+	b.mu.Unlock()
+	if len(reqs) == 0 {
+		b.settle(e)
+	}
+	for i, r := range reqs {
+		e.launch(tasks[i], segs[i], r, o.deadline)
+	}
+	return nil
+}
+
+// check validates a request and returns its segment (nil for local).
+func (e *Engine) check(r Request) (*segment, error) {
+	if r.Op != Read && r.Op != Write {
+		return nil, errorf(CodeInvalidArgument, "opcode %d", r.Op)
+	}
+	if r.Length == 0 {
+		return nil, errorf(CodeInvalidArgument, "zero-length transfer")
+	}
+	if e.mem.find(uint64(r.Local), r.Length) == nil {
+		return nil, errorf(CodeAddressNotRegistered, "local %#x+%d is not inside registered memory", r.Local, r.Length)
+	}
+	if r.Segment == LocalSegment {
+		if e.mem.find(r.Remote, r.Length) == nil {
+			return nil, errorf(CodeAddressNotRegistered, "local segment %#x+%d is not inside registered memory", r.Remote, r.Length)
+		}
+		return nil, nil
+	}
+	seg := e.segment(r.Segment)
+	if seg == nil {
+		return nil, errorf(CodeInvalidArgument, "segment %d is not open", r.Segment)
+	}
+	return seg, nil
+}
+
+func (e *Engine) via(seg *segment) string {
+	switch {
+	case seg == nil:
+		return "local"
+	case seg.shm != nil && !seg.stale.Load():
+		return "shm"
+	}
+	return "tcp"
+}
+
+// launch cuts a task into slices and hands them to its transport.
+func (e *Engine) launch(t *task, seg *segment, r Request, deadline time.Time) {
+	if seg == nil {
+		// Local segment: both ranges are ours and registered.
+		if r.Op == Write {
+			copy(transport.Bytes(uintptr(r.Remote), r.Length), transport.Bytes(r.Local, r.Length))
+		} else {
+			copy(transport.Bytes(r.Local, r.Length), transport.Bytes(uintptr(r.Remote), r.Length))
+		}
+		t.left.Store(1)
+		t.sliceDone(&transport.Slice{Length: r.Length}, nil)
+		return
+	}
+	size := e.cfg.SliceSize
+	// The tail absorbs a remainder under a quarter slice, as Mooncake does.
+	n := r.Length / size
+	if n == 0 || r.Length%size > size/4 {
+		n++
+	}
+	t.left.Store(int32(n))
+	off := uint64(0)
+	for i := range n {
+		l := size
+		if i == n-1 {
+			l = r.Length - off
+		}
+		s := &transport.Slice{Op: r.Op, Local: r.Local + uintptr(off), Remote: r.Remote + off,
+			Length: l, Deadline: deadline, Done: t.sliceDone}
+		off += l
+		e.route(seg, s)
+	}
+}
+
+// route sends a slice down the best path to seg: shared memory when the
+// peer is on this host, TCP otherwise or when shared memory gives up.
+func (e *Engine) route(seg *segment, s *transport.Slice) {
+	if seg.shm != nil && !seg.stale.Load() {
+		e.shm.Submit(seg.shm, s, func(s *transport.Slice) {
+			if seg.stale.CompareAndSwap(false, true) {
+				e.log.Info("same-host path stale, falling back to TCP", "segment", seg.name)
+			}
+			if len(seg.tcp) == 0 || e.cfg.Transport == "shm" {
+				s.Done(s, fmt.Errorf("%w: %v", transport.ErrPeer, shm.ErrStale))
+				return
+			}
+			// Never block a copy worker on a TCP queue.
+			go e.tcp.Submit(seg.tcp, s)
+		})
+		return
+	}
+	e.tcp.Submit(seg.tcp, s)
+}
+
+func (t *task) sliceDone(s *transport.Slice, err error) {
+	if err != nil {
+		if t.err.Load() == nil {
+			t.err.CompareAndSwap(nil, &err)
+		}
+	} else {
+		t.done.Add(s.Length)
+	}
+	if t.left.Add(-1) != 0 {
+		return
+	}
+	st := Completed
+	if p := t.err.Load(); p != nil {
+		st = Failed
+		if errors.Is(*p, transport.ErrTimeout) {
+			st = Timeout
+		}
+	}
+	t.status.Store(int32(st))
+	t.e.m.finished(t.op, t.via, t.length, st, time.Since(t.start))
+	t.b.taskDone(t.e)
+}
+
+func (b *batch) taskDone(e *Engine) {
+	b.mu.Lock()
+	b.unfinished--
+	b.mu.Unlock()
+	b.settle(e)
+}
+
+// settle wakes waiters and sends the pending notify once nothing is left.
+func (b *batch) settle(e *Engine) {
+	b.mu.Lock()
+	if b.unfinished > 0 {
+		b.mu.Unlock()
+		return
+	}
+	ws := b.waiters
+	b.waiters = nil
+	pn := b.notify
+	b.notify = nil
+	ok := true
+	for _, t := range b.tasks {
+		ok = ok && Status(t.status.Load()) == Completed
+	}
+	b.mu.Unlock()
+	for _, w := range ws {
+		close(w)
+	}
+	if pn == nil {
+		return
+	}
+	if !ok {
+		e.log.Warn("batch failed: notification not sent", "segment", pn.seg.name, "notify", pn.n.Name)
+		return
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+		defer cancel()
+		if err := e.SendNotify(ctx, pn.seg.name, pn.n); err != nil {
+			e.log.Warn("batch notification failed", "segment", pn.seg.name, "err", err)
+		}
+	}()
+}
+
+// TaskStatus returns the state of task (its index in submission order).
+func (e *Engine) TaskStatus(id BatchID, taskID int) (TransferStatus, error) {
+	b, err := e.batch(id)
+	if err != nil {
+		return TransferStatus{}, err
+	}
+	b.mu.Lock()
+	if taskID < 0 || taskID >= len(b.tasks) {
+		n := len(b.tasks)
+		b.mu.Unlock()
+		return TransferStatus{}, errorf(CodeInvalidArgument, "batch %d has no task %d (%d submitted)", id, taskID, n)
+	}
+	t := b.tasks[taskID]
+	b.mu.Unlock()
+	return t.state(), nil
+}
+
+func (t *task) state() TransferStatus {
+	ts := TransferStatus{Status: Status(t.status.Load()), Transferred: t.done.Load()}
+	if ts.Status.Done() {
+		if p := t.err.Load(); p != nil {
+			ts.Err = *p
+		}
+	}
+	return ts
+}
+
+// BatchStatus sums up a batch: Waiting when empty, Pending while any task
+// runs, then Completed if every task completed, else the first failure.
+func (e *Engine) BatchStatus(id BatchID) (TransferStatus, error) {
+	b, err := e.batch(id)
+	if err != nil {
+		return TransferStatus{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.summary(), nil
+}
+
+func (b *batch) summary() TransferStatus {
+	if len(b.tasks) == 0 {
+		return TransferStatus{Status: Waiting}
+	}
+	sum := TransferStatus{Status: Completed}
+	for _, t := range b.tasks {
+		s := t.state()
+		sum.Transferred += s.Transferred
+		switch {
+		case !s.Status.Done():
+			sum.Status = Pending
+		case s.Status != Completed && sum.Status == Completed:
+			sum.Status, sum.Err = s.Status, s.Err
+		}
+	}
+	if b.unfinished > 0 {
+		sum.Status, sum.Err = Pending, nil
+	}
+	return sum
+}
+
+// Wait blocks until every task of the batch is final or ctx ends, and
+// returns the batch summary.
+func (e *Engine) Wait(ctx context.Context, id BatchID) (TransferStatus, error) {
+	b, err := e.batch(id)
+	if err != nil {
+		return TransferStatus{}, err
+	}
+	b.mu.Lock()
+	if b.unfinished == 0 {
+		defer b.mu.Unlock()
+		return b.summary(), nil
+	}
+	w := make(chan struct{})
+	b.waiters = append(b.waiters, w)
+	b.mu.Unlock()
+	select {
+	case <-w:
+	case <-ctx.Done():
+		return TransferStatus{Status: Pending}, ctx.Err()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.summary(), nil
+}

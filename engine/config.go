@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mooncake-go/mooncake/engine/metadata"
+)
+
+// Config configures an Engine. The zero value is a working P2P-handshake
+// engine on an automatically chosen address; fields say what zero means.
+type Config struct {
+	// Metadata is where segment descriptors live (see metadata.Open):
+	// "P2PHANDSHAKE" (zero), "etcd://h:p", "http://h:p/metadata",
+	// "memory://name".
+	Metadata string
+	// LocalServerName is this engine's segment name. In P2PHANDSHAKE mode it
+	// becomes "<host>:<rpc port>", as Mooncake does; elsewhere zero means the
+	// same.
+	LocalServerName string
+	// Host is the address peers reach this engine at and the address its
+	// sockets bind. Zero: MC_TCP_BIND_ADDRESS, else the host part of
+	// LocalServerName when it is an IP, else the first non-loopback IPv4,
+	// else 127.0.0.1.
+	Host string
+	// RPCPort is the handshake port; DataPort the TCP data port. Zero picks
+	// a free port.
+	RPCPort, DataPort int
+	// Transport picks the data path: "auto" (zero: shared memory with peers
+	// on this host, TCP otherwise), "tcp", or "shm" (same-host peers only).
+	Transport string
+	// Secret, when set, must be known by every peer (handshake and data
+	// connections both authenticate). Zero: MC_TE_SECRET, else none, which
+	// keeps the wire identical to Mooncake's.
+	Secret string
+	// Lanes is the number of TCP connections per peer. Zero: 4
+	// (MC_TCP_LANES_PER_PEER).
+	Lanes int
+	// SliceSize is the largest piece a request is cut into. Zero: 1 MiB.
+	SliceSize uint64
+	// Timeout is the deadline of each request from its submission. Zero:
+	// MC_TRANSFER_TIMEOUT seconds, else 30 s.
+	Timeout time.Duration
+	// MaxRetries bounds the retries of a slice on another lane. Zero: 3.
+	MaxRetries int
+	// TCPv1 speaks protocol version 1 to peers (MC_TCP_PROTO=1).
+	TCPv1 bool
+	// Logger receives structured logs. Zero: slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the engine's metrics. Zero: none are exported
+	// (they are still counted; see Engine.Metrics).
+	Registerer prometheus.Registerer
+}
+
+// Validate names the first bad field.
+func (c *Config) Validate() error {
+	switch c.Transport {
+	case "", "auto", "tcp", "shm":
+	default:
+		return errorf(CodeInvalidArgument, "config: Transport %q (want auto, tcp or shm)", c.Transport)
+	}
+	if c.RPCPort < 0 || c.RPCPort > 65535 {
+		return errorf(CodeInvalidArgument, "config: RPCPort %d", c.RPCPort)
+	}
+	if c.DataPort < 0 || c.DataPort > 65535 {
+		return errorf(CodeInvalidArgument, "config: DataPort %d", c.DataPort)
+	}
+	if c.Lanes < 0 || c.Lanes > 64 {
+		return errorf(CodeInvalidArgument, "config: Lanes %d (0..64)", c.Lanes)
+	}
+	if c.SliceSize != 0 && c.SliceSize < 4096 {
+		return errorf(CodeInvalidArgument, "config: SliceSize %d (at least 4096)", c.SliceSize)
+	}
+	if c.Timeout < 0 || c.MaxRetries < 0 {
+		return errorf(CodeInvalidArgument, "config: negative Timeout or MaxRetries")
+	}
+	return nil
+}
+
+// withDefaults fills zero fields from the environment and defaults.
+func (c Config) withDefaults() Config {
+	if c.Metadata == "" {
+		c.Metadata = metadata.P2PHandshake
+	}
+	if c.Transport == "" {
+		c.Transport = "auto"
+	}
+	if c.Secret == "" {
+		c.Secret = os.Getenv("MC_TE_SECRET")
+	}
+	if c.Host == "" {
+		c.Host = defaultHost(c.LocalServerName)
+	}
+	if c.Lanes == 0 {
+		c.Lanes = envInt("MC_TCP_LANES_PER_PEER", 4)
+	}
+	if c.SliceSize == 0 {
+		c.SliceSize = 1 << 20
+	}
+	if c.Timeout == 0 {
+		c.Timeout = time.Duration(envInt("MC_TRANSFER_TIMEOUT", 30)) * time.Second
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = 3
+	}
+	if os.Getenv("MC_TCP_PROTO") == "1" {
+		c.TCPv1 = true
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func defaultHost(serverName string) string {
+	if h := os.Getenv("MC_TCP_BIND_ADDRESS"); h != "" {
+		return h
+	}
+	host := serverName
+	if h, _, err := net.SplitHostPort(serverName); err == nil {
+		host = h
+	}
+	if net.ParseIP(host) != nil {
+		return host
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+				return ipn.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+}
+
+func (c *Config) String() string {
+	return fmt.Sprintf("metadata=%s name=%s host=%s transport=%s lanes=%d", c.Metadata, c.LocalServerName, c.Host, c.Transport, c.Lanes)
+}

@@ -1,0 +1,555 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/engine/transport/shm"
+	"github.com/mooncake-go/mooncake/engine/transport/tcp"
+)
+
+// Engine moves bytes between registered memory of this process and the
+// segments of peers. All methods are safe for concurrent use.
+type Engine struct {
+	cfg    Config
+	log    *slog.Logger
+	secret []byte
+	name   string
+	meta   metadata.Store // nil in P2PHANDSHAKE mode
+	mem    *registry
+	m      *metrics
+
+	hs     *metadata.HandshakeServer
+	server *tcp.Server
+	tcp    *tcp.Client
+	shm    *shm.Pool
+	ctrl   *shm.Control
+	hostID string
+	start  uint64
+
+	segMu    sync.Mutex
+	segs     map[SegmentID]*segment
+	segNames map[string]SegmentID
+	nextSeg  SegmentID
+
+	batchMu   sync.RWMutex
+	batches   map[BatchID]*batch
+	nextBatch BatchID
+
+	notifyMu sync.Mutex
+	notifies []Notify
+
+	closeMu sync.RWMutex // held for reading by calls in progress
+	closed  bool
+	wg      sync.WaitGroup // notify senders
+}
+
+// segment is an opened peer.
+type segment struct {
+	id      SegmentID
+	name    string
+	desc    *metadata.SegmentDesc
+	rpcAddr string
+	tcp     []string    // data addresses
+	shm     *shm.Peer   // same-host path, nil if none
+	stale   atomic.Bool // shm path gave up; TCP from now on
+}
+
+// maxNotifies bounds undelivered notifications kept for GetNotifies.
+const maxNotifies = 1 << 16
+
+// New starts an engine: its handshake and data listeners, and, outside
+// P2PHANDSHAKE mode, its records in the metadata store.
+func New(cfg Config) (e *Engine, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	e = &Engine{
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "engine"),
+		secret:    []byte(cfg.Secret),
+		mem:       newRegistry(),
+		m:         newMetrics(cfg.Registerer),
+		segs:      map[SegmentID]*segment{},
+		segNames:  map[string]SegmentID{},
+		nextSeg:   1,
+		batches:   map[BatchID]*batch{},
+		nextBatch: 1,
+	}
+	// Undo whatever was started if a later step fails.
+	defer func() {
+		if err != nil {
+			e.shutdown()
+			e = nil
+		}
+	}()
+	if e.meta, err = metadata.Open(cfg.Metadata); err != nil {
+		return nil, &Error{CodeMetadata, err.Error()}
+	}
+	if e.server, err = tcp.Listen(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.DataPort)), tcp.ServerConfig{
+		Memory: e.mem, Secret: e.secret, Logger: e.log, Served: e.m.served,
+	}); err != nil {
+		return nil, &Error{CodeSocket, err.Error()}
+	}
+	if e.hs, err = metadata.ServeHandshake(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.RPCPort)), e.handshake, e.secret, e.log); err != nil {
+		return nil, &Error{CodeSocket, err.Error()}
+	}
+	e.tcp = tcp.NewClient(tcp.ClientConfig{
+		Lanes: cfg.Lanes, MaxRetries: cfg.MaxRetries, Secret: e.secret, V1: cfg.TCPv1, Logger: e.log,
+	})
+	if cfg.Transport != "tcp" {
+		e.hostID = shm.HostID()
+		if e.ctrl, err = shm.NewControl(); err != nil {
+			return nil, errorf(CodeMemory, "shared-memory control page: %v", err)
+		}
+		if e.start, err = shm.StartTime(os.Getpid()); err != nil {
+			return nil, errorf(CodeMemory, "own start time: %v", err)
+		}
+		e.shm = shm.NewPool(0)
+	}
+	e.name = cfg.LocalServerName
+	if cfg.Metadata == metadata.P2PHandshake || e.name == "" {
+		host := cfg.Host
+		if h, _, err := net.SplitHostPort(cfg.LocalServerName); err == nil && h != "" {
+			host = h
+		} else if cfg.LocalServerName != "" && cfg.Metadata == metadata.P2PHandshake {
+			host = cfg.LocalServerName
+		}
+		e.name = net.JoinHostPort(host, strconv.Itoa(e.hs.Addr().Port))
+	}
+	if e.meta != nil {
+		rpc, _ := json.Marshal(metadata.RPCMeta{IPOrHostName: cfg.Host, RPCPort: e.hs.Addr().Port})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err = e.meta.Put(ctx, metadata.RPCMetaKey(e.name), rpc); err != nil {
+			return nil, &Error{CodeMetadata, fmt.Sprintf("publish rpc_meta: %v", err)}
+		}
+		if err = e.publish(ctx); err != nil {
+			return nil, err
+		}
+	}
+	e.log.Info("transfer engine started", "segment", e.name, "rpc", e.hs.Addr().String(),
+		"data", e.server.Addr().String(), "metadata", cfg.Metadata, "transport", cfg.Transport)
+	return e, nil
+}
+
+// Name is this engine's segment name, the one peers open.
+func (e *Engine) Name() string { return e.name }
+
+// RPCPort is the handshake port.
+func (e *Engine) RPCPort() int { return e.hs.Addr().Port }
+
+// DataPort is the TCP data port.
+func (e *Engine) DataPort() int { return e.server.Addr().Port }
+
+// Host is the address this engine is reached at.
+func (e *Engine) Host() string { return e.cfg.Host }
+
+// enter guards a call against a concurrent Close.
+func (e *Engine) enter() error {
+	e.closeMu.RLock()
+	if e.closed {
+		e.closeMu.RUnlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (e *Engine) leave() { e.closeMu.RUnlock() }
+
+// Close stops the engine: it removes its metadata records, fails transfers
+// still in flight, closes its sockets and waits for every goroutine it
+// started. Close is idempotent.
+func (e *Engine) Close() error {
+	e.closeMu.Lock()
+	if e.closed {
+		e.closeMu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.closeMu.Unlock()
+	if e.meta != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		e.meta.Delete(ctx, metadata.SegmentKey(e.name))
+		e.meta.Delete(ctx, metadata.RPCMetaKey(e.name))
+		cancel()
+	}
+	e.shutdown()
+	return nil
+}
+
+// shutdown releases everything in reverse order of New.
+func (e *Engine) shutdown() {
+	if e.tcp != nil {
+		e.tcp.Close()
+	}
+	if e.shm != nil {
+		e.shm.Close()
+	}
+	e.wg.Wait()
+	e.segMu.Lock()
+	for _, s := range e.segs {
+		if s.shm != nil {
+			s.shm.Close()
+		}
+	}
+	e.segs = map[SegmentID]*segment{}
+	e.segMu.Unlock()
+	if e.hs != nil {
+		e.hs.Close()
+	}
+	if e.server != nil {
+		e.server.Close()
+	}
+	if e.ctrl != nil {
+		e.ctrl.Close()
+	}
+	if e.meta != nil {
+		e.meta.Close()
+	}
+}
+
+// RegisterMemory makes [addr, addr+length) usable in transfers; when
+// remoteAccessible, peers may read and write it. Zero-length and
+// overlapping regions are rejected (CodeAddressOverlapped), as Mooncake.
+func (e *Engine) RegisterMemory(addr uintptr, length uint64, location string, remoteAccessible bool) error {
+	return e.register(uint64(addr), length, location, remoteAccessible, -1)
+}
+
+func (e *Engine) register(addr, length uint64, location string, remote bool, fd int) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	if location == "" || location == "*" {
+		location = "cpu:0"
+	}
+	if err := e.mem.add(&region{addr: addr, length: length, location: location, remote: remote, fd: fd}); err != nil {
+		return err
+	}
+	return e.republish()
+}
+
+// UnregisterMemory removes the region registered at addr. It returns once
+// no transfer serving a peer touches the region any more.
+func (e *Engine) UnregisterMemory(addr uintptr) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	if _, err := e.mem.remove(uint64(addr)); err != nil {
+		return err
+	}
+	if e.ctrl != nil {
+		e.ctrl.Bump()
+	}
+	return e.republish()
+}
+
+func (e *Engine) republish() error {
+	if e.meta == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return e.publish(ctx)
+}
+
+// descriptor is this engine's segment descriptor as peers see it.
+func (e *Engine) descriptor() *metadata.SegmentDesc {
+	d := &metadata.SegmentDesc{
+		Name:            e.name,
+		Protocol:        json.RawMessage(`"tcp"`),
+		TCPDataPort:     e.server.Addr().Port,
+		TCPProtoVersion: 2,
+		Timestamp:       strconv.FormatInt(time.Now().UnixNano(), 10),
+		Buffers:         []metadata.Buffer{},
+	}
+	if e.cfg.TCPv1 {
+		d.TCPProtoVersion = 1
+	}
+	var shared []metadata.SharedBuffer
+	for _, r := range e.mem.list() {
+		if !r.remote {
+			continue
+		}
+		d.Buffers = append(d.Buffers, metadata.Buffer{Name: r.location, Addr: r.addr, Length: r.length})
+		if r.fd >= 0 {
+			shared = append(shared, metadata.SharedBuffer{Addr: r.addr, Length: r.length, FD: r.fd})
+		}
+	}
+	if e.ctrl != nil && e.hostID != "" {
+		d.Local = &metadata.LocalInfo{HostID: e.hostID, PID: os.Getpid(), StartTime: e.start,
+			ControlFD: e.ctrl.FD(), Shared: shared}
+	}
+	return d
+}
+
+func (e *Engine) publish(ctx context.Context) error {
+	b, err := json.Marshal(e.descriptor())
+	if err != nil {
+		return errorf(CodeMalformedJSON, "encode descriptor: %v", err)
+	}
+	if err := e.meta.Put(ctx, metadata.SegmentKey(e.name), b); err != nil {
+		return errorf(CodeMetadata, "publish segment %s: %v", e.name, err)
+	}
+	return nil
+}
+
+// handshake answers the handshake socket.
+func (e *Engine) handshake(typ byte, body []byte, remote net.Addr) ([]byte, error) {
+	switch typ {
+	case metadata.TypeMetadata:
+		return json.Marshal(e.descriptor())
+	case metadata.TypeNotify:
+		var n Notify
+		if err := json.Unmarshal(body, &n); err != nil {
+			return nil, fmt.Errorf("notify from %s: %v", remote, err)
+		}
+		e.notifyMu.Lock()
+		if len(e.notifies) >= maxNotifies {
+			e.notifies = e.notifies[1:]
+			e.log.Warn("notification queue full: dropped the oldest", "limit", maxNotifies)
+		}
+		e.notifies = append(e.notifies, n)
+		e.notifyMu.Unlock()
+		e.m.notifies.Inc()
+		return json.Marshal(n)
+	case metadata.TypeProbe:
+		return []byte(`{"status":"success"}`), nil
+	}
+	return json.Marshal(map[string]string{"reply_msg": "connection handshake (RDMA) is not supported by this engine"})
+}
+
+// OpenSegment resolves a peer's segment by name and returns its ID; opening
+// a name twice returns the same ID. This engine's own name is LocalSegment.
+func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error) {
+	if err := e.enter(); err != nil {
+		return 0, err
+	}
+	defer e.leave()
+	if name == e.name {
+		return LocalSegment, nil
+	}
+	e.segMu.Lock()
+	if id, ok := e.segNames[name]; ok {
+		e.segMu.Unlock()
+		return id, nil
+	}
+	e.segMu.Unlock()
+	seg, err := e.resolve(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	e.segMu.Lock()
+	defer e.segMu.Unlock()
+	if id, ok := e.segNames[name]; ok { // lost a race with another opener
+		if seg.shm != nil {
+			seg.shm.Close()
+		}
+		return id, nil
+	}
+	seg.id = e.nextSeg
+	e.nextSeg++
+	e.segs[seg.id] = seg
+	e.segNames[name] = seg.id
+	return seg.id, nil
+}
+
+func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
+	seg := &segment{name: name}
+	var host string
+	if e.meta == nil {
+		h, _, err := net.SplitHostPort(name)
+		if err != nil {
+			return nil, errorf(CodeInvalidArgument, "open segment %q: P2PHANDSHAKE names are host:port", name)
+		}
+		host, seg.rpcAddr = h, name
+		mine, _ := json.Marshal(e.descriptor())
+		reply, err := metadata.Call(ctx, name, metadata.TypeMetadata, mine, e.secret)
+		if err != nil {
+			return nil, &Error{CodeSocket, fmt.Sprintf("open segment %s: %v", name, err)}
+		}
+		if seg.desc, err = metadata.ParseSegmentDesc(reply); err != nil {
+			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
+		}
+	} else {
+		raw, err := e.meta.Get(ctx, metadata.SegmentKey(name))
+		if err != nil {
+			return nil, &Error{CodeMetadata, fmt.Sprintf("open segment %s: %v", name, err)}
+		}
+		if seg.desc, err = metadata.ParseSegmentDesc(raw); err != nil {
+			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
+		}
+		raw, err = e.meta.Get(ctx, metadata.RPCMetaKey(name))
+		if err != nil {
+			return nil, &Error{CodeMetadata, fmt.Sprintf("open segment %s: rpc_meta: %v", name, err)}
+		}
+		rpc, err := metadata.ParseRPCMeta(raw)
+		if err != nil {
+			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
+		}
+		host, seg.rpcAddr = rpc.IPOrHostName, net.JoinHostPort(rpc.IPOrHostName, strconv.Itoa(rpc.RPCPort))
+	}
+	if seg.desc.TCPDataPort > 0 {
+		seg.tcp = []string{net.JoinHostPort(host, strconv.Itoa(seg.desc.TCPDataPort))}
+	}
+	if l := seg.desc.Local; l != nil && e.shm != nil && l.HostID == e.hostID {
+		info := shm.PeerInfo{PID: l.PID, StartTime: l.StartTime, ControlFD: l.ControlFD}
+		for _, b := range l.Shared {
+			info.Shared = append(info.Shared, shm.Shared{Addr: b.Addr, Length: b.Length, FD: b.FD})
+		}
+		p, err := shm.Open(info)
+		if err != nil {
+			e.log.Info("same-host path unavailable, using TCP", "segment", name, "err", err)
+		}
+		seg.shm = p
+	}
+	switch {
+	case e.cfg.Transport == "shm" && seg.shm == nil:
+		return nil, errorf(CodeDeviceNotFound, "open segment %s: not reachable through shared memory", name)
+	case seg.shm == nil && len(seg.tcp) == 0:
+		return nil, errorf(CodeEndpoint, "open segment %s: descriptor offers no TCP data port", name)
+	}
+	return seg, nil
+}
+
+// CloseSegment forgets an opened segment; its lanes close.
+func (e *Engine) CloseSegment(id SegmentID) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	if id == LocalSegment {
+		return nil
+	}
+	e.segMu.Lock()
+	seg, ok := e.segs[id]
+	delete(e.segs, id)
+	if ok {
+		delete(e.segNames, seg.name)
+	}
+	e.segMu.Unlock()
+	if !ok {
+		return errorf(CodeInvalidArgument, "close segment %d: not open", id)
+	}
+	e.tcp.Forget(seg.tcp)
+	if seg.shm != nil {
+		seg.shm.Close()
+	}
+	return nil
+}
+
+func (e *Engine) segment(id SegmentID) *segment {
+	e.segMu.Lock()
+	defer e.segMu.Unlock()
+	return e.segs[id]
+}
+
+// SegmentName returns the name of an opened segment.
+func (e *Engine) SegmentName(id SegmentID) (string, bool) {
+	if id == LocalSegment {
+		return e.name, true
+	}
+	if s := e.segment(id); s != nil {
+		return s.name, true
+	}
+	return "", false
+}
+
+// SegmentBuffers lists the buffers an opened segment published when it was
+// opened (Mooncake's get_first_buffer_address reads the first).
+func (e *Engine) SegmentBuffers(id SegmentID) ([]metadata.Buffer, error) {
+	if id == LocalSegment {
+		return e.descriptor().Buffers, nil
+	}
+	s := e.segment(id)
+	if s == nil {
+		return nil, errorf(CodeInvalidArgument, "segment %d: not open", id)
+	}
+	return s.desc.Buffers, nil
+}
+
+// Probe checks that the engine serving segment name answers.
+func (e *Engine) Probe(ctx context.Context, name string) error {
+	addr, err := e.rpcAddr(ctx, name)
+	if err != nil {
+		return err
+	}
+	reply, err := metadata.Call(ctx, addr, metadata.TypeProbe, []byte(`{}`), e.secret)
+	if err != nil {
+		return &Error{CodeSocket, fmt.Sprintf("probe %s: %v", name, err)}
+	}
+	var r struct{ Status string }
+	if json.Unmarshal(reply, &r) != nil || r.Status != "success" {
+		return errorf(CodeRejectHandshake, "probe %s: reply %q", name, reply)
+	}
+	return nil
+}
+
+// rpcAddr finds the handshake address of a segment by name.
+func (e *Engine) rpcAddr(ctx context.Context, name string) (string, error) {
+	if name == e.name {
+		return e.hs.Addr().String(), nil
+	}
+	e.segMu.Lock()
+	if id, ok := e.segNames[name]; ok {
+		a := e.segs[id].rpcAddr
+		e.segMu.Unlock()
+		return a, nil
+	}
+	e.segMu.Unlock()
+	if e.meta == nil {
+		if _, _, err := net.SplitHostPort(name); err != nil {
+			return "", errorf(CodeInvalidArgument, "segment %q: P2PHANDSHAKE names are host:port", name)
+		}
+		return name, nil
+	}
+	raw, err := e.meta.Get(ctx, metadata.RPCMetaKey(name))
+	if err != nil {
+		return "", &Error{CodeMetadata, fmt.Sprintf("segment %s: rpc_meta: %v", name, err)}
+	}
+	rpc, err := metadata.ParseRPCMeta(raw)
+	if err != nil {
+		return "", &Error{CodeMalformedJSON, err.Error()}
+	}
+	return net.JoinHostPort(rpc.IPOrHostName, strconv.Itoa(rpc.RPCPort)), nil
+}
+
+// SendNotify delivers n to the engine serving segment name.
+func (e *Engine) SendNotify(ctx context.Context, name string, n Notify) error {
+	if err := e.enter(); err != nil {
+		return err
+	}
+	defer e.leave()
+	addr, err := e.rpcAddr(ctx, name)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(n)
+	if _, err := metadata.Call(ctx, addr, metadata.TypeNotify, body, e.secret); err != nil {
+		return &Error{CodeSocket, fmt.Sprintf("notify %s: %v", name, err)}
+	}
+	return nil
+}
+
+// Notifies returns and clears the notifications received so far, oldest
+// first.
+func (e *Engine) Notifies() []Notify {
+	e.notifyMu.Lock()
+	defer e.notifyMu.Unlock()
+	n := e.notifies
+	e.notifies = nil
+	return n
+}

@@ -1,0 +1,184 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-go/mooncake/engine"
+)
+
+// newEngine starts an engine on loopback and closes it with the test.
+func newEngine(t *testing.T, cfg engine.Config) *engine.Engine {
+	t.Helper()
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	e, err := engine.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+	return e
+}
+
+// anonMem maps n bytes outside the Go heap, as C or Python callers pass.
+func anonMem(t *testing.T, n int) []byte {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
+
+func addr(b []byte) uintptr { return engine.AddrOf(b) }
+
+func transfer(t *testing.T, e *engine.Engine, reqs []engine.Request) engine.TransferStatus {
+	t.Helper()
+	b, err := e.AllocateBatch(len(reqs))
+	require.NoError(t, err)
+	require.NoError(t, e.Submit(b, reqs))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := e.Wait(ctx, b)
+	require.NoError(t, err)
+	require.NoError(t, e.FreeBatch(b))
+	return st
+}
+
+func TestWriteReadRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		transport string
+		shared    bool // target memory from AllocateBuffer (memfd)
+	}{
+		{"tcp raw memory", "tcp", false},
+		{"tcp memfd buffer", "tcp", true},
+		{"auto same process", "auto", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target := newEngine(t, engine.Config{Transport: tc.transport})
+			init := newEngine(t, engine.Config{Transport: tc.transport, SliceSize: 64 << 10})
+			const n = 3<<20 + 12345
+			var dst []byte
+			if tc.shared {
+				buf, err := target.AllocateBuffer(n, "cpu:0")
+				require.NoError(t, err)
+				defer buf.Free()
+				dst = buf.Bytes()
+			} else {
+				dst = anonMem(t, n)
+				require.NoError(t, target.RegisterMemory(addr(dst), n, "cpu:0", true))
+			}
+			src := anonMem(t, 2*n)
+			rand.Read(src[:n])
+			require.NoError(t, init.RegisterMemory(addr(src), 2*n, "", true))
+
+			seg, err := init.OpenSegment(context.Background(), target.Name())
+			require.NoError(t, err)
+			st := transfer(t, init, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: n}})
+			require.Equal(t, engine.Completed, st.Status, "%v", st.Err)
+			require.Equal(t, uint64(n), st.Transferred)
+			require.True(t, bytes.Equal(src[:n], dst))
+
+			st = transfer(t, init, []engine.Request{{Op: engine.Read, Local: addr(src[n:]), Segment: seg, Remote: uint64(addr(dst)), Length: n}})
+			require.Equal(t, engine.Completed, st.Status, "%v", st.Err)
+			require.True(t, bytes.Equal(src[:n], src[n:]))
+		})
+	}
+}
+
+func TestRemoteRangeOutsideRegistrationRejected(t *testing.T) {
+	target := newEngine(t, engine.Config{Transport: "tcp"})
+	init := newEngine(t, engine.Config{Transport: "tcp"})
+	dst := anonMem(t, 1<<20)
+	guard := anonMem(t, 4096)
+	require.NoError(t, target.RegisterMemory(addr(dst), 1<<20-4096, "", true))
+	private := anonMem(t, 4096)
+	require.NoError(t, target.RegisterMemory(addr(private), 4096, "", false))
+	src := anonMem(t, 1<<20)
+	for i := range src {
+		src[i] = 0xAB
+	}
+	require.NoError(t, init.RegisterMemory(addr(src), 1<<20, "", true))
+	seg, err := init.OpenSegment(context.Background(), target.Name())
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name   string
+		remote uint64
+		length uint64
+	}{
+		{"crosses the end of the region", uint64(addr(dst)) + 1<<20 - 8192, 8192},
+		{"wholly unregistered", uint64(addr(guard)), 16},
+		{"not remote-accessible", uint64(addr(private)), 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, op := range []engine.Op{engine.Write, engine.Read} {
+				st := transfer(t, init, []engine.Request{{Op: op, Local: addr(src), Segment: seg, Remote: tc.remote, Length: tc.length}})
+				require.Equal(t, engine.Failed, st.Status)
+				require.Error(t, st.Err)
+			}
+		})
+	}
+	// Nothing beyond the registered range was touched, and the lanes still
+	// work after the rejections.
+	require.Equal(t, make([]byte, 8192), dst[1<<20-8192:])
+	require.Equal(t, make([]byte, 16), private[:16])
+	st := transfer(t, init, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: 4096}})
+	require.Equal(t, engine.Completed, st.Status, "%v", st.Err)
+}
+
+func TestBatchAPIErrors(t *testing.T) {
+	e := newEngine(t, engine.Config{Transport: "tcp"})
+	mem := anonMem(t, 8192)
+	require.NoError(t, e.RegisterMemory(addr(mem), 4096, "", true))
+
+	for _, tc := range []struct {
+		name string
+		call func() error
+		code engine.Code
+	}{
+		{"zero-length registration", func() error { return e.RegisterMemory(addr(mem[4096:]), 0, "", true) }, engine.CodeInvalidArgument},
+		{"overlapping registration", func() error { return e.RegisterMemory(addr(mem[100:]), 200, "", true) }, engine.CodeAddressOverlapped},
+		{"unregister unknown", func() error { return e.UnregisterMemory(addr(mem[4096:])) }, engine.CodeAddressNotRegistered},
+		{"zero batch", func() error { _, err := e.AllocateBatch(0); return err }, engine.CodeInvalidArgument},
+		{"free unknown batch", func() error { return e.FreeBatch(12345) }, engine.CodeInvalidArgument},
+		{"submit to unknown batch", func() error { return e.Submit(777, nil) }, engine.CodeInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.code, engine.CodeOf(tc.call()))
+		})
+	}
+
+	b, err := e.AllocateBatch(1)
+	require.NoError(t, err)
+	local := engine.Request{Op: engine.Write, Local: addr(mem), Segment: engine.LocalSegment, Remote: uint64(addr(mem)) + 2048, Length: 1024}
+	bad := []struct {
+		name string
+		req  engine.Request
+		code engine.Code
+	}{
+		{"unregistered local memory", engine.Request{Op: engine.Write, Local: addr(mem[4096:]), Segment: engine.LocalSegment, Remote: uint64(addr(mem)), Length: 8}, engine.CodeAddressNotRegistered},
+		{"unknown segment", engine.Request{Op: engine.Write, Local: addr(mem), Segment: 99, Remote: 1, Length: 8}, engine.CodeInvalidArgument},
+		{"zero length", engine.Request{Op: engine.Write, Local: addr(mem), Segment: engine.LocalSegment, Remote: uint64(addr(mem)), Length: 0}, engine.CodeInvalidArgument},
+		{"bad opcode", engine.Request{Op: 7, Local: addr(mem), Segment: engine.LocalSegment, Remote: uint64(addr(mem)), Length: 8}, engine.CodeInvalidArgument},
+	}
+	for _, tc := range bad {
+		require.Equal(t, tc.code, engine.CodeOf(e.Submit(b, []engine.Request{tc.req})), tc.name)
+	}
+	require.NoError(t, e.Submit(b, []engine.Request{local}))
+	require.Equal(t, engine.CodeTooManyRequests, engine.CodeOf(e.Submit(b, []engine.Request{local})))
+	st, err := e.Wait(context.Background(), b)
+	require.NoError(t, err)
+	require.Equal(t, engine.Completed, st.Status)
+	_, err = e.TaskStatus(b, 1)
+	require.Equal(t, engine.CodeInvalidArgument, engine.CodeOf(err))
+	require.NoError(t, e.FreeBatch(b))
+	require.NoError(t, e.Close())
+	require.True(t, errors.Is(e.RegisterMemory(addr(mem[4096:]), 10, "", true), engine.ErrClosed))
+}

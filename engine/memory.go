@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mooncake-go/mooncake/engine/transport"
+)
+
+// region is one registered memory range. Serving a remote request holds pin
+// for reading; unregistering takes it for writing, so UnregisterMemory
+// returns only once no transport touches the range any more.
+type region struct {
+	addr     uint64
+	length   uint64
+	location string
+	remote   bool // remote-accessible
+	fd       int  // memfd backing it, or -1
+
+	pin  sync.RWMutex
+	gone bool // set under pin once unregistered
+}
+
+func (r *region) end() uint64 { return r.addr + r.length }
+
+func (r *region) Release() { r.pin.RUnlock() }
+
+// registry holds the registered regions as an immutable sorted snapshot so
+// that lookups on the data path take no lock.
+type registry struct {
+	mu   sync.Mutex // serialises writers
+	snap atomic.Pointer[[]*region]
+}
+
+func newRegistry() *registry {
+	r := &registry{}
+	r.snap.Store(&[]*region{})
+	return r
+}
+
+func (g *registry) list() []*region { return *g.snap.Load() }
+
+// find returns the region containing [addr, addr+n), or nil.
+func (g *registry) find(addr, n uint64) *region {
+	rs := g.list()
+	i, _ := slices.BinarySearchFunc(rs, addr, func(r *region, a uint64) int {
+		switch {
+		case r.end() <= a:
+			return -1
+		case r.addr > a:
+			return 1
+		}
+		return 0
+	})
+	if i == len(rs) {
+		return nil
+	}
+	r := rs[i]
+	if addr < r.addr || addr+n < addr || addr+n > r.end() {
+		return nil
+	}
+	return r
+}
+
+func (g *registry) add(nr *region) error {
+	if nr.length == 0 {
+		return errorf(CodeInvalidArgument, "register memory %#x: zero length", nr.addr)
+	}
+	if nr.addr == 0 || nr.addr+nr.length < nr.addr {
+		return errorf(CodeInvalidArgument, "register memory %#x+%d: bad range", nr.addr, nr.length)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := g.list()
+	for _, r := range old {
+		if nr.addr < r.end() && r.addr < nr.end() {
+			return &Error{CodeAddressOverlapped, fmt.Sprintf("register memory %#x+%d overlaps %#x+%d",
+				nr.addr, nr.length, r.addr, r.length)}
+		}
+	}
+	next := append(slices.Clone(old), nr)
+	slices.SortFunc(next, func(a, b *region) int {
+		if a.addr < b.addr {
+			return -1
+		}
+		return 1
+	})
+	g.snap.Store(&next)
+	return nil
+}
+
+// remove drops the region starting at addr and waits until no transfer
+// holds it.
+func (g *registry) remove(addr uint64) (*region, error) {
+	g.mu.Lock()
+	old := g.list()
+	i := slices.IndexFunc(old, func(r *region) bool { return r.addr == addr })
+	if i < 0 {
+		g.mu.Unlock()
+		return nil, errorf(CodeAddressNotRegistered, "unregister memory %#x: not registered", addr)
+	}
+	r := old[i]
+	next := slices.Delete(slices.Clone(old), i, i+1)
+	g.snap.Store(&next)
+	g.mu.Unlock()
+	r.pin.Lock()
+	r.gone = true
+	r.pin.Unlock()
+	return r, nil
+}
+
+// Acquire implements transport.Memory for the serving side.
+func (g *registry) Acquire(addr, n uint64) (transport.Pinned, error) {
+	r := g.find(addr, n)
+	if r == nil {
+		return nil, fmt.Errorf("%w: %#x+%d is not inside registered memory", transport.ErrRejected, addr, n)
+	}
+	if !r.remote {
+		return nil, fmt.Errorf("%w: %#x+%d is not remote-accessible", transport.ErrRejected, addr, n)
+	}
+	r.pin.RLock()
+	if r.gone {
+		r.pin.RUnlock()
+		return nil, fmt.Errorf("%w: %#x+%d was unregistered", transport.ErrRejected, addr, n)
+	}
+	return r, nil
+}

@@ -1,0 +1,157 @@
+package metadata
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Keys and JSON below follow Mooncake's transfer metadata exactly, so that
+// our engines and the official ones find each other in one etcd or HTTP
+// metadata server.
+
+// KeyPrefix is "mooncake/" plus "<MC_METADATA_CLUSTER_ID>/" when that is set.
+func KeyPrefix() string {
+	if id := os.Getenv("MC_METADATA_CLUSTER_ID"); id != "" {
+		return "mooncake/" + id + "/"
+	}
+	return "mooncake/"
+}
+
+// SegmentKey is where the descriptor of segment name lives: ram/<name>, or
+// the bare name when it already contains a '/'.
+func SegmentKey(name string) string {
+	if strings.Contains(name, "/") {
+		return KeyPrefix() + name
+	}
+	return KeyPrefix() + "ram/" + name
+}
+
+// RPCMetaKey is where the handshake address of server name lives.
+func RPCMetaKey(name string) string { return KeyPrefix() + "rpc_meta/" + name }
+
+// RPCMeta is the handshake address of an engine.
+type RPCMeta struct {
+	IPOrHostName string `json:"ip_or_host_name"`
+	RPCPort      int    `json:"rpc_port"`
+}
+
+// Buffer is one registered memory region as published in a descriptor.
+type Buffer struct {
+	Name   string `json:"name"` // memory location, e.g. "cpu:0"
+	Addr   uint64 `json:"addr"`
+	Length uint64 `json:"length"`
+	// RKey and LKey are RDMA keys; empty for TCP, kept for round-trips.
+	RKey []uint32 `json:"rkey,omitempty"`
+	LKey []uint32 `json:"lkey,omitempty"`
+}
+
+// SegmentDesc is Mooncake's segment descriptor. Protocol is a string for a
+// single-protocol engine ("tcp"); a multi-protocol engine writes an array,
+// which is kept raw.
+type SegmentDesc struct {
+	Name            string          `json:"name"`
+	Protocol        json.RawMessage `json:"protocol"`
+	TCPDataPort     int             `json:"tcp_data_port"`
+	TCPProtoVersion int             `json:"tcp_proto_version,omitempty"`
+	Timestamp       string          `json:"timestamp,omitempty"`
+	RDMAServerName  string          `json:"rdma_server_name,omitempty"`
+	Buffers         []Buffer        `json:"buffers"`
+
+	// Local is our extension for same-host transfers. Engines that do not
+	// know it ignore unknown fields.
+	Local *LocalInfo `json:"mcgo_local,omitempty"`
+}
+
+// LocalInfo lets a peer on the same host reach this process's memory without
+// the network stack.
+type LocalInfo struct {
+	// HostID is the boot id plus the pid namespace: two processes with the
+	// same HostID see the same pids and the same /proc.
+	HostID string `json:"host_id"`
+	PID    int    `json:"pid"`
+	// StartTime is the process start time (clock ticks since boot, from
+	// /proc/<pid>/stat), so a recycled pid is never mistaken for us.
+	StartTime uint64 `json:"start_time"`
+	// ControlFD is a one-page memfd whose counter moves whenever this
+	// process unregisters memory, so peers drop stale mappings.
+	ControlFD int `json:"control_fd"`
+	// Shared lists the registered buffers backed by a memfd: a peer maps
+	// /proc/<pid>/fd/<fd> once and copies with plain memcpy.
+	Shared []SharedBuffer `json:"shared,omitempty"`
+}
+
+// SharedBuffer is a memfd-backed registered buffer.
+type SharedBuffer struct {
+	Addr   uint64 `json:"addr"`
+	Length uint64 `json:"length"`
+	FD     int    `json:"fd"`
+}
+
+// ErrBadDescriptor: a descriptor that does not parse or makes no sense.
+var ErrBadDescriptor = errors.New("metadata: malformed segment descriptor")
+
+// ProtocolName returns the descriptor's protocol: the string, or the first
+// entry of an array.
+func (d *SegmentDesc) ProtocolName() string {
+	var s string
+	if json.Unmarshal(d.Protocol, &s) == nil {
+		return s
+	}
+	var arr []string
+	if json.Unmarshal(d.Protocol, &arr) == nil && len(arr) > 0 {
+		return arr[0]
+	}
+	return ""
+}
+
+// HasProtocol reports whether the descriptor offers protocol p.
+func (d *SegmentDesc) HasProtocol(p string) bool {
+	var s string
+	if json.Unmarshal(d.Protocol, &s) == nil {
+		return s == p
+	}
+	var arr []string
+	if json.Unmarshal(d.Protocol, &arr) == nil {
+		for _, a := range arr {
+			if a == p {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ParseSegmentDesc decodes and checks a descriptor from the network.
+func ParseSegmentDesc(b []byte) (*SegmentDesc, error) {
+	var d SegmentDesc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadDescriptor, err)
+	}
+	if d.Name == "" {
+		return nil, fmt.Errorf("%w: no name", ErrBadDescriptor)
+	}
+	if d.TCPDataPort < 0 || d.TCPDataPort > 65535 {
+		return nil, fmt.Errorf("%w: tcp_data_port %d", ErrBadDescriptor, d.TCPDataPort)
+	}
+	for _, b := range d.Buffers {
+		if b.Addr+b.Length < b.Addr {
+			return nil, fmt.Errorf("%w: buffer %#x+%d wraps", ErrBadDescriptor, b.Addr, b.Length)
+		}
+	}
+	return &d, nil
+}
+
+// ParseRPCMeta decodes an rpc_meta record.
+func ParseRPCMeta(b []byte) (RPCMeta, error) {
+	var m RPCMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return RPCMeta{}, fmt.Errorf("metadata: malformed rpc_meta: %v", err)
+	}
+	if m.IPOrHostName == "" || m.RPCPort <= 0 || m.RPCPort > 65535 {
+		return RPCMeta{}, fmt.Errorf("metadata: malformed rpc_meta %q", b)
+	}
+	return m, nil
+}

@@ -1,0 +1,213 @@
+package metadata
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine/transport"
+)
+
+// The handshake socket carries Mooncake's control messages, one request and
+// one reply per connection. A frame is a u64 length in host byte order
+// (little-endian on every platform Mooncake ships for), counting what
+// follows; one type byte; then JSON. A first byte above 3 marks the legacy
+// untyped format, where the JSON starts right after the length.
+const (
+	TypeConnection byte = 0 // RDMA queue-pair exchange
+	TypeMetadata   byte = 1 // segment descriptor exchange (P2PHANDSHAKE)
+	TypeNotify     byte = 2 // {name, notify_msg}
+	TypeProbe      byte = 3 // liveness
+
+	// DefaultMaxFrame is Mooncake's MC_HANDSHAKE_MAX_LENGTH default.
+	DefaultMaxFrame = 1 << 20
+)
+
+// ErrFrame: bytes on the handshake socket that are not a valid frame.
+var ErrFrame = errors.New("metadata: malformed handshake frame")
+
+// WriteFrame writes one typed frame.
+func WriteFrame(w io.Writer, typ byte, body []byte) error {
+	buf := make([]byte, 9+len(body))
+	binary.LittleEndian.PutUint64(buf, uint64(1+len(body)))
+	buf[8] = typ
+	copy(buf[9:], body)
+	_, err := w.Write(buf)
+	return err
+}
+
+// ReadFrame reads one frame of at most max bytes (type byte included).
+func ReadFrame(r io.Reader, max int) (typ byte, body []byte, err error) {
+	var lb [8]byte
+	if _, err := io.ReadFull(r, lb[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.LittleEndian.Uint64(lb[:])
+	if n == 0 || n > uint64(max) {
+		return 0, nil, fmt.Errorf("%w: length %d (limit %d)", ErrFrame, n, max)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, fmt.Errorf("%w: %v", ErrFrame, err)
+	}
+	if buf[0] > TypeProbe {
+		return TypeConnection, buf, nil // legacy: no type byte
+	}
+	return buf[0], buf[1:], nil
+}
+
+// Handler answers handshake requests. The reply goes back with the
+// request's type byte. An error closes the connection without a reply.
+type Handler func(typ byte, body []byte, remote net.Addr) ([]byte, error)
+
+// HandshakeServer accepts handshake connections.
+type HandshakeServer struct {
+	ln      net.Listener
+	handler Handler
+	secret  []byte
+	max     int
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// ServeHandshake listens on addr and answers requests with h.
+func ServeHandshake(addr string, h Handler, secret []byte, log *slog.Logger) (*HandshakeServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: handshake listen %s: %w", addr, err)
+	}
+	return NewHandshakeServer(ln, h, secret, log), nil
+}
+
+// NewHandshakeServer serves on an existing listener (taking ownership).
+func NewHandshakeServer(ln net.Listener, h Handler, secret []byte, log *slog.Logger) *HandshakeServer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &HandshakeServer{ln: ln, handler: h, secret: secret, max: DefaultMaxFrame, log: log, conns: map[net.Conn]struct{}{}}
+	s.wg.Add(1)
+	go s.accept()
+	return s
+}
+
+// Addr is the listening address.
+func (s *HandshakeServer) Addr() *net.TCPAddr { return s.ln.Addr().(*net.TCPAddr) }
+
+// Close stops the server and waits for its goroutines.
+func (s *HandshakeServer) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func (s *HandshakeServer) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serve(c)
+	}
+}
+
+func (s *HandshakeServer) serve(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	if err := transport.ServerAuth(c, s.secret); err != nil {
+		s.log.Warn("handshake: rejected peer", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	// Mooncake's daemon gives a request 5 s to arrive.
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	typ, body, err := ReadFrame(c, s.max)
+	if err != nil {
+		s.log.Warn("handshake: bad request", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	reply, err := s.handler(typ, body, c.RemoteAddr())
+	if err != nil {
+		s.log.Warn("handshake: request refused", "remote", c.RemoteAddr(), "type", typ, "err", err)
+		return
+	}
+	if err := WriteFrame(c, typ, reply); err != nil {
+		return
+	}
+	// Half-close and wait for the client to hang up, as Mooncake does, so
+	// the reply is never cut off by a reset.
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	io.Copy(io.Discard, io.LimitReader(c, 1<<16))
+}
+
+// Call sends one request to the handshake server at addr and returns the
+// reply body. The context bounds the whole exchange (Mooncake: 5 s connect,
+// 60 s receive).
+func Call(ctx context.Context, addr string, typ byte, body []byte, secret []byte) ([]byte, error) {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: handshake dial %s: %w", addr, err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(60 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := transport.ClientAuth(c, secret); err != nil {
+		return nil, fmt.Errorf("metadata: handshake with %s: %w", addr, err)
+	}
+	if err := WriteFrame(c, typ, body); err != nil {
+		return nil, fmt.Errorf("metadata: handshake send to %s: %w", addr, err)
+	}
+	rtyp, reply, err := ReadFrame(c, DefaultMaxFrame)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: handshake reply from %s: %w", addr, err)
+	}
+	if rtyp != typ {
+		return nil, fmt.Errorf("%w: reply type %d to request type %d", ErrFrame, rtyp, typ)
+	}
+	return reply, nil
+}

@@ -1,0 +1,226 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine/transport"
+)
+
+// ServerConfig configures the serving side of the TCP transport.
+type ServerConfig struct {
+	// Memory checks and pins every requested range. Required.
+	Memory transport.Memory
+	// Secret, when set, is required from every connecting peer.
+	Secret []byte
+	// PayloadTimeout bounds moving one request's payload once its header has
+	// arrived. Zero means 30 s (Mooncake's MC_TCP_STATUS_TIMEOUT_SEC).
+	PayloadTimeout time.Duration
+	// MaxConns caps concurrent connections. Zero means 4096.
+	MaxConns int
+	// MaxDrain is the largest rejected WRITE payload the server reads and
+	// discards to keep the connection usable; past it the connection closes.
+	// Zero means 1 GiB.
+	MaxDrain uint64
+	// Served, if set, is called after each request with its outcome.
+	Served func(op transport.Op, n uint64, err error)
+	Logger *slog.Logger
+}
+
+// Server accepts data connections and serves READ/WRITE requests against
+// registered memory. Payload moves straight between the socket and that
+// memory: no intermediate buffer.
+type Server struct {
+	cfg ServerConfig
+	ln  net.Listener
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Listen starts a server on addr ("host:port"; port 0 picks one).
+func Listen(addr string, cfg ServerConfig) (*Server, error) {
+	if cfg.Memory == nil {
+		return nil, errors.New("tcp: ServerConfig.Memory is required")
+	}
+	if cfg.PayloadTimeout == 0 {
+		cfg.PayloadTimeout = 30 * time.Second
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 4096
+	}
+	if cfg.MaxDrain == 0 {
+		cfg.MaxDrain = 1 << 30
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: listen %s: %w", addr, err)
+	}
+	s := &Server{cfg: cfg, ln: ln, conns: make(map[net.Conn]struct{})}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() *net.TCPAddr { return s.ln.Addr().(*net.TCPAddr) }
+
+// Close stops accepting, closes every connection and waits for their
+// goroutines. Requests being served fail on the peer's side.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.cfg.Logger.Warn("tcp accept", "err", err)
+			time.Sleep(10 * time.Millisecond) // EMFILE and friends: back off
+			continue
+		}
+		s.mu.Lock()
+		if s.closed || len(s.conns) >= s.cfg.MaxConns {
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serve(c)
+	}
+}
+
+func (s *Server) serve(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	if err := transport.ServerAuth(c, s.cfg.Secret); err != nil {
+		s.cfg.Logger.Warn("tcp: rejected peer", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	var hdr [HeaderSize]byte
+	var st [StatusSize]byte
+	for {
+		// Between requests the connection may idle for ever: lanes persist.
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.cfg.Logger.Debug("tcp: connection ended", "remote", c.RemoteAddr(), "err", err)
+			}
+			return
+		}
+		h, err := ParseHeader(hdr[:])
+		if err != nil {
+			s.cfg.Logger.Warn("tcp: closing connection", "remote", c.RemoteAddr(), "err", err)
+			return
+		}
+		c.SetDeadline(time.Now().Add(s.cfg.PayloadTimeout))
+		keep := s.handle(c, h, st[:])
+		c.SetDeadline(time.Time{})
+		if !keep {
+			return
+		}
+	}
+}
+
+// handle serves one request and reports whether the connection stays usable.
+func (s *Server) handle(c net.Conn, h Header, st []byte) bool {
+	op := transport.Op(h.Op)
+	var pin transport.Pinned
+	var err error
+	if h.Size == 0 {
+		err = fmt.Errorf("%w: zero-length request", transport.ErrRejected)
+	} else {
+		pin, err = s.cfg.Memory.Acquire(h.Addr, h.Size)
+	}
+	if err != nil {
+		s.served(op, 0, err)
+		s.cfg.Logger.Warn("tcp: rejected request", "remote", c.RemoteAddr(), "op", op,
+			"addr", fmt.Sprintf("%#x", h.Addr), "size", h.Size, "err", err)
+		if !h.V2 {
+			return false // v1 has no way to say no but hanging up
+		}
+		if op == transport.Write {
+			// The payload follows the header whatever we think of it; read
+			// and drop it so the stream stays in step.
+			if h.Size > s.cfg.MaxDrain {
+				s.writeStatus(c, st, StatusRejected)
+				return false
+			}
+			if _, err := io.CopyN(io.Discard, c, int64(h.Size)); err != nil {
+				return false
+			}
+		}
+		return s.writeStatus(c, st, StatusRejected)
+	}
+	mem := transport.Bytes(uintptr(h.Addr), h.Size)
+	if op == transport.Write {
+		_, err = io.ReadFull(c, mem)
+		pin.Release()
+		s.served(op, h.Size, err)
+		if err != nil {
+			return false
+		}
+		if h.V2 {
+			return s.writeStatus(c, st, StatusOK)
+		}
+		return true
+	}
+	if h.V2 {
+		binary.LittleEndian.PutUint64(st, StatusOK)
+		bufs := net.Buffers{st, mem}
+		_, err = bufs.WriteTo(c)
+	} else {
+		_, err = c.Write(mem)
+	}
+	pin.Release()
+	s.served(op, h.Size, err)
+	return err == nil
+}
+
+func (s *Server) writeStatus(c net.Conn, st []byte, v uint64) bool {
+	binary.LittleEndian.PutUint64(st, v)
+	_, err := c.Write(st)
+	return err == nil
+}
+
+func (s *Server) served(op transport.Op, n uint64, err error) {
+	if s.cfg.Served != nil {
+		s.cfg.Served(op, n, err)
+	}
+}
