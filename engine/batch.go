@@ -30,17 +30,16 @@ type pendingNotify struct {
 
 // task is one submitted Request, cut into slices.
 type task struct {
-	e        *Engine
-	b        *batch
-	op       Op
-	via      string
-	length   uint64
-	start    time.Time
-	left     atomic.Int32
-	done     atomic.Uint64
-	status   atomic.Int32
-	err      atomic.Pointer[error]
-	canceled bool
+	e      *Engine
+	b      *batch
+	op     Op
+	via    string
+	length uint64
+	start  time.Time
+	left   atomic.Int32
+	done   atomic.Uint64
+	status atomic.Int32
+	err    atomic.Pointer[error]
 }
 
 // SubmitOption adjusts one Submit call.

@@ -271,9 +271,10 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 	d := &metadata.SegmentDesc{
 		Name:            e.name,
 		Protocol:        json.RawMessage(`"tcp"`),
+		TCPDataHost:     e.cfg.Host,
 		TCPDataPort:     e.server.Addr().Port,
 		TCPProtoVersion: 2,
-		Timestamp:       strconv.FormatInt(time.Now().UnixNano(), 10),
+		Timestamp:       time.Now().Format("2006-01-02 15:04:05.000000"),
 		Buffers:         []metadata.Buffer{},
 	}
 	if e.cfg.TCPv1 {
@@ -284,7 +285,8 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 		if !r.remote {
 			continue
 		}
-		d.Buffers = append(d.Buffers, metadata.Buffer{Name: r.location, Addr: r.addr, Length: r.length})
+		// Mooncake's TCP engines name every buffer after the segment.
+		d.Buffers = append(d.Buffers, metadata.Buffer{Name: e.name, Addr: r.addr, Length: r.length})
 		if r.fd >= 0 {
 			shared = append(shared, metadata.SharedBuffer{Addr: r.addr, Length: r.length, FD: r.fd})
 		}
@@ -325,7 +327,7 @@ func (e *Engine) handshake(typ byte, body []byte, remote net.Addr) ([]byte, erro
 		e.notifies = append(e.notifies, n)
 		e.notifyMu.Unlock()
 		e.m.notifies.Inc()
-		return json.Marshal(n)
+		return []byte(`{"name":"","notify_msg":"success"}`), nil
 	case metadata.TypeProbe:
 		return []byte(`{"status":"success"}`), nil
 	}
@@ -401,6 +403,10 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
 		}
 		host, seg.rpcAddr = rpc.IPOrHostName, net.JoinHostPort(rpc.IPOrHostName, strconv.Itoa(rpc.RPCPort))
+	}
+	// Data goes to the host the descriptor names, else the handshake host.
+	if seg.desc.TCPDataHost != "" {
+		host = seg.desc.TCPDataHost
 	}
 	if seg.desc.TCPDataPort > 0 {
 		seg.tcp = []string{net.JoinHostPort(host, strconv.Itoa(seg.desc.TCPDataPort))}

@@ -209,8 +209,10 @@ func (p *Peer) alive() error {
 	if p.self {
 		return nil
 	}
-	if err := unix.PidfdSendSignal(p.pidfd, 0, nil, 0); err != nil {
-		return fmt.Errorf("%w: process %d: %v", transport.ErrPeer, p.pid, err)
+	// A pidfd turns readable once its process exits, zombie or not.
+	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, 0); err != nil || n > 0 {
+		return fmt.Errorf("%w: process %d has exited", transport.ErrPeer, p.pid)
 	}
 	if genPtr(p.ctrl).Load() != p.gen {
 		return ErrStale

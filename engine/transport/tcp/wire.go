@@ -26,7 +26,7 @@ const (
 	opV2    = 0x80
 
 	statusMagic    = uint64(0x4D435456) << 32
-	StatusOK       = statusMagic | 0
+	StatusOK       = statusMagic // code 0
 	StatusRejected = statusMagic | 1
 )
 

@@ -1,0 +1,42 @@
+# mooncake-go: two commands on a fresh machine.
+#   make run    the main job (today: Transfer Engine loopback benchmark, with yardsticks)
+#   make test   everything CI checks: deps, gofmt, vet, staticcheck, tests with -race
+SHELL := /bin/bash
+GO    ?= go
+BIN   := bin/mooncake
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all build run test deps lint unit fuzz clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/mooncake
+
+run: build
+	$(BIN) bench te --transport tcp --op write --block-size 1MiB --batch-size 64 --threads 2 --duration 3s
+	$(BIN) bench te --transport tcp --op read  --block-size 1MiB --batch-size 64 --threads 2 --duration 3s
+	$(BIN) bench te --transport shm --op write --block-size 1MiB --batch-size 64 --threads 2 --duration 3s
+
+# deps installs what the tests need beyond the toolchains: Debian libraries
+# for the official Mooncake wheel, and that wheel in a private venv
+# (.venv-official) for the interoperability tests.
+deps:
+	bash scripts/test-deps.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+unit:
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+test: deps lint unit
+
+# Short fuzzing pass over every network decoder (not part of `make test`).
+fuzz:
+	bash scripts/fuzz.sh 30s
+
+clean:
+	rm -rf bin

@@ -1,0 +1,55 @@
+// Command mooncake is the one CLI of mooncake-go: metadata server,
+// benchmarks, and (as they land) master, node, conductor and all-in-one.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
+)
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "mooncake:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "mooncake",
+		Short:         "Mooncake in Go: KV-cache transfer engine, store and scheduler",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return setupLogging(viper.GetString("log-level"))
+		},
+	}
+	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error (env MC_LOG_LEVEL)")
+	viper.BindPFlag("log-level", root.PersistentFlags().Lookup("log-level"))
+	viper.BindEnv("log-level", "MC_LOG_LEVEL")
+	root.AddCommand(newMetadataCmd(), newBenchCmd())
+	return root
+}
+
+func setupLogging(level string) error {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToLower(level))); err != nil {
+		return fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+	return nil
+}
+
+func newBenchCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmarks that compare against a yardstick measured in the same run",
+	}
+	c.AddCommand(newBenchTECmd())
+	return c
+}

@@ -1,0 +1,59 @@
+// Package engine is the Transfer Engine: it moves bytes between registered
+// memory of this process and the memory of peer processes, on this host or
+// others, in batches, without copying payloads through Go buffers.
+//
+// # Lifecycle
+//
+// New starts an engine: a handshake socket (Mooncake's framing: metadata
+// exchange, notifications, probes) and a TCP data socket (Mooncake's TE v2
+// wire format). Memory is registered with RegisterMemory (any address: C,
+// mmap, Python) or allocated with AllocateBuffer (memfd-backed, so a peer on
+// the same host can map it). A peer is opened by segment name with
+// OpenSegment; transfers are submitted in batches:
+//
+//	b, _ := e.AllocateBatch(n)
+//	e.Submit(b, reqs)          // returns once queued
+//	st, _ := e.Wait(ctx, b)    // or poll TaskStatus/BatchStatus
+//	e.FreeBatch(b)             // CodeBatchBusy while tasks run
+//
+// Close removes the engine's metadata records, fails whatever is in flight
+// and waits for every goroutine it started.
+//
+// # Names and metadata
+//
+// With Config.Metadata "P2PHANDSHAKE" (the default) there is no metadata
+// server: the engine's name is "host:rpcport" and OpenSegment asks the peer
+// for its descriptor over the handshake socket. With "etcd://", "http://" or
+// "memory://" the engine publishes mooncake/ram/<name> and
+// mooncake/rpc_meta/<name> exactly as Mooncake does, so official engines and
+// ours find each other in one store.
+//
+// # Data paths
+//
+// A Request carries the absolute remote virtual address, as Mooncake. Remote
+// requests are cut into slices of Config.SliceSize (the tail absorbs a
+// remainder under a quarter slice). To a peer on this host (same boot id
+// and pid namespace) slices are copied through shared memory: memfd buffers
+// are mapped once and copied with memmove, other registered memory with
+// process_vm_readv/writev. Otherwise, or when Config.Transport is "tcp",
+// slices spread over Config.Lanes persistent TCP connections per peer, each
+// a valid Mooncake v2 request; payload is written from and read into
+// registered memory directly (writev/readv, no intermediate buffer).
+//
+// # Failure semantics
+//
+//   - Every request has a deadline (Config.Timeout, or WithDeadline); a task
+//     whose deadline passes is Timeout, never left Pending.
+//   - A slice that failed on a broken connection is retried on another lane
+//     (and address), at most Config.MaxRetries times, then Failed.
+//   - The serving side checks every range against its registered,
+//     remote-accessible regions before touching memory, and pins the region
+//     so UnregisterMemory waits for requests in progress.
+//   - A Write is Completed only once the target acknowledged the bytes in its
+//     memory (v2 status frame after the payload).
+//   - With Config.Secret set, every handshake and data connection starts with
+//     a mutual HMAC challenge; a peer without the secret can do nothing.
+//
+// Errors carry a Code numbered as Mooncake's error.h; task and batch status
+// values are numbered as Mooncake's TransferStatusEnum.
+package engine
