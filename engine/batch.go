@@ -240,8 +240,13 @@ func (e *Engine) route(seg *segment, s *transport.Slice) {
 				s.Done(s, fmt.Errorf("%w: %v", transport.ErrPeer, shm.ErrStale))
 				return
 			}
-			// Never block a copy worker on a TCP queue.
-			go e.tcp.Submit(seg.tcp, s)
+			// Never block a copy worker on a TCP queue. The worker runs
+			// before Close waits on e.wg, so this Add is ordered before it.
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				e.tcp.Submit(seg.tcp, s)
+			}()
 		})
 		return
 	}

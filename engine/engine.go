@@ -49,9 +49,10 @@ type Engine struct {
 	notifyMu sync.Mutex
 	notifies []Notify
 
+	closing atomic.Bool
 	closeMu sync.RWMutex // held for reading by calls in progress
 	closed  bool
-	wg      sync.WaitGroup // notify senders
+	wg      sync.WaitGroup // notify senders, TCP fall-backs
 }
 
 // segment is an opened peer.
@@ -172,11 +173,16 @@ func (e *Engine) leave() { e.closeMu.RUnlock() }
 // still in flight, closes its sockets and waits for every goroutine it
 // started. Close is idempotent.
 func (e *Engine) Close() error {
-	e.closeMu.Lock()
-	if e.closed {
-		e.closeMu.Unlock()
+	if !e.closing.CompareAndSwap(false, true) {
 		return nil
 	}
+	// Fail in-flight work first: a Submit blocked on a full peer queue
+	// returns at once instead of holding Close up until its deadline.
+	e.tcp.Close()
+	if e.shm != nil {
+		e.shm.Close()
+	}
+	e.closeMu.Lock()
 	e.closed = true
 	e.closeMu.Unlock()
 	if e.meta != nil {

@@ -40,7 +40,7 @@ type RPCMeta struct {
 
 // Buffer is one registered memory region as published in a descriptor.
 type Buffer struct {
-	Name   string `json:"name"` // memory location, e.g. "cpu:0"
+	Name   string `json:"name"` // TCP engines write their segment name here
 	Addr   uint64 `json:"addr"`
 	Length uint64 `json:"length"`
 	// RKey and LKey are RDMA keys; empty for TCP, kept for round-trips.
@@ -54,10 +54,11 @@ type Buffer struct {
 type SegmentDesc struct {
 	Name            string          `json:"name"`
 	Protocol        json.RawMessage `json:"protocol"`
+	TCPDataHost     string          `json:"tcp_data_host,omitempty"`
 	TCPDataPort     int             `json:"tcp_data_port"`
 	TCPProtoVersion int             `json:"tcp_proto_version,omitempty"`
 	Timestamp       string          `json:"timestamp,omitempty"`
-	RDMAServerName  string          `json:"rdma_server_name,omitempty"`
+	RDMAServerName  string          `json:"rdma_server_name"`
 	Buffers         []Buffer        `json:"buffers"`
 
 	// Local is our extension for same-host transfers. Engines that do not
@@ -136,22 +137,25 @@ func ParseSegmentDesc(b []byte) (*SegmentDesc, error) {
 	if d.TCPDataPort < 0 || d.TCPDataPort > 65535 {
 		return nil, fmt.Errorf("%w: tcp_data_port %d", ErrBadDescriptor, d.TCPDataPort)
 	}
-	for _, b := range d.Buffers {
-		if b.Addr+b.Length < b.Addr {
-			return nil, fmt.Errorf("%w: buffer %#x+%d wraps", ErrBadDescriptor, b.Addr, b.Length)
+	for _, buf := range d.Buffers {
+		if buf.Addr+buf.Length < buf.Addr {
+			return nil, fmt.Errorf("%w: buffer %#x+%d wraps", ErrBadDescriptor, buf.Addr, buf.Length)
 		}
 	}
 	return &d, nil
 }
 
+// ErrBadRPCMeta: an rpc_meta record that does not parse or makes no sense.
+var ErrBadRPCMeta = errors.New("metadata: malformed rpc_meta")
+
 // ParseRPCMeta decodes an rpc_meta record.
 func ParseRPCMeta(b []byte) (RPCMeta, error) {
 	var m RPCMeta
 	if err := json.Unmarshal(b, &m); err != nil {
-		return RPCMeta{}, fmt.Errorf("metadata: malformed rpc_meta: %v", err)
+		return RPCMeta{}, fmt.Errorf("%w: %v", ErrBadRPCMeta, err)
 	}
 	if m.IPOrHostName == "" || m.RPCPort <= 0 || m.RPCPort > 65535 {
-		return RPCMeta{}, fmt.Errorf("metadata: malformed rpc_meta %q", b)
+		return RPCMeta{}, fmt.Errorf("%w: host %.64q port %d", ErrBadRPCMeta, m.IPOrHostName, m.RPCPort)
 	}
 	return m, nil
 }

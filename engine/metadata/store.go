@@ -16,7 +16,9 @@ var ErrNotFound = errors.New("metadata: key not found")
 const P2PHandshake = "P2PHANDSHAKE"
 
 // Store is a key-value store for segment descriptors and rpc_meta records.
-// Values are JSON text, as in every Mooncake backend.
+// Values are JSON text, as in every Mooncake backend. Get of an absent key
+// returns an error wrapping ErrNotFound; Delete of an absent key is not an
+// error.
 type Store interface {
 	Get(ctx context.Context, key string) ([]byte, error)
 	Put(ctx context.Context, key string, value []byte) error

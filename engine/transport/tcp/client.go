@@ -48,7 +48,6 @@ type Client struct {
 	closed  bool
 	closing chan struct{}
 	submits sync.WaitGroup // Submit calls in progress
-	wg      sync.WaitGroup // lane goroutines and retry hand-offs
 }
 
 // NewClient returns a client with no connections; lanes dial on first use.
@@ -116,7 +115,7 @@ func (c *Client) Forget(addrs []string) {
 }
 
 // Close fails every queued and in-flight slice with transport.ErrClosed and
-// waits for all lane goroutines.
+// waits for every goroutine of every peer.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -132,7 +131,6 @@ func (c *Client) Close() error {
 	for _, p := range peers {
 		p.stop()
 	}
-	c.wg.Wait()
 	return nil
 }
 
@@ -142,25 +140,34 @@ type peer struct {
 	queue chan *transport.Slice
 	stopc chan struct{}
 	once  sync.Once
-	lanes sync.WaitGroup
+
+	// mu is held for reading by everything that may put a slice in queue,
+	// and for writing by stop, so that once stop has drained the queue
+	// nothing can land in it any more.
+	mu      sync.RWMutex
+	stopped bool
+	// running counts lane writers, their readers and retry hand-offs.
+	running sync.WaitGroup
 }
 
 func (c *Client) newPeer(key string, addrs []string) *peer {
 	p := &peer{c: c, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{})}
 	for i := range c.cfg.Lanes {
 		l := &lane{p: p, idx: i}
-		p.lanes.Add(1)
-		c.wg.Add(1)
+		p.running.Add(1)
 		go l.run()
 	}
 	c.cfg.Logger.Debug("tcp: new peer", "peer", key, "lanes", c.cfg.Lanes)
 	return p
 }
 
-// stop ends the peer's lanes and fails what is still queued.
+// stop ends the peer's goroutines and fails what is still queued.
 func (p *peer) stop() {
 	p.once.Do(func() { close(p.stopc) })
-	p.lanes.Wait()
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+	p.running.Wait()
 	for {
 		select {
 		case s := <-p.queue:
@@ -171,7 +178,14 @@ func (p *peer) stop() {
 	}
 }
 
+// enqueue admits s, blocking while the queue is full, until s.Deadline.
 func (p *peer) enqueue(s *transport.Slice) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.stopped {
+		s.Done(s, transport.ErrClosed)
+		return
+	}
 	select {
 	case p.queue <- s:
 		return
@@ -203,24 +217,24 @@ func (p *peer) fail(s *transport.Slice, err error) {
 		s.Done(s, fmt.Errorf("%w: %v", transport.ErrTimeout, err))
 		return
 	}
-	select {
-	case <-p.stopc:
-		s.Done(s, transport.ErrClosed)
-		return
-	default:
-	}
 	s.Retries++
 	if s.Retries > p.c.cfg.MaxRetries {
 		s.Done(s, fmt.Errorf("%w after %d attempts: %v", transport.ErrPeer, s.Retries, err))
+		return
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.stopped {
+		s.Done(s, transport.ErrClosed)
 		return
 	}
 	select {
 	case p.queue <- s:
 	default:
 		// Never block an I/O goroutine on a full queue: hand off.
-		p.c.wg.Add(1)
+		p.running.Add(1)
 		go func() {
-			defer p.c.wg.Done()
+			defer p.running.Done()
 			p.enqueue(s)
 		}()
 	}
@@ -253,8 +267,7 @@ func (lc *laneConn) kill(err error) {
 
 func (l *lane) run() {
 	p := l.p
-	defer p.c.wg.Done()
-	defer p.lanes.Done()
+	defer p.running.Done()
 	var lc *laneConn
 	defer func() {
 		if lc != nil {
@@ -321,7 +334,7 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 		return nil, fmt.Errorf("%w: %s: %w", transport.ErrRejected, addr, err)
 	}
 	lc := &laneConn{conn: conn, inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{})}
-	p.c.wg.Add(1)
+	p.running.Add(1)
 	go l.read(lc)
 	return lc, nil
 }
@@ -347,7 +360,7 @@ func (l *lane) send(conn net.Conn, s *transport.Slice) error {
 // failed for retry without touching the socket.
 func (l *lane) read(lc *laneConn) {
 	p := l.p
-	defer p.c.wg.Done()
+	defer p.running.Done()
 	v2 := !p.c.cfg.V1
 	var st [StatusSize]byte
 	for s := range lc.inflight {
