@@ -422,6 +422,9 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 		for _, b := range l.Shared {
 			info.Shared = append(info.Shared, shm.Shared{Addr: b.Addr, Length: b.Length, FD: b.FD})
 		}
+		for _, b := range seg.desc.Buffers {
+			info.Regions = append(info.Regions, shm.Region{Addr: b.Addr, Length: b.Length})
+		}
 		p, err := shm.Open(info)
 		if err != nil {
 			e.log.Info("same-host path unavailable, using TCP", "segment", name, "err", err)

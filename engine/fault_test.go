@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +20,28 @@ import (
 // startTarget runs this test binary as a target process serving a 64 MiB
 // buffer over the given transport and returns its info and process.
 func startTarget(t *testing.T, transport, secret string) (targetInfo, *os.Process) {
+	info, tp := startTargetIO(t, transport, secret)
+	return info, tp.proc
+}
+
+// targetProc is a running target with its command pipes.
+type targetProc struct {
+	proc *os.Process
+	in   io.Writer
+	out  *bufio.Reader
+}
+
+// command sends one stdin command to the target and returns its answer.
+func (tp *targetProc) command(t *testing.T, cmd string) string {
+	t.Helper()
+	_, err := io.WriteString(tp.in, cmd+"\n")
+	require.NoError(t, err)
+	line, err := tp.out.ReadString('\n')
+	require.NoError(t, err)
+	return strings.TrimSpace(line)
+}
+
+func startTargetIO(t *testing.T, transport, secret string) (targetInfo, *targetProc) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "MC_TEST_TARGET="+transport, "MC_TEST_SECRET="+secret)
@@ -33,11 +57,12 @@ func startTarget(t *testing.T, transport, secret string) (targetInfo, *os.Proces
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadBytes('\n')
 	require.NoError(t, err, "target process did not start")
 	var info targetInfo
 	require.NoError(t, json.Unmarshal(line, &info))
-	return info, cmd.Process
+	return info, &targetProc{proc: cmd.Process, in: stdin, out: out}
 }
 
 func TestTargetKilledMidBatch(t *testing.T) {

@@ -111,12 +111,18 @@ type Shared struct {
 	FD           int
 }
 
+// Region is a registered, remote-accessible range of the peer.
+type Region struct{ Addr, Length uint64 }
+
 // PeerInfo is what a peer published about itself.
 type PeerInfo struct {
 	PID       int
 	StartTime uint64
 	ControlFD int
 	Shared    []Shared
+	// Regions are all the ranges the peer lets others touch; a slice
+	// outside them is rejected without a syscall.
+	Regions []Region
 }
 
 type view struct {
@@ -131,6 +137,7 @@ type Peer struct {
 	ctrl    []byte
 	gen     uint64
 	views   []view // sorted by addr
+	regions []Region
 	self    bool
 	closeMu sync.RWMutex
 	closed  bool
@@ -140,17 +147,16 @@ type Peer struct {
 // its control page and shared buffers. A peer that is this very process is
 // reached with plain copies.
 func Open(info PeerInfo) (*Peer, error) {
-	if info.PID == os.Getpid() {
-		return &Peer{pid: info.PID, pidfd: -1, self: true}, nil
-	}
-	pidfd, err := unix.PidfdOpen(info.PID, 0)
-	if err != nil {
-		return nil, fmt.Errorf("%w: pidfd_open %d: %v", ErrUnavailable, info.PID, err)
-	}
-	p := &Peer{pid: info.PID, pidfd: pidfd}
+	p := &Peer{pid: info.PID, pidfd: -1, regions: slices.Clone(info.Regions), self: info.PID == os.Getpid()}
 	fail := func(err error) (*Peer, error) {
 		p.release()
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	var err error
+	if !p.self {
+		if p.pidfd, err = unix.PidfdOpen(info.PID, 0); err != nil {
+			return fail(fmt.Errorf("pidfd_open %d: %v", info.PID, err))
+		}
 	}
 	// Holding the pidfd, a matching start time proves the pid was not reused.
 	if st, err := StartTime(info.PID); err != nil || st != info.StartTime {
@@ -206,6 +212,9 @@ func mapFD(pid, fd int, length uint64, name string) ([]byte, error) {
 }
 
 func (p *Peer) alive() error {
+	if genPtr(p.ctrl).Load() != p.gen {
+		return ErrStale
+	}
 	if p.self {
 		return nil
 	}
@@ -213,9 +222,6 @@ func (p *Peer) alive() error {
 	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
 	if n, err := unix.Poll(fds, 0); err != nil || n > 0 {
 		return fmt.Errorf("%w: process %d has exited", transport.ErrPeer, p.pid)
-	}
-	if genPtr(p.ctrl).Load() != p.gen {
-		return ErrStale
 	}
 	return nil
 }
@@ -231,17 +237,29 @@ func (p *Peer) Copy(s *transport.Slice) error {
 		return err
 	}
 	local := transport.Bytes(s.Local, s.Length)
-	if p.self {
-		remote := transport.Bytes(uintptr(s.Remote), s.Length)
-		copyDir(s.Op, local, remote)
-		return nil
-	}
 	if v := p.find(s.Remote, s.Length); v != nil {
 		off := s.Remote - v.addr
 		copyDir(s.Op, local, v.mem[off:off+s.Length])
 		return nil
 	}
+	if !p.allowed(s.Remote, s.Length) {
+		return fmt.Errorf("%w: %#x+%d is not inside the peer's registered memory", transport.ErrRejected, s.Remote, s.Length)
+	}
+	if p.self {
+		copyDir(s.Op, local, transport.Bytes(uintptr(s.Remote), s.Length))
+		return nil
+	}
 	return p.vm(s, local)
+}
+
+// allowed reports whether [addr, addr+n) lies inside one published region.
+func (p *Peer) allowed(addr, n uint64) bool {
+	for _, r := range p.regions {
+		if addr >= r.Addr && addr+n >= addr && addr+n <= r.Addr+r.Length {
+			return true
+		}
+	}
+	return false
 }
 
 func copyDir(op transport.Op, local, remote []byte) {
