@@ -287,7 +287,7 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 		d.TCPProtoVersion = 1
 	}
 	var shared []metadata.SharedBuffer
-	for _, r := range e.mem.list() {
+	for _, r := range e.mem.inOrder() {
 		if !r.remote {
 			continue
 		}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sync"
@@ -16,8 +17,9 @@ type region struct {
 	addr     uint64
 	length   uint64
 	location string
-	remote   bool // remote-accessible
-	fd       int  // memfd backing it, or -1
+	remote   bool   // remote-accessible
+	fd       int    // memfd backing it, or -1
+	seq      uint64 // registration order: descriptors list buffers in it
 
 	pin  sync.RWMutex
 	gone bool // set under pin once unregistered
@@ -31,6 +33,7 @@ func (r *region) Release() { r.pin.RUnlock() }
 // that lookups on the data path take no lock.
 type registry struct {
 	mu   sync.Mutex // serialises writers
+	seq  uint64
 	snap atomic.Pointer[[]*region]
 }
 
@@ -41,6 +44,14 @@ func newRegistry() *registry {
 }
 
 func (g *registry) list() []*region { return *g.snap.Load() }
+
+// inOrder lists the regions in registration order, as Mooncake's
+// descriptors do (peers read "the first buffer" of a segment).
+func (g *registry) inOrder() []*region {
+	rs := slices.Clone(g.list())
+	slices.SortFunc(rs, func(a, b *region) int { return cmp.Compare(a.seq, b.seq) })
+	return rs
+}
 
 // find returns the region containing [addr, addr+n), or nil.
 func (g *registry) find(addr, n uint64) *region {
@@ -80,6 +91,8 @@ func (g *registry) add(nr *region) error {
 				nr.addr, nr.length, r.addr, r.length)}
 		}
 	}
+	g.seq++
+	nr.seq = g.seq
 	next := append(slices.Clone(old), nr)
 	slices.SortFunc(next, func(a, b *region) int {
 		if a.addr < b.addr {

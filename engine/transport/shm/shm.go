@@ -220,7 +220,14 @@ func (p *Peer) alive() error {
 	}
 	// A pidfd turns readable once its process exits, zombie or not.
 	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
-	if n, err := unix.Poll(fds, 0); err != nil || n > 0 {
+	n, err := unix.Poll(fds, 0)
+	for err == unix.EINTR { // a signal (Go's preemption) is no news about the peer
+		n, err = unix.Poll(fds, 0)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: poll pidfd of %d: %v", transport.ErrPeer, p.pid, err)
+	case n > 0:
 		return fmt.Errorf("%w: process %d has exited", transport.ErrPeer, p.pid)
 	}
 	return nil

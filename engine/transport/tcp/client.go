@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -56,7 +57,7 @@ func NewClient(cfg ClientConfig) *Client {
 		cfg.Lanes = 4
 	}
 	if cfg.Depth <= 0 {
-		cfg.Depth = 4
+		cfg.Depth = 16
 	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 1024
@@ -148,10 +149,31 @@ type peer struct {
 	stopped bool
 	// running counts lane writers, their readers and retry hand-offs.
 	running sync.WaitGroup
+
+	connMu sync.Mutex
+	conns  map[*laneConn]struct{} // nil once stopped
+}
+
+// track records a live connection so stop can cut it; false once stopped.
+func (p *peer) track(lc *laneConn) bool {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.conns == nil {
+		return false
+	}
+	p.conns[lc] = struct{}{}
+	return true
+}
+
+func (p *peer) untrack(lc *laneConn) {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	delete(p.conns, lc)
 }
 
 func (c *Client) newPeer(key string, addrs []string) *peer {
-	p := &peer{c: c, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{})}
+	p := &peer{c: c, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{}),
+		conns: map[*laneConn]struct{}{}}
 	for i := range c.cfg.Lanes {
 		l := &lane{p: p, idx: i}
 		p.running.Add(1)
@@ -167,6 +189,14 @@ func (p *peer) stop() {
 	p.mu.Lock()
 	p.stopped = true
 	p.mu.Unlock()
+	// Readers still draining retired connections would otherwise wait out
+	// their slices' deadlines.
+	p.connMu.Lock()
+	for lc := range p.conns {
+		lc.kill(transport.ErrClosed)
+	}
+	p.conns = nil
+	p.connMu.Unlock()
 	p.running.Wait()
 	for {
 		select {
@@ -217,7 +247,9 @@ func (p *peer) fail(s *transport.Slice, err error) {
 		s.Done(s, fmt.Errorf("%w: %v", transport.ErrTimeout, err))
 		return
 	}
-	s.Retries++
+	if !errors.Is(err, errUnanswered) {
+		s.Retries++
+	}
 	if s.Retries > p.c.cfg.MaxRetries {
 		s.Done(s, fmt.Errorf("%w after %d attempts: %v", transport.ErrPeer, s.Retries, err))
 		return
@@ -244,17 +276,25 @@ func (p *peer) fail(s *transport.Slice, err error) {
 // reader goroutine per connection reads status frames and READ payloads in
 // the order the requests went out.
 type lane struct {
-	p   *peer
-	idx int
-	hdr [HeaderSize]byte
+	p    *peer
+	idx  int
+	hdrs [maxGather][HeaderSize]byte
+	sl   []*transport.Slice
+	bufs net.Buffers
 }
+
+// maxGather bounds the slices one lane sends with a single writev.
+const maxGather = 8
 
 type laneConn struct {
 	conn     net.Conn
+	br       *bufio.Reader // status frames arriving together cost one read
 	inflight chan *transport.Slice
-	dead     chan struct{}
+	dead     chan struct{} // closed by kill
 	once     sync.Once
 	err      error
+	retired  chan struct{} // closed by the reader after a refusal
+	retire   sync.Once
 }
 
 func (lc *laneConn) kill(err error) {
@@ -264,6 +304,24 @@ func (lc *laneConn) kill(err error) {
 		lc.conn.Close()
 	})
 }
+
+// usable reports whether the writer may still send on the connection.
+func (lc *laneConn) usable() bool {
+	select {
+	case <-lc.dead:
+		return false
+	case <-lc.retired:
+		return false
+	default:
+		return true
+	}
+}
+
+// errUnanswered marks slices lost because the peer hung up after refusing
+// an earlier request on the same connection, as Mooncake's server does.
+// They are requeued without counting a retry: each refusal settles one
+// request for good, so this cannot loop.
+var errUnanswered = errors.New("connection closed after a refused request")
 
 func (l *lane) run() {
 	p := l.p
@@ -288,13 +346,9 @@ func (l *lane) run() {
 			s.Done(s, transport.ErrTimeout)
 			continue
 		}
-		if lc != nil {
-			select {
-			case <-lc.dead:
-				close(lc.inflight)
-				lc = nil
-			default:
-			}
+		if lc != nil && !lc.usable() {
+			close(lc.inflight) // its reader settles what is left, then closes it
+			lc = nil
 		}
 		if lc == nil {
 			var err error
@@ -303,18 +357,46 @@ func (l *lane) run() {
 				continue
 			}
 		}
-		// Send first, then hand s to the reader: a WRITE's payload must be
-		// on the wire before anything can report it done.
-		if err := l.send(lc.conn, s); err != nil {
+		// Take what else is queued, up to maxGather, for one writev.
+		l.sl = append(l.sl[:0], s)
+	gather:
+		for len(l.sl) < maxGather {
+			select {
+			case s2 := <-p.queue:
+				if !time.Now().Before(s2.Deadline) {
+					s2.Done(s2, transport.ErrTimeout)
+					continue
+				}
+				l.sl = append(l.sl, s2)
+			default:
+				break gather
+			}
+		}
+		// Send first, then hand the slices to the reader: a WRITE's payload
+		// must be on the wire before anything can report it done.
+		err := l.send(lc.conn, l.sl)
+		if err != nil && p.c.cfg.V1 {
+			// v1 acknowledges nothing: what did not go out is lost.
 			err = fmt.Errorf("%w: %v", transport.ErrPeer, err)
 			lc.kill(err)
-			p.fail(s, err)
+			for _, s := range l.sl {
+				p.fail(s, err)
+			}
 			continue
 		}
-		select {
-		case lc.inflight <- s:
-		case <-lc.dead:
-			p.fail(s, lc.err)
+		// Even when the send failed, the peer may have answered part of it
+		// (Mooncake's server refuses a WRITE and hangs up without reading
+		// its payload): the reader settles each slice from what arrived.
+		for _, s := range l.sl {
+			select {
+			case lc.inflight <- s:
+			case <-lc.dead:
+				p.fail(s, lc.err)
+			}
+		}
+		if err != nil {
+			close(lc.inflight)
+			lc = nil
 		}
 	}
 }
@@ -333,35 +415,50 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 		// An authentication failure will not heal by retrying.
 		return nil, fmt.Errorf("%w: %s: %w", transport.ErrRejected, addr, err)
 	}
-	lc := &laneConn{conn: conn, inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{})}
+	lc := &laneConn{conn: conn, br: bufio.NewReaderSize(conn, 4096),
+		inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{}), retired: make(chan struct{})}
+	if !p.track(lc) {
+		conn.Close()
+		return nil, transport.ErrClosed
+	}
 	p.running.Add(1)
 	go l.read(lc)
 	return lc, nil
 }
 
-func (l *lane) send(conn net.Conn, s *transport.Slice) error {
-	op := uint8(opRead)
-	if s.Op == transport.Write {
-		op = opWrite
+func (l *lane) send(conn net.Conn, sl []*transport.Slice) error {
+	l.bufs = l.bufs[:0]
+	deadline := sl[0].Deadline
+	for i, s := range sl {
+		op := uint8(opRead)
+		if s.Op == transport.Write {
+			op = opWrite
+		}
+		PutHeader(l.hdrs[i][:], Header{Size: s.Length, Addr: s.Remote, Op: op, V2: !l.p.c.cfg.V1})
+		l.bufs = append(l.bufs, l.hdrs[i][:])
+		if s.Op == transport.Write {
+			l.bufs = append(l.bufs, transport.Bytes(s.Local, s.Length))
+		}
+		if s.Deadline.Before(deadline) {
+			deadline = s.Deadline
+		}
 	}
-	PutHeader(l.hdr[:], Header{Size: s.Length, Addr: s.Remote, Op: op, V2: !l.p.c.cfg.V1})
-	conn.SetWriteDeadline(s.Deadline)
-	if s.Op == transport.Read {
-		_, err := conn.Write(l.hdr[:])
-		return err
-	}
-	bufs := net.Buffers{l.hdr[:], transport.Bytes(s.Local, s.Length)}
+	conn.SetWriteDeadline(deadline)
+	bufs := l.bufs // WriteTo consumes its receiver
 	_, err := bufs.WriteTo(conn)
 	return err
 }
 
 // read settles in-flight slices in wire order until the writer closes the
-// inflight channel. After the connection dies the remaining slices are
-// failed for retry without touching the socket.
+// inflight channel, then closes the connection. After the connection dies
+// the remaining slices are failed for retry without touching the socket.
 func (l *lane) read(lc *laneConn) {
 	p := l.p
 	defer p.running.Done()
+	defer p.untrack(lc)
+	defer lc.kill(transport.ErrClosed)
 	v2 := !p.c.cfg.V1
+	refused := false
 	var st [StatusSize]byte
 	for s := range lc.inflight {
 		select {
@@ -371,19 +468,27 @@ func (l *lane) read(lc *laneConn) {
 		default:
 		}
 		lc.conn.SetReadDeadline(s.Deadline)
-		err := l.recv(lc.conn, s, v2, st[:])
+		err := l.recv(lc.br, lc.conn, s, v2, st[:])
 		if err == nil {
 			s.Done(s, nil)
 			continue
 		}
 		if errors.Is(err, transport.ErrRejected) {
-			s.Done(s, err) // the stream is still in step
+			s.Done(s, err)
+			// Our server keeps the stream in step after a refusal; Mooncake's
+			// hangs up. Settle what is in flight here, send on a new one.
+			refused = true
+			lc.retire.Do(func() { close(lc.retired) })
 			continue
 		}
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
+		switch {
+		case errors.As(err, &ne) && ne.Timeout():
 			err = fmt.Errorf("%w: no answer from %s", transport.ErrTimeout, lc.conn.RemoteAddr())
-		} else if !errors.Is(err, ErrMalformed) {
+		case errors.Is(err, ErrMalformed):
+		case refused:
+			err = fmt.Errorf("%w: %w: %v", transport.ErrPeer, errUnanswered, err)
+		default:
 			err = fmt.Errorf("%w: %v", transport.ErrPeer, err)
 		}
 		lc.kill(err)
@@ -391,9 +496,9 @@ func (l *lane) read(lc *laneConn) {
 	}
 }
 
-func (l *lane) recv(conn net.Conn, s *transport.Slice, v2 bool, st []byte) error {
+func (l *lane) recv(br *bufio.Reader, conn net.Conn, s *transport.Slice, v2 bool, st []byte) error {
 	if v2 {
-		if _, err := io.ReadFull(conn, st); err != nil {
+		if _, err := io.ReadFull(br, st); err != nil {
 			return err
 		}
 		ok, err := ParseStatus(st)
@@ -405,7 +510,7 @@ func (l *lane) recv(conn net.Conn, s *transport.Slice, v2 bool, st []byte) error
 		}
 	}
 	if s.Op == transport.Read {
-		_, err := io.ReadFull(conn, transport.Bytes(s.Local, s.Length))
+		_, err := io.ReadFull(br, transport.Bytes(s.Local, s.Length))
 		return err
 	}
 	return nil // a v1 WRITE has nothing to read back

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -8,7 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
 )
@@ -136,9 +140,17 @@ func (s *Server) serve(c net.Conn) {
 	}
 	var hdr [HeaderSize]byte
 	var st [StatusSize]byte
+	// Headers come through a small buffer, so a header and the start of its
+	// payload (one writev on the peer) cost one read; payload bytes past the
+	// buffer go straight to registered memory.
+	sc := &srvConn{Conn: c}
+	if sys, ok := c.(syscall.Conn); ok {
+		sc.rc, _ = sys.SyscallConn()
+	}
+	sc.br = bufio.NewReaderSize(sc, 4096)
 	for {
 		// Between requests the connection may idle for ever: lanes persist.
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		if _, err := io.ReadFull(sc.br, hdr[:]); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("tcp: connection ended", "remote", c.RemoteAddr(), "err", err)
 			}
@@ -150,16 +162,17 @@ func (s *Server) serve(c net.Conn) {
 			return
 		}
 		c.SetDeadline(time.Now().Add(s.cfg.PayloadTimeout))
-		keep := s.handle(c, h, st[:])
+		keep := s.handle(sc, h, st[:])
 		c.SetDeadline(time.Time{})
 		if !keep {
+			sc.flush() // a last rejection
 			return
 		}
 	}
 }
 
 // handle serves one request and reports whether the connection stays usable.
-func (s *Server) handle(c net.Conn, h Header, st []byte) bool {
+func (s *Server) handle(c *srvConn, h Header, st []byte) bool {
 	op := transport.Op(h.Op)
 	var pin transport.Pinned
 	var err error
@@ -182,7 +195,7 @@ func (s *Server) handle(c net.Conn, h Header, st []byte) bool {
 				s.writeStatus(c, st, StatusRejected)
 				return false
 			}
-			if _, err := io.CopyN(io.Discard, c, int64(h.Size)); err != nil {
+			if _, err := io.CopyN(io.Discard, c.br, int64(h.Size)); err != nil {
 				return false
 			}
 		}
@@ -190,7 +203,7 @@ func (s *Server) handle(c net.Conn, h Header, st []byte) bool {
 	}
 	mem := transport.Bytes(uintptr(h.Addr), h.Size)
 	if op == transport.Write {
-		_, err = io.ReadFull(c, mem)
+		_, err = io.ReadFull(c.br, mem)
 		pin.Release()
 		s.served(op, h.Size, err)
 		if err != nil {
@@ -202,20 +215,71 @@ func (s *Server) handle(c net.Conn, h Header, st []byte) bool {
 		return true
 	}
 	if h.V2 {
-		binary.LittleEndian.PutUint64(st, StatusOK)
-		bufs := net.Buffers{st, mem}
-		_, err = bufs.WriteTo(c)
-	} else {
-		_, err = c.Write(mem)
+		c.pending = binary.LittleEndian.AppendUint64(c.pending, StatusOK)
 	}
+	bufs := net.Buffers{c.pending, mem}
+	_, err = bufs.WriteTo(c.Conn)
+	c.pending = c.pending[:0]
 	pin.Release()
 	s.served(op, h.Size, err)
 	return err == nil
 }
 
-func (s *Server) writeStatus(c net.Conn, st []byte, v uint64) bool {
-	binary.LittleEndian.PutUint64(st, v)
-	_, err := c.Write(st)
+// writeStatus queues a status frame; frames go out together before the
+// server next waits for input.
+func (s *Server) writeStatus(c *srvConn, st []byte, v uint64) bool {
+	c.pending = binary.LittleEndian.AppendUint64(c.pending, v)
+	return len(c.pending) < 64*StatusSize || c.flush()
+}
+
+// srvConn is a served connection with its read buffer and unsent statuses.
+type srvConn struct {
+	net.Conn
+	rc      syscall.RawConn
+	br      *bufio.Reader // reads through srvConn.Read
+	pending []byte
+}
+
+// Read feeds br. While status frames are queued it first tries a read that
+// does not wait: if the peer has already sent more requests, their statuses
+// can go out together later. Only when the socket is empty, so the peer may
+// be waiting on us, are the statuses flushed before waiting for input.
+func (c *srvConn) Read(p []byte) (int, error) {
+	if len(c.pending) > 0 && c.rc != nil {
+		var n int
+		var rerr error
+		if err := c.rc.Read(func(fd uintptr) bool {
+			for {
+				n, rerr = unix.Read(int(fd), p)
+				if rerr != unix.EINTR {
+					return true // never park: this is a probe
+				}
+			}
+		}); err != nil {
+			return 0, err
+		}
+		switch {
+		case rerr == nil && n > 0:
+			return n, nil
+		case rerr == nil: // the peer is done sending: answer what it sent
+			c.flush()
+			return 0, io.EOF
+		case rerr != unix.EAGAIN:
+			return 0, rerr
+		}
+		if !c.flush() {
+			return 0, net.ErrClosed
+		}
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *srvConn) flush() bool {
+	if len(c.pending) == 0 {
+		return true
+	}
+	_, err := c.Conn.Write(c.pending)
+	c.pending = c.pending[:0]
 	return err == nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -78,7 +77,6 @@ func FuzzParseHeader(f *testing.F) {
 
 // testMem is a Memory over one Go-allocated window, for serving tests.
 type testMem struct {
-	mu   sync.Mutex
 	base []byte
 }
 

@@ -1,0 +1,63 @@
+package te
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestHistogramQuantiles(t *testing.T) {
+	var h histogram
+	// 1..10000 µs, once each: the q-quantile is q*10 ms.
+	for i := 1; i <= 10000; i++ {
+		h.record(time.Duration(i)*time.Microsecond, 1)
+	}
+	for _, q := range []float64{0.01, 0.5, 0.9, 0.99, 1} {
+		want := q * 10000 * float64(time.Microsecond)
+		assert.InEpsilon(t, want, float64(h.quantile(q)), 0.02, "q=%v", q)
+	}
+	// Weighted records count as that many requests.
+	var w histogram
+	w.record(time.Millisecond, 99)
+	w.record(time.Second, 1)
+	assert.InEpsilon(t, float64(time.Millisecond), float64(w.quantile(0.99)), 0.02)
+	assert.InEpsilon(t, float64(time.Second), float64(w.quantile(1)), 0.02)
+	var empty histogram
+	assert.Zero(t, empty.quantile(0.5))
+}
+
+func TestHistogramBuckets(t *testing.T) {
+	// Every value lands in a bucket whose middle is within 1.6% of it, and
+	// buckets are monotonic.
+	prev := -1
+	for _, v := range []uint64{0, 1, 127, 128, 129, 1000, 65535, 1 << 20, 1e9, 1 << 62, 1<<63 - 1} {
+		b := bucketOf(v)
+		assert.GreaterOrEqual(t, b, prev)
+		assert.Less(t, b, len(histogram{}.counts))
+		prev = b
+		if v > 0 {
+			assert.InEpsilon(t, float64(v), float64(valueOf(b)), 0.016, "v=%d", v)
+		}
+	}
+}
+
+func TestPart(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		n, chunk, i, of int
+		off, span       int
+	}{
+		{"even split", 8 << 20, 1 << 20, 1, 2, 4 << 20, 4 << 20},
+		{"remainder unused", 10, 3, 2, 3, 6, 3},
+		{"fewer chunks than sharers overlap", 2, 1, 3, 4, 1, 1},
+		{"one chunk for all", 1, 1, 5, 8, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			off, span := part(tc.n, tc.chunk, tc.i, tc.of)
+			assert.Equal(t, tc.off, off)
+			assert.Equal(t, tc.span, span)
+			assert.LessOrEqual(t, off+span, tc.n)
+		})
+	}
+}
