@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/transport"
 )
 
 // The yardsticks say what the hardware and kernel give a plain program, so
@@ -63,13 +64,8 @@ const (
 
 // Sink serves yardstick TCP streams.
 type Sink struct {
-	ln  net.Listener
+	l   *transport.Listener
 	buf []byte
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
 }
 
 // NewSink listens on a loopback port.
@@ -86,60 +82,21 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 		unix.Munmap(buf)
 		return nil, fmt.Errorf("te: sink: %w", err)
 	}
-	s := &Sink{ln: ln, buf: buf, conns: map[net.Conn]struct{}{}}
-	s.wg.Add(1)
-	go s.accept()
+	s := &Sink{buf: buf}
+	s.l = transport.Serve(ln, 0, nil, s.serve)
 	return s, nil
 }
 
 // Info says how to reach the sink.
-func (s *Sink) Info() SinkInfo { return SinkInfo{Addr: s.ln.Addr().String(), PID: os.Getpid()} }
+func (s *Sink) Info() SinkInfo { return SinkInfo{Addr: s.l.Addr().String(), PID: os.Getpid()} }
 
 // Close stops the sink, ends its streams and waits for them.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	s.ln.Close()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
+	s.l.Close()
 	return unix.Munmap(s.buf)
 }
 
-func (s *Sink) accept() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			return // closed
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			return
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(c)
-	}
-}
-
 func (s *Sink) serve(c net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.Close()
-	}()
 	var h [streamHeader]byte
 	if _, err := io.ReadFull(c, h[:]); err != nil || string(h[:4]) != streamMagic {
 		return

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
@@ -68,16 +67,11 @@ type Handler func(typ byte, body []byte, remote net.Addr) ([]byte, error)
 
 // HandshakeServer accepts handshake connections.
 type HandshakeServer struct {
-	ln      net.Listener
+	*transport.Listener
 	handler Handler
 	secret  []byte
 	max     int
 	log     *slog.Logger
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
 }
 
 // ServeHandshake listens on addr and answers requests with h.
@@ -94,64 +88,14 @@ func NewHandshakeServer(ln net.Listener, h Handler, secret []byte, log *slog.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &HandshakeServer{ln: ln, handler: h, secret: secret, max: DefaultMaxFrame, log: log, conns: map[net.Conn]struct{}{}}
-	s.wg.Add(1)
-	go s.accept()
+	s := &HandshakeServer{handler: h, secret: secret, max: DefaultMaxFrame, log: log}
+	// Each connection carries one request: a generous cap still bounds a flood.
+	s.Listener = transport.Serve(ln, 1024, log, s.serve)
 	return s
 }
 
-// Addr is the listening address.
-func (s *HandshakeServer) Addr() *net.TCPAddr { return s.ln.Addr().(*net.TCPAddr) }
-
-// Close stops the server and waits for its goroutines.
-func (s *HandshakeServer) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	err := s.ln.Close()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-	return err
-}
-
-func (s *HandshakeServer) accept() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			continue
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(c)
-	}
-}
-
+// serve answers the one request of a connection.
 func (s *HandshakeServer) serve(c net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.Close()
-	}()
 	if err := transport.ServerAuth(c, s.secret); err != nil {
 		s.log.Warn("handshake: rejected peer", "remote", c.RemoteAddr(), "err", err)
 		return

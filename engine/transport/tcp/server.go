@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
@@ -39,15 +38,11 @@ type ServerConfig struct {
 
 // Server accepts data connections and serves READ/WRITE requests against
 // registered memory. Payload moves straight between the socket and that
-// memory: no intermediate buffer.
+// memory: no intermediate buffer. Close (from the embedded Listener) cuts
+// every connection and waits for their goroutines.
 type Server struct {
 	cfg ServerConfig
-	ln  net.Listener
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	*transport.Listener
 }
 
 // Listen starts a server on addr ("host:port"; port 0 picks one).
@@ -71,66 +66,13 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp: listen %s: %w", addr, err)
 	}
-	s := &Server{cfg: cfg, ln: ln, conns: make(map[net.Conn]struct{})}
-	s.wg.Add(1)
-	go s.acceptLoop()
+	s := &Server{cfg: cfg}
+	s.Listener = transport.Serve(ln, cfg.MaxConns, cfg.Logger, s.serve)
 	return s, nil
 }
 
-// Addr is the address the server listens on.
-func (s *Server) Addr() *net.TCPAddr { return s.ln.Addr().(*net.TCPAddr) }
-
-// Close stops accepting, closes every connection and waits for their
-// goroutines. Requests being served fail on the peer's side.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	err := s.ln.Close()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-	return err
-}
-
-func (s *Server) acceptLoop() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			s.cfg.Logger.Warn("tcp accept", "err", err)
-			time.Sleep(10 * time.Millisecond) // EMFILE and friends: back off
-			continue
-		}
-		s.mu.Lock()
-		if s.closed || len(s.conns) >= s.cfg.MaxConns {
-			s.mu.Unlock()
-			c.Close()
-			continue
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(c)
-	}
-}
-
+// serve answers one connection's requests until it ends.
 func (s *Server) serve(c net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.Close()
-	}()
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
