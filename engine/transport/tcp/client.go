@@ -284,7 +284,7 @@ type lane struct {
 }
 
 // maxGather bounds the slices one lane sends with a single writev.
-const maxGather = 8
+const maxGather = 16
 
 type laneConn struct {
 	conn     net.Conn
