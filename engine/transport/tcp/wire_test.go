@@ -196,3 +196,36 @@ func FuzzServerStream(f *testing.F) {
 		io.Copy(io.Discard, c)
 	})
 }
+
+// TestPipelinedReads sends several READs in one write, one of them outside
+// the window: the answers come back in order, the refused one with no data.
+func TestPipelinedReads(t *testing.T) {
+	win := make([]byte, 1<<16)
+	for i := range win {
+		win[i] = byte(i * 7)
+	}
+	s := startServer(t, &testMem{base: win})
+	base := uint64(uintptr(unsafe.Pointer(&win[0])))
+	var req []byte
+	for _, r := range []struct{ addr, size uint64 }{{base, 100}, {base + 1<<16 - 4, 8}, {base + 1000, 3000}, {base + 5, 1}} {
+		var h [HeaderSize]byte
+		PutHeader(h[:], Header{Size: r.size, Addr: r.addr, Op: opRead, V2: true})
+		req = append(req, h[:]...)
+	}
+	c, err := net.Dial("tcp", s.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write(req)
+	require.NoError(t, err)
+	want := append(status(StatusOK), win[:100]...)
+	want = append(want, status(StatusRejected)...)
+	want = append(want, status(StatusOK)...)
+	want = append(want, win[1000:4000]...)
+	want = append(want, status(StatusOK)...)
+	want = append(want, win[5])
+	got := make([]byte, len(want))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+}
