@@ -10,6 +10,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/internal/etcdtest"
 )
 
 // eventually polls cond for up to 10 s: notifications arrive asynchronously.
@@ -88,6 +89,7 @@ func TestMetadataBackends(t *testing.T) {
 	}{
 		{"in-memory", "memory://" + t.Name()},
 		{"http server", hs.URL + "/metadata"},
+		{"etcd", "etcd://" + etcdtest.Start(t)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := newEngine(t, engine.Config{Transport: "tcp", Metadata: tc.conn, LocalServerName: "prefill-0"})

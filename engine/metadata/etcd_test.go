@@ -3,47 +3,16 @@ package metadata
 import (
 	"context"
 	"net"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
+
+	"github.com/mooncake-go/mooncake/internal/etcdtest"
 )
 
-// startEtcd runs a one-member etcd on loopback, with its data in a temporary
-// directory, and returns its client address ("127.0.0.1:port"). It is
-// stopped when the test ends.
-func startEtcd(t *testing.T) string {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	// Its shutdown logs errors about closed listeners; failures that matter
-	// come through e.Err().
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	// Port 0 on both sides: the kernel picks free ports, so parallel test
-	// binaries never collide. A single member never dials its own peer URL.
-	u, err := url.Parse("http://127.0.0.1:0")
-	require.NoError(t, err)
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-
-	e, err := embed.StartEtcd(cfg)
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		t.Fatalf("embedded etcd failed: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("embedded etcd not ready after a minute")
-	}
-	require.NotEmpty(t, e.Clients)
-	return e.Clients[0].Addr().String()
-}
+func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
 
 func TestEtcd(t *testing.T) {
 	addr := startEtcd(t)
