@@ -208,18 +208,28 @@ func (p *peer) stop() {
 	}
 }
 
+// offer queues s if there is room, without waiting, and reports whether s
+// is taken care of: queued, or failed because the peer stopped. The caller
+// holds p.mu for reading.
+func (p *peer) offer(s *transport.Slice) bool {
+	if p.stopped {
+		s.Done(s, transport.ErrClosed)
+		return true
+	}
+	select {
+	case p.queue <- s:
+		return true
+	default:
+		return false
+	}
+}
+
 // enqueue admits s, blocking while the queue is full, until s.Deadline.
 func (p *peer) enqueue(s *transport.Slice) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if p.stopped {
-		s.Done(s, transport.ErrClosed)
+	if p.offer(s) {
 		return
-	}
-	select {
-	case p.queue <- s:
-		return
-	default:
 	}
 	t := time.NewTimer(time.Until(s.Deadline))
 	defer t.Stop()
@@ -256,20 +266,15 @@ func (p *peer) fail(s *transport.Slice, err error) {
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if p.stopped {
-		s.Done(s, transport.ErrClosed)
+	if p.offer(s) {
 		return
 	}
-	select {
-	case p.queue <- s:
-	default:
-		// Never block an I/O goroutine on a full queue: hand off.
-		p.running.Add(1)
-		go func() {
-			defer p.running.Done()
-			p.enqueue(s)
-		}()
-	}
+	// Never block an I/O goroutine on a full queue: hand off.
+	p.running.Add(1)
+	go func() {
+		defer p.running.Done()
+		p.enqueue(s)
+	}()
 }
 
 // lane owns one connection at a time. Its goroutine writes requests; a
