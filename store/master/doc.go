@@ -7,7 +7,7 @@
 // Engine between each other's segments, at the offsets the master handed
 // out.
 //
-// Only the allocator exists so far.
+// The allocator and the in-process metadata service (Service: segments, put/get/upsert/remove, leases, soft pins, eviction, client expiry) exist so far; the gRPC server, batch calls and HA come next.
 //
 // # Allocator
 //

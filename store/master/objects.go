@@ -1,0 +1,362 @@
+package master
+
+import (
+	"slices"
+	"time"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// replica is one contiguous allocation of an object's full length.
+type replica struct {
+	seg       *segment
+	off, size uint64
+}
+
+// object is the metadata of one key: its readable replicas, and the put or
+// upsert in flight, if any.
+type object struct {
+	size     uint64
+	checksum uint32
+	replicas []replica // COMPLETE; empty while the first put is in flight
+	pending  *pendingPut
+
+	// lease orders eviction (oldest first) and, while in the future,
+	// protects the object from Remove and eviction. PutEnd sets it to now.
+	lease        time.Time
+	hardPin      bool
+	softPinUntil time.Time
+}
+
+// pendingPut is a PutStart or UpsertStart awaiting its PutEnd.
+type pendingPut struct {
+	client   string
+	started  time.Time
+	size     uint64
+	replicas []replica // PROCESSING
+	cfg      *storepb.ReplicateConfig
+}
+
+func (o *object) complete() bool { return len(o.replicas) > 0 }
+func (o *object) empty() bool    { return len(o.replicas) == 0 && o.pending == nil }
+
+// deferredFree is a set of replaced replicas a reader may still hold a lease
+// on; they are freed once the lease ends.
+type deferredFree struct {
+	at   time.Time
+	reps []replica
+}
+
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return storeErr(storepb.InvalidParams, "empty key")
+	case len(key) > MaxKeyLen:
+		return storeErr(storepb.InvalidParams, "key of %d bytes is longer than %d", len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// PutStart reserves space for a new object of length bytes: cfg.replica_num
+// replicas (0 means 1) on distinct segments, best effort. The client writes
+// them and calls PutEnd, or PutRevoke on failure. Puts are write-once: an
+// existing object, or another client's PutStart younger than
+// PutStartDiscardTimeout, gives ObjectAlreadyExists. When no replica fits,
+// PutStart evicts once and retries before answering NoAvailableHandle.
+func (s *Service) PutStart(clientID, key string, length uint64, cfg *storepb.ReplicateConfig) ([]*storepb.Replica, error) {
+	return s.start(clientID, key, length, cfg, false)
+}
+
+// UpsertStart is PutStart that may replace an existing object. The old
+// replicas stay readable until PutEnd swaps the new ones in; then they are
+// freed, or, if a reader holds a lease, when that lease ends.
+func (s *Service) UpsertStart(clientID, key string, length uint64, cfg *storepb.ReplicateConfig) ([]*storepb.Replica, error) {
+	return s.start(clientID, key, length, cfg, true)
+}
+
+func (s *Service) start(clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	switch {
+	case clientID == "":
+		return nil, storeErr(storepb.InvalidParams, "empty client id")
+	case length == 0:
+		return nil, storeErr(storepb.InvalidParams, "zero length")
+	case cfg.GetReplicaNum() < 0:
+		return nil, storeErr(storepb.InvalidParams, "negative replica_num %d", cfg.GetReplicaNum())
+	case cfg.GetSoftPinTtlMs() < 0:
+		return nil, storeErr(storepb.InvalidParams, "negative soft_pin_ttl_ms %d", cfg.GetSoftPinTtlMs())
+	}
+	n := max(int(cfg.GetReplicaNum()), 1)
+	reps, err := s.tryStart(clientID, key, length, n, cfg, upsert)
+	if err != errNoSpace {
+		return reps, err
+	}
+	if s.fitsAnywhere(length) {
+		s.evict(true)
+		if reps, err = s.tryStart(clientID, key, length, n, cfg, upsert); err != errNoSpace {
+			return reps, err
+		}
+		s.needEvict.Store(true)
+	}
+	return nil, storeErr(storepb.NoAvailableHandle, "no segment has %d bytes free", length)
+}
+
+func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, error) {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	o := sh.objects[key]
+	if o != nil {
+		if o.complete() && !upsert {
+			return nil, storeErr(storepb.ObjectAlreadyExists, "%q", key)
+		}
+		if p := o.pending; p != nil {
+			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
+				return nil, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", key)
+			}
+			// A zombie PutStart: its writer is presumed gone; pre-empt it.
+			s.freeReplicas(p.replicas)
+			o.pending = nil
+		}
+	}
+	reps := s.allocate(clientID, length, n, cfg)
+	if len(reps) == 0 {
+		if o != nil && o.empty() {
+			delete(sh.objects, key)
+		}
+		return nil, errNoSpace
+	}
+	if o == nil {
+		o = &object{}
+		sh.objects[key] = o
+	}
+	o.pending = &pendingPut{client: clientID, started: now, size: length, replicas: reps, cfg: cfg}
+	return describe(reps, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), nil
+}
+
+func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
+	out := make([]*storepb.Replica, 0, len(reps))
+	for _, r := range reps {
+		if r.seg.dead.Load() {
+			continue
+		}
+		out = append(out, &storepb.Replica{
+			Status: st,
+			Location: &storepb.Replica_Memory{Memory: &storepb.MemoryReplica{
+				SegmentName:       r.seg.name,
+				TransportEndpoint: r.seg.endpoint,
+				BufferAddress:     r.seg.base + r.off,
+				Size:              r.size,
+			}},
+		})
+	}
+	return out
+}
+
+// pendingOf returns key's put in flight, checking that clientID started it.
+func (s *Service) pendingOf(sh *shard, clientID, key string) (*object, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	o := sh.objects[key]
+	if o == nil || o.pending == nil {
+		return nil, storeErr(storepb.ObjectNotFound, "%q: no put in flight", key)
+	}
+	if o.pending.client != clientID {
+		return nil, storeErr(storepb.InvalidParams, "%q: the put was started by another client", key)
+	}
+	return o, nil
+}
+
+// PutEnd makes the replicas of clientID's PutStart (or UpsertStart)
+// COMPLETE and the object readable, with its checksum.
+func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o, err := s.pendingOf(sh, clientID, key)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	p := o.pending
+	old := o.replicas
+	o.replicas, o.size, o.checksum, o.pending = p.replicas, p.size, checksum, nil
+	o.hardPin = p.cfg.GetWithHardPin()
+	o.softPinUntil = time.Time{}
+	if p.cfg.GetWithSoftPin() {
+		ttl := s.cfg.SoftPinTTL
+		if ms := p.cfg.GetSoftPinTtlMs(); ms > 0 {
+			ttl = time.Duration(ms) * time.Millisecond
+		}
+		o.softPinUntil = now.Add(ttl)
+	}
+	if o.lease.After(now) && len(old) > 0 {
+		// A reader may be copying the old value: free it when its lease ends.
+		s.segMu.Lock()
+		// Replicas on a segment unmounted meanwhile have nothing to free;
+		// under segMu none can die unseen (removeSegLocked prunes the rest).
+		old = slices.DeleteFunc(old, func(r replica) bool { return r.seg.dead.Load() })
+		if len(old) > 0 {
+			s.deferred = append(s.deferred, deferredFree{at: o.lease, reps: old})
+		}
+		s.segMu.Unlock()
+	} else {
+		s.freeReplicas(old)
+		o.lease = now
+	}
+	return nil
+}
+
+// UpsertEnd is PutEnd for an UpsertStart.
+func (s *Service) UpsertEnd(clientID, key string, checksum uint32) error {
+	return s.PutEnd(clientID, key, checksum)
+}
+
+// PutRevoke abandons clientID's PutStart and frees its space. An upsert's
+// old value stays readable.
+func (s *Service) PutRevoke(clientID, key string) error {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o, err := s.pendingOf(sh, clientID, key)
+	if err != nil {
+		return err
+	}
+	s.freeReplicas(o.pending.replicas)
+	o.pending = nil
+	if o.empty() {
+		delete(sh.objects, key)
+	}
+	return nil
+}
+
+// UpsertRevoke is PutRevoke for an UpsertStart.
+func (s *Service) UpsertRevoke(clientID, key string) error { return s.PutRevoke(clientID, key) }
+
+// GetReplicaList returns the COMPLETE replicas of key with its checksum and
+// length, and grants (or extends) a lease of leaseTTL on it.
+func (s *Service) GetReplicaList(key string) (reps []*storepb.Replica, leaseTTL time.Duration, checksum uint32, length uint64, err error) {
+	if err := checkKey(key); err != nil {
+		return nil, 0, 0, 0, err
+	}
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[key]
+	if o == nil || !o.complete() {
+		return nil, 0, 0, 0, storeErr(storepb.ObjectNotFound, "%q", key)
+	}
+	reps = describe(o.replicas, storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE)
+	if len(reps) == 0 { // every segment is being unmounted
+		return nil, 0, 0, 0, storeErr(storepb.ObjectNotFound, "%q", key)
+	}
+	s.grantLease(o)
+	return reps, s.cfg.LeaseTTL, o.checksum, o.size, nil
+}
+
+func (s *Service) grantLease(o *object) {
+	if l := s.now().Add(s.cfg.LeaseTTL); l.After(o.lease) {
+		o.lease = l
+	}
+}
+
+// ExistKey reports whether key is readable; like Mooncake, it also grants a
+// lease on it. The error is only for an invalid key.
+func (s *Service) ExistKey(key string) (bool, error) {
+	if err := checkKey(key); err != nil {
+		return false, err
+	}
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[key]
+	if o == nil || !o.complete() {
+		return false, nil
+	}
+	s.grantLease(o)
+	return true, nil
+}
+
+// Remove deletes key's readable value and frees its replicas. A leased
+// object gives ObjectHasLease unless force. A put in flight on the key is
+// left alone.
+func (s *Service) Remove(key string, force bool) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[key]
+	if o == nil || !o.complete() {
+		return storeErr(storepb.ObjectNotFound, "%q", key)
+	}
+	if !force && o.lease.After(s.now()) {
+		return storeErr(storepb.ObjectHasLease, "%q", key)
+	}
+	s.dropLocked(sh, key, o)
+	return nil
+}
+
+// dropLocked frees o's complete replicas and forgets it unless a put is in
+// flight. sh.mu is held.
+func (s *Service) dropLocked(sh *shard, key string, o *object) uint64 {
+	var n uint64
+	for _, r := range o.replicas {
+		n += r.size
+	}
+	s.freeReplicas(o.replicas)
+	o.replicas = nil
+	if o.empty() {
+		delete(sh.objects, key)
+	}
+	return n
+}
+
+// RemoveAll removes every readable object, skipping leased ones unless
+// force, and returns how many it removed.
+func (s *Service) RemoveAll(force bool) int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		now := s.now()
+		for key, o := range sh.objects {
+			if !o.complete() || (!force && o.lease.After(now)) {
+				continue
+			}
+			s.dropLocked(sh, key, o)
+			n++
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// ReclaimPuts frees the space of puts in flight for longer than
+// PutStartReleaseTimeout, whose writers are presumed dead, and returns how
+// many.
+func (s *Service) ReclaimPuts() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		now := s.now()
+		for key, o := range sh.objects {
+			if p := o.pending; p != nil && now.Sub(p.started) >= s.cfg.PutStartReleaseTimeout {
+				s.freeReplicas(p.replicas)
+				o.pending = nil
+				if o.empty() {
+					delete(sh.objects, key)
+				}
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}

@@ -1,0 +1,334 @@
+package master
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// segment is one mounted DRAM segment and the allocator of its offsets.
+type segment struct {
+	id, name, endpoint, hostID string
+	base, size                 uint64
+	client                     string
+	alloc                      *Allocator
+	idx                        int // position in Service.segList
+	// dead is set (under segMu) when the segment is unmounted; replicas on
+	// it are filtered out of every answer at once and dropped by the sweep
+	// that follows.
+	dead atomic.Bool
+}
+
+// client is what the master knows of a client: its segments and when it
+// last showed it was alive.
+type client struct {
+	lastSeen time.Time
+	hostID   string
+	segs     map[string]*segment
+}
+
+// MountSegment adds seg, owned by clientID, to the pool. Mounting the same
+// segment id again from the same client is a no-op; from another client it
+// is InvalidParams.
+func (s *Service) MountSegment(clientID string, seg *storepb.Segment) error {
+	if clientID == "" {
+		return storeErr(storepb.InvalidParams, "empty client id")
+	}
+	if err := checkSegment(seg); err != nil {
+		return err
+	}
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	return s.mountLocked(clientID, seg)
+}
+
+// ReMountSegment mounts every segment of segs for clientID, as a client
+// does after a Ping answered NEED_REMOUNT. It is idempotent and registers
+// the client even with no segments (a client that only reads).
+func (s *Service) ReMountSegment(clientID string, segs []*storepb.Segment) error {
+	if clientID == "" {
+		return storeErr(storepb.InvalidParams, "empty client id")
+	}
+	for _, seg := range segs {
+		if err := checkSegment(seg); err != nil {
+			return err
+		}
+	}
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	s.touchLocked(clientID)
+	for _, seg := range segs {
+		if err := s.mountLocked(clientID, seg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkSegment(seg *storepb.Segment) error {
+	switch {
+	case seg == nil:
+		return storeErr(storepb.InvalidParams, "nil segment")
+	case seg.Id == "":
+		return storeErr(storepb.InvalidParams, "empty segment id")
+	case seg.Name == "":
+		return storeErr(storepb.InvalidParams, "segment %s: empty name", seg.Id)
+	case seg.Size == 0:
+		return storeErr(storepb.InvalidParams, "segment %s: zero size", seg.Id)
+	}
+	return nil
+}
+
+func (s *Service) mountLocked(clientID string, seg *storepb.Segment) error {
+	if old, ok := s.segs[seg.Id]; ok {
+		if old.client != clientID {
+			return storeErr(storepb.InvalidParams, "segment %s is mounted by another client", seg.Id)
+		}
+		s.touchLocked(clientID)
+		return nil
+	}
+	a, err := NewAllocator(seg.Size)
+	if err != nil {
+		return storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
+	}
+	sg := &segment{
+		id: seg.Id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId,
+		base: seg.Base, size: seg.Size, client: clientID, alloc: a, idx: len(s.segList),
+	}
+	s.segs[sg.id] = sg
+	s.segList = append(s.segList, sg)
+	c := s.touchLocked(clientID)
+	c.segs[sg.id] = sg
+	if sg.hostID != "" {
+		c.hostID = sg.hostID
+	}
+	return nil
+}
+
+// touchLocked records that clientID is alive, registering it if new.
+func (s *Service) touchLocked(clientID string) *client {
+	c := s.clients[clientID]
+	if c == nil {
+		c = &client{segs: make(map[string]*segment)}
+		s.clients[clientID] = c
+	}
+	c.lastSeen = s.now()
+	return c
+}
+
+// UnmountSegment removes a segment from the pool. Every replica on it is
+// dropped; objects left with no complete replica are removed.
+func (s *Service) UnmountSegment(clientID, segmentID string) error {
+	s.segMu.Lock()
+	sg, ok := s.segs[segmentID]
+	switch {
+	case !ok:
+		s.segMu.Unlock()
+		return storeErr(storepb.SegmentNotFound, "segment %s", segmentID)
+	case sg.client != clientID:
+		s.segMu.Unlock()
+		return storeErr(storepb.InvalidParams, "segment %s belongs to another client", segmentID)
+	}
+	s.removeSegLocked(sg)
+	s.segMu.Unlock()
+	s.sweepDead()
+	return nil
+}
+
+func (s *Service) removeSegLocked(sg *segment) {
+	sg.dead.Store(true)
+	// Replaced values waiting for a lease to end lose their replicas here.
+	kept := s.deferred[:0]
+	for _, d := range s.deferred {
+		d.reps = slices.DeleteFunc(d.reps, func(r replica) bool { return r.seg == sg })
+		if len(d.reps) > 0 {
+			kept = append(kept, d)
+		}
+	}
+	clear(s.deferred[len(kept):])
+	s.deferred = kept
+	delete(s.segs, sg.id)
+	last := s.segList[len(s.segList)-1]
+	s.segList[sg.idx], last.idx = last, sg.idx
+	s.segList = s.segList[:len(s.segList)-1]
+	if c := s.clients[sg.client]; c != nil {
+		delete(c.segs, sg.id)
+	}
+}
+
+// sweepDead drops every replica on an unmounted segment. Segments are
+// marked dead before the sweep and no allocation lands on a dead segment,
+// so one pass over the shards finds them all.
+func (s *Service) sweepDead() {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for key, o := range sh.objects {
+			o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool { return r.seg.dead.Load() })
+			if p := o.pending; p != nil {
+				p.replicas = slices.DeleteFunc(p.replicas, func(r replica) bool { return r.seg.dead.Load() })
+				if len(p.replicas) == 0 {
+					o.pending = nil
+				}
+			}
+			if o.empty() {
+				delete(sh.objects, key)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Ping records that clientID is alive. It answers NEED_REMOUNT for a
+// client the master does not know (it restarted, or expired the client),
+// which then calls ReMountSegment.
+func (s *Service) Ping(clientID string) (viewVersion uint64, status storepb.ClientStatus) {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	c := s.clients[clientID]
+	if c == nil {
+		return s.cfg.ViewVersion, storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT
+	}
+	c.lastSeen = s.now()
+	return s.cfg.ViewVersion, storepb.ClientStatus_CLIENT_STATUS_OK
+}
+
+// ExpireClients forgets clients not seen within ClientTTL and unmounts
+// their segments, as Mooncake's client monitor. It returns how many.
+func (s *Service) ExpireClients() int {
+	deadline := s.now().Add(-s.cfg.ClientTTL)
+	n := 0
+	s.segMu.Lock()
+	for id, c := range s.clients {
+		if !c.lastSeen.Before(deadline) {
+			continue
+		}
+		for _, sg := range c.segs {
+			s.removeSegLocked(sg)
+		}
+		delete(s.clients, id)
+		n++
+	}
+	s.segMu.Unlock()
+	if n > 0 {
+		s.sweepDead()
+	}
+	return n
+}
+
+// usageLocked sums capacity and used bytes over the mounted segments.
+func (s *Service) usageLocked() (capacity, used uint64) {
+	for _, sg := range s.segList {
+		capacity += sg.alloc.Size()
+		used += sg.alloc.Used()
+	}
+	return capacity, used
+}
+
+// fitsAnywhere reports whether some segment could ever hold n bytes.
+func (s *Service) fitsAnywhere(n uint64) bool {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	for _, sg := range s.segList {
+		if sg.alloc.Size() >= n {
+			return true
+		}
+	}
+	return false
+}
+
+// allocate places up to n replicas of size bytes on distinct segments,
+// best effort, in the order the strategy gives.
+func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.ReplicateConfig) []replica {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	out := make([]replica, 0, n)
+	try := func(sg *segment) bool {
+		if len(out) == n {
+			return true
+		}
+		for _, r := range out {
+			if r.seg == sg {
+				return false
+			}
+		}
+		if off, ok := sg.alloc.Alloc(size); ok {
+			out = append(out, replica{seg: sg, off: off, size: size})
+		}
+		return len(out) == n
+	}
+	if len(s.segList) == 0 {
+		return out
+	}
+	// Preferred segments (by name; a client may mount several under one
+	// name) come first, then the caller's host, then the strategy's order.
+	for _, name := range cfg.GetPreferredSegments() {
+		for _, sg := range s.segList {
+			if sg.name == name && try(sg) {
+				return out
+			}
+		}
+	}
+	if cfg.GetPreferLocal() || s.cfg.Strategy == StrategyLocalFirst {
+		if c := s.clients[clientID]; c != nil && c.hostID != "" {
+			for _, sg := range s.segList {
+				if sg.hostID == c.hostID && try(sg) {
+					return out
+				}
+			}
+		}
+	}
+	if s.cfg.Strategy == StrategyFreeRatioFirst {
+		// Mooncake samples min(6·remaining, n) candidates; sorting them all
+		// is the same order without the sampling noise.
+		order := slices.Clone(s.segList)
+		slices.SortFunc(order, func(a, b *segment) int {
+			fa := float64(a.alloc.FreeBytes()) / float64(a.alloc.Size())
+			fb := float64(b.alloc.FreeBytes()) / float64(b.alloc.Size())
+			switch {
+			case fa > fb:
+				return -1
+			case fa < fb:
+				return 1
+			}
+			return 0
+		})
+		for _, sg := range order {
+			if try(sg) {
+				return out
+			}
+		}
+		return out
+	}
+	// Random: consecutive segments from a random start.
+	start := s.rng.IntN(len(s.segList))
+	for i := range s.segList {
+		if try(s.segList[(start+i)%len(s.segList)]) {
+			return out
+		}
+	}
+	return out
+}
+
+// freeReplicas returns replicas' space to their segments; replicas on
+// unmounted segments have nothing to free.
+func (s *Service) freeReplicas(reps []replica) {
+	if len(reps) == 0 {
+		return
+	}
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	s.freeLocked(reps)
+}
+
+func (s *Service) freeLocked(reps []replica) {
+	for _, r := range reps {
+		if !r.seg.dead.Load() {
+			// Free fails only for an offset not allocated, which would be
+			// a bookkeeping bug here; there is nothing better to do.
+			_ = r.seg.alloc.Free(r.off)
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Placement strategies for ServiceConfig.Strategy, as Mooncake's
+// --allocation_strategy.
+const (
+	// StrategyRandom scans the segments from a random start (the default).
+	StrategyRandom = "random"
+	// StrategyFreeRatioFirst tries the segments with the most free space first.
+	StrategyFreeRatioFirst = "free_ratio_first"
+	// StrategyLocalFirst tries the segments on the caller's host first.
+	StrategyLocalFirst = "local_first"
+)
+
+// MaxKeyLen is the longest object key the master accepts, in bytes.
+const MaxKeyLen = 4096
+
+// Mooncake's defaults (mooncake-internals §2.5-2.6).
+const (
+	DefaultLeaseTTL               = 10 * time.Second
+	DefaultSoftPinTTL             = 30 * time.Minute
+	DefaultEvictionHighWatermark  = 0.90
+	DefaultEvictionRatio          = 0.05
+	DefaultClientTTL              = 10 * time.Second
+	DefaultPutStartDiscardTimeout = 30 * time.Second
+	DefaultPutStartReleaseTimeout = 10 * time.Minute
+	DefaultShards                 = 1024
+)
+
+// Intervals of the Run loop, as Mooncake's eviction thread and client
+// monitor.
+const (
+	evictInterval   = 10 * time.Millisecond
+	monitorInterval = time.Second
+)
+
+// ServiceConfig configures a Service. The zero value of every field means
+// Mooncake's default.
+type ServiceConfig struct {
+	// LeaseTTL is how long a GetReplicaList or ExistKey protects an object
+	// from Remove and eviction. Zero means 10s.
+	LeaseTTL time.Duration
+	// SoftPinTTL is the soft-pin lifetime when a put asks for a soft pin
+	// without its own TTL; it runs from the PutEnd. Zero means 30min.
+	SoftPinTTL time.Duration
+	// EvictionHighWatermark is the used/capacity ratio above which
+	// eviction starts, in (0, 1]. Zero means 0.90.
+	EvictionHighWatermark float64
+	// EvictionRatio is the share of capacity one eviction round frees at
+	// least, in (0, 1]. Zero means 0.05.
+	EvictionRatio float64
+	// ClientTTL is how long a client may go without a Ping (or mount)
+	// before ExpireClients unmounts its segments. Zero means 10s.
+	ClientTTL time.Duration
+	// PutStartDiscardTimeout is the age after which an unfinished PutStart
+	// may be pre-empted by another PutStart of the same key. Zero means 30s.
+	PutStartDiscardTimeout time.Duration
+	// PutStartReleaseTimeout is the age after which the Run loop frees an
+	// unfinished PutStart's space. Zero means 10min.
+	PutStartReleaseTimeout time.Duration
+	// Shards is the number of metadata shards (one mutex each) keys are
+	// hashed over. Zero means 1024.
+	Shards int
+	// Strategy is the replica placement: StrategyRandom (also for ""),
+	// StrategyFreeRatioFirst or StrategyLocalFirst.
+	Strategy string
+	// Now is the clock. Nil means time.Now; tests inject a fake one.
+	Now func() time.Time
+	// Seed seeds the random placement. Zero means a random seed.
+	Seed uint64
+	// ViewVersion is reported by Ping: the master's view (its leader term
+	// under HA). Clients remount when it changes.
+	ViewVersion uint64
+}
+
+// Validate reports the first field that is out of range, by name.
+func (c ServiceConfig) Validate() error {
+	durs := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"LeaseTTL", c.LeaseTTL}, {"SoftPinTTL", c.SoftPinTTL}, {"ClientTTL", c.ClientTTL},
+		{"PutStartDiscardTimeout", c.PutStartDiscardTimeout},
+		{"PutStartReleaseTimeout", c.PutStartReleaseTimeout},
+	}
+	for _, d := range durs {
+		if d.d < 0 {
+			return fmt.Errorf("master: ServiceConfig.%s is negative (%v)", d.name, d.d)
+		}
+	}
+	if c.EvictionHighWatermark < 0 || c.EvictionHighWatermark > 1 {
+		return fmt.Errorf("master: ServiceConfig.EvictionHighWatermark %v is outside [0, 1]", c.EvictionHighWatermark)
+	}
+	if c.EvictionRatio < 0 || c.EvictionRatio > 1 {
+		return fmt.Errorf("master: ServiceConfig.EvictionRatio %v is outside [0, 1]", c.EvictionRatio)
+	}
+	if c.Shards < 0 {
+		return fmt.Errorf("master: ServiceConfig.Shards is negative (%d)", c.Shards)
+	}
+	switch c.Strategy {
+	case "", StrategyRandom, StrategyFreeRatioFirst, StrategyLocalFirst:
+	default:
+		return fmt.Errorf("master: ServiceConfig.Strategy %q is unknown", c.Strategy)
+	}
+	return nil
+}
+
+func (c ServiceConfig) withDefaults() ServiceConfig {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.LeaseTTL, DefaultLeaseTTL)
+	def(&c.SoftPinTTL, DefaultSoftPinTTL)
+	def(&c.ClientTTL, DefaultClientTTL)
+	def(&c.PutStartDiscardTimeout, DefaultPutStartDiscardTimeout)
+	def(&c.PutStartReleaseTimeout, DefaultPutStartReleaseTimeout)
+	if c.EvictionHighWatermark == 0 {
+		c.EvictionHighWatermark = DefaultEvictionHighWatermark
+	}
+	if c.EvictionRatio == 0 {
+		c.EvictionRatio = DefaultEvictionRatio
+	}
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.Strategy == "" {
+		c.Strategy = StrategyRandom
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Seed == 0 {
+		c.Seed = rand.Uint64()
+	}
+	return c
+}
+
+// Service is the master's metadata core: segments, objects, leases and
+// eviction, without any transport. It is safe for concurrent use.
+//
+// Locking: object metadata is split over shards by key hash, one mutex
+// each; segments, their allocators and the client table sit under segMu.
+// A shard lock may be held while taking segMu, never the reverse, so a
+// PutStart allocates with its key's shard locked and an unmount marks its
+// segment dead before it sweeps the shards.
+type Service struct {
+	cfg    ServiceConfig
+	seed   maphash.Seed
+	shards []shard
+
+	segMu    sync.Mutex
+	segs     map[string]*segment // by id
+	segList  []*segment          // the same, for random placement
+	clients  map[string]*client
+	rng      *rand.Rand
+	deferred []deferredFree // replaced replicas freed when their lease ends
+
+	// needEvict is set by a failed allocation and makes the next Evict run
+	// even below the watermark, as Mooncake's need_mem_eviction_.
+	needEvict atomic.Bool
+}
+
+type shard struct {
+	mu      sync.Mutex
+	objects map[string]*object
+}
+
+// NewService returns a Service with no segments and no objects.
+func NewService(cfg ServiceConfig) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Service{
+		cfg:     cfg,
+		seed:    maphash.MakeSeed(),
+		shards:  make([]shard, cfg.Shards),
+		segs:    make(map[string]*segment),
+		clients: make(map[string]*client),
+		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+	}
+	for i := range s.shards {
+		s.shards[i].objects = make(map[string]*object)
+	}
+	return s, nil
+}
+
+// Config returns the configuration in force, defaults filled in.
+func (s *Service) Config() ServiceConfig { return s.cfg }
+
+func (s *Service) now() time.Time { return s.cfg.Now() }
+
+func (s *Service) shardOf(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)%uint64(len(s.shards))]
+}
+
+// storeErr builds a store error of code c; errors.Is matches its sentinel.
+func storeErr(c storepb.Code, format string, args ...any) error {
+	return &storepb.Error{Code: c, Msg: fmt.Sprintf(format, args...)}
+}
+
+// errNoSpace is internal: an allocation placed no replica.
+var errNoSpace = errors.New("master: no space")
+
+// Stats is a snapshot of the pool.
+type Stats struct {
+	Capacity uint64 // bytes in mounted segments
+	Used     uint64 // bytes allocated, puts in flight included
+	Keys     int    // readable (complete) objects
+	Clients  int    // clients known to the master
+	Segments int    // mounted segments
+}
+
+// Stats returns a snapshot; the fields are read at slightly different times.
+func (s *Service) Stats() Stats {
+	var st Stats
+	s.segMu.Lock()
+	st.Capacity, st.Used = s.usageLocked()
+	st.Clients, st.Segments = len(s.clients), len(s.segs)
+	s.segMu.Unlock()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if o.complete() {
+				st.Keys++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// Run does the background work until ctx is done: Evict every 10 ms,
+// ExpireClients and ReclaimPuts every second. It returns nil.
+func (s *Service) Run(ctx context.Context) error {
+	evict := time.NewTicker(evictInterval)
+	defer evict.Stop()
+	monitor := time.NewTicker(monitorInterval)
+	defer monitor.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-evict.C:
+			s.Evict()
+		case <-monitor.C:
+			s.ExpireClients()
+			s.ReclaimPuts()
+		}
+	}
+}
