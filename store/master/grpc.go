@@ -1,0 +1,254 @@
+package master
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// GRPCServer serves the storepb.Master gRPC service over a Service.
+//
+// Store errors travel in the responses' Result (Mooncake's ErrorCode
+// numbers), never as gRPC status errors, so that a batch can fail item by
+// item and a client tells "the master said no" from "the RPC failed". The
+// only status error is InvalidArgument for a nil request, which the gRPC
+// codec never produces but a direct in-process caller can.
+type GRPCServer struct {
+	storepb.UnimplementedMasterServer
+	svc *Service
+}
+
+var _ storepb.MasterServer = (*GRPCServer)(nil)
+
+// NewGRPCServer returns a GRPCServer over s. It holds no state of its own:
+// s may be served by several GRPCServers and used directly at the same time.
+func NewGRPCServer(s *Service) *GRPCServer { return &GRPCServer{svc: s} }
+
+// Register registers g as the Master service of srv.
+func (g *GRPCServer) Register(srv *grpc.Server) { storepb.RegisterMasterServer(srv, g) }
+
+var errNilRequest = status.Error(codes.InvalidArgument, "master: nil request")
+
+// putStart is one PutStart or UpsertStart item. A nil item reads as an
+// empty key and so answers InvalidParams.
+func (g *GRPCServer) putStart(req *storepb.PutStartRequest, upsert bool) *storepb.PutStartResponse {
+	start := g.svc.PutStart
+	if upsert {
+		start = g.svc.UpsertStart
+	}
+	reps, err := start(req.GetClientId(), req.GetKey(), req.GetValueLength(), req.GetConfig())
+	return &storepb.PutStartResponse{Result: storepb.NewResult(err), Replicas: reps}
+}
+
+func (g *GRPCServer) getReplicaList(key string) *storepb.GetReplicaListResponse {
+	reps, ttl, sum, n, err := g.svc.GetReplicaList(key)
+	if err != nil {
+		return &storepb.GetReplicaListResponse{Result: storepb.NewResult(err)}
+	}
+	return &storepb.GetReplicaListResponse{
+		Result: storepb.NewResult(nil), Replicas: reps,
+		LeaseTtlMs: ttl.Milliseconds(), Checksum: sum, ValueLength: n,
+	}
+}
+
+// existKey is OK when key is readable and ObjectNotFound when it is not,
+// as Mooncake's ExistKey; an invalid key is InvalidParams.
+func (g *GRPCServer) existKey(key string) *storepb.Result {
+	ok, err := g.svc.ExistKey(key)
+	switch {
+	case err != nil:
+		return storepb.NewResult(err)
+	case !ok:
+		return storepb.NewResult(storeErr(storepb.ObjectNotFound, "%q", key))
+	}
+	return storepb.NewResult(nil)
+}
+
+// batch answers one Result per key.
+func batch(keys []string, f func(key string) error) *storepb.BatchResult {
+	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(keys))}
+	for i, k := range keys {
+		out.Results[i] = storepb.NewResult(f(k))
+	}
+	return out
+}
+
+// PutStart reserves the replicas of a new object; see Service.PutStart.
+func (g *GRPCServer) PutStart(_ context.Context, req *storepb.PutStartRequest) (*storepb.PutStartResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return g.putStart(req, false), nil
+}
+
+// PutEnd makes a started object readable; see Service.PutEnd.
+func (g *GRPCServer) PutEnd(_ context.Context, req *storepb.PutEndRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return storepb.NewResult(g.svc.PutEnd(req.ClientId, req.Key, req.Checksum)), nil
+}
+
+// PutRevoke gives a started object's space back; see Service.PutRevoke.
+func (g *GRPCServer) PutRevoke(_ context.Context, req *storepb.KeyRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return storepb.NewResult(g.svc.PutRevoke(req.ClientId, req.Key)), nil
+}
+
+// BatchPutStart is PutStart per item, one response per item.
+func (g *GRPCServer) BatchPutStart(_ context.Context, req *storepb.BatchPutStartRequest) (*storepb.BatchPutStartResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	out := &storepb.BatchPutStartResponse{Items: make([]*storepb.PutStartResponse, len(req.Items))}
+	for i, it := range req.Items {
+		out.Items[i] = g.putStart(it, false)
+	}
+	return out, nil
+}
+
+// BatchPutEnd is PutEnd per item, one Result per item.
+func (g *GRPCServer) BatchPutEnd(_ context.Context, req *storepb.BatchPutEndRequest) (*storepb.BatchResult, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(req.Items))}
+	for i, it := range req.Items {
+		out.Results[i] = storepb.NewResult(g.svc.PutEnd(it.GetClientId(), it.GetKey(), it.GetChecksum()))
+	}
+	return out, nil
+}
+
+// BatchPutRevoke is PutRevoke per key, one Result per key.
+func (g *GRPCServer) BatchPutRevoke(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchResult, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return batch(req.Keys, func(k string) error { return g.svc.PutRevoke(req.ClientId, k) }), nil
+}
+
+// UpsertStart is PutStart that may replace an existing object; see
+// Service.UpsertStart. The client finishes it with PutEnd or PutRevoke.
+func (g *GRPCServer) UpsertStart(_ context.Context, req *storepb.PutStartRequest) (*storepb.PutStartResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return g.putStart(req, true), nil
+}
+
+// BatchUpsertStart is UpsertStart per item, one response per item.
+func (g *GRPCServer) BatchUpsertStart(_ context.Context, req *storepb.BatchPutStartRequest) (*storepb.BatchPutStartResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	out := &storepb.BatchPutStartResponse{Items: make([]*storepb.PutStartResponse, len(req.Items))}
+	for i, it := range req.Items {
+		out.Items[i] = g.putStart(it, true)
+	}
+	return out, nil
+}
+
+// GetReplicaList returns the complete replicas of a key and grants a lease;
+// see Service.GetReplicaList.
+func (g *GRPCServer) GetReplicaList(_ context.Context, req *storepb.KeyRequest) (*storepb.GetReplicaListResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return g.getReplicaList(req.Key), nil
+}
+
+// BatchGetReplicaList is GetReplicaList per key, one response per key.
+func (g *GRPCServer) BatchGetReplicaList(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchGetReplicaListResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	out := &storepb.BatchGetReplicaListResponse{Items: make([]*storepb.GetReplicaListResponse, len(req.Keys))}
+	for i, k := range req.Keys {
+		out.Items[i] = g.getReplicaList(k)
+	}
+	return out, nil
+}
+
+// ExistKey answers OK when the key is readable, ObjectNotFound when not.
+func (g *GRPCServer) ExistKey(_ context.Context, req *storepb.KeyRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return g.existKey(req.Key), nil
+}
+
+// BatchExistKey is ExistKey per key, one Result per key.
+func (g *GRPCServer) BatchExistKey(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchResult, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(req.Keys))}
+	for i, k := range req.Keys {
+		out.Results[i] = g.existKey(k)
+	}
+	return out, nil
+}
+
+// Remove deletes a readable object; see Service.Remove.
+func (g *GRPCServer) Remove(_ context.Context, req *storepb.RemoveRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return storepb.NewResult(g.svc.Remove(req.Key, req.Force)), nil
+}
+
+// BatchRemove is Remove per key, one Result per key.
+func (g *GRPCServer) BatchRemove(_ context.Context, req *storepb.BatchRemoveRequest) (*storepb.BatchResult, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return batch(req.Keys, func(k string) error { return g.svc.Remove(k, req.Force) }), nil
+}
+
+// RemoveAll removes every readable object and says how many.
+func (g *GRPCServer) RemoveAll(_ context.Context, req *storepb.RemoveAllRequest) (*storepb.RemoveAllResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	n := g.svc.RemoveAll(req.Force)
+	return &storepb.RemoveAllResponse{Result: storepb.NewResult(nil), Removed: int64(n)}, nil
+}
+
+// MountSegment adds a client's segment to the pool.
+func (g *GRPCServer) MountSegment(_ context.Context, req *storepb.MountSegmentRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return storepb.NewResult(g.svc.MountSegment(req.ClientId, req.Segment)), nil
+}
+
+// ReMountSegment mounts a client's segments again after NEED_REMOUNT.
+func (g *GRPCServer) ReMountSegment(_ context.Context, req *storepb.ReMountSegmentRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return storepb.NewResult(g.svc.ReMountSegment(req.ClientId, req.Segments)), nil
+}
+
+// UnmountSegment removes a segment and the replicas on it.
+func (g *GRPCServer) UnmountSegment(_ context.Context, req *storepb.UnmountSegmentRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return storepb.NewResult(g.svc.UnmountSegment(req.ClientId, req.SegmentId)), nil
+}
+
+// Ping records a client as alive; an unknown client is told to remount.
+func (g *GRPCServer) Ping(_ context.Context, req *storepb.PingRequest) (*storepb.PingResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	v, st := g.svc.Ping(req.ClientId)
+	return &storepb.PingResponse{Result: storepb.NewResult(nil), ViewVersion: v, ClientStatus: st}, nil
+}
