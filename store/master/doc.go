@@ -7,7 +7,9 @@
 // Engine between each other's segments, at the offsets the master handed
 // out.
 //
-// The allocator and the in-process metadata service (Service: segments, put/get/upsert/remove, leases, soft pins, eviction, client expiry) exist so far; the gRPC server, batch calls and HA come next.
+// So far: the allocator, the metadata service (Service: segments,
+// put/get/upsert/remove, leases, soft pins, eviction, client expiry) and its
+// gRPC front (GRPCServer). The client, the SSD tier and HA come next.
 //
 // # Allocator
 //
