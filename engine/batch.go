@@ -236,7 +236,7 @@ func (e *Engine) route(seg *segment, s *transport.Slice) {
 			if seg.stale.CompareAndSwap(false, true) {
 				e.log.Info("same-host path stale, falling back to TCP", "segment", seg.name)
 			}
-			if len(seg.tcp) == 0 || e.cfg.Transport == "shm" {
+			if seg.tcpPeer == nil || e.cfg.Transport == "shm" {
 				s.Done(s, fmt.Errorf("%w: %v", transport.ErrPeer, shm.ErrStale))
 				return
 			}
@@ -245,12 +245,12 @@ func (e *Engine) route(seg *segment, s *transport.Slice) {
 			e.wg.Add(1)
 			go func() {
 				defer e.wg.Done()
-				e.tcp.Submit(seg.tcp, s)
+				seg.tcpPeer.Submit(s)
 			}()
 		})
 		return
 	}
-	e.tcp.Submit(seg.tcp, s)
+	seg.tcpPeer.Submit(s)
 }
 
 func (t *task) sliceDone(s *transport.Slice, err error) {

@@ -62,6 +62,7 @@ type segment struct {
 	desc    *metadata.SegmentDesc
 	rpcAddr string
 	tcp     []string    // data addresses
+	tcpPeer *tcp.Peer   // their lanes, nil without a TCP address
 	shm     *shm.Peer   // same-host path, nil if none
 	stale   atomic.Bool // shm path gave up; TCP from now on
 }
@@ -431,6 +432,15 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 		}
 		seg.shm = p
 	}
+	if len(seg.tcp) > 0 {
+		var err error
+		if seg.tcpPeer, err = e.tcp.Peer(seg.tcp); err != nil {
+			if seg.shm != nil {
+				seg.shm.Close()
+			}
+			return nil, errorf(CodeContext, "open segment %s: %v", name, err)
+		}
+	}
 	switch {
 	case e.cfg.Transport == "shm" && seg.shm == nil:
 		return nil, errorf(CodeDeviceNotFound, "open segment %s: not reachable through shared memory", name)
@@ -459,7 +469,9 @@ func (e *Engine) CloseSegment(id SegmentID) error {
 	if !ok {
 		return errorf(CodeInvalidArgument, "close segment %d: not open", id)
 	}
-	e.tcp.Forget(seg.tcp)
+	if seg.tcpPeer != nil {
+		e.tcp.Forget(seg.tcpPeer)
+	}
 	if seg.shm != nil {
 		seg.shm.Close()
 	}

@@ -45,10 +45,9 @@ type Client struct {
 	cfg ClientConfig
 
 	mu      sync.Mutex
-	peers   map[string]*peer
+	peers   map[string]*Peer
 	closed  bool
 	closing chan struct{}
-	submits sync.WaitGroup // Submit calls in progress
 }
 
 // NewClient returns a client with no connections; lanes dial on first use.
@@ -71,48 +70,47 @@ func NewClient(cfg ClientConfig) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{cfg: cfg, peers: make(map[string]*peer), closing: make(chan struct{})}
+	return &Client{cfg: cfg, peers: make(map[string]*Peer), closing: make(chan struct{})}
 }
 
 // Name implements transport.Transport.
 func (c *Client) Name() string { return "tcp" }
 
-// Submit hands s to the lanes of the peer served at addrs ("host:port",
-// tried in turn on retries). It blocks while the peer's queue is full, at
-// most until s.Deadline; s.Done is always called exactly once.
-func (c *Client) Submit(addrs []string, s *transport.Slice) {
-	c.mu.Lock()
-	if c.closed || len(addrs) == 0 {
-		c.mu.Unlock()
-		if len(addrs) == 0 {
-			s.Done(s, fmt.Errorf("%w: peer has no TCP address", transport.ErrPeer))
-		} else {
-			s.Done(s, transport.ErrClosed)
-		}
-		return
+// Peer returns the lanes of the peer served at addrs ("host:port", tried
+// in turn on retries), starting them on first use. Callers resolve it once
+// per segment, so submitting takes no lock of the client.
+func (c *Client) Peer(addrs []string) (*Peer, error) {
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("%w: peer has no TCP address", transport.ErrPeer)
 	}
 	key := strings.Join(addrs, ",")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, transport.ErrClosed
+	}
 	p := c.peers[key]
 	if p == nil {
 		p = c.newPeer(key, addrs)
 		c.peers[key] = p
 	}
-	c.submits.Add(1)
-	c.mu.Unlock()
-	defer c.submits.Done()
-	p.enqueue(s)
+	return p, nil
 }
 
-// Forget closes the lanes of the peer served at addrs (after its segment is
-// closed); slices still queued for it fail.
-func (c *Client) Forget(addrs []string) {
+// Submit hands s to the peer's lanes. It blocks while the peer's queue is
+// full, at most until s.Deadline; s.Done is always called exactly once,
+// with transport.ErrClosed once the peer is forgotten or the client closed.
+func (p *Peer) Submit(s *transport.Slice) { p.enqueue(s) }
+
+// Forget closes the peer's lanes (after its segment is closed); slices
+// still queued for it fail.
+func (c *Client) Forget(p *Peer) {
 	c.mu.Lock()
-	p := c.peers[strings.Join(addrs, ",")]
-	delete(c.peers, strings.Join(addrs, ","))
-	c.mu.Unlock()
-	if p != nil {
-		p.stop()
+	if c.peers[p.key] == p {
+		delete(c.peers, p.key)
 	}
+	c.mu.Unlock()
+	p.stop()
 }
 
 // Close fails every queued and in-flight slice with transport.ErrClosed and
@@ -128,15 +126,17 @@ func (c *Client) Close() error {
 	peers := c.peers
 	c.peers = nil
 	c.mu.Unlock()
-	c.submits.Wait()
+	// A Submit in progress holds its peer's mu, which stop waits for.
 	for _, p := range peers {
 		p.stop()
 	}
 	return nil
 }
 
-type peer struct {
+// Peer is one peer's lanes and their shared queue.
+type Peer struct {
 	c     *Client
+	key   string
 	addrs []string
 	queue chan *transport.Slice
 	stopc chan struct{}
@@ -155,7 +155,7 @@ type peer struct {
 }
 
 // track records a live connection so stop can cut it; false once stopped.
-func (p *peer) track(lc *laneConn) bool {
+func (p *Peer) track(lc *laneConn) bool {
 	p.connMu.Lock()
 	defer p.connMu.Unlock()
 	if p.conns == nil {
@@ -165,14 +165,14 @@ func (p *peer) track(lc *laneConn) bool {
 	return true
 }
 
-func (p *peer) untrack(lc *laneConn) {
+func (p *Peer) untrack(lc *laneConn) {
 	p.connMu.Lock()
 	defer p.connMu.Unlock()
 	delete(p.conns, lc)
 }
 
-func (c *Client) newPeer(key string, addrs []string) *peer {
-	p := &peer{c: c, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{}),
+func (c *Client) newPeer(key string, addrs []string) *Peer {
+	p := &Peer{c: c, key: key, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{}),
 		conns: map[*laneConn]struct{}{}}
 	for i := range c.cfg.Lanes {
 		l := &lane{p: p, idx: i}
@@ -184,7 +184,7 @@ func (c *Client) newPeer(key string, addrs []string) *peer {
 }
 
 // stop ends the peer's goroutines and fails what is still queued.
-func (p *peer) stop() {
+func (p *Peer) stop() {
 	p.once.Do(func() { close(p.stopc) })
 	p.mu.Lock()
 	p.stopped = true
@@ -211,7 +211,7 @@ func (p *peer) stop() {
 // offer queues s if there is room, without waiting, and reports whether s
 // is taken care of: queued, or failed because the peer stopped. The caller
 // holds p.mu for reading.
-func (p *peer) offer(s *transport.Slice) bool {
+func (p *Peer) offer(s *transport.Slice) bool {
 	if p.stopped {
 		s.Done(s, transport.ErrClosed)
 		return true
@@ -225,7 +225,7 @@ func (p *peer) offer(s *transport.Slice) bool {
 }
 
 // enqueue admits s, blocking while the queue is full, until s.Deadline.
-func (p *peer) enqueue(s *transport.Slice) {
+func (p *Peer) enqueue(s *transport.Slice) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.offer(s) {
@@ -247,7 +247,7 @@ func (p *peer) enqueue(s *transport.Slice) {
 // fail settles a slice that did not complete: a rejection, an expired
 // deadline or a closed transport is final; a broken connection is retried on
 // another lane (and, with several addresses, another address), bounded.
-func (p *peer) fail(s *transport.Slice, err error) {
+func (p *Peer) fail(s *transport.Slice, err error) {
 	switch {
 	case errors.Is(err, transport.ErrRejected), errors.Is(err, transport.ErrClosed),
 		errors.Is(err, transport.ErrTimeout), errors.Is(err, ErrMalformed):
@@ -281,7 +281,7 @@ func (p *peer) fail(s *transport.Slice, err error) {
 // reader goroutine per connection reads status frames and READ payloads in
 // the order the requests went out.
 type lane struct {
-	p    *peer
+	p    *Peer
 	idx  int
 	hdrs [maxGather][HeaderSize]byte
 	sl   []*transport.Slice
