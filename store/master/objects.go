@@ -20,6 +20,7 @@ type object struct {
 	checksum uint32
 	replicas []replica // COMPLETE; empty while the first put is in flight
 	pending  *pendingPut
+	writer   string // the client whose put made replicas
 
 	// lease orders eviction (oldest first) and, while in the future,
 	// protects the object from Remove and eviction. PutEnd sets it to now.
@@ -35,6 +36,7 @@ type pendingPut struct {
 	size     uint64
 	replicas []replica // PROCESSING
 	cfg      *storepb.ReplicateConfig
+	upsert   bool
 }
 
 func (o *object) complete() bool { return len(o.replicas) > 0 }
@@ -114,6 +116,11 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 			return nil, storeErr(storepb.ObjectAlreadyExists, "%q", key)
 		}
 		if p := o.pending; p != nil {
+			if p.client == clientID && p.size == length && p.upsert == upsert {
+				// The client asks again (its first answer was lost in a
+				// failover): the same replicas.
+				return describe(p.replicas, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), nil
+			}
 			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
 				return nil, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", key)
 			}
@@ -133,7 +140,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 		o = &object{}
 		sh.objects[key] = o
 	}
-	o.pending = &pendingPut{client: clientID, started: now, size: length, replicas: reps, cfg: cfg}
+	o.pending = &pendingPut{client: clientID, started: now, size: length, replicas: reps, cfg: cfg, upsert: upsert}
 	return describe(reps, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), nil
 }
 
@@ -179,12 +186,15 @@ func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
 	defer sh.mu.Unlock()
 	o, err := s.pendingOf(sh, clientID, key)
 	if err != nil {
+		if o := sh.objects[key]; o != nil && o.pending == nil && o.complete() && o.writer == clientID && o.checksum == checksum {
+			return nil // a repeated PutEnd, its first answer lost in a failover
+		}
 		return err
 	}
 	now := s.now()
 	p := o.pending
 	old := o.replicas
-	o.replicas, o.size, o.checksum, o.pending = p.replicas, p.size, checksum, nil
+	o.replicas, o.size, o.checksum, o.pending, o.writer = p.replicas, p.size, checksum, nil, clientID
 	o.hardPin = p.cfg.GetWithHardPin()
 	o.softPinUntil = time.Time{}
 	if p.cfg.GetWithSoftPin() {

@@ -1,0 +1,229 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Client is a Mooncake Store client: it contributes a segment of DRAM to
+// the pool, and puts and gets objects, moving bytes with the Transfer
+// Engine and metadata with the master. It is safe for concurrent use.
+type Client struct {
+	cfg     Config
+	id      string
+	eng     *engine.Engine
+	ownsEng bool
+	name    string // the engine's segment name: replicas here are local
+	host    string // the engine's host: replicas there are same-host
+	log     *slog.Logger
+	master  *masterConn
+	stage   *stage
+
+	segBuf *engine.Buffer    // nil for NoSegment
+	seg    *storepb.Segment  // what is mounted
+	segs   *segmentCache     // opened peers
+	regs   registrations     // caller memory registered with the engine
+
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	closed sync.Once
+	cerr   error
+}
+
+// New starts a client: it starts (or adopts) an engine, allocates the
+// staging buffer and the segment, mounts the segment with the master and
+// starts the heartbeat. A failure halfway undoes what was done.
+func New(ctx context.Context, cfg Config) (c *Client, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ClusterID == "" {
+		cfg.ClusterID = os.Getenv("MC_STORE_CLUSTER_ID")
+		if cfg.ClusterID == "" {
+			cfg.ClusterID = DefaultClusterID
+		}
+	}
+	if cfg.SegmentSize == 0 {
+		cfg.SegmentSize = DefaultSegmentSize
+	}
+	if cfg.LocalBufferSize == 0 {
+		cfg.LocalBufferSize = DefaultLocalBufferSize
+	}
+	if cfg.RPCTimeout == 0 {
+		cfg.RPCTimeout = DefaultRPCTimeout
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = DefaultPingInterval
+	}
+	if cfg.ID == "" {
+		cfg.ID = uuid.NewString()
+	}
+	c = &Client{cfg: cfg, id: cfg.ID, eng: cfg.Engine, log: slog.Default().With("client", cfg.ID)}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for _, f := range slices.Backward(undo) {
+				f()
+			}
+		}
+	}()
+	if c.eng == nil {
+		if c.eng, err = engine.New(cfg.EngineConfig); err != nil {
+			return nil, fmt.Errorf("client: engine: %w", err)
+		}
+		c.ownsEng = true
+		undo = append(undo, func() { _ = c.eng.Close() })
+	}
+	c.name, c.host = c.eng.Name(), c.eng.Host()
+	c.segs = newSegmentCache(c.eng)
+	undo = append(undo, c.segs.closeAll)
+	if c.stage, err = newStage(c.eng, cfg.LocalBufferSize); err != nil {
+		return nil, fmt.Errorf("client: local buffer of %d bytes: %w", cfg.LocalBufferSize, err)
+	}
+	undo = append(undo, func() { _ = c.stage.free() })
+	if c.master, err = dialMaster(ctx, &c.cfg); err != nil {
+		return nil, err
+	}
+	undo = append(undo, c.master.close)
+	if cfg.SegmentSize > 0 {
+		if c.segBuf, err = c.eng.AllocateBuffer(int(cfg.SegmentSize), ""); err != nil {
+			return nil, fmt.Errorf("client: segment of %d bytes: %w", cfg.SegmentSize, err)
+		}
+		undo = append(undo, func() { _ = c.segBuf.Free() })
+		c.seg = &storepb.Segment{
+			Id: uuid.NewString(), Name: c.name, Base: uint64(c.segBuf.Addr()), Size: uint64(cfg.SegmentSize),
+			TransportEndpoint: c.name, Protocol: "tcp", HostId: c.host,
+		}
+	}
+	// ReMountSegment registers the client even without a segment, so the
+	// master knows it before its first ping.
+	if err = c.remount(ctx); err != nil {
+		return nil, fmt.Errorf("client: mount: %w", err)
+	}
+	hctx, stop := context.WithCancel(context.Background())
+	c.stop = stop
+	c.wg.Add(1)
+	go c.heartbeat(hctx)
+	return c, nil
+}
+
+func (c *Client) segments() []*storepb.Segment {
+	if c.seg == nil {
+		return nil
+	}
+	return []*storepb.Segment{c.seg}
+}
+
+func (c *Client) remount(ctx context.Context) error {
+	return c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
+		r, err := rpc.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: c.id, Segments: c.segments()})
+		if err != nil {
+			return err
+		}
+		return r.AsError()
+	})
+}
+
+// heartbeat pings the master every PingInterval and remounts when the
+// master does not know the client (it restarted, failed over, or expired
+// the client after a long pause).
+func (c *Client) heartbeat(ctx context.Context) {
+	defer c.wg.Done()
+	t := time.NewTicker(c.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var st storepb.ClientStatus
+		err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
+			pctx, cancel := context.WithTimeout(ctx, c.cfg.PingInterval*3)
+			defer cancel()
+			r, err := rpc.Ping(pctx, &storepb.PingRequest{ClientId: c.id})
+			if err != nil {
+				return err
+			}
+			st = r.ClientStatus
+			return r.Result.AsError()
+		})
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			c.log.Warn("store: ping failed", "err", err)
+		case st == storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT:
+			c.log.Info("store: master asks for a remount")
+			if err := c.remount(ctx); err != nil && ctx.Err() == nil {
+				c.log.Warn("store: remount failed", "err", err)
+			}
+		}
+	}
+}
+
+// ID is the client's id at the master.
+func (c *Client) ID() string { return c.id }
+
+// SegmentName is the Transfer Engine segment name of this client, which
+// names its mounted segment.
+func (c *Client) SegmentName() string { return c.name }
+
+// Engine is the Transfer Engine the client moves bytes with.
+func (c *Client) Engine() *engine.Engine { return c.eng }
+
+// Close unmounts the segment (its replicas leave the pool), stops the
+// heartbeat and frees what New allocated; it closes the engine if New
+// started it. It is idempotent.
+func (c *Client) Close() error {
+	c.closed.Do(func() {
+		c.stop()
+		c.wg.Wait()
+		var errs []error
+		if c.seg != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
+				r, err := rpc.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id, SegmentId: c.seg.Id})
+				if err != nil {
+					return err
+				}
+				return r.AsError()
+			})
+			cancel()
+			if err != nil && !errors.Is(err, storepb.ErrSegmentNotFound) {
+				errs = append(errs, fmt.Errorf("unmount: %w", err))
+			}
+		}
+		c.master.close()
+		c.segs.closeAll()
+		c.regs.unregisterAll(c.eng)
+		if c.segBuf != nil {
+			errs = append(errs, c.segBuf.Free())
+		}
+		errs = append(errs, c.stage.free())
+		if c.ownsEng {
+			errs = append(errs, c.eng.Close())
+		}
+		c.cerr = errors.Join(errs...)
+	})
+	return c.cerr
+}
+
+// sameHost reports whether a replica's engine runs on this client's host,
+// judged by the host part of its endpoint.
+func (c *Client) sameHost(endpoint string) bool {
+	h, _, err := net.SplitHostPort(endpoint)
+	return err == nil && h == c.host
+}

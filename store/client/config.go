@@ -1,0 +1,129 @@
+package client
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Defaults of Config, as Mooncake's client where it has one.
+const (
+	DefaultSegmentSize     = 512 << 20
+	DefaultLocalBufferSize = 128 << 20
+	DefaultRPCTimeout      = 30 * time.Second // MC_RPC_TIMEOUT_MS
+	DefaultPingInterval    = time.Second
+	DefaultClusterID       = "mooncake_cluster" // MC_STORE_CLUSTER_ID
+)
+
+// Config configures a Client. The zero value of every field but Master
+// means the default it documents.
+type Config struct {
+	// Master is where the master listens: "host:port" for one master, or
+	// "etcd://h1:2379;h2:2379" to follow the leader of several (HA).
+	Master string
+	// ClusterID names the HA cluster in etcd. Zero: MC_STORE_CLUSTER_ID,
+	// else "mooncake_cluster".
+	ClusterID string
+	// Engine moves the bytes. Nil: the client starts one from EngineConfig
+	// and closes it on Close.
+	Engine *engine.Engine
+	// EngineConfig configures the engine the client starts when Engine is
+	// nil.
+	EngineConfig engine.Config
+	// SegmentSize is how many bytes of DRAM this client contributes to the
+	// pool (Mooncake's global_segment_size). Zero: 512 MiB; NoSegment for a
+	// client that only reads and writes.
+	SegmentSize int64
+	// LocalBufferSize is the registered staging memory for values that live
+	// in Go memory (Put, Get). Zero: 128 MiB.
+	LocalBufferSize int64
+	// ID identifies the client to the master. Zero: a random UUID.
+	ID string
+	// RPCTimeout bounds each call to the master, retries after a failover
+	// included. Zero: 30 s.
+	RPCTimeout time.Duration
+	// PingInterval is the heartbeat period; the master forgets a client
+	// silent for its client TTL (10 s). Zero: 1 s.
+	PingInterval time.Duration
+	// NoChecksum skips the CRC-32C of values: none is computed on put, and
+	// reads of objects that carry one do not verify it.
+	NoChecksum bool
+	// Replicate is the default replication of puts without their own.
+	Replicate ReplicateConfig
+}
+
+// NoSegment as Config.SegmentSize: the client contributes no memory.
+const NoSegment = -1
+
+// Validate reports the first field out of range, by name.
+func (c *Config) Validate() error {
+	switch {
+	case c.Master == "":
+		return fmt.Errorf("client: Config.Master is empty")
+	case strings.HasPrefix(c.Master, "etcd://") && len(etcdEndpoints(c.Master)) == 0:
+		return fmt.Errorf("client: Config.Master %q names no etcd endpoint", c.Master)
+	case c.SegmentSize < 0 && c.SegmentSize != NoSegment:
+		return fmt.Errorf("client: Config.SegmentSize %d is negative", c.SegmentSize)
+	case c.LocalBufferSize < 0:
+		return fmt.Errorf("client: Config.LocalBufferSize %d is negative", c.LocalBufferSize)
+	case c.RPCTimeout < 0:
+		return fmt.Errorf("client: Config.RPCTimeout %v is negative", c.RPCTimeout)
+	case c.PingInterval < 0:
+		return fmt.Errorf("client: Config.PingInterval %v is negative", c.PingInterval)
+	}
+	return c.Replicate.validate()
+}
+
+// etcdEndpoints splits "etcd://h1:2379;h2:2379" (also ',' separated).
+func etcdEndpoints(s string) []string {
+	var out []string
+	for _, ep := range strings.FieldsFunc(strings.TrimPrefix(s, "etcd://"), func(r rune) bool { return r == ';' || r == ',' }) {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// ReplicateConfig says how a put is replicated and protected, as
+// Mooncake's ReplicateConfig.
+type ReplicateConfig struct {
+	// Replicas is the number of memory replicas, each on a distinct
+	// segment. Zero: 1. Placement is best effort: a put succeeds with at
+	// least one.
+	Replicas int
+	// SoftPin keeps the object through eviction rounds until the pin
+	// expires (SoftPinTTL, zero: the master's default of 30 min).
+	SoftPin    bool
+	SoftPinTTL time.Duration
+	// HardPin: never evicted.
+	HardPin bool
+	// PreferredSegments are segment names to place replicas on first.
+	PreferredSegments []string
+	// PreferLocal places replicas on this client's host first.
+	PreferLocal bool
+}
+
+func (r *ReplicateConfig) validate() error {
+	switch {
+	case r.Replicas < 0:
+		return fmt.Errorf("client: ReplicateConfig.Replicas %d is negative", r.Replicas)
+	case r.SoftPinTTL < 0:
+		return fmt.Errorf("client: ReplicateConfig.SoftPinTTL %v is negative", r.SoftPinTTL)
+	}
+	return nil
+}
+
+func (r *ReplicateConfig) proto() *storepb.ReplicateConfig {
+	return &storepb.ReplicateConfig{
+		ReplicaNum:        int32(r.Replicas),
+		WithSoftPin:       r.SoftPin,
+		WithHardPin:       r.HardPin,
+		SoftPinTtlMs:      r.SoftPinTTL.Milliseconds(),
+		PreferredSegments: r.PreferredSegments,
+		PreferLocal:       r.PreferLocal,
+	}
+}

@@ -1,0 +1,262 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+func quote(k string) string { return strconv.Quote(k) }
+
+// getItem is one object of a get.
+type getItem struct {
+	key    string
+	dst    []byte // where the value goes; nil: allocate
+	length uint64
+	sum    uint32
+	reps   []*storepb.MemoryReplica // nearest first; tried in turn
+	start  time.Time
+	ttlMs  int64
+	err    error // final, or the last attempt's while tries remain
+	done   bool  // read and verified
+	final  bool  // err stands: no further replica is tried
+}
+
+// Get returns the value of key, read from its nearest complete replica
+// (this process, then this host, then others), verified against its
+// checksum. It fails with ObjectNotFound when key is not readable.
+func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
+	vals, errs := c.BatchGet(ctx, []string{key})
+	return vals[0], errs[0]
+}
+
+// GetInto reads the value of key into dst and returns its length. dst must
+// hold the whole value (InvalidParams otherwise); registered memory
+// (RegisterBuffer) is read into directly, other memory through the staging
+// buffer.
+func (c *Client) GetInto(ctx context.Context, key string, dst []byte) (int, error) {
+	ns, errs := c.BatchGetInto(ctx, []string{key}, [][]byte{dst})
+	return ns[0], errs[0]
+}
+
+// BatchGet is Get of many keys, with one master round trip and one engine
+// batch per attempt.
+func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
+	items := make([]*getItem, len(keys))
+	for i, k := range keys {
+		items[i] = &getItem{key: k}
+	}
+	c.getMany(ctx, items)
+	vals, errs := make([][]byte, len(keys)), make([]error, len(keys))
+	for i, it := range items {
+		if errs[i] = it.err; it.err == nil {
+			vals[i] = it.dst[:it.length]
+		}
+	}
+	return vals, errs
+}
+
+// BatchGetInto is GetInto of many keys; it returns each value's length.
+func (c *Client) BatchGetInto(ctx context.Context, keys []string, dsts [][]byte) ([]int, []error) {
+	ns, errs := make([]int, len(keys)), make([]error, len(keys))
+	if len(dsts) != len(keys) {
+		for i := range errs {
+			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: "keys and buffers differ in number"}
+		}
+		return ns, errs
+	}
+	items := make([]*getItem, len(keys))
+	for i, k := range keys {
+		items[i] = &getItem{key: k, dst: dsts[i]}
+		if dsts[i] == nil {
+			items[i].dst = []byte{} // not nil: never allocate for the caller
+		}
+	}
+	c.getMany(ctx, items)
+	for i, it := range items {
+		if errs[i] = it.err; it.err == nil {
+			ns[i] = int(it.length)
+		}
+	}
+	return ns, errs
+}
+
+// lookup asks the master for the replicas of every item, ordered nearest
+// first.
+func (c *Client) lookup(ctx context.Context, items []*getItem) {
+	req := &storepb.BatchKeyRequest{ClientId: c.id, Keys: make([]string, len(items))}
+	for i, it := range items {
+		req.Keys[i] = it.key
+	}
+	start := time.Now()
+	var resp *storepb.BatchGetReplicaListResponse
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.BatchGetReplicaList(ctx, req)
+		return err
+	})
+	if err == nil && len(resp.Items) != len(items) {
+		err = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
+	}
+	for i, it := range items {
+		if err != nil {
+			it.err = err
+			continue
+		}
+		r := resp.Items[i]
+		if it.err = r.Result.AsError(); it.err != nil {
+			continue
+		}
+		it.length, it.sum, it.start, it.ttlMs = r.ValueLength, r.Checksum, start, r.LeaseTtlMs
+		for _, rep := range r.Replicas {
+			if m := rep.GetMemory(); m != nil && rep.Status == storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE && m.Size >= it.length {
+				it.reps = append(it.reps, m)
+			}
+		}
+		slices.SortStableFunc(it.reps, func(a, b *storepb.MemoryReplica) int { return cmp.Compare(c.distance(a), c.distance(b)) })
+		if len(it.reps) == 0 {
+			it.err = &storepb.Error{Code: storepb.ObjectNotFound, Msg: quote(it.key) + ": no readable replica"}
+		}
+	}
+}
+
+// distance ranks replicas: this process, this host, elsewhere.
+func (c *Client) distance(m *storepb.MemoryReplica) int {
+	switch {
+	case m.SegmentName == c.name:
+		return 0
+	case c.sameHost(m.TransportEndpoint):
+		return 1
+	}
+	return 2
+}
+
+func (c *Client) getMany(ctx context.Context, items []*getItem) {
+	var live []*getItem
+	for _, it := range items {
+		if it.key == "" {
+			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty key"}
+			continue
+		}
+		live = append(live, it)
+	}
+	if len(live) == 0 {
+		return
+	}
+	c.lookup(ctx, live)
+	for _, it := range live {
+		switch {
+		case it.err != nil:
+			it.final = true
+		case it.dst == nil:
+			it.dst = make([]byte, it.length)
+		case uint64(len(it.dst)) < it.length:
+			it.err = &storepb.Error{Code: storepb.InvalidParams,
+				Msg: fmt.Sprintf("%s: buffer of %d bytes for a value of %d", quote(it.key), len(it.dst), it.length)}
+			it.final = true
+		}
+	}
+	// Attempt k reads each unfinished item from its k-th nearest replica.
+	for k := 0; ; k++ {
+		var round []*getItem
+		for _, it := range live {
+			if !it.done && !it.final && k < len(it.reps) {
+				round = append(round, it)
+			}
+		}
+		if len(round) == 0 {
+			return
+		}
+		c.readRound(ctx, round, k)
+	}
+}
+
+// readRound reads every item of round from its k-th replica. An item
+// whose read fails or whose bytes fail the checksum stays undone with its
+// error, for the next replica to try; one past its lease fails for good.
+func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
+	type piece struct {
+		it     *getItem
+		x      *xfer
+		staged []byte // copy into it.dst[off:] afterwards
+		off    int
+	}
+	var (
+		xs     []*xfer
+		pieces []piece
+	)
+	// Reads must finish within the leases: past one, the space may hold
+	// another object.
+	deadline := time.Time{}
+	for _, it := range round {
+		d := it.start.Add(time.Duration(it.ttlMs) * time.Millisecond)
+		if it.ttlMs > 0 && (deadline.IsZero() || d.Before(deadline)) {
+			deadline = d
+		}
+	}
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if !deadline.IsZero() {
+		rctx, cancel = context.WithDeadline(ctx, deadline)
+	}
+	defer cancel()
+	flush := func() {
+		c.run(rctx, xs)
+		for _, p := range pieces {
+			if p.staged != nil {
+				if p.x.err == nil {
+					copy(p.it.dst[p.off:], p.staged)
+				}
+				c.stage.release(p.staged)
+			}
+			if p.x.err != nil {
+				p.it.err = p.x.err
+			}
+		}
+		xs, pieces = xs[:0], pieces[:0]
+	}
+	for _, it := range round {
+		it.err = nil
+		m := it.reps[k]
+		dst := it.dst[:it.length]
+		if m.SegmentName == c.name || c.registered(dst) {
+			x := &xfer{op: engine.Read, local: dst, seg: m.SegmentName, remote: m.BufferAddress}
+			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x})
+			continue
+		}
+		for off := uint64(0); off < it.length; {
+			n := min(it.length-off, c.stage.max())
+			buf, ok := c.stage.tryAcquire(n)
+			if !ok {
+				flush()
+				var err error
+				if buf, err = c.stage.acquire(rctx, n); err != nil {
+					it.err = &storepb.Error{Code: storepb.TransferFail, Msg: err.Error()}
+					break
+				}
+			}
+			x := &xfer{op: engine.Read, local: buf, seg: m.SegmentName, remote: m.BufferAddress + off}
+			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, staged: buf, off: int(off)})
+			off += n
+		}
+	}
+	flush()
+	now := time.Now()
+	for _, it := range round {
+		switch {
+		case it.ttlMs > 0 && now.After(it.start.Add(time.Duration(it.ttlMs)*time.Millisecond)):
+			it.err = &storepb.Error{Code: storepb.LeaseExpired, Msg: quote(it.key) + ": the read outlived its lease"}
+			it.final = true
+		case it.err != nil:
+		case it.sum != 0 && !c.cfg.NoChecksum && checksum(it.dst[:it.length]) != it.sum:
+			it.err = &storepb.Error{Code: storepb.ChecksumMismatch,
+				Msg: fmt.Sprintf("%s: replica on %s", quote(it.key), it.reps[k].SegmentName)}
+		default:
+			it.done = true
+		}
+	}
+}

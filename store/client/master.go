@@ -1,0 +1,147 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/mooncake-go/mooncake/store/ha"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// masterConn is the client's line to the leading master. With one master
+// the address is fixed and gRPC reconnects by itself; under HA the leader
+// is looked up in etcd again whenever a call finds no master serving
+// (codes.Unavailable: the process is gone, or a standby answered).
+type masterConn struct {
+	etcd    *clientv3.Client // nil: fixed address
+	cluster string
+	timeout time.Duration
+
+	mu   sync.Mutex
+	addr string
+	conn *grpc.ClientConn
+	rpc  storepb.MasterClient
+	gen  uint64 // bumped by each reconnect
+}
+
+func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
+	m := &masterConn{cluster: cfg.ClusterID, timeout: cfg.RPCTimeout}
+	if strings.HasPrefix(cfg.Master, "etcd://") {
+		eps := etcdEndpoints(cfg.Master)
+		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return nil, fmt.Errorf("client: etcd %v: %w", eps, err)
+		}
+		m.etcd = cli
+	} else {
+		m.addr = cfg.Master
+	}
+	if _, _, err := m.current(ctx); err != nil {
+		m.close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// current returns the connection in use, dialing the leader if there is
+// none.
+func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rpc != nil {
+		return m.rpc, m.gen, nil
+	}
+	addr := m.addr
+	if m.etcd != nil {
+		a, _, err := ha.Leader(ctx, m.etcd, m.cluster)
+		if err != nil {
+			return nil, 0, err
+		}
+		addr = a
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)))
+	if err != nil {
+		return nil, 0, fmt.Errorf("client: master %s: %w", addr, err)
+	}
+	m.conn, m.rpc = conn, storepb.NewMasterClient(conn)
+	m.gen++
+	return m.rpc, m.gen, nil
+}
+
+// drop forgets connection gen so the next call looks the leader up again.
+func (m *masterConn) drop(gen uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen || m.conn == nil {
+		return
+	}
+	_ = m.conn.Close()
+	m.conn, m.rpc = nil, nil
+}
+
+func (m *masterConn) close() {
+	m.mu.Lock()
+	if m.conn != nil {
+		_ = m.conn.Close()
+		m.conn, m.rpc = nil, nil
+	}
+	m.mu.Unlock()
+	if m.etcd != nil {
+		_ = m.etcd.Close()
+	}
+}
+
+// call runs f against the leader, retrying with backoff while no master
+// serves (a failover in progress), within the RPC timeout. Every master
+// RPC is safe to repeat: the master answers a repeated PutStart or PutEnd
+// of the same client as the first.
+func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc storepb.MasterClient) error) error {
+	ctx, cancel := context.WithTimeout(ctx, m.timeout)
+	defer cancel()
+	backoff := 20 * time.Millisecond
+	for {
+		rpc, gen, err := m.current(ctx)
+		if err == nil {
+			err = f(ctx, rpc)
+			if err == nil || status.Code(err) != codes.Unavailable {
+				return rpcErr(err)
+			}
+			if m.etcd != nil {
+				m.drop(gen)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return rpcErr(fmt.Errorf("%w (last: %v)", ctx.Err(), err))
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 500*time.Millisecond)
+	}
+}
+
+// rpcErr maps transport failures to the store's codes; store errors pass.
+func rpcErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *storepb.Error
+	if errors.As(err, &se) {
+		return err
+	}
+	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+		return &storepb.Error{Code: storepb.RPCTimeout, Msg: err.Error()}
+	}
+	return &storepb.Error{Code: storepb.RPCFail, Msg: err.Error()}
+}

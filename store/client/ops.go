@@ -1,0 +1,98 @@
+package client
+
+import (
+	"context"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Exist reports whether key is readable. Like Mooncake's, it grants a
+// lease on the object.
+func (c *Client) Exist(ctx context.Context, key string) (bool, error) {
+	ok, errs := c.BatchExist(ctx, []string{key})
+	return ok[0], errs[0]
+}
+
+// BatchExist is Exist of many keys; an error is only for a key the master
+// refused (invalid) or a failed call.
+func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error) {
+	ok, errs := make([]bool, len(keys)), make([]error, len(keys))
+	var resp *storepb.BatchResult
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.BatchExistKey(ctx, &storepb.BatchKeyRequest{ClientId: c.id, Keys: keys})
+		return err
+	})
+	for i := range keys {
+		switch {
+		case err != nil:
+			errs[i] = err
+		case i >= len(resp.Results):
+			errs[i] = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
+		default:
+			switch e := resp.Results[i].AsError(); {
+			case e == nil:
+				ok[i] = true
+			case resp.Results[i].Code != int32(storepb.ObjectNotFound):
+				errs[i] = e
+			}
+		}
+	}
+	return ok, errs
+}
+
+// Size returns the length of key's value; like Get it leases the object.
+func (c *Client) Size(ctx context.Context, key string) (uint64, error) {
+	var resp *storepb.GetReplicaListResponse
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.GetReplicaList(ctx, &storepb.KeyRequest{ClientId: c.id, Key: key})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := resp.Result.AsError(); err != nil {
+		return 0, err
+	}
+	return resp.ValueLength, nil
+}
+
+// Remove deletes key. A leased object (recently read) gives
+// ObjectHasLease unless force.
+func (c *Client) Remove(ctx context.Context, key string, force bool) error {
+	return c.BatchRemove(ctx, []string{key}, force)[0]
+}
+
+// BatchRemove is Remove of many keys.
+func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []error {
+	errs := make([]error, len(keys))
+	var resp *storepb.BatchResult
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.BatchRemove(ctx, &storepb.BatchRemoveRequest{ClientId: c.id, Keys: keys, Force: force})
+		return err
+	})
+	for i := range keys {
+		switch {
+		case err != nil:
+			errs[i] = err
+		case i >= len(resp.Results):
+			errs[i] = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
+		default:
+			errs[i] = resp.Results[i].AsError()
+		}
+	}
+	return errs
+}
+
+// RemoveAll removes every readable object (leased ones only with force)
+// and returns how many.
+func (c *Client) RemoveAll(ctx context.Context, force bool) (int, error) {
+	var resp *storepb.RemoveAllResponse
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.RemoveAll(ctx, &storepb.RemoveAllRequest{ClientId: c.id, Force: force})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return int(resp.Removed), resp.Result.AsError()
+}

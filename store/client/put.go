@@ -1,0 +1,278 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"hash/crc32"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checksum is the CRC-32C of a value, never 0 (0 means "none" on the wire).
+func checksum(b []byte) uint32 {
+	if s := crc32.Checksum(b, castagnoli); s != 0 {
+		return s
+	}
+	return 1
+}
+
+// putItem is one object of a put: its value and what became of it.
+type putItem struct {
+	key   string
+	value []byte
+	sum   uint32
+	reps  []*storepb.Replica
+	err   error
+	// started: the master holds a PutStart for it that needs an end or a
+	// revoke.
+	started bool
+}
+
+// Put stores value under key, write-once: when the key exists Put
+// succeeds without overwriting it, as Mooncake's put does (use Upsert to
+// replace). A value in memory registered with RegisterBuffer is written
+// from where it is; any other passes through the staging buffer. rc nil
+// means Config.Replicate.
+func (c *Client) Put(ctx context.Context, key string, value []byte, rc *ReplicateConfig) error {
+	return c.BatchPut(ctx, []string{key}, [][]byte{value}, rc)[0]
+}
+
+// PutFrom is Put of a value in registered memory (RegisterBuffer), which
+// is never staged; unregistered memory gives InvalidParams.
+func (c *Client) PutFrom(ctx context.Context, key string, value []byte, rc *ReplicateConfig) error {
+	if !c.registered(value) {
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: "PutFrom: buffer is not registered"}
+	}
+	return c.Put(ctx, key, value, rc)
+}
+
+// Upsert stores value under key, replacing an existing value once the new
+// one is written; readers see the old value or the new, never a mix.
+func (c *Client) Upsert(ctx context.Context, key string, value []byte, rc *ReplicateConfig) error {
+	return c.BatchUpsert(ctx, []string{key}, [][]byte{value}, rc)[0]
+}
+
+// BatchPut is Put of many objects with one round trip to the master for
+// each phase and one engine batch per wave of staging memory. It returns
+// one error per key.
+func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig) []error {
+	return c.putMany(ctx, keys, values, rc, false)
+}
+
+// BatchUpsert is Upsert of many objects.
+func (c *Client) BatchUpsert(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig) []error {
+	return c.putMany(ctx, keys, values, rc, true)
+}
+
+func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig, upsert bool) []error {
+	errs := make([]error, len(keys))
+	if len(values) != len(keys) {
+		for i := range errs {
+			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: "keys and values differ in number"}
+		}
+		return errs
+	}
+	if rc == nil {
+		rc = &c.cfg.Replicate
+	}
+	if err := rc.validate(); err != nil {
+		for i := range errs {
+			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()}
+		}
+		return errs
+	}
+	items := make([]*putItem, len(keys))
+	var live []*putItem
+	for i, k := range keys {
+		it := &putItem{key: k, value: values[i]}
+		items[i] = it
+		switch {
+		case k == "":
+			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty key"}
+		case len(it.value) == 0:
+			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty value for " + quote(k)}
+		default:
+			if !c.cfg.NoChecksum {
+				it.sum = checksum(it.value)
+			}
+			live = append(live, it)
+		}
+	}
+	if len(live) > 0 {
+		c.start(ctx, live, rc.proto(), upsert)
+		c.write(ctx, live)
+		c.end(ctx, live)
+	}
+	for i, it := range items {
+		errs[i] = it.err
+	}
+	return errs
+}
+
+// start asks the master where to write every item.
+func (c *Client) start(ctx context.Context, items []*putItem, rc *storepb.ReplicateConfig, upsert bool) {
+	req := &storepb.BatchPutStartRequest{Items: make([]*storepb.PutStartRequest, len(items))}
+	for i, it := range items {
+		req.Items[i] = &storepb.PutStartRequest{ClientId: c.id, Key: it.key, ValueLength: uint64(len(it.value)), Config: rc}
+	}
+	var resp *storepb.BatchPutStartResponse
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		if upsert {
+			resp, err = rpc.BatchUpsertStart(ctx, req)
+		} else {
+			resp, err = rpc.BatchPutStart(ctx, req)
+		}
+		return err
+	})
+	if err == nil && len(resp.Items) != len(items) {
+		err = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
+	}
+	for i, it := range items {
+		if err != nil {
+			it.err = err
+			continue
+		}
+		r := resp.Items[i]
+		if it.err = r.Result.AsError(); it.err == nil {
+			it.reps, it.started = r.Replicas, true
+		}
+	}
+}
+
+// write copies every started item into its replicas, staging values that
+// are not in registered memory. Staging runs in waves when the batch does
+// not fit the buffer at once; a value bigger than a quarter of the buffer
+// is staged piece by piece.
+func (c *Client) write(ctx context.Context, items []*putItem) {
+	var (
+		xs     []*xfer
+		owner  []*putItem
+		staged [][]byte
+	)
+	flush := func() {
+		c.run(ctx, xs)
+		for i, x := range xs {
+			if x.err != nil && owner[i].err == nil {
+				owner[i].err = x.err
+			}
+		}
+		for _, b := range staged {
+			c.stage.release(b)
+		}
+		xs, owner, staged = xs[:0], owner[:0], staged[:0]
+	}
+	add := func(it *putItem, src []byte, off int, local bool) {
+		for _, r := range it.reps {
+			m := r.GetMemory()
+			if m == nil {
+				continue
+			}
+			if (m.SegmentName == c.name) != local {
+				continue
+			}
+			xs = append(xs, &xfer{op: engine.Write, local: src, seg: m.SegmentName, remote: m.BufferAddress + uint64(off)})
+			owner = append(owner, it)
+		}
+	}
+	for _, it := range items {
+		if it.err != nil {
+			continue
+		}
+		// Replicas in this process take a plain copy from the caller's
+		// memory; only the others need the value registered.
+		add(it, it.value, 0, true)
+		if !c.needsEngine(it.reps) {
+			continue
+		}
+		if c.registered(it.value) {
+			add(it, it.value, 0, false)
+			continue
+		}
+		for off := 0; off < len(it.value); {
+			n := min(uint64(len(it.value)-off), c.stage.max())
+			buf, ok := c.stage.tryAcquire(n)
+			if !ok {
+				flush()
+				var err error
+				if buf, err = c.stage.acquire(ctx, n); err != nil {
+					it.err = &storepb.Error{Code: storepb.TransferFail, Msg: err.Error()}
+					break
+				}
+			}
+			copy(buf, it.value[off:])
+			staged = append(staged, buf)
+			add(it, buf, off, false)
+			off += int(n)
+		}
+	}
+	flush()
+}
+
+// needsEngine reports whether some replica lives outside this process.
+func (c *Client) needsEngine(reps []*storepb.Replica) bool {
+	for _, r := range reps {
+		if m := r.GetMemory(); m != nil && m.SegmentName != c.name {
+			return true
+		}
+	}
+	return false
+}
+
+// end makes written items readable and gives the space of failed ones
+// back. A put whose PutEnd the master no longer knows (it failed over
+// between start and end, before the start was durable) fails with the
+// master's error; the caller may put again.
+func (c *Client) end(ctx context.Context, items []*putItem) {
+	var done, failed []*putItem
+	for _, it := range items {
+		switch {
+		case !it.started:
+		case it.err == nil:
+			done = append(done, it)
+		default:
+			failed = append(failed, it)
+		}
+	}
+	if len(done) > 0 {
+		req := &storepb.BatchPutEndRequest{Items: make([]*storepb.PutEndRequest, len(done))}
+		for i, it := range done {
+			req.Items[i] = &storepb.PutEndRequest{ClientId: c.id, Key: it.key, Checksum: it.sum}
+		}
+		var resp *storepb.BatchResult
+		err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+			resp, err = rpc.BatchPutEnd(ctx, req)
+			return err
+		})
+		for i, it := range done {
+			switch {
+			case err != nil:
+				it.err = err
+			case i >= len(resp.Results):
+				it.err = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
+			default:
+				it.err = resp.Results[i].AsError()
+			}
+		}
+	}
+	if len(failed) > 0 {
+		req := &storepb.BatchKeyRequest{ClientId: c.id}
+		for _, it := range failed {
+			req.Keys = append(req.Keys, it.key)
+		}
+		// Best effort: an unrevoked start is reclaimed by the master later.
+		_ = c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
+			_, err := rpc.BatchPutRevoke(ctx, req)
+			return err
+		})
+	}
+	for _, it := range items {
+		// Write-once: the key exists already, which Mooncake's put reports
+		// as success.
+		if errors.Is(it.err, storepb.ErrObjectAlreadyExists) && !it.started {
+			it.err = nil
+		}
+	}
+}

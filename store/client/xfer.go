@@ -1,0 +1,233 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// xfer is one copy between local memory and a replica.
+type xfer struct {
+	op     engine.Op
+	local  []byte // registered memory, unless the replica is in this process
+	seg    string // the replica's segment; the client's own means a plain copy
+	remote uint64
+	err    error
+}
+
+// segmentCache remembers the segments the client opened, to close them on
+// Close. The engine itself keeps one open segment per name, so opening is
+// a map lookup after the first time; a failed transfer does not close the
+// segment, which other transfers may be using (the engine redials).
+type segmentCache struct {
+	eng *engine.Engine
+	mu  sync.Mutex
+	ids map[engine.SegmentID]bool
+}
+
+func newSegmentCache(e *engine.Engine) *segmentCache {
+	return &segmentCache{eng: e, ids: make(map[engine.SegmentID]bool)}
+}
+
+func (s *segmentCache) open(ctx context.Context, name string) (engine.SegmentID, error) {
+	id, err := s.eng.OpenSegment(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	s.ids[id] = true
+	s.mu.Unlock()
+	return id, nil
+}
+
+func (s *segmentCache) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.ids {
+		_ = s.eng.CloseSegment(id)
+		delete(s.ids, id)
+	}
+}
+
+// run performs xs, setting each one's err. Copies within this process are
+// plain copies; the rest go to the engine as one batch, with ctx's
+// deadline (or the engine's timeout) on every request.
+func (c *Client) run(ctx context.Context, xs []*xfer) {
+	var remote []*xfer
+	var reqs []engine.Request
+	for _, x := range xs {
+		if x.seg == c.name {
+			dst := transport.Bytes(uintptr(x.remote), uint64(len(x.local)))
+			if x.op == engine.Read {
+				copy(x.local, dst)
+			} else {
+				copy(dst, x.local)
+			}
+			continue
+		}
+		id, err := c.segs.open(ctx, x.seg)
+		if err != nil {
+			x.err = transferErr("open segment %s: %v", x.seg, err)
+			continue
+		}
+		remote = append(remote, x)
+		reqs = append(reqs, engine.Request{Op: x.op, Local: engine.AddrOf(x.local), Segment: id,
+			Remote: x.remote, Length: uint64(len(x.local))})
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	fail := func(err error) {
+		for _, x := range remote {
+			x.err = err
+		}
+	}
+	b, err := c.eng.AllocateBatch(len(reqs))
+	if err != nil {
+		fail(transferErr("allocate batch: %v", err))
+		return
+	}
+	var opts []engine.SubmitOption
+	if d, ok := ctx.Deadline(); ok {
+		opts = append(opts, engine.WithDeadline(d))
+	}
+	if err := c.eng.Submit(b, reqs, opts...); err != nil {
+		_ = c.eng.FreeBatch(b)
+		fail(transferErr("submit: %v", err))
+		return
+	}
+	// Every request has a deadline, so the batch ends without ctx; the
+	// memory it touches must not be released before it does.
+	_, _ = c.eng.Wait(context.Background(), b)
+	for i, x := range remote {
+		st, err := c.eng.TaskStatus(b, i)
+		switch {
+		case err != nil:
+			x.err = transferErr("task %d: %v", i, err)
+		case st.Status != engine.Completed:
+			x.err = transferErr("%v %s %#x+%d: %v", x.op, x.seg, x.remote, len(x.local), st.Err)
+		}
+	}
+	_ = c.eng.FreeBatch(b)
+}
+
+func transferErr(format string, args ...any) error {
+	return &storepb.Error{Code: storepb.TransferFail, Msg: fmt.Sprintf(format, args...)}
+}
+
+// registrations are caller buffers registered with the engine through
+// RegisterBuffer; Put and Get use them without staging.
+type registrations struct {
+	mu   sync.RWMutex
+	list [][2]uintptr // sorted [start, end)
+}
+
+func (r *registrations) contains(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	a := engine.AddrOf(b)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	i, _ := slices.BinarySearchFunc(r.list, a, func(e [2]uintptr, a uintptr) int {
+		switch {
+		case e[1] <= a:
+			return -1
+		case e[0] > a:
+			return 1
+		}
+		return 0
+	})
+	return i < len(r.list) && r.list[i][0] <= a && a+uintptr(len(b)) <= r.list[i][1]
+}
+
+func (r *registrations) add(a, n uintptr) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(r.list, a, func(e [2]uintptr, a uintptr) int {
+		switch {
+		case e[0] < a:
+			return -1
+		case e[0] > a:
+			return 1
+		}
+		return 0
+	})
+	r.list = slices.Insert(r.list, i, [2]uintptr{a, a + n})
+}
+
+func (r *registrations) remove(a uintptr) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, e := range r.list {
+		if e[0] == a {
+			r.list = slices.Delete(r.list, i, i+1)
+			return true
+		}
+	}
+	return false
+}
+
+func (r *registrations) unregisterAll(e *engine.Engine) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, x := range r.list {
+		_ = e.UnregisterMemory(x[0])
+	}
+	r.list = nil
+}
+
+// RegisterBuffer registers b with the engine so that Put and GetInto move
+// bytes straight from and into it, without the staging copy (Mooncake's
+// register_buffer). b must stay allocated and must not move until
+// UnregisterBuffer: C memory, an mmap, or Go memory the caller keeps alive
+// (Go's collector does not move heap objects).
+func (c *Client) RegisterBuffer(b []byte) error {
+	if len(b) == 0 {
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: "register an empty buffer"}
+	}
+	if err := c.eng.RegisterMemory(engine.AddrOf(b), uint64(len(b)), "", false); err != nil {
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()}
+	}
+	c.regs.add(engine.AddrOf(b), uintptr(len(b)))
+	return nil
+}
+
+// UnregisterBuffer undoes RegisterBuffer of the buffer starting at b[0].
+func (c *Client) UnregisterBuffer(b []byte) error {
+	if len(b) == 0 || !c.regs.remove(engine.AddrOf(b)) {
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: "buffer is not registered"}
+	}
+	if err := c.eng.UnregisterMemory(engine.AddrOf(b)); err != nil {
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()}
+	}
+	return nil
+}
+
+// registered reports whether b can be handed to the engine as it is:
+// memory registered by the caller, or part of the client's own segment or
+// staging buffer.
+func (c *Client) registered(b []byte) bool {
+	if c.regs.contains(b) {
+		return true
+	}
+	a, n := engine.AddrOf(b), uintptr(len(b))
+	within := func(buf *engine.Buffer) bool {
+		return buf != nil && a >= buf.Addr() && a+n <= buf.Addr()+uintptr(buf.Len())
+	}
+	return within(c.segBuf) || within(c.stage.buf)
+}
+
+// leaseDeadline bounds a read by the lease the master granted at start.
+func leaseDeadline(ctx context.Context, start time.Time, ttlMs int64) (context.Context, context.CancelFunc) {
+	if ttlMs <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, start.Add(time.Duration(ttlMs)*time.Millisecond))
+}

@@ -1,0 +1,156 @@
+// Package ha elects one leader among several store masters through etcd,
+// and lets clients find it, as Mooncake's etcd HA backend: the leader holds
+// the key mooncake-store/<cluster_id>/master_view, whose value is its
+// "host:port", under an etcd lease it keeps alive; followers and clients
+// watch the key. When the leader dies its lease runs out (TTL, 5 s by
+// default) and the key disappears; a follower's create-if-absent wins.
+//
+//	l, _ := ha.Campaign(ctx, cli, "mooncake_cluster", "10.0.0.1:50051", 0)
+//	// ... load state, serve ...
+//	<-l.Lost() // stop serving: another master may lead now
+//
+// The leader's term (the etcd revision that created the key) only grows, so
+// it is also the master's view version: clients remount when it changes.
+package ha
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultTTL is the leader key's lease, as Mooncake's.
+const DefaultTTL = 5 * time.Second
+
+// ErrNoLeader is returned by Leader while no master leads the cluster.
+var ErrNoLeader = errors.New("ha: no leader")
+
+// ViewKey is the etcd key the leader holds.
+func ViewKey(clusterID string) string { return "mooncake-store/" + clusterID + "/master_view" }
+
+// Leader returns the leader's address and term, or ErrNoLeader.
+func Leader(ctx context.Context, cli *clientv3.Client, clusterID string) (addr string, term int64, err error) {
+	resp, err := cli.Get(ctx, ViewKey(clusterID))
+	if err != nil {
+		return "", 0, fmt.Errorf("ha: read leader: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", 0, ErrNoLeader
+	}
+	kv := resp.Kvs[0]
+	return string(kv.Value), kv.CreateRevision, nil
+}
+
+// Leadership is a won election. It ends when Resign is called, ctx of
+// Campaign ends, or the lease cannot be kept alive; Lost is closed then.
+type Leadership struct {
+	cli    *clientv3.Client
+	key    string
+	lease  clientv3.LeaseID
+	term   int64
+	lost   chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Campaign blocks until this master (reachable at addr) is the leader of
+// clusterID, or ctx ends. ttl is the lease (zero: DefaultTTL; etcd rounds
+// it to whole seconds, at least its minimum TTL).
+func Campaign(ctx context.Context, cli *clientv3.Client, clusterID, addr string, ttl time.Duration) (*Leadership, error) {
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	key := ViewKey(clusterID)
+	for {
+		grant, err := cli.Grant(ctx, int64(max(ttl/time.Second, 1)))
+		if err != nil {
+			return nil, fmt.Errorf("ha: grant lease: %w", err)
+		}
+		txn, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, addr, clientv3.WithLease(grant.ID))).
+			Commit()
+		if err != nil {
+			_, _ = cli.Revoke(context.WithoutCancel(ctx), grant.ID)
+			return nil, fmt.Errorf("ha: campaign: %w", err)
+		}
+		if txn.Succeeded {
+			return keep(ctx, cli, key, grant.ID, txn.Header.Revision)
+		}
+		_, _ = cli.Revoke(ctx, grant.ID)
+		// Someone leads: wait for the key to go, then try again.
+		if err := waitGone(ctx, cli, key); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// waitGone returns once key does not exist.
+func waitGone(ctx context.Context, cli *clientv3.Client, key string) error {
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("ha: read leader: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("ha: watch leader: %w", err)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return nil
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.New("ha: watch on the leader key ended")
+}
+
+func keep(ctx context.Context, cli *clientv3.Client, key string, lease clientv3.LeaseID, term int64) (*Leadership, error) {
+	kctx, cancel := context.WithCancel(ctx)
+	ch, err := cli.KeepAlive(kctx, lease)
+	if err != nil {
+		cancel()
+		_, _ = cli.Revoke(context.WithoutCancel(ctx), lease)
+		return nil, fmt.Errorf("ha: keep lease alive: %w", err)
+	}
+	l := &Leadership{cli: cli, key: key, lease: lease, term: term,
+		lost: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		defer close(l.lost)
+		// The channel closes when the lease expires, is revoked, or kctx
+		// ends; draining it is what keeps the lease alive.
+		for range ch {
+		}
+	}()
+	return l, nil
+}
+
+// Term is the etcd revision at which this leadership began; a later
+// leader's is greater.
+func (l *Leadership) Term() int64 { return l.term }
+
+// Lost is closed when the leadership ends.
+func (l *Leadership) Lost() <-chan struct{} { return l.lost }
+
+// Resign gives the leadership up at once (the key is deleted with its
+// lease) and waits for the keep-alive to stop.
+func (l *Leadership) Resign(ctx context.Context) error {
+	l.cancel()
+	<-l.done
+	_, err := l.cli.Revoke(ctx, l.lease)
+	if err != nil {
+		return fmt.Errorf("ha: resign: %w", err)
+	}
+	return nil
+}
