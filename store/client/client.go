@@ -31,10 +31,10 @@ type Client struct {
 	master  *masterConn
 	stage   *stage
 
-	segBuf *engine.Buffer    // nil for NoSegment
-	seg    *storepb.Segment  // what is mounted
-	segs   *segmentCache     // opened peers
-	regs   registrations     // caller memory registered with the engine
+	segBuf *engine.Buffer   // nil for NoSegment
+	seg    *storepb.Segment // what is mounted
+	segs   *segmentCache    // opened peers
+	regs   registrations    // caller memory registered with the engine
 
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
