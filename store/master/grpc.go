@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,14 +20,40 @@ import (
 // codec never produces but a direct in-process caller can.
 type GRPCServer struct {
 	storepb.UnimplementedMasterServer
-	svc *Service
+	svc     atomic.Pointer[Service]
+	standby atomic.Bool
 }
 
 var _ storepb.MasterServer = (*GRPCServer)(nil)
 
 // NewGRPCServer returns a GRPCServer over s. It holds no state of its own:
 // s may be served by several GRPCServers and used directly at the same time.
-func NewGRPCServer(s *Service) *GRPCServer { return &GRPCServer{svc: s} }
+func NewGRPCServer(s *Service) *GRPCServer {
+	g := &GRPCServer{}
+	g.svc.Store(s)
+	return g
+}
+
+// serve switches g to s; nil makes every new call fail with
+// codes.Unavailable, as a standby master answers. Calls already running
+// finish on the service they started on.
+func (g *GRPCServer) serve(s *Service) {
+	if s == nil {
+		g.standby.Store(true)
+		return
+	}
+	g.svc.Store(s)
+	g.standby.Store(false)
+}
+
+// unaryStandby answers codes.Unavailable while g is on standby, so that
+// clients look for the leader elsewhere.
+func (g *GRPCServer) unaryStandby(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if g.standby.Load() || g.svc.Load() == nil {
+		return nil, status.Error(codes.Unavailable, "master: standby, not the leader")
+	}
+	return h(ctx, req)
+}
 
 // Register registers g as the Master service of srv.
 func (g *GRPCServer) Register(srv *grpc.Server) { storepb.RegisterMasterServer(srv, g) }
@@ -36,16 +63,16 @@ var errNilRequest = status.Error(codes.InvalidArgument, "master: nil request")
 // putStart is one PutStart or UpsertStart item. A nil item reads as an
 // empty key and so answers InvalidParams.
 func (g *GRPCServer) putStart(req *storepb.PutStartRequest, upsert bool) *storepb.PutStartResponse {
-	start := g.svc.PutStart
+	start := g.svc.Load().PutStart
 	if upsert {
-		start = g.svc.UpsertStart
+		start = g.svc.Load().UpsertStart
 	}
 	reps, err := start(req.GetClientId(), req.GetKey(), req.GetValueLength(), req.GetConfig())
 	return &storepb.PutStartResponse{Result: storepb.NewResult(err), Replicas: reps}
 }
 
 func (g *GRPCServer) getReplicaList(key string) *storepb.GetReplicaListResponse {
-	reps, ttl, sum, n, err := g.svc.GetReplicaList(key)
+	reps, ttl, sum, n, err := g.svc.Load().GetReplicaList(key)
 	if err != nil {
 		return &storepb.GetReplicaListResponse{Result: storepb.NewResult(err)}
 	}
@@ -58,7 +85,7 @@ func (g *GRPCServer) getReplicaList(key string) *storepb.GetReplicaListResponse 
 // existKey is OK when key is readable and ObjectNotFound when it is not,
 // as Mooncake's ExistKey; an invalid key is InvalidParams.
 func (g *GRPCServer) existKey(key string) *storepb.Result {
-	ok, err := g.svc.ExistKey(key)
+	ok, err := g.svc.Load().ExistKey(key)
 	switch {
 	case err != nil:
 		return storepb.NewResult(err)
@@ -90,7 +117,7 @@ func (g *GRPCServer) PutEnd(_ context.Context, req *storepb.PutEndRequest) (*sto
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.PutEnd(req.ClientId, req.Key, req.Checksum)), nil
+	return storepb.NewResult(g.svc.Load().PutEnd(req.ClientId, req.Key, req.Checksum)), nil
 }
 
 // PutRevoke gives a started object's space back; see Service.PutRevoke.
@@ -98,7 +125,7 @@ func (g *GRPCServer) PutRevoke(_ context.Context, req *storepb.KeyRequest) (*sto
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.PutRevoke(req.ClientId, req.Key)), nil
+	return storepb.NewResult(g.svc.Load().PutRevoke(req.ClientId, req.Key)), nil
 }
 
 // BatchPutStart is PutStart per item, one response per item.
@@ -120,7 +147,7 @@ func (g *GRPCServer) BatchPutEnd(_ context.Context, req *storepb.BatchPutEndRequ
 	}
 	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(req.Items))}
 	for i, it := range req.Items {
-		out.Results[i] = storepb.NewResult(g.svc.PutEnd(it.GetClientId(), it.GetKey(), it.GetChecksum()))
+		out.Results[i] = storepb.NewResult(g.svc.Load().PutEnd(it.GetClientId(), it.GetKey(), it.GetChecksum()))
 	}
 	return out, nil
 }
@@ -130,7 +157,7 @@ func (g *GRPCServer) BatchPutRevoke(_ context.Context, req *storepb.BatchKeyRequ
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return batch(req.Keys, func(k string) error { return g.svc.PutRevoke(req.ClientId, k) }), nil
+	return batch(req.Keys, func(k string) error { return g.svc.Load().PutRevoke(req.ClientId, k) }), nil
 }
 
 // UpsertStart is PutStart that may replace an existing object; see
@@ -200,7 +227,7 @@ func (g *GRPCServer) Remove(_ context.Context, req *storepb.RemoveRequest) (*sto
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Remove(req.Key, req.Force)), nil
+	return storepb.NewResult(g.svc.Load().Remove(req.Key, req.Force)), nil
 }
 
 // BatchRemove is Remove per key, one Result per key.
@@ -208,7 +235,7 @@ func (g *GRPCServer) BatchRemove(_ context.Context, req *storepb.BatchRemoveRequ
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return batch(req.Keys, func(k string) error { return g.svc.Remove(k, req.Force) }), nil
+	return batch(req.Keys, func(k string) error { return g.svc.Load().Remove(k, req.Force) }), nil
 }
 
 // RemoveAll removes every readable object and says how many.
@@ -216,7 +243,7 @@ func (g *GRPCServer) RemoveAll(_ context.Context, req *storepb.RemoveAllRequest)
 	if req == nil {
 		return nil, errNilRequest
 	}
-	n := g.svc.RemoveAll(req.Force)
+	n := g.svc.Load().RemoveAll(req.Force)
 	return &storepb.RemoveAllResponse{Result: storepb.NewResult(nil), Removed: int64(n)}, nil
 }
 
@@ -225,7 +252,7 @@ func (g *GRPCServer) MountSegment(_ context.Context, req *storepb.MountSegmentRe
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.MountSegment(req.ClientId, req.Segment)), nil
+	return storepb.NewResult(g.svc.Load().MountSegment(req.ClientId, req.Segment)), nil
 }
 
 // ReMountSegment mounts a client's segments again after NEED_REMOUNT.
@@ -233,7 +260,7 @@ func (g *GRPCServer) ReMountSegment(_ context.Context, req *storepb.ReMountSegme
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.ReMountSegment(req.ClientId, req.Segments)), nil
+	return storepb.NewResult(g.svc.Load().ReMountSegment(req.ClientId, req.Segments)), nil
 }
 
 // UnmountSegment removes a segment and the replicas on it.
@@ -241,7 +268,7 @@ func (g *GRPCServer) UnmountSegment(_ context.Context, req *storepb.UnmountSegme
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.UnmountSegment(req.ClientId, req.SegmentId)), nil
+	return storepb.NewResult(g.svc.Load().UnmountSegment(req.ClientId, req.SegmentId)), nil
 }
 
 // Ping records a client as alive; an unknown client is told to remount.
@@ -249,6 +276,6 @@ func (g *GRPCServer) Ping(_ context.Context, req *storepb.PingRequest) (*storepb
 	if req == nil {
 		return nil, errNilRequest
 	}
-	v, st := g.svc.Ping(req.ClientId)
+	v, st := g.svc.Load().Ping(req.ClientId)
 	return &storepb.PingResponse{Result: storepb.NewResult(nil), ViewVersion: v, ClientStatus: st}, nil
 }

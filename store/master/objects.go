@@ -91,21 +91,36 @@ func (s *Service) start(clientID, key string, length uint64, cfg *storepb.Replic
 		return nil, storeErr(storepb.InvalidParams, "negative soft_pin_ttl_ms %d", cfg.GetSoftPinTtlMs())
 	}
 	n := max(int(cfg.GetReplicaNum()), 1)
-	reps, err := s.tryStart(clientID, key, length, n, cfg, upsert)
+	reps, seq, err := s.tryStart(clientID, key, length, n, cfg, upsert)
 	if err != errNoSpace {
-		return reps, err
+		return s.started(reps, seq, err)
 	}
 	if s.fitsAnywhere(length) {
 		s.evict(true)
-		if reps, err = s.tryStart(clientID, key, length, n, cfg, upsert); err != errNoSpace {
-			return reps, err
+		if s.j != nil {
+			// Evicted space comes back once the drops are durable.
+			_ = s.durable(s.j.last())
+		}
+		if reps, seq, err = s.tryStart(clientID, key, length, n, cfg, upsert); err != errNoSpace {
+			return s.started(reps, seq, err)
 		}
 		s.needEvict.Store(true)
 	}
 	return nil, storeErr(storepb.NoAvailableHandle, "no segment has %d bytes free", length)
 }
 
-func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, error) {
+// started answers a PutStart once its record is durable.
+func (s *Service) started(reps []*storepb.Replica, seq uint64, err error) ([]*storepb.Replica, error) {
+	if err != nil {
+		return nil, err
+	}
+	if err := s.durable(seq); err != nil {
+		return nil, err
+	}
+	return reps, nil
+}
+
+func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -113,19 +128,19 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	o := sh.objects[key]
 	if o != nil {
 		if o.complete() && !upsert {
-			return nil, storeErr(storepb.ObjectAlreadyExists, "%q", key)
+			return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q", key)
 		}
 		if p := o.pending; p != nil {
 			if p.client == clientID && p.size == length && p.upsert == upsert {
 				// The client asks again (its first answer was lost in a
-				// failover): the same replicas.
-				return describe(p.replicas, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), nil
+				// failover): the same replicas, once their record is durable.
+				return describe(p.replicas, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), s.lastSeq(), nil
 			}
 			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
-				return nil, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", key)
+				return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", key)
 			}
 			// A zombie PutStart: its writer is presumed gone; pre-empt it.
-			s.freeReplicas(p.replicas)
+			s.freeAfter(revokeRecord(key), p.replicas)
 			o.pending = nil
 		}
 	}
@@ -134,14 +149,15 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 		if o != nil && o.empty() {
 			delete(sh.objects, key)
 		}
-		return nil, errNoSpace
+		return nil, 0, errNoSpace
 	}
 	if o == nil {
 		o = &object{}
 		sh.objects[key] = o
 	}
 	o.pending = &pendingPut{client: clientID, started: now, size: length, replicas: reps, cfg: cfg, upsert: upsert}
-	return describe(reps, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), nil
+	seq := s.record(startRecord(clientID, key, o.pending))
+	return describe(reps, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), seq, nil
 }
 
 func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
@@ -183,13 +199,18 @@ func (s *Service) pendingOf(sh *shard, clientID, key string) (*object, error) {
 func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	o, err := s.pendingOf(sh, clientID, key)
 	if err != nil {
+		var seq uint64
 		if o := sh.objects[key]; o != nil && o.pending == nil && o.complete() && o.writer == clientID && o.checksum == checksum {
-			return nil // a repeated PutEnd, its first answer lost in a failover
+			// A repeated PutEnd, its first answer lost in a failover.
+			err, seq = nil, s.lastSeq()
 		}
-		return err
+		sh.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		return s.durable(seq)
 	}
 	now := s.now()
 	p := o.pending
@@ -204,21 +225,29 @@ func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
 		}
 		o.softPinUntil = now.Add(ttl)
 	}
-	if o.lease.After(now) && len(old) > 0 {
-		// A reader may be copying the old value: free it when its lease ends.
+	// The replaced value's space is freed once the end is durable; if a
+	// reader may be copying it (a lease runs), only when that lease ends.
+	leased, until := o.lease.After(now) && len(old) > 0, o.lease
+	if !leased {
+		o.lease = now
+	}
+	seq := s.after(&storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
+		ClientId: clientID, Key: key, Checksum: checksum}}}, func() {
+		if !leased {
+			s.freeReplicas(old)
+			return
+		}
 		s.segMu.Lock()
+		defer s.segMu.Unlock()
 		// Replicas on a segment unmounted meanwhile have nothing to free;
 		// under segMu none can die unseen (removeSegLocked prunes the rest).
 		old = slices.DeleteFunc(old, func(r replica) bool { return r.seg.dead.Load() })
 		if len(old) > 0 {
-			s.deferred = append(s.deferred, deferredFree{at: o.lease, reps: old})
+			s.deferred = append(s.deferred, deferredFree{at: until, reps: old})
 		}
-		s.segMu.Unlock()
-	} else {
-		s.freeReplicas(old)
-		o.lease = now
-	}
-	return nil
+	})
+	sh.mu.Unlock()
+	return s.durable(seq)
 }
 
 // UpsertEnd is PutEnd for an UpsertStart.
@@ -231,17 +260,18 @@ func (s *Service) UpsertEnd(clientID, key string, checksum uint32) error {
 func (s *Service) PutRevoke(clientID, key string) error {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	o, err := s.pendingOf(sh, clientID, key)
 	if err != nil {
+		sh.mu.Unlock()
 		return err
 	}
-	s.freeReplicas(o.pending.replicas)
+	seq := s.freeAfter(revokeRecord(key), o.pending.replicas)
 	o.pending = nil
 	if o.empty() {
 		delete(sh.objects, key)
 	}
-	return nil
+	sh.mu.Unlock()
+	return s.durable(seq)
 }
 
 // UpsertRevoke is PutRevoke for an UpsertStart.
@@ -300,16 +330,19 @@ func (s *Service) Remove(key string, force bool) error {
 	}
 	sh := s.shardOf(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	o := sh.objects[key]
 	if o == nil || !o.complete() {
+		sh.mu.Unlock()
 		return storeErr(storepb.ObjectNotFound, "%q", key)
 	}
 	if !force && o.lease.After(s.now()) {
+		sh.mu.Unlock()
 		return storeErr(storepb.ObjectHasLease, "%q", key)
 	}
 	s.dropLocked(sh, key, o)
-	return nil
+	seq := s.lastSeq()
+	sh.mu.Unlock()
+	return s.durable(seq)
 }
 
 // dropLocked frees o's complete replicas and forgets it unless a put is in
@@ -319,7 +352,7 @@ func (s *Service) dropLocked(sh *shard, key string, o *object) uint64 {
 	for _, r := range o.replicas {
 		n += r.size
 	}
-	s.freeReplicas(o.replicas)
+	s.freeAfter(dropRecord(key), o.replicas)
 	o.replicas = nil
 	if o.empty() {
 		delete(sh.objects, key)
@@ -344,6 +377,7 @@ func (s *Service) RemoveAll(force bool) int {
 		}
 		sh.mu.Unlock()
 	}
+	_ = s.durable(s.lastSeq())
 	return n
 }
 
@@ -358,7 +392,7 @@ func (s *Service) ReclaimPuts() int {
 		now := s.now()
 		for key, o := range sh.objects {
 			if p := o.pending; p != nil && now.Sub(p.started) >= s.cfg.PutStartReleaseTimeout {
-				s.freeReplicas(p.replicas)
+				s.freeAfter(revokeRecord(key), p.replicas)
 				o.pending = nil
 				if o.empty() {
 					delete(sh.objects, key)
@@ -369,4 +403,12 @@ func (s *Service) ReclaimPuts() int {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// lastSeq is the journal's last sequence number (0 without a journal).
+func (s *Service) lastSeq() uint64 {
+	if s.j == nil {
+		return 0
+	}
+	return s.j.last()
 }

@@ -40,8 +40,12 @@ func (s *Service) MountSegment(clientID string, seg *storepb.Segment) error {
 		return err
 	}
 	s.segMu.Lock()
-	defer s.segMu.Unlock()
-	return s.mountLocked(clientID, seg)
+	seq, err := s.mountLocked(clientID, seg)
+	s.segMu.Unlock()
+	if err != nil {
+		return err
+	}
+	return s.durable(seq)
 }
 
 // ReMountSegment mounts every segment of segs for clientID, as a client
@@ -57,14 +61,18 @@ func (s *Service) ReMountSegment(clientID string, segs []*storepb.Segment) error
 		}
 	}
 	s.segMu.Lock()
-	defer s.segMu.Unlock()
 	s.touchLocked(clientID)
+	var last uint64
 	for _, seg := range segs {
-		if err := s.mountLocked(clientID, seg); err != nil {
+		seq, err := s.mountLocked(clientID, seg)
+		if err != nil {
+			s.segMu.Unlock()
 			return err
 		}
+		last = max(last, seq)
 	}
-	return nil
+	s.segMu.Unlock()
+	return s.durable(last)
 }
 
 func checkSegment(seg *storepb.Segment) error {
@@ -81,17 +89,19 @@ func checkSegment(seg *storepb.Segment) error {
 	return nil
 }
 
-func (s *Service) mountLocked(clientID string, seg *storepb.Segment) error {
+// mountLocked mounts seg and returns the sequence number of its journal
+// record (0 when already mounted, or without a journal).
+func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, error) {
 	if old, ok := s.segs[seg.Id]; ok {
 		if old.client != clientID {
-			return storeErr(storepb.InvalidParams, "segment %s is mounted by another client", seg.Id)
+			return 0, storeErr(storepb.InvalidParams, "segment %s is mounted by another client", seg.Id)
 		}
 		s.touchLocked(clientID)
-		return nil
+		return 0, nil
 	}
 	a, err := NewAllocator(seg.Size)
 	if err != nil {
-		return storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
+		return 0, storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
 	}
 	sg := &segment{
 		id: seg.Id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId,
@@ -104,7 +114,8 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) error {
 	if sg.hostID != "" {
 		c.hostID = sg.hostID
 	}
-	return nil
+	return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
+		ClientId: clientID, Segment: seg}}}), nil
 }
 
 // touchLocked records that clientID is alive, registering it if new.
@@ -132,9 +143,10 @@ func (s *Service) UnmountSegment(clientID, segmentID string) error {
 		return storeErr(storepb.InvalidParams, "segment %s belongs to another client", segmentID)
 	}
 	s.removeSegLocked(sg)
+	seq := s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Unmount{Unmount: &storepb.JournalUnmount{SegmentId: segmentID}}})
 	s.segMu.Unlock()
 	s.sweepDead()
-	return nil
+	return s.durable(seq)
 }
 
 func (s *Service) removeSegLocked(sg *segment) {
@@ -209,6 +221,7 @@ func (s *Service) ExpireClients() int {
 			s.removeSegLocked(sg)
 		}
 		delete(s.clients, id)
+		s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Expire{Expire: &storepb.JournalExpire{ClientId: id}}})
 		n++
 	}
 	s.segMu.Unlock()

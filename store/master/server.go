@@ -7,8 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
+
+	"github.com/mooncake-go/mooncake/store/ha"
 )
 
 // ServerConfig configures a Server.
@@ -17,20 +23,47 @@ type ServerConfig struct {
 	Service ServiceConfig
 	// Listen is the gRPC address. Zero: ":50051", Mooncake's port.
 	Listen string
+	// HA, when set, makes this master one of several: it serves only while
+	// it leads, journaling every durable change to etcd.
+	HA *HAConfig
 	// Logger receives the server's logs. Zero: slog.Default().
 	Logger *slog.Logger
+}
+
+// HAConfig configures leader election and the journal.
+type HAConfig struct {
+	// Etcd lists the etcd endpoints ("host:port").
+	Etcd []string
+	// ClusterID names the cluster. Zero: "mooncake_cluster".
+	ClusterID string
+	// Advertise is the address clients reach this master at. Zero: the
+	// listener's address.
+	Advertise string
+	// LeaderTTL is the lease of the leader key: how long a dead leader
+	// keeps the cluster without one. Zero: 5 s (ha.DefaultTTL).
+	LeaderTTL time.Duration
+	// SnapshotEvery is the number of journal records after which the
+	// leader writes a snapshot and trims the log. Zero: 100000.
+	SnapshotEvery int
 }
 
 // DefaultListen is the master's default gRPC address.
 const DefaultListen = ":50051"
 
 // Server is a running master: the Service, its background loop and its
-// gRPC front on one listener.
+// gRPC front on one listener. Under HA it campaigns for leadership, and
+// while it leads serves a Service restored from the journal.
 type Server struct {
-	svc  *Service
+	cfg  ServerConfig
 	lis  net.Listener
 	grpc *grpc.Server
+	api  *GRPCServer
 	log  *slog.Logger
+	etcd *clientv3.Client
+
+	svc     atomic.Pointer[Service]
+	leading atomic.Bool
+	term    atomic.Int64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -39,8 +72,7 @@ type Server struct {
 
 // Start starts a master serving on cfg.Listen.
 func Start(cfg ServerConfig) (*Server, error) {
-	svc, err := NewService(cfg.Service)
-	if err != nil {
+	if err := cfg.Service.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Listen == "" {
@@ -49,43 +81,183 @@ func Start(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	if h := cfg.HA; h != nil {
+		if len(h.Etcd) == 0 {
+			return nil, errors.New("master: HA needs etcd endpoints")
+		}
+		if h.ClusterID == "" {
+			h.ClusterID = "mooncake_cluster"
+		}
+		if h.SnapshotEvery == 0 {
+			h.SnapshotEvery = 100000
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: h.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return nil, fmt.Errorf("master: etcd %v: %w", h.Etcd, err)
+		}
+		s.etcd = cli
+	}
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		s.closeEtcd()
 		return nil, fmt.Errorf("master: listen %s: %w", cfg.Listen, err)
 	}
-	s := &Server{svc: svc, lis: lis, log: cfg.Logger,
-		grpc: grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20))}
-	NewGRPCServer(svc).Register(s.grpc)
+	s.lis = lis
+	s.api = NewGRPCServer(nil)
+	s.api.serve(nil)
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20),
+		grpc.UnaryInterceptor(s.api.unaryStandby))
+	s.api.Register(s.grpc)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		_ = svc.Run(ctx)
-	}()
-	go func() {
-		defer s.wg.Done()
+	if cfg.HA == nil {
+		svc, err := NewService(cfg.Service)
+		if err != nil {
+			cancel()
+			_ = lis.Close()
+			return nil, err
+		}
+		s.lead(svc)
+		s.wg.Go(func() { _ = svc.Run(ctx) })
+	} else {
+		s.wg.Go(func() { s.campaign(ctx) })
+	}
+	s.wg.Go(func() {
 		if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Error("master: gRPC server stopped", "err", err)
 		}
-	}()
-	s.log.Info("master: serving", "addr", lis.Addr().String())
+	})
+	s.log.Info("master: listening", "addr", lis.Addr().String(), "ha", cfg.HA != nil)
 	return s, nil
+}
+
+func (s *Server) lead(svc *Service) {
+	s.svc.Store(svc)
+	s.api.serve(svc)
+	s.leading.Store(true)
+}
+
+// campaign is the HA loop: win an election, load the journal, serve until
+// the leadership or the journal is lost, step down, and again.
+func (s *Server) campaign(ctx context.Context) {
+	h := s.cfg.HA
+	addr := h.Advertise
+	if addr == "" {
+		addr = s.lis.Addr().String()
+	}
+	for ctx.Err() == nil {
+		l, err := ha.Campaign(ctx, s.etcd, h.ClusterID, addr, h.LeaderTTL)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("master: campaign failed; retrying", "err", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		if err := s.term1(ctx, l); err != nil && ctx.Err() == nil {
+			s.log.Warn("master: stepped down", "term", l.Term(), "err", err)
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = l.Resign(rctx)
+		cancel()
+	}
+}
+
+// term1 serves one leadership term.
+func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
+	h := s.cfg.HA
+	start := time.Now()
+	lctx, cancel := context.WithTimeout(ctx, time.Minute)
+	st, last, err := loadJournal(lctx, s.etcd, h.ClusterID)
+	cancel()
+	if err != nil {
+		return err
+	}
+	cfg := s.cfg.Service
+	cfg.ViewVersion = uint64(l.Term())
+	svc, err := NewService(cfg)
+	if err != nil {
+		return err
+	}
+	if err := svc.restore(st); err != nil {
+		return err
+	}
+	j := newEtcdJournal(s.etcd, h.ClusterID, l.Term(), last)
+	svc.j = j
+	defer j.close()
+	s.term.Store(l.Term())
+	s.lead(svc)
+	stats := svc.Stats()
+	s.log.Info("master: leading", "term", l.Term(), "addr", s.lis.Addr().String(), "records", last,
+		"objects", stats.Keys, "segments", stats.Segments, "load", time.Since(start).Round(time.Millisecond))
+	tctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = svc.Run(tctx) })
+	defer func() {
+		s.leading.Store(false)
+		s.api.serve(nil)
+		stop()
+		wg.Wait()
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-l.Lost():
+			return errors.New("leadership lost")
+		case <-tick.C:
+			if err := j.failure(); err != nil {
+				return err
+			}
+			if j.pendingSnapshot() >= h.SnapshotEvery {
+				seq, err := j.writeSnapshot(svc)
+				if err != nil {
+					return fmt.Errorf("snapshot: %w", err)
+				}
+				s.log.Info("master: snapshot written", "term", l.Term(), "seq", seq)
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
 }
 
 // Addr is the address the master listens on.
 func (s *Server) Addr() string { return s.lis.Addr().String() }
 
-// Service is the metadata service the server fronts.
-func (s *Server) Service() *Service { return s.svc }
+// Service is the metadata service of the current term (nil before this
+// master first leads).
+func (s *Server) Service() *Service { return s.svc.Load() }
 
-// Close stops serving (calls in progress are cut) and waits for the
-// server's goroutines. It is idempotent.
+// Leading reports whether this master serves: always without HA, while it
+// leads with it.
+func (s *Server) Leading() bool { return s.leading.Load() }
+
+// Term is the current or last leadership term under HA (0 without).
+func (s *Server) Term() int64 { return s.term.Load() }
+
+// Close stops serving (calls in progress are cut), resigns the leadership
+// and waits for the server's goroutines. It is idempotent.
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		s.grpc.Stop()
 		s.cancel()
 		s.wg.Wait()
+		s.closeEtcd()
 	})
 	return nil
+}
+
+func (s *Server) closeEtcd() {
+	if s.etcd != nil {
+		_ = s.etcd.Close()
+	}
 }

@@ -169,6 +169,9 @@ type Service struct {
 	rng      *rand.Rand
 	deferred []deferredFree // replaced replicas freed when their lease ends
 
+	// j journals durable changes under HA; nil otherwise.
+	j journal
+
 	// needEvict is set by a failed allocation and makes the next Evict run
 	// even below the watermark, as Mooncake's need_mem_eviction_.
 	needEvict atomic.Bool

@@ -1,0 +1,346 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/mooncake-go/mooncake/store/ha"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// The journal in etcd, under mooncake-store/<cluster_id>/journal/:
+//
+//	log/<first seq, 20 digits>      a JournalBatch of consecutive records
+//	snap/<seq, 20 digits>/<chunk>   a snapshot of the state up to seq
+//	snap-head                       the seq of the latest complete snapshot
+//
+// Every write is a transaction conditioned on the leader key still being
+// this leader's (its create revision is the term), so a deposed leader
+// that has not noticed yet cannot write: its callers get errors instead of
+// acknowledgements a new leader would not honour.
+const (
+	maxJournalValue = 1 << 20 // etcd's default request limit is 1.5 MiB
+	snapChunkObjs   = 4096
+	etcdOpTimeout   = 10 * time.Second
+)
+
+func journalPrefix(clusterID string) string { return "mooncake-store/" + clusterID + "/journal/" }
+
+func logKey(prefix string, seq uint64) string { return fmt.Sprintf("%slog/%020d", prefix, seq) }
+
+type entry struct {
+	rec  *storepb.JournalRecord
+	done func()
+}
+
+// etcdJournal is the leader's journal: appends queue in memory, one writer
+// goroutine commits them in order in batches (group commit), then runs
+// their callbacks and wakes the waiters.
+type etcdJournal struct {
+	cli     *clientv3.Client
+	prefix  string
+	viewKey string
+	term    int64
+
+	mu        sync.Mutex
+	cond      *sync.Cond
+	queue     []entry
+	next      uint64 // the seq the next append gets
+	committed uint64
+	err       error
+	closed    bool
+	sinceSnap int
+
+	wake chan struct{}
+	done chan struct{}
+}
+
+var _ journal = (*etcdJournal)(nil)
+
+func newEtcdJournal(cli *clientv3.Client, clusterID string, term int64, last uint64) *etcdJournal {
+	j := &etcdJournal{cli: cli, prefix: journalPrefix(clusterID), viewKey: ha.ViewKey(clusterID), term: term,
+		next: last + 1, committed: last, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	j.cond = sync.NewCond(&j.mu)
+	go j.run()
+	return j
+}
+
+func (j *etcdJournal) append(rec *storepb.JournalRecord, done func()) uint64 {
+	j.mu.Lock()
+	seq := j.next
+	j.next++
+	j.queue = append(j.queue, entry{rec, done})
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	return seq
+}
+
+func (j *etcdJournal) last() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.next - 1
+}
+
+func (j *etcdJournal) wait(seq uint64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.committed < seq && j.err == nil {
+		j.cond.Wait()
+	}
+	if j.committed >= seq {
+		return nil
+	}
+	return j.err
+}
+
+// failed is closed-over by the server: the journal's error, once it has
+// one.
+func (j *etcdJournal) failure() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.err
+}
+
+// close stops the writer; records not yet committed fail their waiters.
+func (j *etcdJournal) close() {
+	j.mu.Lock()
+	j.closed = true
+	if j.err == nil {
+		j.err = fmt.Errorf("master: journal closed (no longer the leader)")
+	}
+	j.cond.Broadcast()
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	<-j.done
+}
+
+func (j *etcdJournal) run() {
+	defer close(j.done)
+	for range j.wake {
+		j.mu.Lock()
+		if j.closed {
+			j.mu.Unlock()
+			return
+		}
+		batch, first := j.queue, j.committed+1
+		j.queue = nil
+		j.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		if err := j.write(first, batch); err != nil {
+			j.mu.Lock()
+			j.err = fmt.Errorf("master: journal write: %w", err)
+			j.cond.Broadcast()
+			j.mu.Unlock()
+			return
+		}
+		for _, e := range batch {
+			if e.done != nil {
+				e.done()
+			}
+		}
+		j.mu.Lock()
+		j.committed = first + uint64(len(batch)) - 1
+		j.sinceSnap += len(batch)
+		j.cond.Broadcast()
+		more := len(j.queue) > 0
+		j.mu.Unlock()
+		if more {
+			select {
+			case j.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// write commits batch, records first.., as etcd values of at most
+// maxJournalValue each.
+func (j *etcdJournal) write(first uint64, batch []entry) error {
+	for len(batch) > 0 {
+		b := &storepb.JournalBatch{FirstSeq: first}
+		size := 0
+		for len(batch) > 0 && (len(b.Records) == 0 || size < maxJournalValue/2) {
+			b.Records = append(b.Records, batch[0].rec)
+			size += proto.Size(batch[0].rec) + 4
+			batch = batch[1:]
+		}
+		data, err := proto.Marshal(b)
+		if err != nil {
+			return err
+		}
+		if err := j.put(logKey(j.prefix, first), string(data)); err != nil {
+			return err
+		}
+		first += uint64(len(b.Records))
+	}
+	return nil
+}
+
+// put writes key=value if this is still the leader.
+func (j *etcdJournal) put(key, value string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+	defer cancel()
+	txn, err := j.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(j.viewKey), "=", j.term)).
+		Then(clientv3.OpPut(key, value)).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !txn.Succeeded {
+		return fmt.Errorf("no longer the leader (term %d)", j.term)
+	}
+	return nil
+}
+
+// pendingSnapshot reports how many records were committed since the last
+// snapshot.
+func (j *etcdJournal) pendingSnapshot() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.sinceSnap
+}
+
+// writeSnapshot stores the state of svc and trims the log it makes
+// redundant.
+func (j *etcdJournal) writeSnapshot(svc *Service) (uint64, error) {
+	chunks, seq := svc.snapshot(snapChunkObjs)
+	if err := j.wait(seq); err != nil {
+		return 0, err
+	}
+	j.mu.Lock()
+	j.sinceSnap = int(j.committed - seq)
+	j.mu.Unlock()
+	dir := fmt.Sprintf("%ssnap/%020d/", j.prefix, seq)
+	for i, c := range chunks {
+		data, err := proto.Marshal(c)
+		if err != nil {
+			return 0, err
+		}
+		if len(data) > maxJournalValue {
+			return 0, fmt.Errorf("snapshot chunk of %d bytes", len(data))
+		}
+		if err := j.put(fmt.Sprintf("%s%06d", dir, i), string(data)); err != nil {
+			return 0, err
+		}
+	}
+	if err := j.put(j.prefix+"snap-head", strconv.FormatUint(seq, 10)); err != nil {
+		return 0, err
+	}
+	// Trim: older snapshots, and log batches wholly before seq (a batch
+	// that reaches past seq is kept; loading skips what it already has).
+	ctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+	defer cancel()
+	if _, err := j.cli.Delete(ctx, j.prefix+"snap/", clientv3.WithRange(dir)); err != nil {
+		return 0, err
+	}
+	resp, err := j.cli.Get(ctx, j.prefix+"log/", clientv3.WithRange(logKey(j.prefix, seq+1)), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, err
+	}
+	if n := len(resp.Kvs); n > 1 {
+		// Keys sort by seq; the last one may hold records after seq.
+		if _, err := j.cli.Delete(ctx, j.prefix+"log/", clientv3.WithRange(string(resp.Kvs[n-1].Key))); err != nil {
+			return 0, err
+		}
+	}
+	return seq, nil
+}
+
+// loadJournal reads the latest snapshot and the log after it and returns
+// the state and the last sequence number.
+func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string) (*state, uint64, error) {
+	prefix := journalPrefix(clusterID)
+	st := newState()
+	var last uint64
+	head, err := cli.Get(ctx, prefix+"snap-head")
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(head.Kvs) > 0 {
+		if last, err = strconv.ParseUint(string(head.Kvs[0].Value), 10, 64); err != nil {
+			return nil, 0, fmt.Errorf("master: journal snapshot head %q: %w", head.Kvs[0].Value, err)
+		}
+		dir := fmt.Sprintf("%ssnap/%020d/", prefix, last)
+		err := scan(ctx, cli, dir, clientv3.GetPrefixRangeEnd(dir), func(key string, v []byte) error {
+			var c storepb.SnapshotChunk
+			if err := proto.Unmarshal(v, &c); err != nil {
+				return fmt.Errorf("master: journal snapshot chunk %s: %w", key, err)
+			}
+			st.loadChunk(&c)
+			return nil
+		})
+		if err != nil {
+			return nil, 0, err
+		}
+	}
+	logDir := prefix + "log/"
+	err = scan(ctx, cli, logDir, clientv3.GetPrefixRangeEnd(logDir), func(key string, v []byte) error {
+		var b storepb.JournalBatch
+		if err := proto.Unmarshal(v, &b); err != nil {
+			return fmt.Errorf("master: journal batch %s: %w", key, err)
+		}
+		if want := strings.TrimPrefix(key, logDir); want != fmt.Sprintf("%020d", b.FirstSeq) {
+			return fmt.Errorf("master: journal batch %s starts at %d", key, b.FirstSeq)
+		}
+		for i, rec := range b.Records {
+			seq := b.FirstSeq + uint64(i)
+			if seq <= last {
+				continue
+			}
+			if seq != last+1 {
+				return fmt.Errorf("master: journal gap: record %d after %d", seq, last)
+			}
+			if err := st.apply(rec); err != nil {
+				return fmt.Errorf("master: journal record %d: %w", seq, err)
+			}
+			last = seq
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return st, last, nil
+}
+
+// scan visits the keys in [from, end) in order, a page at a time.
+func scan(ctx context.Context, cli *clientv3.Client, from, end string, f func(key string, v []byte) error) error {
+	rev := int64(0)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(256),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := cli.Get(ctx, from, opts...)
+		if err != nil {
+			return err
+		}
+		rev = resp.Header.Revision // one consistent view across pages
+		for _, kv := range resp.Kvs {
+			if err := f(string(kv.Key), kv.Value); err != nil {
+				return err
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}

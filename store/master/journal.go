@@ -1,0 +1,274 @@
+package master
+
+import (
+	"fmt"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// journal takes the changes of the master's durable state in the order
+// they happen. Appends are made under the lock that orders the change (a
+// key's shard, or segMu), so the journal's order is the state's.
+type journal interface {
+	// append queues rec and returns its sequence number. done, if not nil,
+	// runs once rec (and every record before it) is durable.
+	append(rec *storepb.JournalRecord, done func()) uint64
+	// wait blocks until record seq is durable, or the journal failed.
+	wait(seq uint64) error
+	// last is the sequence number of the last record appended.
+	last() uint64
+}
+
+// record journals rec, if the service has a journal, and returns its
+// sequence number (0 without one).
+func (s *Service) record(rec *storepb.JournalRecord) uint64 {
+	if s.j == nil {
+		return 0
+	}
+	return s.j.append(rec, nil)
+}
+
+// durable waits until record seq is durable; without a journal it returns
+// at once.
+func (s *Service) durable(seq uint64) error {
+	if s.j == nil || seq == 0 {
+		return nil
+	}
+	if err := s.j.wait(seq); err != nil {
+		return storeErr(storepb.EtcdOperationError, "journal: %v", err)
+	}
+	return nil
+}
+
+// freeAfter journals rec and gives reps' space back once rec is durable:
+// space must not be reused by a new put before the record saying it is
+// free would survive a failover, or a new leader could hand the old
+// object's replicas out over the new object's bytes.
+func (s *Service) freeAfter(rec *storepb.JournalRecord, reps []replica) uint64 {
+	if len(reps) == 0 {
+		return s.record(rec)
+	}
+	return s.after(rec, func() { s.freeReplicas(reps) })
+}
+
+// after journals rec and runs f once it is durable; without a journal it
+// runs f at once.
+func (s *Service) after(rec *storepb.JournalRecord, f func()) uint64 {
+	if s.j == nil {
+		f()
+		return 0
+	}
+	return s.j.append(rec, f)
+}
+
+func locations(reps []replica) []*storepb.ReplicaLocation {
+	out := make([]*storepb.ReplicaLocation, len(reps))
+	for i, r := range reps {
+		out[i] = &storepb.ReplicaLocation{SegmentId: r.seg.id, Offset: r.off, Size: r.size}
+	}
+	return out
+}
+
+func startRecord(clientID, key string, p *pendingPut) *storepb.JournalRecord {
+	return &storepb.JournalRecord{Op: &storepb.JournalRecord_Start{Start: &storepb.JournalStart{
+		ClientId: clientID, Key: key, Size: p.size, Replicas: locations(p.replicas),
+		Upsert: p.upsert, HardPin: p.cfg.GetWithHardPin(),
+	}}}
+}
+
+func revokeRecord(key string) *storepb.JournalRecord {
+	return &storepb.JournalRecord{Op: &storepb.JournalRecord_Revoke{Revoke: &storepb.JournalRevoke{Key: key}}}
+}
+
+func dropRecord(key string) *storepb.JournalRecord {
+	return &storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: key}}}
+}
+
+// state is the durable state as a journal replay builds it: segments and
+// objects by id and key, replicas by location.
+type state struct {
+	segs    map[string]*storepb.JournalMount
+	objects map[string]*storepb.ObjectState
+}
+
+func newState() *state {
+	return &state{segs: make(map[string]*storepb.JournalMount), objects: make(map[string]*storepb.ObjectState)}
+}
+
+// apply replays one record. Records are the leader's own, in its order; one
+// that does not fit (an end without a start) is an error, so a damaged
+// journal is noticed rather than half loaded.
+func (st *state) apply(rec *storepb.JournalRecord) error {
+	switch op := rec.Op.(type) {
+	case *storepb.JournalRecord_Mount:
+		if op.Mount.GetSegment().GetId() == "" {
+			return fmt.Errorf("mount without a segment id")
+		}
+		st.segs[op.Mount.Segment.Id] = op.Mount
+	case *storepb.JournalRecord_Unmount:
+		delete(st.segs, op.Unmount.SegmentId)
+	case *storepb.JournalRecord_Expire:
+		for id, m := range st.segs {
+			if m.ClientId == op.Expire.ClientId {
+				delete(st.segs, id)
+			}
+		}
+	case *storepb.JournalRecord_Start:
+		o := st.objects[op.Start.Key]
+		if o == nil {
+			o = &storepb.ObjectState{Key: op.Start.Key}
+			st.objects[op.Start.Key] = o
+		}
+		o.Pending = op.Start
+	case *storepb.JournalRecord_End:
+		o := st.objects[op.End.Key]
+		if o == nil || o.Pending == nil || o.Pending.ClientId != op.End.ClientId {
+			return fmt.Errorf("end of %q without its start", op.End.Key)
+		}
+		p := o.Pending
+		o.Replicas, o.Size, o.Checksum, o.Writer, o.HardPin, o.Pending = p.Replicas, p.Size, op.End.Checksum, p.ClientId, p.HardPin, nil
+	case *storepb.JournalRecord_Revoke:
+		if o := st.objects[op.Revoke.Key]; o != nil {
+			o.Pending = nil
+			if len(o.Replicas) == 0 {
+				delete(st.objects, op.Revoke.Key)
+			}
+		}
+	case *storepb.JournalRecord_Drop:
+		if o := st.objects[op.Drop.Key]; o != nil {
+			o.Replicas = nil
+			if o.Pending == nil {
+				delete(st.objects, op.Drop.Key)
+			}
+		}
+	default:
+		return fmt.Errorf("record of unknown kind %T", rec.Op)
+	}
+	return nil
+}
+
+// restore replaces the service's state with st, as a new leader does
+// before it serves. Replicas on segments no longer mounted are dropped.
+// Every object gets a lease of LeaseTTL, since readers of the old leader
+// may still be copying it, and every known client a fresh TTL. Puts in
+// flight stay in flight: their writers may still end them.
+func (s *Service) restore(st *state) error {
+	now := s.now()
+	used := make(map[string][]span)
+	keep := func(locs []*storepb.ReplicaLocation) []*storepb.ReplicaLocation {
+		out := locs[:0:0]
+		for _, l := range locs {
+			if _, ok := st.segs[l.SegmentId]; ok {
+				out = append(out, l)
+				used[l.SegmentId] = append(used[l.SegmentId], span{l.Offset, l.Size})
+			}
+		}
+		return out
+	}
+	for key, o := range st.objects {
+		o.Replicas = keep(o.Replicas)
+		if o.Pending != nil {
+			if o.Pending.Replicas = keep(o.Pending.Replicas); len(o.Pending.Replicas) == 0 {
+				o.Pending = nil
+			}
+		}
+		if len(o.Replicas) == 0 && o.Pending == nil {
+			delete(st.objects, key)
+		}
+	}
+
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	s.segs, s.segList, s.clients, s.deferred = make(map[string]*segment), nil, make(map[string]*client), nil
+	for id, m := range st.segs {
+		a, err := restoreAllocator(m.Segment.Size, used[id])
+		if err != nil {
+			return fmt.Errorf("master: restore segment %s: %w", id, err)
+		}
+		seg := m.Segment
+		sg := &segment{id: id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId,
+			base: seg.Base, size: seg.Size, client: m.ClientId, alloc: a, idx: len(s.segList)}
+		s.segs[id] = sg
+		s.segList = append(s.segList, sg)
+		c := s.touchLocked(m.ClientId)
+		c.segs[id] = sg
+		if sg.hostID != "" {
+			c.hostID = sg.hostID
+		}
+	}
+	reps := func(locs []*storepb.ReplicaLocation) []replica {
+		out := make([]replica, len(locs))
+		for i, l := range locs {
+			out[i] = replica{seg: s.segs[l.SegmentId], off: l.Offset, size: l.Size}
+		}
+		return out
+	}
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+		clear(s.shards[i].objects)
+		s.shards[i].mu.Unlock()
+	}
+	for key, o := range st.objects {
+		obj := &object{size: o.Size, checksum: o.Checksum, replicas: reps(o.Replicas), writer: o.Writer,
+			hardPin: o.HardPin, lease: now.Add(s.cfg.LeaseTTL)}
+		if p := o.Pending; p != nil {
+			obj.pending = &pendingPut{client: p.ClientId, started: now, size: p.Size, replicas: reps(p.Replicas),
+				cfg: &storepb.ReplicateConfig{WithHardPin: p.HardPin}, upsert: p.Upsert}
+		}
+		sh := s.shardOf(key)
+		sh.mu.Lock()
+		sh.objects[key] = obj
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// snapshot captures the durable state with every shard and segMu held, so
+// no record is being appended: the state is exactly that of the records up
+// to the returned sequence number. Objects go into chunks of at most
+// perChunk.
+func (s *Service) snapshot(perChunk int) (chunks []*storepb.SnapshotChunk, seq uint64) {
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+	}
+	s.segMu.Lock()
+	if s.j != nil {
+		seq = s.j.last()
+	}
+	first := &storepb.SnapshotChunk{}
+	for _, sg := range s.segList {
+		first.Segments = append(first.Segments, &storepb.JournalMount{ClientId: sg.client, Segment: &storepb.Segment{
+			Id: sg.id, Name: sg.name, Base: sg.base, Size: sg.size, TransportEndpoint: sg.endpoint, HostId: sg.hostID,
+			Protocol: "tcp",
+		}})
+	}
+	s.segMu.Unlock()
+	chunks = append(chunks, first)
+	cur := first
+	for i := range s.shards {
+		for key, o := range s.shards[i].objects {
+			if len(cur.Objects) >= perChunk {
+				cur = &storepb.SnapshotChunk{}
+				chunks = append(chunks, cur)
+			}
+			os := &storepb.ObjectState{Key: key, Size: o.size, Checksum: o.checksum, Replicas: locations(o.replicas),
+				Writer: o.writer, HardPin: o.hardPin}
+			if p := o.pending; p != nil {
+				os.Pending = startRecord(p.client, key, p).GetStart()
+			}
+			cur.Objects = append(cur.Objects, os)
+		}
+		s.shards[i].mu.Unlock()
+	}
+	return chunks, seq
+}
+
+// loadChunk adds a snapshot chunk to st.
+func (st *state) loadChunk(c *storepb.SnapshotChunk) {
+	for _, m := range c.Segments {
+		st.segs[m.Segment.GetId()] = m
+	}
+	for _, o := range c.Objects {
+		st.objects[o.Key] = o
+	}
+}
