@@ -75,7 +75,10 @@ func (s *Service) evict(force bool) uint64 {
 			c.sh.mu.Lock()
 			// Recheck: a reader may have leased it, or it may be gone.
 			if c.sh.objects[c.key] == c.o && evictable(c.o, now) {
-				freed += s.dropLocked(c.sh, c.key, c.o)
+				n := s.dropLocked(c.sh, c.key, c.o)
+				freed += n
+				s.evictedKeys.Add(1)
+				s.evictedBytes.Add(n)
 			}
 			c.sh.mu.Unlock()
 		}

@@ -106,6 +106,7 @@ func (s *Service) start(clientID, key string, length uint64, cfg *storepb.Replic
 		}
 		s.needEvict.Store(true)
 	}
+	s.allocFailures.Add(1)
 	return nil, storeErr(storepb.NoAvailableHandle, "no segment has %d bytes free", length)
 }
 
@@ -142,6 +143,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 			// A zombie PutStart: its writer is presumed gone; pre-empt it.
 			s.freeAfter(revokeRecord(key), p.replicas)
 			o.pending = nil
+			s.discarded.Add(1)
 		}
 	}
 	reps := s.allocate(clientID, length, n, cfg)
@@ -398,6 +400,7 @@ func (s *Service) ReclaimPuts() int {
 					delete(sh.objects, key)
 				}
 				n++
+				s.released.Add(1)
 			}
 		}
 		sh.mu.Unlock()

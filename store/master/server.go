@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,9 @@ type ServerConfig struct {
 	// HA, when set, makes this master one of several: it serves only while
 	// it leads, journaling every durable change to etcd.
 	HA *HAConfig
+	// Admin is the address of the HTTP admin server (/metrics, /health,
+	// /role, /leader), Mooncake's --metrics_port. Zero: none.
+	Admin string
 	// Logger receives the server's logs. Zero: slog.Default().
 	Logger *slog.Logger
 }
@@ -60,6 +64,10 @@ type Server struct {
 	api  *GRPCServer
 	log  *slog.Logger
 	etcd *clientv3.Client
+
+	metrics *metrics
+	admin   *http.Server
+	adminLn net.Listener
 
 	svc     atomic.Pointer[Service]
 	leading atomic.Bool
@@ -106,8 +114,18 @@ func Start(cfg ServerConfig) (*Server, error) {
 	s.lis = lis
 	s.api = NewGRPCServer(nil)
 	s.api.serve(nil)
+	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20),
-		grpc.UnaryInterceptor(s.api.unaryStandby))
+		grpc.ChainUnaryInterceptor(s.api.unaryStandby, s.metrics.interceptor))
+	if cfg.Admin != "" {
+		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
+			_ = lis.Close()
+			s.closeEtcd()
+			return nil, fmt.Errorf("master: admin listen %s: %w", cfg.Admin, err)
+		}
+		s.admin = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.wg.Go(func() { _ = s.admin.Serve(s.adminLn) })
+	}
 	s.api.Register(s.grpc)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -241,6 +259,14 @@ func (s *Server) Service() *Service { return s.svc.Load() }
 // leads with it.
 func (s *Server) Leading() bool { return s.leading.Load() }
 
+// AdminAddr is the admin HTTP server's address ("" without one).
+func (s *Server) AdminAddr() string {
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
+}
+
 // Term is the current or last leadership term under HA (0 without).
 func (s *Server) Term() int64 { return s.term.Load() }
 
@@ -249,6 +275,9 @@ func (s *Server) Term() int64 { return s.term.Load() }
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		s.grpc.Stop()
+		if s.admin != nil {
+			_ = s.admin.Close()
+		}
 		s.cancel()
 		s.wg.Wait()
 		s.closeEtcd()

@@ -175,6 +175,11 @@ type Service struct {
 	// needEvict is set by a failed allocation and makes the next Evict run
 	// even below the watermark, as Mooncake's need_mem_eviction_.
 	needEvict atomic.Bool
+
+	// Counters for metrics.
+	evictedKeys, evictedBytes atomic.Uint64
+	discarded, released       atomic.Uint64
+	allocFailures             atomic.Uint64
 }
 
 type shard struct {
@@ -221,11 +226,18 @@ var errNoSpace = errors.New("master: no space")
 
 // Stats is a snapshot of the pool.
 type Stats struct {
-	Capacity uint64 // bytes in mounted segments
-	Used     uint64 // bytes allocated, puts in flight included
-	Keys     int    // readable (complete) objects
-	Clients  int    // clients known to the master
-	Segments int    // mounted segments
+	Capacity      uint64 // bytes in mounted segments
+	Used          uint64 // bytes allocated, puts in flight included
+	Keys          int    // readable (complete) objects
+	SoftPinned    int    // readable objects with a soft pin running
+	ValueBytes    uint64 // bytes of readable values (one replica each)
+	Clients       int    // clients known to the master
+	Segments      int    // mounted segments
+	EvictedKeys   uint64 // objects evicted since start
+	EvictedBytes  uint64 // bytes freed by eviction since start
+	Discarded     uint64 // zombie puts pre-empted by a new PutStart
+	Released      uint64 // zombie puts reclaimed by the Run loop
+	AllocFailures uint64 // PutStarts that found no space
 }
 
 // Stats returns a snapshot; the fields are read at slightly different times.
@@ -235,16 +247,23 @@ func (s *Service) Stats() Stats {
 	st.Capacity, st.Used = s.usageLocked()
 	st.Clients, st.Segments = len(s.clients), len(s.segs)
 	s.segMu.Unlock()
+	now := s.now()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for _, o := range sh.objects {
 			if o.complete() {
 				st.Keys++
+				st.ValueBytes += o.size
+				if o.softPinUntil.After(now) {
+					st.SoftPinned++
+				}
 			}
 		}
 		sh.mu.Unlock()
 	}
+	st.EvictedKeys, st.EvictedBytes = s.evictedKeys.Load(), s.evictedBytes.Load()
+	st.Discarded, st.Released, st.AllocFailures = s.discarded.Load(), s.released.Load(), s.allocFailures.Load()
 	return st
 }
 

@@ -135,7 +135,7 @@ func TestPutGetRoundTrip(t *testing.T) {
 	assert.Equal(t, mem(reps[0]).BufferAddress, m.BufferAddress)
 
 	st := s.Stats()
-	assert.Equal(t, Stats{Capacity: 1 << 20, Used: 1024, Keys: 1, Clients: 1, Segments: 1}, st)
+	assert.Equal(t, Stats{Capacity: 1 << 20, Used: 1024, Keys: 1, ValueBytes: 1000, Clients: 1, Segments: 1}, st)
 }
 
 func TestReplicasOnDistinctSegments(t *testing.T) {
@@ -447,7 +447,7 @@ func TestUnmountDropsReplicas(t *testing.T) {
 	_, _, _, _, err = s.GetReplicaList("only1")
 	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
 	require.ErrorIs(t, s.PutEnd("a", "pending1", 0), storepb.ErrObjectNotFound)
-	assert.Equal(t, Stats{Capacity: 1 << 20, Used: 64, Keys: 1, Clients: 2, Segments: 1}, s.Stats())
+	assert.Equal(t, Stats{Capacity: 1 << 20, Used: 64, Keys: 1, ValueBytes: 64, Clients: 2, Segments: 1}, s.Stats())
 	// Unmount is not repeatable; the id may be mounted again.
 	require.ErrorIs(t, s.UnmountSegment("a", "1"), storepb.ErrSegmentNotFound)
 	require.NoError(t, s.MountSegment("b", seg("1", 0, 1<<20)))

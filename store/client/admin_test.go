@@ -1,0 +1,62 @@
+package client
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/master"
+)
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// The admin server exports Mooncake's master metric names and answers
+// health, role and leader queries.
+func TestMasterAdminEndpoints(t *testing.T) {
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	a := newClient(t, m.Addr(), 8<<20)
+	ctx := ctxT(t)
+	require.NoError(t, a.Put(ctx, "k", value(1, 1000), nil))
+	_, err = a.Get(ctx, "missing")
+	require.Error(t, err)
+	errs := a.BatchPut(ctx, []string{"x", "y"}, [][]byte{value(2, 10), make([]byte, 64<<20)}, nil)
+	require.NoError(t, errs[0])
+	require.Error(t, errs[1])
+
+	base := "http://" + m.AdminAddr()
+	code, body := httpGet(t, base+"/metrics")
+	require.Equal(t, 200, code)
+	for _, want := range []string{
+		"master_key_count 2", "master_total_capacity_bytes 8.388608e+06", "master_active_clients 1",
+		"master_batch_put_start_requests_total", "master_batch_put_start_partial_successes_total 1",
+		"master_batch_put_start_failed_items_total 1", "master_re_mount_segment_requests_total 1",
+		"master_batch_get_replica_list_requests_total", "master_is_leader 1", "master_allocated_bytes",
+	} {
+		assert.Contains(t, body, want)
+	}
+	code, body = httpGet(t, base+"/health")
+	require.Equal(t, 200, code)
+	var h map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &h))
+	assert.Equal(t, "leader", h["role"])
+	assert.EqualValues(t, 2, h["keys"])
+	_, body = httpGet(t, base+"/role")
+	assert.Equal(t, "leader", strings.TrimSpace(body))
+	_, body = httpGet(t, base+"/leader")
+	assert.Equal(t, m.Addr(), strings.TrimSpace(body))
+}
