@@ -32,7 +32,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error (env MC_LOG_LEVEL)")
 	viper.BindPFlag("log-level", root.PersistentFlags().Lookup("log-level"))
 	viper.BindEnv("log-level", "MC_LOG_LEVEL")
-	root.AddCommand(newMetadataCmd(), newBenchCmd())
+	root.AddCommand(newMetadataCmd(), newMasterCmd(), newNodeCmd(), newUpCmd(), newBenchCmd())
 	return root
 }
 

@@ -2,8 +2,10 @@
 // and lets clients find it, as Mooncake's etcd HA backend: the leader holds
 // the key mooncake-store/<cluster_id>/master_view, whose value is its
 // "host:port", under an etcd lease it keeps alive; followers and clients
-// watch the key. When the leader dies its lease runs out (TTL, 5 s by
-// default) and the key disappears; a follower's create-if-absent wins.
+// watch the key. When the leader dies its lease runs out and the key
+// disappears; a follower's create-if-absent wins. The default lease is 3 s
+// where Mooncake's is 5 s, so that a standby serves within 5 s of a
+// leader's death: etcd expires a lease up to a keep-alive interval late.
 //
 //	l, _ := ha.Campaign(ctx, cli, "mooncake_cluster", "10.0.0.1:50051", 0)
 //	// ... load state, serve ...
@@ -22,8 +24,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// DefaultTTL is the leader key's lease, as Mooncake's.
-const DefaultTTL = 5 * time.Second
+// DefaultTTL is the leader key's lease.
+const DefaultTTL = 3 * time.Second
 
 // ErrNoLeader is returned by Leader while no master leads the cluster.
 var ErrNoLeader = errors.New("ha: no leader")

@@ -41,10 +41,10 @@ type HAConfig struct {
 	// ClusterID names the cluster. Zero: "mooncake_cluster".
 	ClusterID string
 	// Advertise is the address clients reach this master at. Zero: the
-	// listener's address.
+	// listener's address; a port of 0 (or none) takes the listener's port.
 	Advertise string
 	// LeaderTTL is the lease of the leader key: how long a dead leader
-	// keeps the cluster without one. Zero: 5 s (ha.DefaultTTL).
+	// keeps the cluster without one. Zero: ha.DefaultTTL.
 	LeaderTTL time.Duration
 	// SnapshotEvery is the number of journal records after which the
 	// leader writes a snapshot and trims the log. Zero: 100000.
@@ -160,9 +160,16 @@ func (s *Server) lead(svc *Service) {
 // the leadership or the journal is lost, step down, and again.
 func (s *Server) campaign(ctx context.Context) {
 	h := s.cfg.HA
-	addr := h.Advertise
-	if addr == "" {
-		addr = s.lis.Addr().String()
+	addr := s.lis.Addr().String()
+	if h.Advertise != "" {
+		host, port, err := net.SplitHostPort(h.Advertise)
+		if err != nil {
+			host, port = h.Advertise, "0"
+		}
+		if port == "0" {
+			_, port, _ = net.SplitHostPort(addr)
+		}
+		addr = net.JoinHostPort(host, port)
 	}
 	for ctx.Err() == nil {
 		l, err := ha.Campaign(ctx, s.etcd, h.ClusterID, addr, h.LeaderTTL)

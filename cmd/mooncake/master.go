@@ -1,0 +1,127 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/mooncake-go/mooncake/store/master"
+)
+
+func newMasterCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "master",
+		Short: "Run a Mooncake Store master (gRPC metadata service, admin HTTP with /metrics and /health)",
+		Long: `Runs the store's metadata service. Flags take Mooncake's mooncake_master
+names and defaults; each can also come from the environment (MC_MASTER_<FLAG>,
+upper case) or a config file (--config_path, MOONCAKE_CONFIG_PATH).
+
+With --enable_ha the master campaigns for leadership in etcd
+(--etcd_endpoints) and serves only while it leads, journaling every durable
+change to etcd so that a standby taking over loses no completed put.`,
+		Example: `  mooncake master --rpc_port 50051 --metrics_port 9003
+  mooncake master --enable_ha --etcd_endpoints 10.0.0.1:2379 --rpc_address 10.0.0.2`,
+		Args: cobra.NoArgs,
+		RunE: runMaster,
+	}
+	f := c.Flags()
+	f.Int("rpc_port", 50051, "gRPC port")
+	f.String("rpc_address", "0.0.0.0", "gRPC address; under HA also what clients are told to dial (use a reachable one)")
+	f.Int("metrics_port", 9003, "admin HTTP port (/metrics, /health, /role, /leader); 0 picks one, -1 disables")
+	f.String("metrics_host", "0.0.0.0", "admin HTTP address")
+	f.Float64("eviction_ratio", master.DefaultEvictionRatio, "share of capacity one eviction round frees")
+	f.Float64("eviction_high_watermark_ratio", master.DefaultEvictionHighWatermark, "usage above which eviction starts")
+	f.String("client_ttl", "10", "seconds (or a duration) a silent client keeps its segments")
+	f.String("default_kv_lease_ttl", "10000", "lease a read grants, milliseconds (or a duration: 5s)")
+	f.String("default_kv_soft_pin_ttl", "1800000", "soft-pin lifetime, milliseconds (or a duration: 30m)")
+	f.String("put_start_discard_timeout_sec", "30", "age after which another client may pre-empt an unfinished put")
+	f.String("put_start_release_timeout_sec", "600", "age after which an unfinished put's space is reclaimed")
+	f.String("allocation_strategy", master.StrategyRandom, "random, free_ratio_first or local_first")
+	f.Bool("enable_ha", false, "campaign for leadership in etcd and journal there")
+	f.String("etcd_endpoints", "", "etcd endpoints for HA, ';' or ',' separated (also --ha_backend_connstring)")
+	f.String("ha_backend_connstring", "", "alias of --etcd_endpoints, as Mooncake's")
+	f.String("cluster_id", "mooncake_cluster", "HA cluster name (the etcd key prefix)")
+	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
+	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
+	return c
+}
+
+func runMaster(cmd *cobra.Command, _ []string) error {
+	envs := map[string][]string{}
+	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
+		envs[fl.Name] = []string{"MC_MASTER_" + strings.ToUpper(fl.Name)}
+	})
+	s, err := newSettings(cmd, "MOONCAKE_CONFIG_PATH", envs)
+	if err != nil {
+		return err
+	}
+	var cfg master.ServerConfig
+	svc := &cfg.Service
+	svc.EvictionRatio = s.float("eviction_ratio")
+	svc.EvictionHighWatermark = s.float("eviction_high_watermark_ratio")
+	svc.Strategy = s.str("allocation_strategy")
+	durs := []struct {
+		key  string
+		unit time.Duration
+		dst  *time.Duration
+	}{
+		{"client_ttl", time.Second, &svc.ClientTTL},
+		{"default_kv_lease_ttl", time.Millisecond, &svc.LeaseTTL},
+		{"default_kv_soft_pin_ttl", time.Millisecond, &svc.SoftPinTTL},
+		{"put_start_discard_timeout_sec", time.Second, &svc.PutStartDiscardTimeout},
+		{"put_start_release_timeout_sec", time.Second, &svc.PutStartReleaseTimeout},
+	}
+	for _, d := range durs {
+		if *d.dst, err = s.duration(d.key, d.unit); err != nil {
+			return err
+		}
+	}
+	if err := svc.Validate(); err != nil {
+		return err
+	}
+	cfg.Listen = net.JoinHostPort(s.str("rpc_address"), strconv.Itoa(s.integer("rpc_port")))
+	if p := s.integer("metrics_port"); p >= 0 {
+		cfg.Admin = net.JoinHostPort(s.str("metrics_host"), strconv.Itoa(p))
+	}
+	if s.boolean("enable_ha") {
+		eps := s.str("etcd_endpoints")
+		if eps == "" {
+			eps = s.str("ha_backend_connstring")
+		}
+		var list []string
+		for _, e := range strings.FieldsFunc(strings.TrimPrefix(eps, "etcd://"), func(r rune) bool { return r == ';' || r == ',' }) {
+			list = append(list, strings.TrimSpace(e))
+		}
+		if len(list) == 0 {
+			return fmt.Errorf("--enable_ha needs --etcd_endpoints")
+		}
+		ttl, err := s.duration("leader_ttl", time.Second)
+		if err != nil {
+			return err
+		}
+		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl}
+		if a := s.str("rpc_address"); a != "0.0.0.0" && a != "" {
+			cfg.HA.Advertise = cfg.Listen
+		}
+	}
+	m, err := master.Start(cfg)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	// Scripts and tests read the addresses from stdout.
+	fmt.Fprintf(cmd.OutOrStdout(), "master listening rpc=%s admin=%s ha=%v\n", m.Addr(), m.AdminAddr(), cfg.HA != nil)
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	slog.Info("master: shutting down")
+	return nil
+}

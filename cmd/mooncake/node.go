@@ -1,0 +1,94 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/client"
+	"github.com/mooncake-go/mooncake/store/cluster"
+)
+
+// nodeEnvs are the environment names of `mooncake node`'s settings:
+// Mooncake's Python launcher's first, then ours.
+var nodeEnvs = map[string][]string{
+	"master":              {"MOONCAKE_MASTER", "MC_NODE_MASTER"},
+	"metadata_server":     {"MOONCAKE_TE_META_DATA_SERVER", "MC_NODE_METADATA_SERVER"},
+	"protocol":            {"MOONCAKE_PROTOCOL", "MC_NODE_PROTOCOL"},
+	"global_segment_size": {"MOONCAKE_GLOBAL_SEGMENT_SIZE", "MC_NODE_GLOBAL_SEGMENT_SIZE"},
+	"local_buffer_size":   {"MOONCAKE_LOCAL_BUFFER_SIZE", "MC_NODE_LOCAL_BUFFER_SIZE"},
+	"local_hostname":      {"MOONCAKE_LOCAL_HOSTNAME", "MC_NODE_LOCAL_HOSTNAME"},
+	"cluster_id":          {"MC_STORE_CLUSTER_ID"},
+	"transport":           {"MC_NODE_TRANSPORT"},
+}
+
+func newNodeCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "node",
+		Short: "Run a storage node: a store client that only contributes DRAM to the pool",
+		Long: `Mounts --global_segment_size bytes of memory into the pool of the master at
+--master ("host:port", or "etcd://h1:2379;h2:2379" to follow the HA leader)
+and serves reads and writes of its segment through the Transfer Engine until
+stopped; on SIGTERM it unmounts first. Settings also come from Mooncake's
+environment names (MOONCAKE_MASTER, MOONCAKE_GLOBAL_SEGMENT_SIZE, ...) or a
+config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.`,
+		Example: `  mooncake node --master 127.0.0.1:50051 --global_segment_size 4GiB`,
+		Args:    cobra.NoArgs,
+		RunE:    runNode,
+	}
+	f := c.Flags()
+	f.String("master", "127.0.0.1:50051", "master address, or etcd://... under HA")
+	f.String("metadata_server", "P2PHANDSHAKE", "Transfer Engine metadata: P2PHANDSHAKE, etcd://, http://")
+	f.String("protocol", "tcp", "Transfer Engine protocol (tcp)")
+	f.String("transport", "auto", "data path to peers: auto (shared memory on this host, else TCP) or tcp")
+	f.String("global_segment_size", "3355443200", "bytes contributed to the pool (3.125 GiB, as Mooncake); accepts 4GiB, 16MB")
+	f.String("local_buffer_size", "16MiB", "staging buffer")
+	f.String("local_hostname", "", "address peers reach this node at (zero: the first non-loopback IPv4)")
+	f.String("cluster_id", client.DefaultClusterID, "HA cluster name")
+	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
+	return c
+}
+
+func runNode(cmd *cobra.Command, _ []string) error {
+	s, err := newSettings(cmd, "MOONCAKE_CONFIG_PATH", nodeEnvs)
+	if err != nil {
+		return err
+	}
+	// Mooncake's config files spell the master "master_server_address".
+	if v := s.v.GetString("master_server_address"); v != "" && !cmd.Flags().Changed("master") {
+		s.v.Set("master", v)
+	}
+	if p := s.str("protocol"); p != "tcp" {
+		return fmt.Errorf("--protocol %q: only tcp is built (RDMA comes with hardware)", p)
+	}
+	seg, err := s.size("global_segment_size")
+	if err != nil {
+		return err
+	}
+	buf, err := s.size("local_buffer_size")
+	if err != nil {
+		return err
+	}
+	if seg <= 0 {
+		return fmt.Errorf("--global_segment_size must be positive for a node")
+	}
+	cfg := client.Config{
+		Master: s.str("master"), ClusterID: s.str("cluster_id"), SegmentSize: seg, LocalBufferSize: buf,
+		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"), Transport: s.str("transport")},
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	c, err := client.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	slog.Info("node serving", "segment", c.SegmentName(), "bytes", seg, "master", cfg.Master)
+	fmt.Fprintln(cmd.OutOrStdout(), cluster.ReadyLine(c.SegmentName()))
+	<-ctx.Done()
+	return nil
+}

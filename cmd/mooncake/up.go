@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/mooncake-go/mooncake/store/cluster"
+)
+
+func newUpCmd() *cobra.Command {
+	var (
+		etcdAddr    string
+		rpcPort     int
+		metricsPort int
+		dataDir     string
+		nodes       int
+		masters     int
+		segment     string
+		noHA        bool
+		procs       bool
+	)
+	c := &cobra.Command{
+		Use:   "up",
+		Short: "Run a whole store on this machine: embedded etcd, master(s) and storage node(s)",
+		Long: `Starts an embedded etcd, --masters masters (HA: one leads, the others stand
+by; every durable change is journaled in etcd) and --nodes storage nodes of
+--global_segment_size each, prints where everything listens, and runs until
+interrupted. Clients connect with master "etcd://<etcd>" (or the master's
+address with --no-ha).`,
+		Example: `  mooncake up
+  mooncake up --nodes 2 --global_segment_size 4GiB --masters 2`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			seg, err := parseSize(segment)
+			if err != nil {
+				return fmt.Errorf("--global_segment_size: %w", err)
+			}
+			cfg := cluster.Config{
+				Dir: dataDir, Etcd: etcdAddr, Masters: masters, NoHA: noHA, Nodes: nodes, NodeSegment: seg,
+				MasterListen: net.JoinHostPort("127.0.0.1", strconv.Itoa(rpcPort)),
+			}
+			if metricsPort >= 0 {
+				cfg.Admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort))
+			}
+			if procs {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				cfg.NodeCommand = []string{self, "node"}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			cl, err := cluster.Start(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			out := cmd.OutOrStdout()
+			if a := cl.EtcdAddr(); a != "" {
+				fmt.Fprintf(out, "etcd      %s\n", a)
+			}
+			for i, m := range cl.Masters {
+				role := "standby"
+				if m.Leading() {
+					role = "leader"
+				}
+				fmt.Fprintf(out, "master %d  rpc=%s admin=%s (%s)\n", i, m.Addr(), orNone(m.AdminAddr()), role)
+			}
+			for i, s := range cl.NodeSegments {
+				fmt.Fprintf(out, "node %d    segment=%s size=%d\n", i, s, seg)
+			}
+			fmt.Fprintf(out, "clients   --master %s\n", cl.MasterURL())
+			fmt.Fprintln(out, "ready")
+			<-ctx.Done()
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&etcdAddr, "etcd", "127.0.0.1:2379", "embedded etcd client address")
+	f.IntVar(&rpcPort, "rpc_port", 50051, "first master's gRPC port (0 picks one)")
+	f.IntVar(&metricsPort, "metrics_port", 9003, "first master's admin HTTP port (0 picks one, -1 none)")
+	f.StringVar(&dataDir, "data-dir", "", "etcd data directory (zero: a temporary one, removed on exit)")
+	f.IntVar(&nodes, "nodes", 1, "storage nodes")
+	f.IntVar(&masters, "masters", 1, "masters (more than one: standbys)")
+	f.StringVar(&segment, "global_segment_size", "1GiB", "memory each node contributes")
+	f.BoolVar(&noHA, "no-ha", false, "one master without etcd (no journal, no failover)")
+	f.BoolVar(&procs, "node-processes", false, "run nodes as child processes instead of in this one")
+	return c
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}

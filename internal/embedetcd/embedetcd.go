@@ -1,0 +1,62 @@
+// Package embedetcd runs a one-member etcd inside the process: the
+// all-in-one `mooncake up` uses it so a fresh machine needs no etcd, and
+// tests use it (through internal/etcdtest) instead of a fake.
+package embedetcd
+
+import (
+	"fmt"
+	"net/url"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Etcd is a running embedded etcd.
+type Etcd struct {
+	e *embed.Etcd
+}
+
+// Start runs etcd with its data in dir, serving clients on clientAddr
+// ("127.0.0.1:0" picks a free port). It returns once etcd is ready.
+func Start(dir, clientAddr string) (*Etcd, error) {
+	cfg := embed.NewConfig()
+	cfg.Dir = dir
+	// Its shutdown logs errors about closed listeners; failures that matter
+	// come through Err().
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cu, err := url.Parse("http://" + clientAddr)
+	if err != nil {
+		return nil, fmt.Errorf("embedetcd: client address %q: %w", clientAddr, err)
+	}
+	// The peer port is never dialled by a single member; port 0 keeps
+	// several embedded etcds on one machine apart.
+	pu, _ := url.Parse("http://127.0.0.1:0")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("embedetcd: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("embedetcd: %w", err)
+	case <-time.After(time.Minute):
+		e.Close()
+		return nil, fmt.Errorf("embedetcd: not ready after a minute")
+	}
+	if len(e.Clients) == 0 {
+		e.Close()
+		return nil, fmt.Errorf("embedetcd: no client listener")
+	}
+	return &Etcd{e: e}, nil
+}
+
+// Addr is the client address, "host:port".
+func (x *Etcd) Addr() string { return x.e.Clients[0].Addr().String() }
+
+// Close stops etcd.
+func (x *Etcd) Close() { x.e.Close() }

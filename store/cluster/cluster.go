@@ -1,0 +1,284 @@
+// Package cluster starts a whole Mooncake Store on one machine: an
+// embedded etcd, one or more masters (HA, journaling to that etcd) and
+// storage nodes that contribute DRAM, in this process or as child
+// processes. `mooncake up`, the store benchmark and the trace replay run on
+// it; production spreads the same pieces over machines.
+//
+//	c, _ := cluster.Start(ctx, cluster.Config{Nodes: 2, NodeSegment: 1 << 30})
+//	defer c.Close()
+//	cli, _ := client.New(ctx, client.Config{Master: c.MasterURL()})
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/embedetcd"
+	"github.com/mooncake-go/mooncake/store/client"
+	"github.com/mooncake-go/mooncake/store/master"
+)
+
+// Config configures a Cluster. Zero values are the all-in-one defaults.
+type Config struct {
+	// Dir holds etcd's data. Zero: a temporary directory removed by Close.
+	Dir string
+	// Etcd is etcd's client address. Zero: "127.0.0.1:0" (a free port).
+	Etcd string
+	// Masters is the number of masters. Zero: 1.
+	Masters int
+	// NoHA runs a single master without etcd election and journal (and
+	// without etcd at all). Masters must then be 1.
+	NoHA bool
+	// MasterListen and Admin are the first master's gRPC and admin HTTP
+	// addresses; further masters take free ports. Zero: free ports.
+	MasterListen, Admin string
+	// Service configures every master's metadata service.
+	Service master.ServiceConfig
+	// Nodes is the number of storage nodes. Zero: 1; NoNodes for none.
+	Nodes int
+	// NodeSegment is each node's contribution. Zero: 1 GiB.
+	NodeSegment int64
+	// NodeCommand, when set, runs each node as a child process: the
+	// command line of `mooncake node` (the flags --master and
+	// --global_segment_size are appended). Zero: nodes run in this process.
+	NodeCommand []string
+	// Engine configures in-process nodes' engines.
+	Engine engine.Config
+	// Logger receives progress. Zero: slog.Default().
+	Logger *slog.Logger
+}
+
+// NoNodes as Config.Nodes: a cluster of masters only.
+const NoNodes = -1
+
+// Cluster is a running store.
+type Cluster struct {
+	cfg     Config
+	etcd    *embedetcd.Etcd
+	tmp     string
+	Masters []*master.Server
+	Nodes   []*client.Client // in-process nodes
+	procs   []*exec.Cmd      // child-process nodes
+	// NodeSegments names every node's segment, in order.
+	NodeSegments []string
+}
+
+// Start starts the cluster and returns once every node has mounted its
+// segment. A failure halfway stops what started.
+func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
+	if cfg.Masters == 0 {
+		cfg.Masters = 1
+	}
+	if cfg.NoHA && cfg.Masters != 1 {
+		return nil, errors.New("cluster: several masters need HA")
+	}
+	switch {
+	case cfg.Nodes == 0:
+		cfg.Nodes = 1
+	case cfg.Nodes == NoNodes:
+		cfg.Nodes = 0
+	case cfg.Nodes < 0:
+		return nil, fmt.Errorf("cluster: Nodes %d is negative", cfg.Nodes)
+	}
+	if cfg.NodeSegment == 0 {
+		cfg.NodeSegment = 1 << 30
+	}
+	if cfg.Etcd == "" {
+		cfg.Etcd = "127.0.0.1:0"
+	}
+	if cfg.MasterListen == "" {
+		cfg.MasterListen = "127.0.0.1:0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c = &Cluster{cfg: cfg}
+	defer func() {
+		if err != nil {
+			_ = c.Close()
+		}
+	}()
+	if !cfg.NoHA {
+		dir := cfg.Dir
+		if dir == "" {
+			if c.tmp, err = os.MkdirTemp("", "mooncake-etcd-"); err != nil {
+				return nil, err
+			}
+			dir = c.tmp
+		}
+		if c.etcd, err = embedetcd.Start(dir, cfg.Etcd); err != nil {
+			return nil, err
+		}
+	}
+	for i := range cfg.Masters {
+		sc := master.ServerConfig{Service: cfg.Service, Listen: "127.0.0.1:0", Logger: cfg.Logger}
+		if i == 0 {
+			sc.Listen, sc.Admin = cfg.MasterListen, cfg.Admin
+		} else if cfg.Admin != "" {
+			sc.Admin = "127.0.0.1:0"
+		}
+		if !cfg.NoHA {
+			sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}}
+		}
+		m, err := master.Start(sc)
+		if err != nil {
+			return nil, err
+		}
+		c.Masters = append(c.Masters, m)
+	}
+	if err := c.waitLeader(ctx); err != nil {
+		return nil, err
+	}
+	for range cfg.Nodes {
+		if len(cfg.NodeCommand) > 0 {
+			if err := c.startProc(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		n, err := client.New(ctx, client.Config{Master: c.MasterURL(), SegmentSize: cfg.NodeSegment,
+			LocalBufferSize: 16 << 20, EngineConfig: cfg.Engine})
+		if err != nil {
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, n)
+		c.NodeSegments = append(c.NodeSegments, n.SegmentName())
+	}
+	return c, nil
+}
+
+func (c *Cluster) waitLeader(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		if c.Leader() != nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: no master leads: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// readyPrefix starts the line `mooncake node` prints once its segment is
+// mounted: "node ready segment=<name>".
+const readyPrefix = "node ready segment="
+
+// ReadyLine is what a node prints on stdout once serving.
+func ReadyLine(segment string) string { return readyPrefix + segment }
+
+func (c *Cluster) startProc(ctx context.Context) error {
+	args := append(slices.Clone(c.cfg.NodeCommand[1:]), "--master", c.MasterURL(),
+		"--global_segment_size", strconv.FormatInt(c.cfg.NodeSegment, 10))
+	cmd := exec.Command(c.cfg.NodeCommand[0], args...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cluster: start node: %w", err)
+	}
+	c.procs = append(c.procs, cmd)
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if s, ok := strings.CutPrefix(sc.Text(), readyPrefix); ok {
+				ready <- s
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	select {
+	case seg := <-ready:
+		c.NodeSegments = append(c.NodeSegments, seg)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Minute):
+		return errors.New("cluster: node not ready after a minute")
+	}
+}
+
+// NodeProcess returns the child process of node i (nil for in-process
+// nodes), for fault tests that kill it.
+func (c *Cluster) NodeProcess(i int) *os.Process {
+	if i < len(c.procs) {
+		return c.procs[i].Process
+	}
+	return nil
+}
+
+// MasterURL is what clients pass as client.Config.Master: "etcd://..."
+// under HA, the master's address otherwise.
+func (c *Cluster) MasterURL() string {
+	if c.etcd != nil {
+		return "etcd://" + c.etcd.Addr()
+	}
+	return c.Masters[0].Addr()
+}
+
+// EtcdAddr is the embedded etcd's client address ("" without HA).
+func (c *Cluster) EtcdAddr() string {
+	if c.etcd == nil {
+		return ""
+	}
+	return c.etcd.Addr()
+}
+
+// Leader is the master that leads now, or nil.
+func (c *Cluster) Leader() *master.Server {
+	for _, m := range c.Masters {
+		if m.Leading() {
+			return m
+		}
+	}
+	return nil
+}
+
+// Close stops nodes, masters and etcd, in that order, and removes the
+// temporary directory.
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, n := range c.Nodes {
+		errs = append(errs, n.Close())
+	}
+	for _, p := range c.procs {
+		_ = p.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+	for _, m := range c.Masters {
+		errs = append(errs, m.Close())
+	}
+	if c.etcd != nil {
+		c.etcd.Close()
+	}
+	if c.tmp != "" {
+		errs = append(errs, os.RemoveAll(c.tmp))
+	}
+	return errors.Join(errs...)
+}
