@@ -1,0 +1,91 @@
+package trace
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPayload(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 8, 9, 1001, 4096} {
+		b := make([]byte, n)
+		fill(42, b)
+		require.Equal(t, -1, verify(42, b), "length %d", n)
+		// Every byte is checked, the tail included.
+		for _, off := range []int{0, n / 2, n - 1} {
+			if off < 0 || off >= n {
+				continue
+			}
+			b[off] ^= 1
+			require.Equal(t, off, verify(42, b), "length %d", n)
+			b[off] ^= 1
+		}
+		// Another block's payload is wrong from the first word.
+		if n >= 8 {
+			assert.Less(t, verify(43, b), 8, "length %d", n)
+		}
+	}
+	// A block of zeroes, what a store might return for a hole, is wrong.
+	assert.Equal(t, 0, verify(0, make([]byte, 64)))
+	// The right bytes at the wrong offset are wrong.
+	shifted := make([]byte, 72)
+	fill(9, shifted)
+	assert.Equal(t, 0, verify(9, shifted[8:]))
+	// A prefix of a longer payload is the shorter payload.
+	long, short := make([]byte, 100), make([]byte, 13)
+	fill(-5, long)
+	fill(-5, short)
+	assert.Equal(t, short, long[:13])
+}
+
+func BenchmarkVerify(b *testing.B) {
+	buf := make([]byte, DefaultBlockBytes)
+	fill(7, buf)
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		if verify(7, buf) >= 0 {
+			b.Fatal("mismatch")
+		}
+	}
+}
+
+// FuzzParseLine feeds the trace line decoder anything: it must not panic,
+// and a line it accepts must mean the same once written back.
+func FuzzParseLine(f *testing.F) {
+	lines := bytes.SplitN(conversation, []byte("\n"), 4)
+	for _, l := range lines[:3] {
+		f.Add(l)
+	}
+	for _, s := range []string{
+		`{"timestamp": 0, "input_length": 0, "output_length": 0, "hash_ids": []}`,
+		`{"timestamp": 1, "input_length": -1, "output_length": 0, "hash_ids": [1]}`,
+		`{"timestamp": 1, "input_length": 1, "output_length": 0, "hash_ids": null}`,
+		`{"timestamp": 1e3, "input_length": 1, "output_length": 0, "hash_ids": [1]}`,
+		`{"timestamp": 1, "input_length": 1, "output_length": 0, "hash_ids": [9223372036854775807, -1]}`,
+		`{"timestamp": 1, "timestamp": 2, "input_length": 1, "output_length": 0, "hash_ids": [1]}`,
+		`{}`, `null`, `[]`, `{"hash_ids": [1,`, "",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		req, err := parseLine(line)
+		if err != nil {
+			return
+		}
+		if req.Timestamp < 0 || req.InputLength < 0 || req.OutputLength < 0 || req.HashIDs == nil {
+			t.Fatalf("accepted %q as %+v", line, req)
+		}
+		again, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := parseLine(again)
+		if err != nil {
+			t.Fatalf("%q: rejected its own rewrite %s: %v", line, again, err)
+		}
+		assert.Equal(t, req, back)
+	})
+}
