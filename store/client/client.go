@@ -32,6 +32,7 @@ type Client struct {
 	stage   *stage
 
 	segBuf *engine.Buffer   // nil for NoSegment
+	ssd    *ssdTier         // nil without an SSD tier
 	seg    *storepb.Segment // what is mounted
 	segs   *segmentCache    // opened peers
 	regs   registrations    // caller memory registered with the engine
@@ -107,6 +108,14 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 			TransportEndpoint: c.name, Protocol: "tcp", HostId: c.host,
 		}
 	}
+	if cfg.SSDDir != "" {
+		if c.ssd, err = openSSD(c.eng, cfg.SSDDir, cfg.SSDSize, c.name, c.host); err != nil {
+			c.log.Warn("store: no SSD tier", "dir", cfg.SSDDir, "err", err)
+			c.ssd, err = nil, nil
+		} else {
+			undo = append(undo, func() { _ = c.ssd.close(c.eng) })
+		}
+	}
 	// ReMountSegment registers the client even without a segment, so the
 	// master knows it before its first ping.
 	if err = c.remount(ctx); err != nil {
@@ -120,10 +129,14 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 }
 
 func (c *Client) segments() []*storepb.Segment {
-	if c.seg == nil {
-		return nil
+	var out []*storepb.Segment
+	if c.seg != nil {
+		out = append(out, c.seg)
 	}
-	return []*storepb.Segment{c.seg}
+	if c.ssd != nil {
+		out = append(out, c.ssd.seg)
+	}
+	return out
 }
 
 func (c *Client) remount(ctx context.Context) error {
@@ -141,7 +154,7 @@ func (c *Client) remount(ctx context.Context) error {
 // the client after a long pause).
 func (c *Client) heartbeat(ctx context.Context) {
 	defer c.wg.Done()
-	t := time.NewTicker(c.cfg.PingInterval)
+	t := time.NewTimer(c.cfg.PingInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -149,7 +162,9 @@ func (c *Client) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		t.Reset(c.cfg.PingInterval)
 		var st storepb.ClientStatus
+		var tasks []*storepb.MoveTask
 		err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
 			pctx, cancel := context.WithTimeout(ctx, c.cfg.PingInterval*3)
 			defer cancel()
@@ -157,9 +172,14 @@ func (c *Client) heartbeat(ctx context.Context) {
 			if err != nil {
 				return err
 			}
-			st = r.ClientStatus
+			st, tasks = r.ClientStatus, r.Tasks
 			return r.Result.AsError()
 		})
+		if len(tasks) > 0 {
+			c.runMoves(ctx, tasks)
+			// More may be queued: ask again at once.
+			t.Reset(0)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -192,10 +212,10 @@ func (c *Client) Close() error {
 		c.stop()
 		c.wg.Wait()
 		var errs []error
-		if c.seg != nil {
+		for _, seg := range c.segments() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
-				r, err := rpc.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id, SegmentId: c.seg.Id})
+				r, err := rpc.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id, SegmentId: seg.Id})
 				if err != nil {
 					return err
 				}
@@ -203,7 +223,7 @@ func (c *Client) Close() error {
 			})
 			cancel()
 			if err != nil && !errors.Is(err, storepb.ErrSegmentNotFound) {
-				errs = append(errs, fmt.Errorf("unmount: %w", err))
+				errs = append(errs, fmt.Errorf("unmount %s: %w", seg.Id, err))
 			}
 		}
 		c.master.close()
@@ -211,6 +231,9 @@ func (c *Client) Close() error {
 		c.regs.unregisterAll(c.eng)
 		if c.segBuf != nil {
 			errs = append(errs, c.segBuf.Free())
+		}
+		if c.ssd != nil {
+			errs = append(errs, c.ssd.close(c.eng))
 		}
 		errs = append(errs, c.stage.free())
 		if c.ownsEng {

@@ -53,6 +53,12 @@ type Config struct {
 	NoChecksum bool
 	// Replicate is the default replication of puts without their own.
 	Replicate ReplicateConfig
+	// SSDDir, when set, gives the client an SSD tier of SSDSize bytes: a
+	// file there that objects evicted from DRAM spill to and are promoted
+	// back from on a hit. Where the file cannot be allocated the client
+	// runs without a tier and logs why.
+	SSDDir  string
+	SSDSize int64
 }
 
 // NoSegment as Config.SegmentSize: the client contributes no memory.
@@ -71,6 +77,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("client: Config.LocalBufferSize %d is negative", c.LocalBufferSize)
 	case c.RPCTimeout < 0:
 		return fmt.Errorf("client: Config.RPCTimeout %v is negative", c.RPCTimeout)
+	case c.SSDDir != "" && c.SSDSize <= 0:
+		return fmt.Errorf("client: Config.SSDSize %d must be positive with an SSDDir", c.SSDSize)
 	case c.PingInterval < 0:
 		return fmt.Errorf("client: Config.PingInterval %v is negative", c.PingInterval)
 	}

@@ -125,15 +125,20 @@ func (c *Client) lookup(ctx context.Context, items []*getItem) {
 	}
 }
 
-// distance ranks replicas: this process, this host, elsewhere.
+// distance ranks replicas: DRAM before SSD, then this process, this host,
+// elsewhere.
 func (c *Client) distance(m *storepb.MemoryReplica) int {
+	d := 0
+	if m.Medium == storepb.Medium_MEDIUM_DISK {
+		d = 3
+	}
 	switch {
 	case m.SegmentName == c.name:
-		return 0
+		return d
 	case c.sameHost(m.TransportEndpoint):
-		return 1
+		return d + 1
 	}
-	return 2
+	return d + 2
 }
 
 func (c *Client) getMany(ctx context.Context, items []*getItem) {

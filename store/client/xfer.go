@@ -221,7 +221,14 @@ func (c *Client) registered(b []byte) bool {
 	within := func(buf *engine.Buffer) bool {
 		return buf != nil && a >= buf.Addr() && a+n <= buf.Addr()+uintptr(buf.Len())
 	}
-	return within(c.segBuf) || within(c.stage.buf)
+	if within(c.segBuf) || within(c.stage.buf) {
+		return true
+	}
+	if c.ssd != nil {
+		base := engine.AddrOf(c.ssd.mem)
+		return a >= base && a+n <= base+uintptr(len(c.ssd.mem))
+	}
+	return false
 }
 
 // leaseDeadline bounds a read by the lease the master granted at start.

@@ -27,6 +27,7 @@ func (s *Service) Evict() uint64 {
 
 func (s *Service) evict(force bool) uint64 {
 	now := s.now()
+	s.evictDisk(now)
 	s.segMu.Lock()
 	kept := s.deferred[:0]
 	for _, d := range s.deferred {
@@ -39,6 +40,7 @@ func (s *Service) evict(force bool) uint64 {
 	clear(s.deferred[len(kept):])
 	s.deferred = kept
 	capacity, used := s.usageLocked()
+	used -= min(used, s.spilling) // on their way out
 	s.segMu.Unlock()
 	if capacity == 0 {
 		return 0
@@ -55,7 +57,7 @@ func (s *Service) evict(force bool) uint64 {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for key, o := range sh.objects {
-			if evictable(o, now) {
+			if evictable(o, now, force) {
 				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease, soft: o.softPinUntil.After(now)})
 			}
 		}
@@ -74,11 +76,8 @@ func (s *Service) evict(force bool) uint64 {
 			}
 			c.sh.mu.Lock()
 			// Recheck: a reader may have leased it, or it may be gone.
-			if c.sh.objects[c.key] == c.o && evictable(c.o, now) {
-				n := s.dropLocked(c.sh, c.key, c.o)
-				freed += n
-				s.evictedKeys.Add(1)
-				s.evictedBytes.Add(n)
+			if c.sh.objects[c.key] == c.o && evictable(c.o, now, force) {
+				freed += s.evictLocked(c.sh, c.key, c.o, force)
 			}
 			c.sh.mu.Unlock()
 		}
@@ -86,6 +85,9 @@ func (s *Service) evict(force bool) uint64 {
 	return freed
 }
 
-func evictable(o *object, now time.Time) bool {
-	return o.complete() && o.pending == nil && !o.hardPin && !o.lease.After(now)
+// evictable: a DRAM replica eviction may take. A move in flight protects
+// the object, except from a forced eviction (a put needs the room now).
+func evictable(o *object, now time.Time, force bool) bool {
+	return o.complete() && o.pending == nil && (o.moving == nil || force) && !o.hardPin && !o.lease.After(now) &&
+		!o.replicas[0].onDisk() // DRAM replicas come first
 }

@@ -276,6 +276,14 @@ func (g *GRPCServer) Ping(_ context.Context, req *storepb.PingRequest) (*storepb
 	if req == nil {
 		return nil, errNilRequest
 	}
-	v, st := g.svc.Load().Ping(req.ClientId)
-	return &storepb.PingResponse{Result: storepb.NewResult(nil), ViewVersion: v, ClientStatus: st}, nil
+	v, st, tasks := g.svc.Load().PingTasks(req.ClientId)
+	return &storepb.PingResponse{Result: storepb.NewResult(nil), ViewVersion: v, ClientStatus: st, Tasks: tasks}, nil
+}
+
+// MoveEnd reports a spill or promotion done or failed; see Service.MoveEnd.
+func (g *GRPCServer) MoveEnd(_ context.Context, req *storepb.MoveEndRequest) (*storepb.Result, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	return storepb.NewResult(g.svc.Load().MoveEnd(req.ClientId, req.TaskId, req.Ok)), nil
 }

@@ -1,7 +1,9 @@
 package master
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -136,15 +138,40 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		}
 	case *storepb.JournalRecord_Drop:
 		if o := st.objects[op.Drop.Key]; o != nil {
-			o.Replicas = nil
-			if o.Pending == nil {
+			switch {
+			case op.Drop.DramOnly:
+				o.Replicas = slices.DeleteFunc(o.Replicas, func(l *storepb.ReplicaLocation) bool { return !st.onDisk(l) })
+			case op.Drop.DiskOnly:
+				o.Replicas = slices.DeleteFunc(o.Replicas, st.onDisk)
+			default:
+				o.Replicas = nil
+			}
+			if o.Pending == nil && len(o.Replicas) == 0 {
 				delete(st.objects, op.Drop.Key)
 			}
 		}
+	case *storepb.JournalRecord_Move:
+		mv := op.Move
+		o := st.objects[mv.Key]
+		if o == nil || mv.From == nil || mv.To == nil {
+			return fmt.Errorf("move of %q without the object", mv.Key)
+		}
+		if !mv.KeepFrom {
+			// A spill: the object left DRAM.
+			o.Replicas = slices.DeleteFunc(o.Replicas, func(l *storepb.ReplicaLocation) bool { return !st.onDisk(l) })
+		}
+		o.Replicas = append(o.Replicas, mv.To)
 	default:
 		return fmt.Errorf("record of unknown kind %T", rec.Op)
 	}
 	return nil
+}
+
+// onDisk reports whether l is on an SSD tier; replicas on segments
+// unmounted meanwhile count as DRAM (they are dropped on restore anyway).
+func (st *state) onDisk(l *storepb.ReplicaLocation) bool {
+	m := st.segs[l.SegmentId]
+	return m != nil && m.Segment.GetMedium() == storepb.Medium_MEDIUM_DISK
 }
 
 // restore replaces the service's state with st, as a new leader does
@@ -180,6 +207,7 @@ func (s *Service) restore(st *state) error {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	s.segs, s.segList, s.clients, s.deferred = make(map[string]*segment), nil, make(map[string]*client), nil
+	s.diskTiers = 0
 	for id, m := range st.segs {
 		a, err := restoreAllocator(m.Segment.Size, used[id])
 		if err != nil {
@@ -187,9 +215,12 @@ func (s *Service) restore(st *state) error {
 		}
 		seg := m.Segment
 		sg := &segment{id: id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId,
-			base: seg.Base, size: seg.Size, client: m.ClientId, alloc: a, idx: len(s.segList)}
+			base: seg.Base, size: seg.Size, client: m.ClientId, alloc: a, idx: len(s.segList), medium: seg.Medium}
 		s.segs[id] = sg
 		s.segList = append(s.segList, sg)
+		if sg.medium == storepb.Medium_MEDIUM_DISK {
+			s.diskTiers++
+		}
 		c := s.touchLocked(m.ClientId)
 		c.segs[id] = sg
 		if sg.hostID != "" {
@@ -211,6 +242,7 @@ func (s *Service) restore(st *state) error {
 	for key, o := range st.objects {
 		obj := &object{size: o.Size, checksum: o.Checksum, replicas: reps(o.Replicas), writer: o.Writer,
 			hardPin: o.HardPin, lease: now.Add(s.cfg.LeaseTTL)}
+		slices.SortStableFunc(obj.replicas, func(a, b replica) int { return cmp.Compare(b2i(a.onDisk()), b2i(b.onDisk())) })
 		if p := o.Pending; p != nil {
 			obj.pending = &pendingPut{client: p.ClientId, started: now, size: p.Size, replicas: reps(p.Replicas),
 				cfg: &storepb.ReplicateConfig{WithHardPin: p.HardPin}, upsert: p.Upsert}
@@ -239,7 +271,7 @@ func (s *Service) snapshot(perChunk int) (chunks []*storepb.SnapshotChunk, seq u
 	for _, sg := range s.segList {
 		first.Segments = append(first.Segments, &storepb.JournalMount{ClientId: sg.client, Segment: &storepb.Segment{
 			Id: sg.id, Name: sg.name, Base: sg.base, Size: sg.size, TransportEndpoint: sg.endpoint, HostId: sg.hostID,
-			Protocol: "tcp",
+			Protocol: "tcp", Medium: sg.medium,
 		}})
 	}
 	s.segMu.Unlock()
@@ -271,4 +303,11 @@ func (st *state) loadChunk(c *storepb.SnapshotChunk) {
 	for _, o := range c.Objects {
 		st.objects[o.Key] = o
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -18,8 +18,9 @@ type replica struct {
 type object struct {
 	size     uint64
 	checksum uint32
-	replicas []replica // COMPLETE; empty while the first put is in flight
+	replicas []replica // COMPLETE, DRAM first; empty while the first put is in flight
 	pending  *pendingPut
+	moving   *moveTask // a spill or promotion in flight
 	writer   string // the client whose put made replicas
 
 	// lease orders eviction (oldest first) and, while in the future,
@@ -162,6 +163,18 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	return describe(reps, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), seq, nil
 }
 
+func (r replica) memory() *storepb.MemoryReplica {
+	return &storepb.MemoryReplica{
+		SegmentName:       r.seg.name,
+		TransportEndpoint: r.seg.endpoint,
+		BufferAddress:     r.seg.base + r.off,
+		Size:              r.size,
+		Medium:            r.seg.medium,
+	}
+}
+
+func (r replica) onDisk() bool { return r.seg.medium == storepb.Medium_MEDIUM_DISK }
+
 func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
 	out := make([]*storepb.Replica, 0, len(reps))
 	for _, r := range reps {
@@ -170,12 +183,7 @@ func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
 		}
 		out = append(out, &storepb.Replica{
 			Status: st,
-			Location: &storepb.Replica_Memory{Memory: &storepb.MemoryReplica{
-				SegmentName:       r.seg.name,
-				TransportEndpoint: r.seg.endpoint,
-				BufferAddress:     r.seg.base + r.off,
-				Size:              r.size,
-			}},
+			Location: &storepb.Replica_Memory{Memory: r.memory()},
 		})
 	}
 	return out
@@ -233,6 +241,7 @@ func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
 	if !leased {
 		o.lease = now
 	}
+	s.offloadLocked(key, o)
 	seq := s.after(&storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
 		ClientId: clientID, Key: key, Checksum: checksum}}}, func() {
 		if !leased {
@@ -297,6 +306,7 @@ func (s *Service) GetReplicaList(key string) (reps []*storepb.Replica, leaseTTL 
 		return nil, 0, 0, 0, storeErr(storepb.ObjectNotFound, "%q", key)
 	}
 	s.grantLease(o)
+	s.promoteLocked(key, o)
 	return reps, s.cfg.LeaseTTL, o.checksum, o.size, nil
 }
 
@@ -356,6 +366,7 @@ func (s *Service) dropLocked(sh *shard, key string, o *object) uint64 {
 	}
 	s.freeAfter(dropRecord(key), o.replicas)
 	o.replicas = nil
+	s.orphanLocked(o)
 	if o.empty() {
 		delete(sh.objects, key)
 	}

@@ -12,6 +12,7 @@ import (
 type segment struct {
 	id, name, endpoint, hostID string
 	base, size                 uint64
+	medium                     storepb.Medium // DISK: an SSD tier, for spills only
 	client                     string
 	alloc                      *Allocator
 	idx                        int // position in Service.segList
@@ -105,10 +106,13 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 	}
 	sg := &segment{
 		id: seg.Id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId,
-		base: seg.Base, size: seg.Size, client: clientID, alloc: a, idx: len(s.segList),
+		base: seg.Base, size: seg.Size, client: clientID, alloc: a, idx: len(s.segList), medium: seg.Medium,
 	}
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
+	if sg.medium == storepb.Medium_MEDIUM_DISK {
+		s.diskTiers++
+	}
 	c := s.touchLocked(clientID)
 	c.segs[sg.id] = sg
 	if sg.hostID != "" {
@@ -162,6 +166,9 @@ func (s *Service) removeSegLocked(sg *segment) {
 	clear(s.deferred[len(kept):])
 	s.deferred = kept
 	delete(s.segs, sg.id)
+	if sg.medium == storepb.Medium_MEDIUM_DISK {
+		s.diskTiers--
+	}
 	last := s.segList[len(s.segList)-1]
 	s.segList[sg.idx], last.idx = last, sg.idx
 	s.segList = s.segList[:len(s.segList)-1]
@@ -207,6 +214,15 @@ func (s *Service) Ping(clientID string) (viewVersion uint64, status storepb.Clie
 	return s.cfg.ViewVersion, storepb.ClientStatus_CLIENT_STATUS_OK
 }
 
+// PingTasks is Ping that also hands the client the moves queued for it.
+func (s *Service) PingTasks(clientID string) (uint64, storepb.ClientStatus, []*storepb.MoveTask) {
+	v, st := s.Ping(clientID)
+	if st != storepb.ClientStatus_CLIENT_STATUS_OK {
+		return v, st, nil
+	}
+	return v, st, s.takeTasks(clientID)
+}
+
 // ExpireClients forgets clients not seen within ClientTTL and unmounts
 // their segments, as Mooncake's client monitor. It returns how many.
 func (s *Service) ExpireClients() int {
@@ -231,11 +247,25 @@ func (s *Service) ExpireClients() int {
 	return n
 }
 
-// usageLocked sums capacity and used bytes over the mounted segments.
+// usageLocked sums capacity and used bytes over the mounted DRAM segments
+// (the pool eviction watches); SSD tiers are apart.
 func (s *Service) usageLocked() (capacity, used uint64) {
 	for _, sg := range s.segList {
-		capacity += sg.alloc.Size()
-		used += sg.alloc.Used()
+		if sg.medium == storepb.Medium_MEDIUM_DRAM {
+			capacity += sg.alloc.Size()
+			used += sg.alloc.Used()
+		}
+	}
+	return capacity, used
+}
+
+// diskUsageLocked is usageLocked of the SSD tiers.
+func (s *Service) diskUsageLocked() (capacity, used uint64) {
+	for _, sg := range s.segList {
+		if sg.medium == storepb.Medium_MEDIUM_DISK {
+			capacity += sg.alloc.Size()
+			used += sg.alloc.Used()
+		}
 	}
 	return capacity, used
 }
@@ -245,7 +275,7 @@ func (s *Service) fitsAnywhere(n uint64) bool {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	for _, sg := range s.segList {
-		if sg.alloc.Size() >= n {
+		if sg.medium == storepb.Medium_MEDIUM_DRAM && sg.alloc.Size() >= n {
 			return true
 		}
 	}
@@ -261,6 +291,9 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 	try := func(sg *segment) bool {
 		if len(out) == n {
 			return true
+		}
+		if sg.medium != storepb.Medium_MEDIUM_DRAM {
+			return false // puts go to DRAM; SSD tiers take spills
 		}
 		for _, r := range out {
 			if r.seg == sg {

@@ -176,8 +176,16 @@ type Service struct {
 	// even below the watermark, as Mooncake's need_mem_eviction_.
 	needEvict atomic.Bool
 
+	// Moves (SSD spills and promotions) in flight, by id; under segMu.
+	tasks    map[uint64]*moveTask
+	nextTask uint64
+	spilling  uint64 // DRAM bytes spills in flight will free
+	diskTiers int    // mounted SSD tiers
+
 	// Counters for metrics.
 	evictedKeys, evictedBytes atomic.Uint64
+	spilled, promoted         atomic.Uint64
+	offloaded                 atomic.Uint64
 	discarded, released       atomic.Uint64
 	allocFailures             atomic.Uint64
 }
@@ -199,6 +207,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		shards:  make([]shard, cfg.Shards),
 		segs:    make(map[string]*segment),
 		clients: make(map[string]*client),
+		tasks:   make(map[uint64]*moveTask),
 		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 	}
 	for i := range s.shards {
@@ -226,8 +235,13 @@ var errNoSpace = errors.New("master: no space")
 
 // Stats is a snapshot of the pool.
 type Stats struct {
-	Capacity      uint64 // bytes in mounted segments
-	Used          uint64 // bytes allocated, puts in flight included
+	Capacity      uint64 // bytes in mounted DRAM segments
+	Used          uint64 // bytes allocated there, puts in flight included
+	DiskCapacity  uint64 // bytes in mounted SSD tiers
+	DiskUsed      uint64 // bytes allocated there
+	Spilled       uint64 // objects moved from DRAM to an SSD tier
+	Promoted      uint64 // objects copied back to DRAM after a hit
+	Offloaded     uint64 // objects copied to an SSD tier after their put
 	Keys          int    // readable (complete) objects
 	SoftPinned    int    // readable objects with a soft pin running
 	ValueBytes    uint64 // bytes of readable values (one replica each)
@@ -245,6 +259,7 @@ func (s *Service) Stats() Stats {
 	var st Stats
 	s.segMu.Lock()
 	st.Capacity, st.Used = s.usageLocked()
+	st.DiskCapacity, st.DiskUsed = s.diskUsageLocked()
 	st.Clients, st.Segments = len(s.clients), len(s.segs)
 	s.segMu.Unlock()
 	now := s.now()
@@ -263,6 +278,7 @@ func (s *Service) Stats() Stats {
 		sh.mu.Unlock()
 	}
 	st.EvictedKeys, st.EvictedBytes = s.evictedKeys.Load(), s.evictedBytes.Load()
+	st.Spilled, st.Promoted, st.Offloaded = s.spilled.Load(), s.promoted.Load(), s.offloaded.Load()
 	st.Discarded, st.Released, st.AllocFailures = s.discarded.Load(), s.released.Load(), s.allocFailures.Load()
 	return st
 }
@@ -283,6 +299,7 @@ func (s *Service) Run(ctx context.Context) error {
 		case <-monitor.C:
 			s.ExpireClients()
 			s.ReclaimPuts()
+			s.expireTasks()
 		}
 	}
 }

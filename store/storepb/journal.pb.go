@@ -421,10 +421,14 @@ func (x *JournalRevoke) GetKey() string {
 	return ""
 }
 
-// JournalDrop: key's readable value was removed or evicted.
+// JournalDrop: key's readable value was removed or evicted; with
+// dram_only, only its DRAM replicas were (an SSD copy stays); with
+// disk_only, only its SSD replicas were.
 type JournalDrop struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	DramOnly      bool                   `protobuf:"varint,2,opt,name=dram_only,json=dramOnly,proto3" json:"dram_only,omitempty"`
+	DiskOnly      bool                   `protobuf:"varint,3,opt,name=disk_only,json=diskOnly,proto3" json:"disk_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -466,6 +470,90 @@ func (x *JournalDrop) GetKey() string {
 	return ""
 }
 
+func (x *JournalDrop) GetDramOnly() bool {
+	if x != nil {
+		return x.DramOnly
+	}
+	return false
+}
+
+func (x *JournalDrop) GetDiskOnly() bool {
+	if x != nil {
+		return x.DiskOnly
+	}
+	return false
+}
+
+// JournalMove: a replica of key moved (a spill: from is dropped) or was
+// copied (a promotion: from is kept) to another segment.
+type JournalMove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	From          *ReplicaLocation       `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	To            *ReplicaLocation       `protobuf:"bytes,3,opt,name=to,proto3" json:"to,omitempty"`
+	KeepFrom      bool                   `protobuf:"varint,4,opt,name=keep_from,json=keepFrom,proto3" json:"keep_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalMove) Reset() {
+	*x = JournalMove{}
+	mi := &file_journal_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalMove) ProtoMessage() {}
+
+func (x *JournalMove) ProtoReflect() protoreflect.Message {
+	mi := &file_journal_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalMove.ProtoReflect.Descriptor instead.
+func (*JournalMove) Descriptor() ([]byte, []int) {
+	return file_journal_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *JournalMove) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *JournalMove) GetFrom() *ReplicaLocation {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *JournalMove) GetTo() *ReplicaLocation {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *JournalMove) GetKeepFrom() bool {
+	if x != nil {
+		return x.KeepFrom
+	}
+	return false
+}
+
 type JournalRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Op:
@@ -477,6 +565,7 @@ type JournalRecord struct {
 	//	*JournalRecord_End
 	//	*JournalRecord_Revoke
 	//	*JournalRecord_Drop
+	//	*JournalRecord_Move
 	Op            isJournalRecord_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -484,7 +573,7 @@ type JournalRecord struct {
 
 func (x *JournalRecord) Reset() {
 	*x = JournalRecord{}
-	mi := &file_journal_proto_msgTypes[8]
+	mi := &file_journal_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +585,7 @@ func (x *JournalRecord) String() string {
 func (*JournalRecord) ProtoMessage() {}
 
 func (x *JournalRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[8]
+	mi := &file_journal_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +598,7 @@ func (x *JournalRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalRecord.ProtoReflect.Descriptor instead.
 func (*JournalRecord) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{8}
+	return file_journal_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *JournalRecord) GetOp() isJournalRecord_Op {
@@ -582,6 +671,15 @@ func (x *JournalRecord) GetDrop() *JournalDrop {
 	return nil
 }
 
+func (x *JournalRecord) GetMove() *JournalMove {
+	if x != nil {
+		if x, ok := x.Op.(*JournalRecord_Move); ok {
+			return x.Move
+		}
+	}
+	return nil
+}
+
 type isJournalRecord_Op interface {
 	isJournalRecord_Op()
 }
@@ -614,6 +712,10 @@ type JournalRecord_Drop struct {
 	Drop *JournalDrop `protobuf:"bytes,7,opt,name=drop,proto3,oneof"`
 }
 
+type JournalRecord_Move struct {
+	Move *JournalMove `protobuf:"bytes,8,opt,name=move,proto3,oneof"`
+}
+
 func (*JournalRecord_Mount) isJournalRecord_Op() {}
 
 func (*JournalRecord_Unmount) isJournalRecord_Op() {}
@@ -628,6 +730,8 @@ func (*JournalRecord_Revoke) isJournalRecord_Op() {}
 
 func (*JournalRecord_Drop) isJournalRecord_Op() {}
 
+func (*JournalRecord_Move) isJournalRecord_Op() {}
+
 // JournalBatch is one etcd value of the log: consecutive records from
 // first_seq on.
 type JournalBatch struct {
@@ -640,7 +744,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_journal_proto_msgTypes[9]
+	mi := &file_journal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +756,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[9]
+	mi := &file_journal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +769,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{9}
+	return file_journal_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JournalBatch) GetFirstSeq() uint64 {
@@ -698,7 +802,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_journal_proto_msgTypes[10]
+	mi := &file_journal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +814,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[10]
+	mi := &file_journal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +827,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{10}
+	return file_journal_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ObjectState) GetKey() string {
@@ -787,7 +891,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_journal_proto_msgTypes[11]
+	mi := &file_journal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +903,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[11]
+	mi := &file_journal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +916,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{11}
+	return file_journal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SnapshotChunk) GetSegments() []*JournalMount {
@@ -860,9 +964,16 @@ const file_journal_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"!\n" +
 	"\rJournalRevoke\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\x1f\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"Y\n" +
 	"\vJournalDrop\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\xa7\x03\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
+	"\tdram_only\x18\x02 \x01(\bR\bdramOnly\x12\x1b\n" +
+	"\tdisk_only\x18\x03 \x01(\bR\bdiskOnly\"\xa8\x01\n" +
+	"\vJournalMove\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
+	"\x04from\x18\x02 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x04from\x122\n" +
+	"\x02to\x18\x03 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x02to\x12\x1b\n" +
+	"\tkeep_from\x18\x04 \x01(\bR\bkeepFrom\"\xdd\x03\n" +
 	"\rJournalRecord\x127\n" +
 	"\x05mount\x18\x01 \x01(\v2\x1f.mooncake.store.v1.JournalMountH\x00R\x05mount\x12=\n" +
 	"\aunmount\x18\x02 \x01(\v2!.mooncake.store.v1.JournalUnmountH\x00R\aunmount\x12:\n" +
@@ -870,7 +981,8 @@ const file_journal_proto_rawDesc = "" +
 	"\x05start\x18\x04 \x01(\v2\x1f.mooncake.store.v1.JournalStartH\x00R\x05start\x121\n" +
 	"\x03end\x18\x05 \x01(\v2\x1d.mooncake.store.v1.JournalEndH\x00R\x03end\x12:\n" +
 	"\x06revoke\x18\x06 \x01(\v2 .mooncake.store.v1.JournalRevokeH\x00R\x06revoke\x124\n" +
-	"\x04drop\x18\a \x01(\v2\x1e.mooncake.store.v1.JournalDropH\x00R\x04dropB\x04\n" +
+	"\x04drop\x18\a \x01(\v2\x1e.mooncake.store.v1.JournalDropH\x00R\x04drop\x124\n" +
+	"\x04move\x18\b \x01(\v2\x1e.mooncake.store.v1.JournalMoveH\x00R\x04moveB\x04\n" +
 	"\x02op\"g\n" +
 	"\fJournalBatch\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12:\n" +
@@ -899,7 +1011,7 @@ func file_journal_proto_rawDescGZIP() []byte {
 	return file_journal_proto_rawDescData
 }
 
-var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_journal_proto_goTypes = []any{
 	(*ReplicaLocation)(nil), // 0: mooncake.store.v1.ReplicaLocation
 	(*JournalMount)(nil),    // 1: mooncake.store.v1.JournalMount
@@ -909,32 +1021,36 @@ var file_journal_proto_goTypes = []any{
 	(*JournalEnd)(nil),      // 5: mooncake.store.v1.JournalEnd
 	(*JournalRevoke)(nil),   // 6: mooncake.store.v1.JournalRevoke
 	(*JournalDrop)(nil),     // 7: mooncake.store.v1.JournalDrop
-	(*JournalRecord)(nil),   // 8: mooncake.store.v1.JournalRecord
-	(*JournalBatch)(nil),    // 9: mooncake.store.v1.JournalBatch
-	(*ObjectState)(nil),     // 10: mooncake.store.v1.ObjectState
-	(*SnapshotChunk)(nil),   // 11: mooncake.store.v1.SnapshotChunk
-	(*Segment)(nil),         // 12: mooncake.store.v1.Segment
+	(*JournalMove)(nil),     // 8: mooncake.store.v1.JournalMove
+	(*JournalRecord)(nil),   // 9: mooncake.store.v1.JournalRecord
+	(*JournalBatch)(nil),    // 10: mooncake.store.v1.JournalBatch
+	(*ObjectState)(nil),     // 11: mooncake.store.v1.ObjectState
+	(*SnapshotChunk)(nil),   // 12: mooncake.store.v1.SnapshotChunk
+	(*Segment)(nil),         // 13: mooncake.store.v1.Segment
 }
 var file_journal_proto_depIdxs = []int32{
-	12, // 0: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
+	13, // 0: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
 	0,  // 1: mooncake.store.v1.JournalStart.replicas:type_name -> mooncake.store.v1.ReplicaLocation
-	1,  // 2: mooncake.store.v1.JournalRecord.mount:type_name -> mooncake.store.v1.JournalMount
-	2,  // 3: mooncake.store.v1.JournalRecord.unmount:type_name -> mooncake.store.v1.JournalUnmount
-	3,  // 4: mooncake.store.v1.JournalRecord.expire:type_name -> mooncake.store.v1.JournalExpire
-	4,  // 5: mooncake.store.v1.JournalRecord.start:type_name -> mooncake.store.v1.JournalStart
-	5,  // 6: mooncake.store.v1.JournalRecord.end:type_name -> mooncake.store.v1.JournalEnd
-	6,  // 7: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
-	7,  // 8: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
-	8,  // 9: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
-	0,  // 10: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
-	4,  // 11: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
-	1,  // 12: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
-	10, // 13: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	0,  // 2: mooncake.store.v1.JournalMove.from:type_name -> mooncake.store.v1.ReplicaLocation
+	0,  // 3: mooncake.store.v1.JournalMove.to:type_name -> mooncake.store.v1.ReplicaLocation
+	1,  // 4: mooncake.store.v1.JournalRecord.mount:type_name -> mooncake.store.v1.JournalMount
+	2,  // 5: mooncake.store.v1.JournalRecord.unmount:type_name -> mooncake.store.v1.JournalUnmount
+	3,  // 6: mooncake.store.v1.JournalRecord.expire:type_name -> mooncake.store.v1.JournalExpire
+	4,  // 7: mooncake.store.v1.JournalRecord.start:type_name -> mooncake.store.v1.JournalStart
+	5,  // 8: mooncake.store.v1.JournalRecord.end:type_name -> mooncake.store.v1.JournalEnd
+	6,  // 9: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
+	7,  // 10: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
+	8,  // 11: mooncake.store.v1.JournalRecord.move:type_name -> mooncake.store.v1.JournalMove
+	9,  // 12: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
+	0,  // 13: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
+	4,  // 14: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
+	1,  // 15: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
+	11, // 16: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_journal_proto_init() }
@@ -943,7 +1059,7 @@ func file_journal_proto_init() {
 		return
 	}
 	file_master_proto_init()
-	file_journal_proto_msgTypes[8].OneofWrappers = []any{
+	file_journal_proto_msgTypes[9].OneofWrappers = []any{
 		(*JournalRecord_Mount)(nil),
 		(*JournalRecord_Unmount)(nil),
 		(*JournalRecord_Expire)(nil),
@@ -951,6 +1067,7 @@ func file_journal_proto_init() {
 		(*JournalRecord_End)(nil),
 		(*JournalRecord_Revoke)(nil),
 		(*JournalRecord_Drop)(nil),
+		(*JournalRecord_Move)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -958,7 +1075,7 @@ func file_journal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_journal_proto_rawDesc), len(file_journal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

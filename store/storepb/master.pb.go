@@ -27,6 +27,52 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type Medium int32
+
+const (
+	Medium_MEDIUM_DRAM Medium = 0
+	Medium_MEDIUM_DISK Medium = 1
+)
+
+// Enum value maps for Medium.
+var (
+	Medium_name = map[int32]string{
+		0: "MEDIUM_DRAM",
+		1: "MEDIUM_DISK",
+	}
+	Medium_value = map[string]int32{
+		"MEDIUM_DRAM": 0,
+		"MEDIUM_DISK": 1,
+	}
+)
+
+func (x Medium) Enum() *Medium {
+	p := new(Medium)
+	*p = x
+	return p
+}
+
+func (x Medium) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Medium) Descriptor() protoreflect.EnumDescriptor {
+	return file_master_proto_enumTypes[0].Descriptor()
+}
+
+func (Medium) Type() protoreflect.EnumType {
+	return &file_master_proto_enumTypes[0]
+}
+
+func (x Medium) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Medium.Descriptor instead.
+func (Medium) EnumDescriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{0}
+}
+
 type ReplicaStatus int32
 
 const (
@@ -69,11 +115,11 @@ func (x ReplicaStatus) String() string {
 }
 
 func (ReplicaStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_master_proto_enumTypes[0].Descriptor()
+	return file_master_proto_enumTypes[1].Descriptor()
 }
 
 func (ReplicaStatus) Type() protoreflect.EnumType {
-	return &file_master_proto_enumTypes[0]
+	return &file_master_proto_enumTypes[1]
 }
 
 func (x ReplicaStatus) Number() protoreflect.EnumNumber {
@@ -82,7 +128,7 @@ func (x ReplicaStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicaStatus.Descriptor instead.
 func (ReplicaStatus) EnumDescriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{0}
+	return file_master_proto_rawDescGZIP(), []int{1}
 }
 
 type ClientStatus int32
@@ -120,11 +166,11 @@ func (x ClientStatus) String() string {
 }
 
 func (ClientStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_master_proto_enumTypes[1].Descriptor()
+	return file_master_proto_enumTypes[2].Descriptor()
 }
 
 func (ClientStatus) Type() protoreflect.EnumType {
-	return &file_master_proto_enumTypes[1]
+	return &file_master_proto_enumTypes[2]
 }
 
 func (x ClientStatus) Number() protoreflect.EnumNumber {
@@ -133,7 +179,7 @@ func (x ClientStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientStatus.Descriptor instead.
 func (ClientStatus) EnumDescriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{1}
+	return file_master_proto_rawDescGZIP(), []int{2}
 }
 
 // Result is a Mooncake ErrorCode (0 = OK) with a message for humans.
@@ -330,8 +376,11 @@ type MemoryReplica struct {
 	TransportEndpoint string                 `protobuf:"bytes,2,opt,name=transport_endpoint,json=transportEndpoint,proto3" json:"transport_endpoint,omitempty"` // host:port of that engine
 	BufferAddress     uint64                 `protobuf:"varint,3,opt,name=buffer_address,json=bufferAddress,proto3" json:"buffer_address,omitempty"`            // absolute address in the segment owner
 	Size              uint64                 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// MEDIUM_DISK: the replica is in a node's SSD tier, a file mapped into
+	// the node's memory and read through the engine like DRAM.
+	Medium        Medium `protobuf:"varint,5,opt,name=medium,proto3,enum=mooncake.store.v1.Medium" json:"medium,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MemoryReplica) Reset() {
@@ -392,7 +441,15 @@ func (x *MemoryReplica) GetSize() uint64 {
 	return 0
 }
 
-// DiskReplica is a replica spilled to a node's SSD directory.
+func (x *MemoryReplica) GetMedium() Medium {
+	if x != nil {
+		return x.Medium
+	}
+	return Medium_MEDIUM_DRAM
+}
+
+// DiskReplica is a replica in a file of a shared file system (reserved:
+// the SSD tier uses MemoryReplica with MEDIUM_DISK).
 type DiskReplica struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	SegmentName       string                 `protobuf:"bytes,1,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"` // the node holding the file
@@ -1323,8 +1380,9 @@ type Segment struct {
 	Base              uint64                 `protobuf:"varint,3,opt,name=base,proto3" json:"base,omitempty"`
 	Size              uint64                 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
 	TransportEndpoint string                 `protobuf:"bytes,5,opt,name=transport_endpoint,json=transportEndpoint,proto3" json:"transport_endpoint,omitempty"`
-	Protocol          string                 `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`           // "tcp"
-	HostId            string                 `protobuf:"bytes,7,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"` // for local-first placement
+	Protocol          string                 `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`                            // "tcp"
+	HostId            string                 `protobuf:"bytes,7,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`                  // for local-first placement
+	Medium            Medium                 `protobuf:"varint,8,opt,name=medium,proto3,enum=mooncake.store.v1.Medium" json:"medium,omitempty"` // DISK: an SSD tier, for spilled objects only
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -1406,6 +1464,13 @@ func (x *Segment) GetHostId() string {
 		return x.HostId
 	}
 	return ""
+}
+
+func (x *Segment) GetMedium() Medium {
+	if x != nil {
+		return x.Medium
+	}
+	return Medium_MEDIUM_DRAM
 }
 
 type MountSegmentRequest struct {
@@ -1612,8 +1677,11 @@ type PingResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Result *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
 	// Changes whenever the master's view of the cluster does (a new leader).
-	ViewVersion   uint64       `protobuf:"varint,2,opt,name=view_version,json=viewVersion,proto3" json:"view_version,omitempty"`
-	ClientStatus  ClientStatus `protobuf:"varint,3,opt,name=client_status,json=clientStatus,proto3,enum=mooncake.store.v1.ClientStatus" json:"client_status,omitempty"`
+	ViewVersion  uint64       `protobuf:"varint,2,opt,name=view_version,json=viewVersion,proto3" json:"view_version,omitempty"`
+	ClientStatus ClientStatus `protobuf:"varint,3,opt,name=client_status,json=clientStatus,proto3,enum=mooncake.store.v1.ClientStatus" json:"client_status,omitempty"`
+	// Copies for the client to make from its segments, then report with
+	// MoveEnd.
+	Tasks         []*MoveTask `protobuf:"bytes,4,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1669,6 +1737,144 @@ func (x *PingResponse) GetClientStatus() ClientStatus {
 	return ClientStatus_CLIENT_STATUS_UNDEFINED
 }
 
+func (x *PingResponse) GetTasks() []*MoveTask {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+// MoveTask copies an object's replica from one of the client's segments to
+// a target the master allocated: a spill from DRAM to an SSD tier when the
+// object is evicted, or a promotion from SSD back to DRAM after a hit.
+type MoveTask struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Source        *MemoryReplica         `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	Target        *MemoryReplica         `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveTask) Reset() {
+	*x = MoveTask{}
+	mi := &file_master_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveTask) ProtoMessage() {}
+
+func (x *MoveTask) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveTask.ProtoReflect.Descriptor instead.
+func (*MoveTask) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *MoveTask) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *MoveTask) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *MoveTask) GetSource() *MemoryReplica {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *MoveTask) GetTarget() *MemoryReplica {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+type MoveEndRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	TaskId        uint64                 `protobuf:"varint,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Ok            bool                   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveEndRequest) Reset() {
+	*x = MoveEndRequest{}
+	mi := &file_master_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveEndRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveEndRequest) ProtoMessage() {}
+
+func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveEndRequest.ProtoReflect.Descriptor instead.
+func (*MoveEndRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *MoveEndRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *MoveEndRequest) GetTaskId() uint64 {
+	if x != nil {
+		return x.TaskId
+	}
+	return 0
+}
+
+func (x *MoveEndRequest) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
 var File_master_proto protoreflect.FileDescriptor
 
 const file_master_proto_rawDesc = "" +
@@ -1686,12 +1892,13 @@ const file_master_proto_rawDesc = "" +
 	"\rwith_hard_pin\x18\x03 \x01(\bR\vwithHardPin\x12%\n" +
 	"\x0fsoft_pin_ttl_ms\x18\x04 \x01(\x03R\fsoftPinTtlMs\x12-\n" +
 	"\x12preferred_segments\x18\x05 \x03(\tR\x11preferredSegments\x12!\n" +
-	"\fprefer_local\x18\x06 \x01(\bR\vpreferLocal\"\x9c\x01\n" +
+	"\fprefer_local\x18\x06 \x01(\bR\vpreferLocal\"\xcf\x01\n" +
 	"\rMemoryReplica\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12-\n" +
 	"\x12transport_endpoint\x18\x02 \x01(\tR\x11transportEndpoint\x12%\n" +
 	"\x0ebuffer_address\x18\x03 \x01(\x04R\rbufferAddress\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x04R\x04size\"\x87\x01\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\x121\n" +
+	"\x06medium\x18\x05 \x01(\x0e2\x19.mooncake.store.v1.MediumR\x06medium\"\x87\x01\n" +
 	"\vDiskReplica\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12-\n" +
 	"\x12transport_endpoint\x18\x02 \x01(\tR\x11transportEndpoint\x12\x12\n" +
@@ -1750,7 +1957,7 @@ const file_master_proto_rawDesc = "" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"`\n" +
 	"\x11RemoveAllResponse\x121\n" +
 	"\x06result\x18\x01 \x01(\v2\x19.mooncake.store.v1.ResultR\x06result\x12\x18\n" +
-	"\aremoved\x18\x02 \x01(\x03R\aremoved\"\xb9\x01\n" +
+	"\aremoved\x18\x02 \x01(\x03R\aremoved\"\xec\x01\n" +
 	"\aSegment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -1758,7 +1965,8 @@ const file_master_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12-\n" +
 	"\x12transport_endpoint\x18\x05 \x01(\tR\x11transportEndpoint\x12\x1a\n" +
 	"\bprotocol\x18\x06 \x01(\tR\bprotocol\x12\x17\n" +
-	"\ahost_id\x18\a \x01(\tR\x06hostId\"h\n" +
+	"\ahost_id\x18\a \x01(\tR\x06hostId\x121\n" +
+	"\x06medium\x18\b \x01(\x0e2\x19.mooncake.store.v1.MediumR\x06medium\"h\n" +
 	"\x13MountSegmentRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
 	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\"l\n" +
@@ -1770,11 +1978,24 @@ const file_master_proto_rawDesc = "" +
 	"\n" +
 	"segment_id\x18\x02 \x01(\tR\tsegmentId\"*\n" +
 	"\vPingRequest\x12\x1b\n" +
-	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xaa\x01\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xdd\x01\n" +
 	"\fPingResponse\x121\n" +
 	"\x06result\x18\x01 \x01(\v2\x19.mooncake.store.v1.ResultR\x06result\x12!\n" +
 	"\fview_version\x18\x02 \x01(\x04R\vviewVersion\x12D\n" +
-	"\rclient_status\x18\x03 \x01(\x0e2\x1f.mooncake.store.v1.ClientStatusR\fclientStatus*\xc0\x01\n" +
+	"\rclient_status\x18\x03 \x01(\x0e2\x1f.mooncake.store.v1.ClientStatusR\fclientStatus\x121\n" +
+	"\x05tasks\x18\x04 \x03(\v2\x1b.mooncake.store.v1.MoveTaskR\x05tasks\"\xa0\x01\n" +
+	"\bMoveTask\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x128\n" +
+	"\x06source\x18\x03 \x01(\v2 .mooncake.store.v1.MemoryReplicaR\x06source\x128\n" +
+	"\x06target\x18\x04 \x01(\v2 .mooncake.store.v1.MemoryReplicaR\x06target\"V\n" +
+	"\x0eMoveEndRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\x04R\x06taskId\x12\x0e\n" +
+	"\x02ok\x18\x03 \x01(\bR\x02ok**\n" +
+	"\x06Medium\x12\x0f\n" +
+	"\vMEDIUM_DRAM\x10\x00\x12\x0f\n" +
+	"\vMEDIUM_DISK\x10\x01*\xc0\x01\n" +
 	"\rReplicaStatus\x12\x1c\n" +
 	"\x18REPLICA_STATUS_UNDEFINED\x10\x00\x12\x1e\n" +
 	"\x1aREPLICA_STATUS_INITIALIZED\x10\x01\x12\x1d\n" +
@@ -1785,7 +2006,7 @@ const file_master_proto_rawDesc = "" +
 	"\fClientStatus\x12\x1b\n" +
 	"\x17CLIENT_STATUS_UNDEFINED\x10\x00\x12\x14\n" +
 	"\x10CLIENT_STATUS_OK\x10\x01\x12\x1e\n" +
-	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xdb\f\n" +
+	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xa4\r\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".mooncake.store.v1.PutStartRequest\x1a#.mooncake.store.v1.PutStartResponse\x12E\n" +
 	"\x06PutEnd\x12 .mooncake.store.v1.PutEndRequest\x1a\x19.mooncake.store.v1.Result\x12E\n" +
@@ -1805,7 +2026,8 @@ const file_master_proto_rawDesc = "" +
 	"\fMountSegment\x12&.mooncake.store.v1.MountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12U\n" +
 	"\x0eReMountSegment\x12(.mooncake.store.v1.ReMountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12U\n" +
 	"\x0eUnmountSegment\x12(.mooncake.store.v1.UnmountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12G\n" +
-	"\x04Ping\x12\x1e.mooncake.store.v1.PingRequest\x1a\x1f.mooncake.store.v1.PingResponseB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
+	"\x04Ping\x12\x1e.mooncake.store.v1.PingRequest\x1a\x1f.mooncake.store.v1.PingResponse\x12G\n" +
+	"\aMoveEnd\x12!.mooncake.store.v1.MoveEndRequest\x1a\x19.mooncake.store.v1.ResultB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
 
 var (
 	file_master_proto_rawDescOnce sync.Once
@@ -1819,100 +2041,110 @@ func file_master_proto_rawDescGZIP() []byte {
 	return file_master_proto_rawDescData
 }
 
-var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_master_proto_goTypes = []any{
-	(ReplicaStatus)(0),                  // 0: mooncake.store.v1.ReplicaStatus
-	(ClientStatus)(0),                   // 1: mooncake.store.v1.ClientStatus
-	(*Result)(nil),                      // 2: mooncake.store.v1.Result
-	(*BatchResult)(nil),                 // 3: mooncake.store.v1.BatchResult
-	(*ReplicateConfig)(nil),             // 4: mooncake.store.v1.ReplicateConfig
-	(*MemoryReplica)(nil),               // 5: mooncake.store.v1.MemoryReplica
-	(*DiskReplica)(nil),                 // 6: mooncake.store.v1.DiskReplica
-	(*Replica)(nil),                     // 7: mooncake.store.v1.Replica
-	(*PutStartRequest)(nil),             // 8: mooncake.store.v1.PutStartRequest
-	(*PutStartResponse)(nil),            // 9: mooncake.store.v1.PutStartResponse
-	(*BatchPutStartRequest)(nil),        // 10: mooncake.store.v1.BatchPutStartRequest
-	(*BatchPutStartResponse)(nil),       // 11: mooncake.store.v1.BatchPutStartResponse
-	(*PutEndRequest)(nil),               // 12: mooncake.store.v1.PutEndRequest
-	(*BatchPutEndRequest)(nil),          // 13: mooncake.store.v1.BatchPutEndRequest
-	(*KeyRequest)(nil),                  // 14: mooncake.store.v1.KeyRequest
-	(*BatchKeyRequest)(nil),             // 15: mooncake.store.v1.BatchKeyRequest
-	(*GetReplicaListResponse)(nil),      // 16: mooncake.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListResponse)(nil), // 17: mooncake.store.v1.BatchGetReplicaListResponse
-	(*RemoveRequest)(nil),               // 18: mooncake.store.v1.RemoveRequest
-	(*BatchRemoveRequest)(nil),          // 19: mooncake.store.v1.BatchRemoveRequest
-	(*RemoveAllRequest)(nil),            // 20: mooncake.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 21: mooncake.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 22: mooncake.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 23: mooncake.store.v1.MountSegmentRequest
-	(*ReMountSegmentRequest)(nil),       // 24: mooncake.store.v1.ReMountSegmentRequest
-	(*UnmountSegmentRequest)(nil),       // 25: mooncake.store.v1.UnmountSegmentRequest
-	(*PingRequest)(nil),                 // 26: mooncake.store.v1.PingRequest
-	(*PingResponse)(nil),                // 27: mooncake.store.v1.PingResponse
+	(Medium)(0),                         // 0: mooncake.store.v1.Medium
+	(ReplicaStatus)(0),                  // 1: mooncake.store.v1.ReplicaStatus
+	(ClientStatus)(0),                   // 2: mooncake.store.v1.ClientStatus
+	(*Result)(nil),                      // 3: mooncake.store.v1.Result
+	(*BatchResult)(nil),                 // 4: mooncake.store.v1.BatchResult
+	(*ReplicateConfig)(nil),             // 5: mooncake.store.v1.ReplicateConfig
+	(*MemoryReplica)(nil),               // 6: mooncake.store.v1.MemoryReplica
+	(*DiskReplica)(nil),                 // 7: mooncake.store.v1.DiskReplica
+	(*Replica)(nil),                     // 8: mooncake.store.v1.Replica
+	(*PutStartRequest)(nil),             // 9: mooncake.store.v1.PutStartRequest
+	(*PutStartResponse)(nil),            // 10: mooncake.store.v1.PutStartResponse
+	(*BatchPutStartRequest)(nil),        // 11: mooncake.store.v1.BatchPutStartRequest
+	(*BatchPutStartResponse)(nil),       // 12: mooncake.store.v1.BatchPutStartResponse
+	(*PutEndRequest)(nil),               // 13: mooncake.store.v1.PutEndRequest
+	(*BatchPutEndRequest)(nil),          // 14: mooncake.store.v1.BatchPutEndRequest
+	(*KeyRequest)(nil),                  // 15: mooncake.store.v1.KeyRequest
+	(*BatchKeyRequest)(nil),             // 16: mooncake.store.v1.BatchKeyRequest
+	(*GetReplicaListResponse)(nil),      // 17: mooncake.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListResponse)(nil), // 18: mooncake.store.v1.BatchGetReplicaListResponse
+	(*RemoveRequest)(nil),               // 19: mooncake.store.v1.RemoveRequest
+	(*BatchRemoveRequest)(nil),          // 20: mooncake.store.v1.BatchRemoveRequest
+	(*RemoveAllRequest)(nil),            // 21: mooncake.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),           // 22: mooncake.store.v1.RemoveAllResponse
+	(*Segment)(nil),                     // 23: mooncake.store.v1.Segment
+	(*MountSegmentRequest)(nil),         // 24: mooncake.store.v1.MountSegmentRequest
+	(*ReMountSegmentRequest)(nil),       // 25: mooncake.store.v1.ReMountSegmentRequest
+	(*UnmountSegmentRequest)(nil),       // 26: mooncake.store.v1.UnmountSegmentRequest
+	(*PingRequest)(nil),                 // 27: mooncake.store.v1.PingRequest
+	(*PingResponse)(nil),                // 28: mooncake.store.v1.PingResponse
+	(*MoveTask)(nil),                    // 29: mooncake.store.v1.MoveTask
+	(*MoveEndRequest)(nil),              // 30: mooncake.store.v1.MoveEndRequest
 }
 var file_master_proto_depIdxs = []int32{
-	2,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
-	0,  // 1: mooncake.store.v1.Replica.status:type_name -> mooncake.store.v1.ReplicaStatus
-	5,  // 2: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
-	6,  // 3: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
-	4,  // 4: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
-	2,  // 5: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
-	7,  // 6: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
-	8,  // 7: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
-	9,  // 8: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
-	12, // 9: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
-	2,  // 10: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
-	7,  // 11: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
-	16, // 12: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
-	2,  // 13: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
-	22, // 14: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
-	22, // 15: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
-	2,  // 16: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
-	1,  // 17: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
-	8,  // 18: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
-	12, // 19: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
-	14, // 20: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
-	10, // 21: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	13, // 22: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
-	15, // 23: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
-	8,  // 24: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
-	10, // 25: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	14, // 26: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
-	15, // 27: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
-	14, // 28: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
-	15, // 29: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
-	18, // 30: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
-	19, // 31: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
-	20, // 32: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
-	23, // 33: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
-	24, // 34: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
-	25, // 35: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
-	26, // 36: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
-	9,  // 37: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
-	2,  // 38: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
-	2,  // 39: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
-	11, // 40: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	3,  // 41: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
-	3,  // 42: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
-	9,  // 43: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
-	11, // 44: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	16, // 45: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
-	17, // 46: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
-	2,  // 47: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
-	3,  // 48: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
-	2,  // 49: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
-	3,  // 50: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
-	21, // 51: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
-	2,  // 52: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
-	2,  // 53: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
-	2,  // 54: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
-	27, // 55: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
-	37, // [37:56] is the sub-list for method output_type
-	18, // [18:37] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	3,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
+	0,  // 1: mooncake.store.v1.MemoryReplica.medium:type_name -> mooncake.store.v1.Medium
+	1,  // 2: mooncake.store.v1.Replica.status:type_name -> mooncake.store.v1.ReplicaStatus
+	6,  // 3: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
+	7,  // 4: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
+	5,  // 5: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
+	3,  // 6: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
+	8,  // 7: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
+	9,  // 8: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
+	10, // 9: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
+	13, // 10: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
+	3,  // 11: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
+	8,  // 12: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
+	17, // 13: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
+	3,  // 14: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
+	0,  // 15: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
+	23, // 16: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
+	23, // 17: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
+	3,  // 18: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
+	2,  // 19: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
+	29, // 20: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
+	6,  // 21: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
+	6,  // 22: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
+	9,  // 23: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
+	13, // 24: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
+	15, // 25: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
+	11, // 26: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	14, // 27: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
+	16, // 28: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
+	9,  // 29: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
+	11, // 30: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	15, // 31: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
+	16, // 32: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
+	15, // 33: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
+	16, // 34: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
+	19, // 35: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
+	20, // 36: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
+	21, // 37: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
+	24, // 38: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
+	25, // 39: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
+	26, // 40: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
+	27, // 41: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
+	30, // 42: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
+	10, // 43: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
+	3,  // 44: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
+	3,  // 45: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
+	12, // 46: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	4,  // 47: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
+	4,  // 48: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
+	10, // 49: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
+	12, // 50: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	17, // 51: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
+	18, // 52: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
+	3,  // 53: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
+	4,  // 54: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
+	3,  // 55: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
+	4,  // 56: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
+	22, // 57: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
+	3,  // 58: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
+	3,  // 59: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
+	3,  // 60: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
+	28, // 61: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
+	3,  // 62: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
+	43, // [43:63] is the sub-list for method output_type
+	23, // [23:43] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -1929,8 +2161,8 @@ func file_master_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   26,
+			NumEnums:      3,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

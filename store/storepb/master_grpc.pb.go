@@ -44,6 +44,7 @@ const (
 	Master_ReMountSegment_FullMethodName      = "/mooncake.store.v1.Master/ReMountSegment"
 	Master_UnmountSegment_FullMethodName      = "/mooncake.store.v1.Master/UnmountSegment"
 	Master_Ping_FullMethodName                = "/mooncake.store.v1.Master/Ping"
+	Master_MoveEnd_FullMethodName             = "/mooncake.store.v1.Master/MoveEnd"
 )
 
 // MasterClient is the client API for Master service.
@@ -76,8 +77,11 @@ type MasterClient interface {
 	ReMountSegment(ctx context.Context, in *ReMountSegmentRequest, opts ...grpc.CallOption) (*Result, error)
 	UnmountSegment(ctx context.Context, in *UnmountSegmentRequest, opts ...grpc.CallOption) (*Result, error)
 	// Liveness: clients ping every second; one silent for the client TTL has
-	// its segments unmounted and the replicas on them dropped.
+	// its segments unmounted and the replicas on them dropped. The answer
+	// carries the moves (SSD spills and promotions) the client is to do.
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
+	// A client reports a move it was given in a PingResponse done or failed.
+	MoveEnd(ctx context.Context, in *MoveEndRequest, opts ...grpc.CallOption) (*Result, error)
 }
 
 type masterClient struct {
@@ -278,6 +282,16 @@ func (c *masterClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *masterClient) MoveEnd(ctx context.Context, in *MoveEndRequest, opts ...grpc.CallOption) (*Result, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Result)
+	err := c.cc.Invoke(ctx, Master_MoveEnd_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MasterServer is the server API for Master service.
 // All implementations must embed UnimplementedMasterServer
 // for forward compatibility.
@@ -308,8 +322,11 @@ type MasterServer interface {
 	ReMountSegment(context.Context, *ReMountSegmentRequest) (*Result, error)
 	UnmountSegment(context.Context, *UnmountSegmentRequest) (*Result, error)
 	// Liveness: clients ping every second; one silent for the client TTL has
-	// its segments unmounted and the replicas on them dropped.
+	// its segments unmounted and the replicas on them dropped. The answer
+	// carries the moves (SSD spills and promotions) the client is to do.
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
+	// A client reports a move it was given in a PingResponse done or failed.
+	MoveEnd(context.Context, *MoveEndRequest) (*Result, error)
 	mustEmbedUnimplementedMasterServer()
 }
 
@@ -376,6 +393,9 @@ func (UnimplementedMasterServer) UnmountSegment(context.Context, *UnmountSegment
 }
 func (UnimplementedMasterServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Ping not implemented")
+}
+func (UnimplementedMasterServer) MoveEnd(context.Context, *MoveEndRequest) (*Result, error) {
+	return nil, status.Error(codes.Unimplemented, "method MoveEnd not implemented")
 }
 func (UnimplementedMasterServer) mustEmbedUnimplementedMasterServer() {}
 func (UnimplementedMasterServer) testEmbeddedByValue()                {}
@@ -740,6 +760,24 @@ func _Master_Ping_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_MoveEnd_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveEndRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).MoveEnd(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_MoveEnd_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).MoveEnd(ctx, req.(*MoveEndRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Master_ServiceDesc is the grpc.ServiceDesc for Master service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -822,6 +860,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Ping",
 			Handler:    _Master_Ping_Handler,
+		},
+		{
+			MethodName: "MoveEnd",
+			Handler:    _Master_MoveEnd_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

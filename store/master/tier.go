@@ -1,0 +1,397 @@
+package master
+
+import (
+	"slices"
+	"time"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// The SSD tier. A node with an SSD directory mounts a second segment of
+// medium DISK: a preallocated file mapped into its memory and registered
+// with its engine, so replicas there are read like DRAM ones (the kernel
+// pages them in). Puts never land there.
+//
+// Moves are copies the master asks the owner of the source replica to make
+// (in that client's next ping answer), reported back with MoveEnd:
+//   - offload: when a put ends and a tier has room, its DRAM replica is
+//     copied to SSD in the background (Mooncake's enable_offload), so that
+//     evicting the object later only drops the DRAM replica, at once;
+//   - spill: eviction of an object with no SSD copy yet moves it to SSD
+//     (the DRAM replicas are freed when the copy is done);
+//   - promotion: a read of an object only on SSD copies it back to DRAM.
+//
+// Until a move ends the object keeps the replicas it had. A put that finds
+// no room evicts at once: objects without an SSD copy are then dropped, as
+// without a tier. The tiers have their own watermark eviction (least
+// recently used SSD copies go first), so a full tier keeps taking new
+// objects; while one is full, evictions degrade to plain drops. Bytes on
+// SSD carry the object's checksum like any replica, so a failing disk
+// gives read errors, never wrong bytes.
+
+// moveTaskTTL bounds how long a move may take before its target space is
+// reclaimed and the object may be moved again.
+const moveTaskTTL = 30 * time.Second
+
+// maxTasksPerPing bounds the moves one ping answer carries; the client
+// asks again at once while there are more.
+const maxTasksPerPing = 256
+
+// moveTask is an offload or spill (src DRAM -> dst SSD) or a promotion
+// (src SSD -> dst DRAM) in flight.
+type moveTask struct {
+	id      uint64
+	key     string
+	o       *object // nil once the object is gone (orphaned task)
+	src     replica
+	dst     replica
+	spill   bool // the DRAM replicas go once the copy is done
+	freeing uint64 // a spill's DRAM bytes, counted in Service.spilling
+	client  string // owner of src: who copies
+	created time.Time
+	handed  bool
+}
+
+func (t *moveTask) proto() *storepb.MoveTask {
+	return &storepb.MoveTask{Id: t.id, Key: t.key, Source: t.src.memory(), Target: t.dst.memory()}
+}
+
+// evictLocked evicts o's DRAM replicas and returns the DRAM bytes that
+// frees (now, or once a spill ends). sh.mu is held.
+func (s *Service) evictLocked(sh *shard, key string, o *object, force bool) uint64 {
+	var dram uint64
+	hasDisk := false
+	for _, r := range o.replicas {
+		if r.onDisk() {
+			hasDisk = true
+		} else {
+			dram += r.size
+		}
+	}
+	if hasDisk {
+		// An SSD copy stays readable: drop only the DRAM replicas.
+		var gone []replica
+		o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool {
+			if !r.onDisk() {
+				gone = append(gone, r)
+				return true
+			}
+			return false
+		})
+		s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: key, DramOnly: true}}}, gone)
+		s.evictedKeys.Add(1)
+		s.evictedBytes.Add(dram)
+		return dram
+	}
+	// A forced eviction (a put found no room) needs the space now.
+	if !force && o.moving == nil && s.startSpillLocked(key, o) {
+		return dram
+	}
+	s.orphanLocked(o)
+	n := s.dropLocked(sh, key, o)
+	s.evictedKeys.Add(1)
+	s.evictedBytes.Add(n)
+	return n
+}
+
+// startSpillLocked queues the spill of o's first DRAM replica to an SSD
+// tier, preferring the tier of the replica's owner (the copy stays on one
+// machine). It reports whether a spill was queued. sh.mu is held.
+func (s *Service) startSpillLocked(key string, o *object) bool {
+	src := o.replicas[0]
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	if src.seg.dead.Load() {
+		return false
+	}
+	dst, ok := s.allocDiskLocked(src.seg.client, src.size)
+	if !ok {
+		return false
+	}
+	t := s.newTaskLocked(key, o, src, dst, true)
+	t.freeing = 0
+	for _, r := range o.replicas {
+		t.freeing += r.size
+	}
+	s.spilling += t.freeing
+	return true
+}
+
+// offloadLocked queues the background copy of a new object's DRAM replica
+// to an SSD tier, if there is one with room. sh.mu is held.
+func (s *Service) offloadLocked(key string, o *object) {
+	if o.moving != nil || len(o.replicas) == 0 || o.replicas[0].onDisk() {
+		return
+	}
+	src := o.replicas[0]
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	if s.diskTiers == 0 || src.seg.dead.Load() {
+		return
+	}
+	if dst, ok := s.allocDiskLocked(src.seg.client, src.size); ok {
+		s.newTaskLocked(key, o, src, dst, false)
+	}
+}
+
+// allocDiskLocked places size bytes on an SSD tier, the client's own first.
+func (s *Service) allocDiskLocked(client string, size uint64) (replica, bool) {
+	var tiers []*segment
+	for _, sg := range s.segList {
+		if sg.medium == storepb.Medium_MEDIUM_DISK {
+			tiers = append(tiers, sg)
+		}
+	}
+	slices.SortStableFunc(tiers, func(a, b *segment) int {
+		switch {
+		case a.client == client && b.client != client:
+			return -1
+		case b.client == client && a.client != client:
+			return 1
+		}
+		return 0
+	})
+	for _, sg := range tiers {
+		if off, ok := sg.alloc.Alloc(size); ok {
+			return replica{seg: sg, off: off, size: size}, true
+		}
+	}
+	return replica{}, false
+}
+
+func (s *Service) newTaskLocked(key string, o *object, src, dst replica, spill bool) *moveTask {
+	s.nextTask++
+	t := &moveTask{id: s.nextTask, key: key, o: o, src: src, dst: dst, spill: spill,
+		client: src.seg.client, created: s.now()}
+	s.tasks[t.id] = t
+	o.moving = t
+	return t
+}
+
+// promoteLocked queues the copy of an SSD-only object back into DRAM, on
+// the SSD owner's own DRAM segment if it has room, else anywhere; without
+// room it does nothing (a read never evicts). sh.mu is held.
+func (s *Service) promoteLocked(key string, o *object) {
+	if o.moving != nil || o.pending != nil || len(o.replicas) == 0 || !o.replicas[0].onDisk() {
+		return
+	}
+	src := o.replicas[0]
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	if src.seg.dead.Load() {
+		return
+	}
+	order := slices.Clone(s.segList)
+	slices.SortStableFunc(order, func(a, b *segment) int {
+		switch {
+		case a.client == src.seg.client && b.client != src.seg.client:
+			return -1
+		case b.client == src.seg.client && a.client != src.seg.client:
+			return 1
+		}
+		return 0
+	})
+	for _, sg := range order {
+		if sg.medium != storepb.Medium_MEDIUM_DRAM {
+			continue
+		}
+		if off, ok := sg.alloc.Alloc(src.size); ok {
+			s.newTaskLocked(key, o, src, replica{seg: sg, off: off, size: src.size}, false)
+			return
+		}
+	}
+}
+
+// orphanLocked detaches o's move: the object is going away. The task's
+// target stays allocated until the client reports or the task expires, so
+// a copy still running lands in space nobody else was given.
+func (s *Service) orphanLocked(o *object) {
+	if t := o.moving; t != nil {
+		s.segMu.Lock()
+		s.spilling -= min(s.spilling, t.freeing)
+		t.freeing = 0
+		t.o = nil
+		s.segMu.Unlock()
+		o.moving = nil
+	}
+}
+
+// takeTasks returns the moves queued for clientID not handed out yet.
+func (s *Service) takeTasks(clientID string) []*storepb.MoveTask {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	var out []*storepb.MoveTask
+	for _, t := range s.tasks {
+		if t.client == clientID && !t.handed && t.o != nil && len(out) < maxTasksPerPing {
+			t.handed = true
+			out = append(out, t.proto())
+		}
+	}
+	slices.SortFunc(out, func(a, b *storepb.MoveTask) int { return int(a.Id - b.Id) })
+	return out
+}
+
+// MoveEnd ends move id of clientID: on success the target replica joins
+// the object (a spill also drops the source); on failure, or if the object
+// changed meanwhile, the target's space is freed.
+func (s *Service) MoveEnd(clientID string, id uint64, ok bool) error {
+	s.segMu.Lock()
+	t := s.tasks[id]
+	if t == nil || t.client != clientID {
+		s.segMu.Unlock()
+		return storeErr(storepb.ObjectNotFound, "move %d: unknown (expired, or not this client's)", id)
+	}
+	s.segMu.Unlock()
+	sh := s.shardOf(t.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s.segMu.Lock()
+	delete(s.tasks, id)
+	s.spilling -= min(s.spilling, t.freeing)
+	t.freeing = 0
+	o := t.o
+	if o != nil {
+		o.moving = nil
+	}
+	live := o != nil && sh.objects[t.key] == o && !t.dst.seg.dead.Load() &&
+		slices.Contains(o.replicas, t.src)
+	if !ok || !live {
+		s.freeLocked([]replica{t.dst})
+		s.segMu.Unlock()
+		if !ok {
+			return nil
+		}
+		return storeErr(storepb.ObjectNotFound, "move %d: %q changed meanwhile", id, t.key)
+	}
+	s.segMu.Unlock()
+	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
+		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], KeepFrom: !t.spill}}}
+	var seq uint64
+	if t.spill {
+		// The object leaves DRAM: every DRAM replica goes, the SSD copy
+		// serves.
+		var gone []replica
+		o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool {
+			if !r.onDisk() {
+				gone = append(gone, r)
+				return true
+			}
+			return false
+		})
+		o.replicas = append(o.replicas, t.dst)
+		seq = s.freeAfter(rec, gone)
+		s.spilled.Add(1)
+	} else {
+		o.replicas = append(o.replicas, t.dst)
+		seq = s.record(rec)
+		if t.dst.onDisk() {
+			s.offloaded.Add(1)
+		} else {
+			s.promoted.Add(1)
+		}
+	}
+	// DRAM first: readers and eviction look at replicas[0].
+	slices.SortStableFunc(o.replicas, func(a, b replica) int {
+		switch {
+		case !a.onDisk() && b.onDisk():
+			return -1
+		case a.onDisk() && !b.onDisk():
+			return 1
+		}
+		return 0
+	})
+	return s.durableUnlocked(sh, seq)
+}
+
+// durableUnlocked waits for seq with sh.mu released (and retaken).
+func (s *Service) durableUnlocked(sh *shard, seq uint64) error {
+	if s.j == nil || seq == 0 {
+		return nil
+	}
+	sh.mu.Unlock()
+	defer sh.mu.Lock()
+	return s.durable(seq)
+}
+
+// expireTasks frees the targets of moves older than moveTaskTTL.
+func (s *Service) expireTasks() {
+	now := s.now()
+	var stale []*moveTask
+	s.segMu.Lock()
+	for id, t := range s.tasks {
+		if now.Sub(t.created) >= moveTaskTTL {
+			delete(s.tasks, id)
+			stale = append(stale, t)
+		}
+	}
+	s.segMu.Unlock()
+	for _, t := range stale {
+		sh := s.shardOf(t.key)
+		sh.mu.Lock()
+		s.segMu.Lock()
+		if t.o != nil && t.o.moving == t {
+			t.o.moving = nil
+		}
+		s.spilling -= min(s.spilling, t.freeing)
+		t.freeing = 0
+		s.freeLocked([]replica{t.dst})
+		s.segMu.Unlock()
+		sh.mu.Unlock()
+	}
+}
+
+// evictDisk frees SSD tier space past the high watermark: SSD copies of
+// objects, least recently used first, skipping leased objects and moves in
+// flight; an object whose only copy goes is dropped.
+func (s *Service) evictDisk(now time.Time) {
+	s.segMu.Lock()
+	capacity, used := s.diskUsageLocked()
+	s.segMu.Unlock()
+	if capacity == 0 || float64(used) <= s.cfg.EvictionHighWatermark*float64(capacity) {
+		return
+	}
+	target := float64(used) - (s.cfg.EvictionHighWatermark-s.cfg.EvictionRatio)*float64(capacity)
+	var cands []candidate
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for key, o := range sh.objects {
+			if diskEvictable(o, now) {
+				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.SortFunc(cands, func(a, b candidate) int { return a.lease.Compare(b.lease) })
+	var freed float64
+	for _, c := range cands {
+		if freed >= target {
+			return
+		}
+		c.sh.mu.Lock()
+		if c.sh.objects[c.key] == c.o && diskEvictable(c.o, now) {
+			var gone []replica
+			c.o.replicas = slices.DeleteFunc(c.o.replicas, func(r replica) bool {
+				if r.onDisk() {
+					gone = append(gone, r)
+					freed += float64(r.size)
+					return true
+				}
+				return false
+			})
+			if len(c.o.replicas) == 0 {
+				c.o.replicas = gone // dropLocked frees and journals them
+				s.dropLocked(c.sh, c.key, c.o)
+			} else {
+				s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: c.key, DiskOnly: true}}}, gone)
+			}
+			s.evictedKeys.Add(1)
+		}
+		c.sh.mu.Unlock()
+	}
+}
+
+func diskEvictable(o *object, now time.Time) bool {
+	return o.complete() && o.pending == nil && o.moving == nil && !o.hardPin && !o.lease.After(now) &&
+		o.replicas[len(o.replicas)-1].onDisk() // SSD replicas come last
+}
