@@ -21,7 +21,7 @@ type object struct {
 	replicas []replica // COMPLETE, DRAM first; empty while the first put is in flight
 	pending  *pendingPut
 	moving   *moveTask // a spill or promotion in flight
-	writer   string // the client whose put made replicas
+	writer   string    // the client whose put made replicas
 
 	// lease orders eviction (oldest first) and, while in the future,
 	// protects the object from Remove and eviction. PutEnd sets it to now.
@@ -182,7 +182,7 @@ func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
 			continue
 		}
 		out = append(out, &storepb.Replica{
-			Status: st,
+			Status:   st,
 			Location: &storepb.Replica_Memory{Memory: r.memory()},
 		})
 	}

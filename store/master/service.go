@@ -177,8 +177,8 @@ type Service struct {
 	needEvict atomic.Bool
 
 	// Moves (SSD spills and promotions) in flight, by id; under segMu.
-	tasks    map[uint64]*moveTask
-	nextTask uint64
+	tasks     map[uint64]*moveTask
+	nextTask  uint64
 	spilling  uint64 // DRAM bytes spills in flight will free
 	diskTiers int    // mounted SSD tiers
 

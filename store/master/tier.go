@@ -45,7 +45,7 @@ type moveTask struct {
 	o       *object // nil once the object is gone (orphaned task)
 	src     replica
 	dst     replica
-	spill   bool // the DRAM replicas go once the copy is done
+	spill   bool   // the DRAM replicas go once the copy is done
 	freeing uint64 // a spill's DRAM bytes, counted in Service.spilling
 	client  string // owner of src: who copies
 	created time.Time
