@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Go, Python and a C compiler:
 #  - Debian libraries the official Mooncake wheel links against;
+#  - redis-server, the Redis yardstick of the store benchmark (bench/store);
 #  - the official wheel (mooncake-transfer-engine-non-cuda) in .venv-official,
 #    used only by the cross-implementation tests.
 # A step that cannot be done is reported; the tests that need it then skip
@@ -8,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-need=(libcurl4 libibverbs1 rdma-core librdmacm1 libnuma1 liburing2)
+need=(libcurl4 libibverbs1 rdma-core librdmacm1 libnuma1 liburing2 redis-server)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -17,7 +18,7 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "test-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq && $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
-    || echo "test-deps: apt-get failed; official-Mooncake interop tests will skip"
+    || echo "test-deps: apt-get failed; official-Mooncake interop tests and the Redis yardstick tests will skip"
 fi
 
 venv=.venv-official
