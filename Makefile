@@ -6,14 +6,19 @@ GO    ?= go
 BIN   := bin/mooncake
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run test deps lint unit fuzz clean
+.PHONY: all build run bench-te test deps lint unit fuzz clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/mooncake
 
+# run is the main job: the all-in-one store (embedded etcd, an HA master,
+# two storage node processes) replaying the FAST'25 conversation trace.
 run: build
+	$(BIN) bench trace --out replay-out
+
+bench-te: build
 	$(BIN) bench te --transport tcp --op write --block-size 1MiB --batch-size 64 --threads 2 --duration 3s
 	$(BIN) bench te --transport tcp --op read  --block-size 1MiB --batch-size 64 --threads 2 --duration 3s
 	$(BIN) bench te --transport shm --op write --block-size 1MiB --batch-size 64 --threads 2 --duration 3s

@@ -36,6 +36,10 @@ type Config struct {
 	Dir string
 	// Etcd is etcd's client address. Zero: "127.0.0.1:0" (a free port).
 	Etcd string
+	// EtcdFsync makes the embedded etcd fsync its log. Zero: it does not,
+	// since on one machine a crash loses the DRAM pool the journal
+	// describes anyway (see embedetcd.NoFsync).
+	EtcdFsync bool
 	// Masters is the number of masters. Zero: 1.
 	Masters int
 	// NoHA runs a single master without etcd election and journal (and
@@ -118,7 +122,11 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			}
 			dir = c.tmp
 		}
-		if c.etcd, err = embedetcd.Start(dir, cfg.Etcd); err != nil {
+		var opts []embedetcd.Option
+		if !cfg.EtcdFsync {
+			opts = append(opts, embedetcd.NoFsync())
+		}
+		if c.etcd, err = embedetcd.Start(dir, cfg.Etcd, opts...); err != nil {
 			return nil, err
 		}
 	}
