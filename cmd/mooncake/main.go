@@ -50,6 +50,6 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmarks that compare against a yardstick measured in the same run",
 	}
-	c.AddCommand(newBenchTECmd(), newBenchTraceCmd())
+	c.AddCommand(newBenchTECmd(), newBenchTraceCmd(), newBenchStoreCmd())
 	return c
 }

@@ -36,6 +36,7 @@ type Client struct {
 	seg    *storepb.Segment // what is mounted
 	segs   *segmentCache    // opened peers
 	regs   registrations    // caller memory registered with the engine
+	leases *leaseCache      // nil with NoLeaseCache
 
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
@@ -71,6 +72,9 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	if cfg.ID == "" {
 		cfg.ID = uuid.NewString()
 	}
+	if cfg.LeaseCache == 0 {
+		cfg.LeaseCache = 1 << 16
+	}
 	c = &Client{cfg: cfg, id: cfg.ID, eng: cfg.Engine, log: slog.Default().With("client", cfg.ID)}
 	var undo []func()
 	defer func() {
@@ -81,7 +85,13 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		}
 	}()
 	if c.eng == nil {
-		if c.eng, err = engine.New(cfg.EngineConfig); err != nil {
+		ec := cfg.EngineConfig
+		if ec.SliceSize == 0 {
+			// One value is usually one request: smaller slices spread it
+			// over the same-host copy workers and the TCP lanes.
+			ec.SliceSize = DefaultSliceSize
+		}
+		if c.eng, err = engine.New(ec); err != nil {
 			return nil, fmt.Errorf("client: engine: %w", err)
 		}
 		c.ownsEng = true
@@ -89,6 +99,9 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	}
 	c.name, c.host = c.eng.Name(), c.eng.Host()
 	c.segs = newSegmentCache(c.eng)
+	if cfg.LeaseCache > 0 {
+		c.leases = newLeaseCache(cfg.LeaseCache)
+	}
 	undo = append(undo, c.segs.closeAll)
 	if c.stage, err = newStage(c.eng, cfg.LocalBufferSize); err != nil {
 		return nil, fmt.Errorf("client: local buffer of %d bytes: %w", cfg.LocalBufferSize, err)

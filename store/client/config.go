@@ -16,6 +16,9 @@ const (
 	DefaultRPCTimeout      = 30 * time.Second // MC_RPC_TIMEOUT_MS
 	DefaultPingInterval    = time.Second
 	DefaultClusterID       = "mooncake_cluster" // MC_STORE_CLUSTER_ID
+	// DefaultSliceSize is the engine slice size of the engine a client
+	// starts itself (EngineConfig.SliceSize zero).
+	DefaultSliceSize = 256 << 10
 )
 
 // Config configures a Client. The zero value of every field but Master
@@ -31,7 +34,7 @@ type Config struct {
 	// and closes it on Close.
 	Engine *engine.Engine
 	// EngineConfig configures the engine the client starts when Engine is
-	// nil.
+	// nil; a zero SliceSize there means DefaultSliceSize.
 	EngineConfig engine.Config
 	// SegmentSize is how many bytes of DRAM this client contributes to the
 	// pool (Mooncake's global_segment_size). Zero: 512 MiB; NoSegment for a
@@ -48,6 +51,10 @@ type Config struct {
 	// PingInterval is the heartbeat period; the master forgets a client
 	// silent for its client TTL (10 s). Zero: 1 s.
 	PingInterval time.Duration
+	// LeaseCache is how many replica lists the client keeps for the
+	// leases the master granted with them, so that reads within a lease
+	// skip the lookup (see Get). Zero: 65536; NoLeaseCache for none.
+	LeaseCache int
 	// NoChecksum skips the CRC-32C of values: none is computed on put, and
 	// reads of objects that carry one do not verify it.
 	NoChecksum bool
@@ -63,6 +70,9 @@ type Config struct {
 
 // NoSegment as Config.SegmentSize: the client contributes no memory.
 const NoSegment = -1
+
+// NoLeaseCache as Config.LeaseCache: every read asks the master.
+const NoLeaseCache = -1
 
 // Validate reports the first field out of range, by name.
 func (c *Config) Validate() error {

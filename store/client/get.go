@@ -17,7 +17,8 @@ func quote(k string) string { return strconv.Quote(k) }
 // getItem is one object of a get.
 type getItem struct {
 	key    string
-	dst    []byte // where the value goes; nil: allocate
+	dst    []byte // where the value goes
+	alloc  bool   // the caller gave no buffer: allocate dst
 	length uint64
 	sum    uint32
 	reps   []*storepb.MemoryReplica // nearest first; tried in turn
@@ -26,6 +27,7 @@ type getItem struct {
 	err    error // final, or the last attempt's while tries remain
 	done   bool  // read and verified
 	final  bool  // err stands: no further replica is tried
+	cached bool  // reps came from the lease cache
 }
 
 // Get returns the value of key, read from its nearest complete replica
@@ -50,7 +52,7 @@ func (c *Client) GetInto(ctx context.Context, key string, dst []byte) (int, erro
 func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
 	items := make([]*getItem, len(keys))
 	for i, k := range keys {
-		items[i] = &getItem{key: k}
+		items[i] = &getItem{key: k, alloc: true}
 	}
 	c.getMany(ctx, items)
 	vals, errs := make([][]byte, len(keys)), make([]error, len(keys))
@@ -74,9 +76,6 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, dsts [][]byte)
 	items := make([]*getItem, len(keys))
 	for i, k := range keys {
 		items[i] = &getItem{key: k, dst: dsts[i]}
-		if dsts[i] == nil {
-			items[i].dst = []byte{} // not nil: never allocate for the caller
-		}
 	}
 	c.getMany(ctx, items)
 	for i, it := range items {
@@ -87,14 +86,28 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, dsts [][]byte)
 	return ns, errs
 }
 
-// lookup asks the master for the replicas of every item, ordered nearest
-// first.
+// lookup finds the replicas of every item, ordered nearest first: from
+// the lease cache where it has a usable entry, else from the master.
 func (c *Client) lookup(ctx context.Context, items []*getItem) {
+	start := time.Now()
+	if c.leases != nil {
+		var ask []*getItem
+		for _, it := range items {
+			if e := c.leases.get(it.key, start); e != nil {
+				it.length, it.sum, it.start, it.ttlMs, it.reps, it.cached = e.length, e.sum, e.start, e.ttlMs, e.reps, true
+				continue
+			}
+			ask = append(ask, it)
+		}
+		items = ask
+	}
+	if len(items) == 0 {
+		return
+	}
 	req := &storepb.BatchKeyRequest{ClientId: c.id, Keys: make([]string, len(items))}
 	for i, it := range items {
 		req.Keys[i] = it.key
 	}
-	start := time.Now()
 	var resp *storepb.BatchGetReplicaListResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.BatchGetReplicaList(ctx, req)
@@ -121,6 +134,8 @@ func (c *Client) lookup(ctx context.Context, items []*getItem) {
 		slices.SortStableFunc(it.reps, func(a, b *storepb.MemoryReplica) int { return cmp.Compare(c.distance(a), c.distance(b)) })
 		if len(it.reps) == 0 {
 			it.err = &storepb.Error{Code: storepb.ObjectNotFound, Msg: quote(it.key) + ": no readable replica"}
+		} else if c.leases != nil {
+			c.leases.put(it.key, &cached{length: it.length, sum: it.sum, reps: it.reps, start: start, ttlMs: it.ttlMs})
 		}
 	}
 }
@@ -154,11 +169,30 @@ func (c *Client) getMany(ctx context.Context, items []*getItem) {
 		return
 	}
 	c.lookup(ctx, live)
+	c.readAll(ctx, live)
+	// A read from a cached list that failed gets one fresh lookup: the
+	// object may have been force-removed or its node lost.
+	var again []*getItem
+	for _, it := range live {
+		if it.cached && !it.done {
+			c.leases.drop(it.key)
+			*it = getItem{key: it.key, dst: it.dst, alloc: it.alloc}
+			again = append(again, it)
+		}
+	}
+	if len(again) > 0 {
+		c.lookup(ctx, again)
+		c.readAll(ctx, again)
+	}
+}
+
+// readAll reads every looked-up item from its nearest replica that works.
+func (c *Client) readAll(ctx context.Context, live []*getItem) {
 	for _, it := range live {
 		switch {
 		case it.err != nil:
 			it.final = true
-		case it.dst == nil:
+		case it.alloc && uint64(len(it.dst)) < it.length:
 			it.dst = make([]byte, it.length)
 		case uint64(len(it.dst)) < it.length:
 			it.err = &storepb.Error{Code: storepb.InvalidParams,

@@ -65,6 +65,9 @@ func (c *Client) Remove(ctx context.Context, key string, force bool) error {
 // BatchRemove is Remove of many keys.
 func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []error {
 	errs := make([]error, len(keys))
+	if c.leases != nil {
+		c.leases.drop(keys...)
+	}
 	var resp *storepb.BatchResult
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.BatchRemove(ctx, &storepb.BatchRemoveRequest{ClientId: c.id, Keys: keys, Force: force})
@@ -86,6 +89,9 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 // RemoveAll removes every readable object (leased ones only with force)
 // and returns how many.
 func (c *Client) RemoveAll(ctx context.Context, force bool) (int, error) {
+	if c.leases != nil {
+		c.leases.clear()
+	}
 	var resp *storepb.RemoveAllResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.RemoveAll(ctx, &storepb.RemoveAllRequest{ClientId: c.id, Force: force})

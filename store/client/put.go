@@ -102,6 +102,11 @@ func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc
 		}
 	}
 	if len(live) > 0 {
+		if upsert && c.leases != nil {
+			for _, it := range live {
+				c.leases.drop(it.key)
+			}
+		}
 		c.start(ctx, live, rc.proto(), upsert)
 		c.write(ctx, live)
 		c.end(ctx, live)

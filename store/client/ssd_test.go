@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -109,6 +110,9 @@ func TestSSDDamageIsCaught(t *testing.T) {
 	bad := 0
 	for i := range n {
 		got, err := node.Get(ctx, fmt.Sprintf("d%d", i))
+		if errors.Is(err, storepb.ErrObjectNotFound) {
+			continue // evicted before its offload: a put found no room
+		}
 		if err != nil {
 			assert.ErrorIs(t, err, storepb.ErrChecksumMismatch)
 			bad++
