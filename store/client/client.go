@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -116,6 +117,9 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 			return nil, fmt.Errorf("client: segment of %d bytes: %w", cfg.SegmentSize, err)
 		}
 		undo = append(undo, func() { _ = c.segBuf.Free() })
+		if !cfg.NoPrefault {
+			prefault(c.segBuf.Bytes())
+		}
 		c.seg = &storepb.Segment{
 			Id: uuid.NewString(), Name: c.name, Base: uint64(c.segBuf.Addr()), Size: uint64(cfg.SegmentSize),
 			TransportEndpoint: c.name, Protocol: "tcp", HostId: c.host,
@@ -262,4 +266,17 @@ func (c *Client) Close() error {
 func (c *Client) sameHost(endpoint string) bool {
 	h, _, err := net.SplitHostPort(endpoint)
 	return err == nil && h == c.host
+}
+
+// prefault backs every page of a segment with memory now, so puts do not
+// pay page faults (and zeroing) on first touch, and an overcommitted host
+// fails at mount rather than in the data path. Kernels without
+// MADV_POPULATE_WRITE get each page touched instead.
+func prefault(b []byte) {
+	if err := unix.Madvise(b, unix.MADV_POPULATE_WRITE); err == nil {
+		return
+	}
+	for i := 0; i < len(b); i += os.Getpagesize() {
+		b[i] = 0
+	}
 }

@@ -51,6 +51,9 @@ type Config struct {
 	// PingInterval is the heartbeat period; the master forgets a client
 	// silent for its client TTL (10 s). Zero: 1 s.
 	PingInterval time.Duration
+	// NoPrefault leaves the segment's pages to be faulted in by the first
+	// puts that touch them, instead of backing them all at New.
+	NoPrefault bool
 	// LeaseCache is how many replica lists the client keeps for the
 	// leases the master granted with them, so that reads within a lease
 	// skip the lookup (see Get). Zero: 65536; NoLeaseCache for none.
