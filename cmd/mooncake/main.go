@@ -1,5 +1,6 @@
-// Command mooncake is the one CLI of mooncake-go: metadata server,
-// benchmarks, and (as they land) master, node, conductor and all-in-one.
+// Command mooncake is the one CLI of mooncake-go: the store's master and
+// storage nodes, the all-in-one store (up), the HTTP metadata server, and
+// the benchmarks (trace replay, store, transfer engine).
 package main
 
 import (

@@ -1,15 +1,42 @@
 // Package master is the Mooncake Store master: the metadata service that
 // clients talk to over gRPC (store/storepb). It owns the map from object keys
-// to replicas, allocates replica space in the DRAM segments that clients
-// mount into the pool, grants leases on reads, evicts near-LRU objects past
-// a high watermark, and keeps one leader among several masters through
-// etcd. It is never in the data path: clients move bytes with the Transfer
-// Engine between each other's segments, at the offsets the master handed
-// out.
+// to replicas, allocates replica space in the segments that clients mount
+// into the pool, grants leases on reads, evicts near-LRU objects past a high
+// watermark (spilling them to SSD tiers where nodes have one), and, under
+// HA, keeps one leader among several masters through etcd with a journal
+// that loses no completed put. It is never in the data path: clients move
+// bytes with the Transfer Engine between each other's segments, at the
+// offsets the master handed out.
 //
-// So far: the allocator, the metadata service (Service: segments,
-// put/get/upsert/remove, leases, soft pins, eviction, client expiry) and its
-// gRPC front (GRPCServer). The client, the SSD tier and HA come next.
+//	m, _ := master.Start(master.ServerConfig{Listen: ":50051", Admin: ":9003"})
+//	defer m.Close()
+//	// clients: client.New(ctx, client.Config{Master: "host:50051"})
+//
+// # Pieces
+//
+//   - Allocator (alloc.go): O(1) two-level segregated fit per segment.
+//   - Service (service.go, segments.go, objects.go, evict.go, tier.go): the
+//     metadata core with Mooncake's semantics — write-once put and upsert,
+//     leases granted on reads (10 s), soft and hard pins, eviction at 0.90
+//     freeing 0.05 near-LRU, client liveness (1 s pings, 10 s TTL), zombie
+//     puts pre-empted (30 s) and reclaimed (10 min), Mooncake's error codes;
+//     and the SSD tier (offload after put, spill on eviction, promotion on
+//     hit), whose copies clients make when their pings hand them moves.
+//   - GRPCServer (grpc.go): the storepb.Master service; store errors travel
+//     in Results so batches fail item by item.
+//   - Server (server.go): a running master — the service, its background
+//     loop, gRPC, the admin HTTP server (metrics.go: /metrics with
+//     Mooncake's master metric names, /health, /role, /leader) and HA.
+//   - HA (journal.go, etcdjournal.go, with store/ha): the leader holds
+//     mooncake-store/<cluster>/master_view under an etcd lease; standbys
+//     answer Unavailable. Every durable change is journaled to etcd in
+//     order, in transactions fenced by the leader's term, and group
+//     committed; answers wait for their records, and freed space is reused
+//     only once the record freeing it is durable. Snapshots every
+//     HAConfig.SnapshotEvery records bound the log. A new leader loads the
+//     latest snapshot and the records after it, rebuilds the allocators
+//     from the live replicas, gives every object a fresh lease (readers of
+//     the old leader may still be copying) and serves.
 //
 // # Allocator
 //

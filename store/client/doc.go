@@ -1,0 +1,44 @@
+// Package client is the Mooncake Store client. A client contributes a
+// segment of DRAM to the pool (optionally also an SSD tier), and puts and
+// gets objects: metadata goes to the master over gRPC, bytes go through the
+// Transfer Engine straight between the client's memory and the replicas in
+// other clients' segments (a plain copy when the replica is in this
+// process, shared memory on this host, TCP elsewhere).
+//
+//	c, _ := client.New(ctx, client.Config{Master: "10.0.0.1:50051", SegmentSize: 4 << 30})
+//	defer c.Close()                                   // unmounts; its replicas leave the pool
+//	_ = c.Put(ctx, "blk-42", kv, &client.ReplicateConfig{Replicas: 2})
+//	v, err := c.Get(ctx, "blk-42")                    // ErrObjectNotFound when absent
+//
+// Under HA, Master is "etcd://h1:2379;h2:2379": the client looks the leader
+// up in etcd and follows it through failovers, retrying calls that found no
+// master serving within RPCTimeout. Every master call is safe to repeat.
+//
+// # Data path
+//
+// Put asks the master for one replica per segment (PutStart), writes each
+// (values in memory registered with RegisterBuffer go as they are, others
+// through the staging buffer, in waves when a batch is larger than it),
+// then ends the put with the value's CRC-32C (PutEnd), or revokes it when a
+// write failed. Puts are write-once as in Mooncake: a put of an existing
+// key succeeds without overwriting; Upsert replaces.
+//
+// Get looks the replicas up (BatchGetReplicaList, which grants a lease),
+// reads from the nearest complete one — DRAM before SSD; this process,
+// this host, then others — verifies the checksum, and falls back to the
+// next replica when a read or the checksum fails. A read that outlives its
+// lease fails with LEASE_EXPIRED, since the space may hold another object
+// by then. Looked-up replica lists are cached until the last quarter of
+// their lease, so repeated reads skip the master; the master frees no
+// replica while a lease runs, so a cached read sees the value as of the
+// lookup (or, after another client's upsert, the one before it, as any
+// lease holder would). A cached read that fails looks up afresh.
+//
+// The client pings the master every second; a master that does not know it
+// (restarted, failed over, or expired it) gets its segments remounted.
+// Ping answers also carry SSD-tier moves for this client to copy.
+//
+// Errors are *storepb.Error with Mooncake's codes; test them with errors.Is
+// against storepb's sentinels (ErrObjectNotFound, ErrNoAvailableHandle,
+// ErrChecksumMismatch, ...).
+package client
