@@ -36,8 +36,9 @@ type Config struct {
 	// Timeout bounds each metadata call and each attempt at a shard.
 	// Zero: 30 s.
 	Timeout time.Duration
-	// Concurrency is the number of shards GetReplica fetches at once.
-	// Zero: 4.
+	// Concurrency is the number of shards GetReplica fetches at once; of
+	// those, it reads about Concurrency divided by the number of receivers
+	// it knows of from the seeds (see the package doc). Zero: 4.
 	Concurrency int
 	// Logger receives structured logs. Zero: slog.Default().
 	Logger *slog.Logger

@@ -5,9 +5,10 @@
 // A seed registers an object made of its local buffers; nothing moves yet,
 // the Store only writes the object's description to etcd. A receiver
 // fetches it into its own buffers with the Transfer Engine, shard by shard,
-// and then publishes itself as a source of those shards. Later receivers
-// pick replica holders before the seed, so the seed's upload stays near one
-// copy however many nodes fetch.
+// and publishes itself as a source of each shard soon after it lands.
+// Receivers read from replica holders before the seed, and split among
+// themselves the shards only the seed has, so the seed's upload stays near
+// one copy however many nodes fetch, together or one after another.
 //
 // # Lifecycle
 //
@@ -51,12 +52,43 @@
 //
 // # Fetching
 //
-// GetReplica reads Config.Concurrency shards at a time, one engine READ per
-// piece of a shard that falls in one local buffer. A shard's first attempt
-// goes to a random replica holder (a seed when there is none); when a
-// source fails (it died, or withdrew) later attempts walk the seeds and then
-// the replicas, at least Config.Retries times and once per source. Before
-// publishing itself the receiver checks that the object was not replaced
-// meanwhile, and fetches it again if it was. A receiver only becomes a
-// source of the shards that landed whole inside one of its buffers.
+// GetReplica runs Config.Concurrency workers, one engine READ per piece of
+// a shard that falls in one local buffer, and beside them a watch on the
+// object's key, so the receiver always knows who serves what. Each worker
+// takes, in order of preference:
+//
+//   - a shard some other receiver already serves, the rarest first, read
+//     from a random one of them: it costs the seed nothing, and spreads
+//     what receivers hold among them;
+//   - a shard only a seed serves that this receiver owns. The receivers a
+//     node knows of (from the replica lists) split those shards by
+//     rendezvous hashing on segment name and shard, so receivers that
+//     started together ask the seed for different shards and take the
+//     rest from one another; each tries its heaviest shards first, those
+//     it is likeliest to keep whoever else turns up;
+//   - a shard another receiver owns, once this one has waited for it
+//     about two of its slowest reads and publishes: the owner may be dead
+//     or unable to serve it.
+//
+// A receiver cannot know who else fetches before it has published once
+// and seen the record as of then. Until then it reads a single shard from
+// the seeds, and for as long again as it would wait for an owner it reads
+// one at a time (those that started with it may not have published yet);
+// later it keeps its part of Concurrency among the receivers it knows of
+// in flight there, so the seeds serve about Concurrency reads at a time.
+// With four receivers starting together on a 16-shard object the seed
+// uploads 1.0 to 1.5 copies (TestSeedUploadUnderTwice), where reading
+// replicas first alone left it near four.
+//
+// Landed shards are published in batches (four of them, or what landed
+// within 20 ms), each one compare-and-swap that also brings the receiver's
+// view up to date; a failed swap returns the current record, so a retry
+// costs one round trip. A shard read from a source that fails (it died, or
+// withdrew) is tried from the others, untried replica holders first, then
+// seeds, at least Config.Retries times and once per source; a failed
+// segment is avoided for the rest of the fetch. Before returning, the
+// receiver checks that the object was not replaced meanwhile, and fetches
+// it again if it was; a GetReplica that fails withdraws what it published.
+// A receiver only becomes a source of the shards that landed whole inside
+// one of its buffers.
 package p2p

@@ -200,11 +200,21 @@ func (m *meta) get(ctx context.Context, name string) (*record, error) {
 		return nil, nil
 	}
 	kv := resp.Kvs[0]
-	p, err := decodePayload(kv.Value)
+	return decodeRecord(name, kv.Value, kv.ModRevision, kv.CreateRevision)
+}
+
+// decodeRecord makes a record of a value of name's key and its revisions.
+func decodeRecord(name string, value []byte, rev, created int64) (*record, error) {
+	p, err := decodePayload(value)
 	if err != nil {
-		return nil, fmt.Errorf("get %q: %w", name, err)
+		return nil, fmt.Errorf("read %q: %w", name, err)
 	}
-	return &record{p: p, rev: kv.ModRevision, created: kv.CreateRevision}, nil
+	return &record{p: p, rev: rev, created: created}, nil
+}
+
+// watch streams the changes to name from revision rev on, until ctx ends.
+func (m *meta) watch(ctx context.Context, name string, rev int64) clientv3.WatchChan {
+	return m.cli.Watch(ctx, keyPrefix+name, clientv3.WithRev(rev))
 }
 
 // create writes p only if its key does not exist; false means it did.
@@ -228,9 +238,11 @@ func (m *meta) put(ctx context.Context, p *payload) error {
 	return nil
 }
 
-// swap replaces the record read at rev by p, or deletes it when p is nil;
-// false means someone changed it since.
-func (m *meta) swap(ctx context.Context, name string, rev int64, p *payload) (bool, error) {
+// swap replaces the record read at rev by p, or deletes it when p is nil,
+// and returns the revision it wrote at. If someone changed the record
+// since, it returns instead the record as it is now (nil if gone): a retry
+// needs no second read.
+func (m *meta) swap(ctx context.Context, name string, rev int64, p *payload) (written int64, cur *record, err error) {
 	key := keyPrefix + name
 	op := clientv3.OpDelete(key)
 	if p != nil {
@@ -239,39 +251,51 @@ func (m *meta) swap(ctx context.Context, name string, rev int64, p *payload) (bo
 	resp, err := m.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
 		Then(op).
+		Else(clientv3.OpGet(key)).
 		Commit()
 	if err != nil {
-		return false, metaErr("update", name, err)
+		return 0, nil, metaErr("update", name, err)
 	}
-	return resp.Succeeded, nil
+	if resp.Succeeded {
+		return resp.Header.Revision, nil, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return 0, nil, nil
+	}
+	cur, err = decodeRecord(name, kvs[0].Value, kvs[0].ModRevision, kvs[0].CreateRevision)
+	return 0, cur, err
 }
 
 // edit applies f to the current record until the compare-and-swap holds,
 // and deletes the object once nobody serves it. f returns false when it has
-// nothing to change. A missing object is not an error: there is nothing to
-// edit.
-func (m *meta) edit(ctx context.Context, name string, f func(r *record) (bool, error)) error {
-	for {
-		r, err := m.get(ctx, name)
-		if err != nil || r == nil {
-			return err
-		}
-		changed, err := f(r)
-		if err != nil || !changed {
-			return err
+// nothing to change. It returns the record it wrote (nil if none, or if it
+// deleted the object), which is f's to keep. A missing object is not an
+// error: there is nothing to edit.
+func (m *meta) edit(ctx context.Context, name string, f func(r *record) (bool, error)) (*record, error) {
+	r, err := m.get(ctx, name)
+	for err == nil && r != nil {
+		var changed bool
+		if changed, err = f(r); err != nil || !changed {
+			return nil, err
 		}
 		next := r.p
 		if next.empty() {
 			next = nil
 		}
-		ok, err := m.swap(ctx, name, r.rev, next)
-		if err != nil || ok {
-			return err
+		created := r.created
+		var rev int64
+		if rev, r, err = m.swap(ctx, name, r.rev, next); err == nil && rev != 0 {
+			if next == nil {
+				return nil, nil
+			}
+			return &record{p: next, rev: rev, created: created}, nil
 		}
-		if err := ctx.Err(); err != nil {
-			return metaErr("update", name, err)
+		if err == nil && ctx.Err() != nil {
+			err = metaErr("update", name, ctx.Err())
 		}
 	}
+	return nil, err
 }
 
 // list reads every object whose name starts with prefix, in name order.

@@ -2,27 +2,28 @@ package p2p
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"math/rand/v2"
-	"slices"
 	"sort"
-	"sync"
 
 	"github.com/mooncake-go/mooncake/engine"
 )
 
 // GetReplica fetches the object name into the local buffers (addrs[i],
 // sizes[i]), whose sizes must add up to the object's (their split may
-// differ from the seed's), then publishes this node as a source of every
-// shard that landed inside one of its buffers, so later receivers can read
-// from it rather than from the seed. The buffers are registered with the
-// engine and must stay valid until DeleteReplica or Close.
+// differ from the seed's). Each shard that lands inside one of the buffers
+// is published within milliseconds, so receivers fetching at the same time
+// read it from here rather than from the seed. The buffers are registered with the
+// engine and must stay valid until DeleteReplica or Close. A GetReplica
+// that fails withdraws what it published and leaves the buffers to the
+// caller.
 //
-// Shards are fetched Config.Concurrency at a time, each with one READ per
-// piece of the local buffers it falls in. A shard's first attempt reads
-// from a random replica holder, or a random seed when there is none; later
-// attempts walk the seeds, then the replicas, in order, at least
-// Config.Retries times and once per source.
+// Shards are fetched Config.Concurrency at a time: first those some other
+// receiver already serves, read from a random one of them; then those only
+// a seed has, of which this receiver reads its own share and waits for the
+// others' (see the package doc). When a source fails (it died, or
+// withdrew) the shard is tried from the others, at least Config.Retries
+// times and once per source.
 func (s *Store) GetReplica(ctx context.Context, name string, addrs []uintptr, sizes []uint64) error {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {
@@ -49,7 +50,8 @@ func (s *Store) GetReplica(ctx context.Context, name string, addrs []uintptr, si
 }
 
 // fetch pulls the object into bufs and publishes the replica; it returns
-// the registered chunks, or, on error, leaves nothing registered.
+// the registered chunks, or, on error, leaves nothing registered and this
+// node listed nowhere.
 func (s *Store) fetch(ctx context.Context, name string, bufs []span, total uint64) (_ []span, err error) {
 	r, err := s.current(ctx, name, total)
 	if err != nil {
@@ -60,20 +62,25 @@ func (s *Store) fetch(ctx context.Context, name string, bufs []span, total uint6
 		return nil, err
 	}
 	defer func() {
-		if err != nil {
-			s.mem.remove(chunks)
+		if err == nil {
+			return
 		}
+		// Shards published on the way point into memory that is about to
+		// go; take them back first, even if ctx has ended (Close).
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Timeout)
+		if werr := s.withdraw(wctx, name, false); werr != nil {
+			s.log.Warn("failed fetch left this node listed", "name", name, "err", werr)
+		}
+		cancel()
+		s.mem.remove(chunks)
 	}()
 	lay := newLayout(chunks)
 	for attempt := 1; ; attempt++ {
-		if err := s.pull(ctx, r.p, lay); err != nil {
-			return nil, err
-		}
-		changed, err := s.publish(ctx, r, lay)
-		if err != nil {
-			return nil, err
-		}
-		if changed == nil {
+		err := s.pass(ctx, r, lay)
+		if !errors.Is(err, errReplaced) {
+			if err != nil {
+				return nil, err
+			}
 			return chunks, nil
 		}
 		// The object was replaced while its bytes were on the way: what
@@ -81,11 +88,10 @@ func (s *Store) fetch(ctx context.Context, name string, bufs []span, total uint6
 		if attempt >= s.cfg.Retries {
 			return nil, fmt.Errorf("%w: %q changed under %d fetches", ErrTooManyRetries, name, attempt)
 		}
-		if changed.p.Size != total {
-			return nil, fmt.Errorf("%w: %q is now %d bytes, buffers hold %d", ErrInvalidArgument, name, changed.p.Size, total)
+		if r, err = s.current(ctx, name, total); err != nil {
+			return nil, err
 		}
 		s.log.Info("object replaced during fetch, fetching again", "name", name)
-		r = changed
 	}
 }
 
@@ -141,100 +147,12 @@ func (l *layout) pieces(dst []piece, at, n uint64) []piece {
 	return dst
 }
 
-// pull fetches every shard of p into the layout, Concurrency shards at a
-// time; the first failure stops the others.
-func (s *Store) pull(ctx context.Context, p *payload, lay *layout) error {
-	starts := make([]uint64, len(p.Shards))
-	var off uint64
-	for i, sh := range p.Shards {
-		if len(sh.Gold)+len(sh.ReplicaList) == 0 {
-			return fmt.Errorf("%w: shard %d of %q has no source left", ErrPayloadNotFound, i, p.Name)
-		}
-		starts[i] = off
-		off += sh.Size
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
-		next  = make(chan int)
-	)
-	for range min(s.cfg.Concurrency, len(p.Shards)) {
-		wg.Go(func() {
-			var w worker
-			for i := range next {
-				w.pieces = lay.pieces(w.pieces[:0], starts[i], p.Shards[i].Size)
-				if err := s.pullShard(ctx, p, i, &w); err != nil {
-					once.Do(func() { first = err; cancel() })
-					continue
-				}
-				if s.afterShard != nil {
-					s.afterShard(i)
-				}
-			}
-		})
-	}
-feed:
-	for i := range p.Shards {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	if first == nil && ctx.Err() != nil {
-		first = context.Cause(ctx)
-	}
-	return first
-}
-
 // worker is the scratch space of one fetching goroutine, reused across
 // shards.
 type worker struct {
 	pieces []piece
 	reqs   []engine.Request
-}
-
-// source picks the location for attempt k at shard sh: a random replica
-// holder first (spreading receivers over those who already have the bytes
-// keeps the seed's upload near one copy), then every seed and replica in
-// turn.
-func source(sh *shard, k int) location {
-	if k == 0 {
-		if n := len(sh.ReplicaList); n > 0 {
-			return sh.ReplicaList[rand.IntN(n)]
-		}
-		return sh.Gold[rand.IntN(len(sh.Gold))]
-	}
-	k = (k - 1) % (len(sh.Gold) + len(sh.ReplicaList))
-	if k < len(sh.Gold) {
-		return sh.Gold[k]
-	}
-	return sh.ReplicaList[k-len(sh.Gold)]
-}
-
-func (s *Store) pullShard(ctx context.Context, p *payload, i int, w *worker) error {
-	sh := &p.Shards[i]
-	tries := max(s.cfg.Retries, len(sh.Gold)+len(sh.ReplicaList))
-	var last error
-	for k := range tries {
-		loc := source(sh, k)
-		err := s.read(ctx, loc, w)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("shard %d of %q: %w", i, p.Name, context.Cause(ctx))
-		}
-		s.log.Info("shard read failed, trying another source", "name", p.Name, "shard", i,
-			"source", loc.SegmentName, "attempt", k+1, "of", tries, "err", err)
-		last = err
-	}
-	return fmt.Errorf("%w: shard %d of %q failed %d times, last: %w", ErrTooManyRetries, i, p.Name, tries, last)
+	tried  []location // sources that failed the current shard
 }
 
 // read copies one shard from loc into the worker's pieces, one READ each.
@@ -273,47 +191,4 @@ func (s *Store) read(ctx context.Context, loc location, w *worker) error {
 		return fmt.Errorf("%w: read from %s: %s: %w", ErrTransferEngine, loc.SegmentName, st.Status, st.Err)
 	}
 	return nil
-}
-
-// publish adds this node to the replica lists of the shards it now holds in
-// one piece. If the object was replaced since r was read it publishes
-// nothing and returns the new record.
-func (s *Store) publish(ctx context.Context, r *record, lay *layout) (*record, error) {
-	mine := make([]*location, len(r.p.Shards))
-	var at uint64
-	var buf []piece
-	for i, sh := range r.p.Shards {
-		// A shard split over two local chunks cannot be served by one READ
-		// at one address, so this node is not a source of it.
-		if buf = lay.pieces(buf[:0], at, sh.Size); len(buf) == 1 {
-			mine[i] = &location{SegmentName: s.name, Offset: buf[0].local}
-		}
-		at += sh.Size
-	}
-	var changed *record
-	seen := false
-	mctx, cancel := s.metaCtx(ctx)
-	defer cancel()
-	err := s.meta.edit(mctx, r.p.Name, func(cur *record) (bool, error) {
-		seen, changed = true, nil
-		if !sameObject(r, cur) {
-			changed = cur
-			return false, nil
-		}
-		mod := false
-		for i, l := range mine {
-			if sh := &cur.p.Shards[i]; l != nil && !slices.Contains(sh.ReplicaList, *l) {
-				sh.ReplicaList = append(sh.ReplicaList, *l)
-				mod = true
-			}
-		}
-		return mod, nil
-	})
-	switch {
-	case err != nil:
-		return nil, err
-	case !seen:
-		return nil, fmt.Errorf("%w: %q was deleted while it was fetched", ErrPayloadNotFound, r.p.Name)
-	}
-	return changed, nil
 }

@@ -42,6 +42,9 @@ type Store struct {
 	// afterShard, when set by a test, runs after shard i of a GetReplica
 	// has arrived, before the worker takes the next one.
 	afterShard func(i int)
+	// afterPublish, when set by a test, runs after a GetReplica has
+	// published itself as a source of the shards in batch.
+	afterPublish func(batch []int)
 }
 
 // entry is an object this Store holds. An entry exists from the start of
@@ -357,7 +360,7 @@ func (s *Store) close(ctx context.Context, name string, gold bool) error {
 func (s *Store) withdraw(ctx context.Context, name string, gold bool) error {
 	mctx, cancel := s.metaCtx(ctx)
 	defer cancel()
-	return s.meta.edit(mctx, name, func(r *record) (bool, error) {
+	_, err := s.meta.edit(mctx, name, func(r *record) (bool, error) {
 		changed := false
 		for i := range r.p.Shards {
 			sh := &r.p.Shards[i]
@@ -371,6 +374,7 @@ func (s *Store) withdraw(ctx context.Context, name string, gold bool) error {
 		}
 		return changed, nil
 	})
+	return err
 }
 
 // List describes the published objects whose names start with prefix, in
