@@ -23,16 +23,15 @@ type leaseCache struct {
 }
 
 type cached struct {
-	length  uint64
-	sum     uint32
-	reps    []*storepb.MemoryReplica
-	start   time.Time // when the lookup was sent: the lease runs from before it
-	ttlMs   int64
-	useFrom time.Time // entries are used until their lease end minus a margin
+	length uint64
+	sum    uint32
+	reps   []*storepb.MemoryReplica
+	start  time.Time // when the lookup was sent: the lease runs from before it
+	ttlMs  int64
 }
 
-// leaseMargin is the part of a lease a cached entry leaves for the read
-// that uses it: an entry is not used in the last quarter of its lease.
+// usableUntil is when an entry stops being used: it leaves the last
+// quarter of its lease to the read that uses it.
 func usableUntil(start time.Time, ttlMs int64) time.Time {
 	ttl := time.Duration(ttlMs) * time.Millisecond
 	return start.Add(ttl - ttl/4)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/transport"
@@ -229,12 +228,4 @@ func (c *Client) registered(b []byte) bool {
 		return a >= base && a+n <= base+uintptr(len(c.ssd.mem))
 	}
 	return false
-}
-
-// leaseDeadline bounds a read by the lease the master granted at start.
-func leaseDeadline(ctx context.Context, start time.Time, ttlMs int64) (context.Context, context.CancelFunc) {
-	if ttlMs <= 0 {
-		return context.WithCancel(ctx)
-	}
-	return context.WithDeadline(ctx, start.Add(time.Duration(ttlMs)*time.Millisecond))
 }

@@ -23,9 +23,8 @@ type metrics struct {
 	srv *Server
 	reg *prometheus.Registry
 
-	mu    sync.Mutex
-	rpcs  map[string]*rpcCounters
-	descs map[string]*prometheus.Desc
+	mu   sync.Mutex
+	rpcs map[string]*rpcCounters
 }
 
 type rpcCounters struct {

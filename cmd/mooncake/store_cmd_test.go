@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// `mooncake up` starts a whole store that a client can use at the address
+// it prints, and stops cleanly on SIGTERM.
+func TestUpCommand(t *testing.T) {
+	cmd := selfCommand(t, "up", "--etcd", "127.0.0.1:0", "--rpc_port", "0", "--metrics_port", "0",
+		"--global_segment_size", "64MiB", "--masters", "2", "--node-processes")
+	line := startProc(t, cmd, "clients   --master ")
+	url := strings.TrimPrefix(line, "clients   --master ")
+	require.True(t, strings.HasPrefix(url, "etcd://127.0.0.1:"), url)
+
+	c := pureClient(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	want := payload("up", 100<<10)
+	require.NoError(t, c.Put(ctx, "up", want, nil))
+	got, err := c.Get(ctx, "up")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want, got))
+	require.NoError(t, c.Close())
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "up exits 0 on SIGTERM")
+	case <-time.After(20 * time.Second):
+		t.Fatal("up did not stop on SIGTERM")
+	}
+}
+
+// The main job end to end, scaled down: the replay runs, verifies every
+// block, and writes its table, Parquet file and plot.
+func TestBenchTraceCommand(t *testing.T) {
+	out := t.TempDir()
+	cmd := selfCommand(t, "bench", "trace", "--max-requests", "60", "--block-size", "4KiB",
+		"--global_segment_size", "64MiB", "--out", out)
+	cmd.Stderr = nil
+	b, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	s := string(b)
+	for _, want := range []string{"hit blocks", "infinite-cache bound", "corrupt blocks        0", "ratio hit / infinite bound"} {
+		assert.Contains(t, s, want)
+	}
+	for _, f := range []string{"replay.parquet", "replay.png"} {
+		st, err := os.Stat(filepath.Join(out, f))
+		require.NoError(t, err)
+		assert.Positive(t, st.Size())
+	}
+}
