@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mooncake-go/mooncake/internal/hist"
 	"sync"
 	"time"
 )
@@ -80,18 +81,18 @@ func Drive(ctx context.Context, o Options, newWorker func(i int) (Worker, error)
 			return Result{}, err
 		}
 	}
-	hists := make([]histogram, len(clients))
+	hists := make([]hist.Histogram, len(clients))
 	start := time.Now()
 	end := start.Add(o.Duration)
 	if err := each(ctx, clients, func(ctx context.Context, c *driven) error { return c.loop(ctx, end, &hists[c.i]) }); err != nil {
 		return Result{}, err
 	}
 	res.Seconds = time.Since(start).Seconds()
-	var all histogram
+	var all hist.Histogram
 	for i := range hists {
-		all.merge(&hists[i])
+		all.Merge(&hists[i])
 	}
-	res.Calls = all.total
+	res.Calls = all.Total
 	res.fill(o, &all)
 	return res, nil
 }
@@ -120,7 +121,7 @@ func (c *driven) preload(ctx context.Context) error {
 }
 
 // loop calls until end, recording each call's latency in h when it is set.
-func (c *driven) loop(ctx context.Context, end time.Time, h *histogram) error {
+func (c *driven) loop(ctx context.Context, end time.Time, h *hist.Histogram) error {
 	o := c.o
 	for t := time.Now(); t.Before(end); {
 		if err := ctx.Err(); err != nil {
@@ -149,7 +150,7 @@ func (c *driven) loop(ctx context.Context, end time.Time, h *histogram) error {
 		}
 		now := time.Now()
 		if h != nil {
-			h.record(now.Sub(t))
+			h.Record(now.Sub(t), 1)
 		}
 		t = now
 	}

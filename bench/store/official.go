@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mooncake-go/mooncake/internal/hist"
 	"net"
 	"os"
 	"os/exec"
@@ -191,7 +192,7 @@ func RunOfficial(ctx context.Context, o Options, cfg OfficialConfig) (res Result
 			return Result{}, err
 		}
 	}
-	var all histogram
+	var all hist.Histogram
 	for i, c := range clients {
 		var done struct {
 			Calls   uint64  `json:"calls"`
@@ -228,7 +229,7 @@ func startPython(py, script, name string, a officialArgs, env []string) (*proc, 
 
 // readLatencies records the int64 nanoseconds in the file at path and
 // returns how many there were.
-func readLatencies(path string, h *histogram) (uint64, error) {
+func readLatencies(path string, h *hist.Histogram) (uint64, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
@@ -239,7 +240,7 @@ func readLatencies(path string, h *histogram) (uint64, error) {
 	for i := 0; i < len(b); i += 8 {
 		// Python's array("q") writes in the machine's order; ours is
 		// little-endian wherever the wheel exists (x86-64, arm64).
-		h.record(time.Duration(binary.LittleEndian.Uint64(b[i:])))
+		h.Record(time.Duration(binary.LittleEndian.Uint64(b[i:])), 1)
 	}
 	return uint64(len(b) / 8), nil
 }

@@ -3,9 +3,11 @@ package store
 import (
 	"cmp"
 	"fmt"
+	"github.com/mooncake-go/mooncake/internal/hist"
 	"io"
 	"slices"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mooncake-go/mooncake/bench/te"
 )
@@ -50,7 +52,7 @@ type Result struct {
 }
 
 // fill sets the derived figures from Calls, Seconds and the options.
-func (r *Result) fill(o Options, h *histogram) {
+func (r *Result) fill(o Options, h *hist.Histogram) {
 	r.Op, r.ValueSize, r.BatchSize, r.Clients, r.Keys = o.Op, o.ValueSize, o.BatchSize, o.Clients, o.Keys
 	r.Ops = r.Calls * uint64(o.BatchSize)
 	r.Bytes = r.Ops * uint64(o.ValueSize)
@@ -58,7 +60,7 @@ func (r *Result) fill(o Options, h *histogram) {
 		r.OpsPerS = float64(r.Ops) / r.Seconds
 		r.GBPerS = float64(r.Bytes) / r.Seconds / 1e9
 	}
-	r.P50us, r.P99us = micros(h.quantile(0.5)), micros(h.quantile(0.99))
+	r.P50us, r.P99us = micros(h.Quantile(0.5)), micros(h.Quantile(0.99))
 }
 
 // point identifies the workload of a result, whatever measured it.
@@ -109,3 +111,6 @@ func WriteTable(out io.Writer, rs []Result, base string) error {
 	}
 	return tw.Flush()
 }
+
+// micros is d in microseconds.
+func micros(d time.Duration) float64 { return float64(d) / 1e3 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mooncake-go/mooncake/internal/hist"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,7 +71,7 @@ type worker struct {
 	reqs       []engine.Request
 	off, span  int // share of the buffers
 	pos        int // next offset within the share
-	hist       histogram
+	hist       hist.Histogram
 	bytes, req uint64
 	overhead   time.Duration // in AllocateBatch and FreeBatch
 	batches    int
@@ -167,7 +168,7 @@ func (w *workload) measure(ctx context.Context, moved *atomic.Uint64) (Figures, 
 				return err
 			}
 			// Every request of the batch is done when Wait returns.
-			k.hist.record(lat, per)
+			k.hist.Record(lat, per)
 			k.bytes += bytes
 			k.req += per
 			moved.Add(bytes)
@@ -178,12 +179,12 @@ func (w *workload) measure(ctx context.Context, moved *atomic.Uint64) (Figures, 
 	if err != nil {
 		return Figures{}, err
 	}
-	var h histogram
+	var h hist.Histogram
 	var total, reqs uint64
 	var overhead time.Duration
 	var batches int
 	for _, k := range ws {
-		h.merge(&k.hist)
+		h.Merge(&k.hist)
 		total += k.bytes
 		reqs += k.req
 		overhead += k.overhead
@@ -191,8 +192,8 @@ func (w *workload) measure(ctx context.Context, moved *atomic.Uint64) (Figures, 
 	}
 	f := figures(total, elapsed)
 	f.Requests = reqs
-	f.P50us = float64(h.quantile(0.50)) / 1e3
-	f.P99us = float64(h.quantile(0.99)) / 1e3
+	f.P50us = float64(h.Quantile(0.50)) / 1e3
+	f.P99us = float64(h.Quantile(0.99)) / 1e3
 	if batches > 0 {
 		f.BatchOverheadUS = overhead.Seconds() * 1e6 / float64(batches)
 	}

@@ -113,9 +113,7 @@ func (c *Client) lookup(ctx context.Context, items []*getItem) {
 		resp, err = rpc.BatchGetReplicaList(ctx, req)
 		return err
 	})
-	if err == nil && len(resp.Items) != len(items) {
-		err = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
-	}
+	err = batchErr(err, len(resp.GetItems()), len(items))
 	for i, it := range items {
 		if err != nil {
 			it.err = err

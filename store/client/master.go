@@ -145,3 +145,16 @@ func rpcErr(err error) error {
 	}
 	return &storepb.Error{Code: storepb.RPCFail, Msg: err.Error()}
 }
+
+// errBatchSize is the error of a batch answer with the wrong number of
+// items, which a sound master never sends.
+var errBatchSize = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
+
+// batchErr is the error a batch call leaves every item with: the call's
+// own, or errBatchSize when the answer has got items instead of want.
+func batchErr(err error, got, want int) error {
+	if err == nil && got != want {
+		return errBatchSize
+	}
+	return err
+}

@@ -22,19 +22,17 @@ func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error
 		resp, err = rpc.BatchExistKey(ctx, &storepb.BatchKeyRequest{ClientId: c.id, Keys: keys})
 		return err
 	})
+	err = batchErr(err, len(resp.GetResults()), len(keys))
 	for i := range keys {
-		switch {
-		case err != nil:
+		if err != nil {
 			errs[i] = err
-		case i >= len(resp.Results):
-			errs[i] = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
-		default:
-			switch e := resp.Results[i].AsError(); {
-			case e == nil:
-				ok[i] = true
-			case resp.Results[i].Code != int32(storepb.ObjectNotFound):
-				errs[i] = e
-			}
+			continue
+		}
+		switch e := resp.Results[i].AsError(); {
+		case e == nil:
+			ok[i] = true
+		case resp.Results[i].Code != int32(storepb.ObjectNotFound):
+			errs[i] = e
 		}
 	}
 	return ok, errs
@@ -73,13 +71,9 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 		resp, err = rpc.BatchRemove(ctx, &storepb.BatchRemoveRequest{ClientId: c.id, Keys: keys, Force: force})
 		return err
 	})
+	err = batchErr(err, len(resp.GetResults()), len(keys))
 	for i := range keys {
-		switch {
-		case err != nil:
-			errs[i] = err
-		case i >= len(resp.Results):
-			errs[i] = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
-		default:
+		if errs[i] = err; err == nil {
 			errs[i] = resp.Results[i].AsError()
 		}
 	}

@@ -132,9 +132,7 @@ func (c *Client) start(ctx context.Context, items []*putItem, rc *storepb.Replic
 		}
 		return err
 	})
-	if err == nil && len(resp.Items) != len(items) {
-		err = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
-	}
+	err = batchErr(err, len(resp.GetItems()), len(items))
 	for i, it := range items {
 		if err != nil {
 			it.err = err
@@ -251,13 +249,9 @@ func (c *Client) end(ctx context.Context, items []*putItem) {
 			resp, err = rpc.BatchPutEnd(ctx, req)
 			return err
 		})
+		err = batchErr(err, len(resp.GetResults()), len(done))
 		for i, it := range done {
-			switch {
-			case err != nil:
-				it.err = err
-			case i >= len(resp.Results):
-				it.err = &storepb.Error{Code: storepb.RPCFail, Msg: "master answered a batch of another size"}
-			default:
+			if it.err = err; err == nil {
 				it.err = resp.Results[i].AsError()
 			}
 		}

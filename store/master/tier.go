@@ -56,6 +56,20 @@ func (t *moveTask) proto() *storepb.MoveTask {
 	return &storepb.MoveTask{Id: t.id, Key: t.key, Source: t.src.memory(), Target: t.dst.memory()}
 }
 
+// take removes o's replicas on SSD (disk) or in DRAM (!disk) and returns
+// them.
+func (o *object) take(disk bool) []replica {
+	var gone []replica
+	o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool {
+		if r.onDisk() == disk {
+			gone = append(gone, r)
+			return true
+		}
+		return false
+	})
+	return gone
+}
+
 // evictLocked evicts o's DRAM replicas and returns the DRAM bytes that
 // frees (now, or once a spill ends). sh.mu is held.
 func (s *Service) evictLocked(sh *shard, key string, o *object, force bool) uint64 {
@@ -70,14 +84,7 @@ func (s *Service) evictLocked(sh *shard, key string, o *object, force bool) uint
 	}
 	if hasDisk {
 		// An SSD copy stays readable: drop only the DRAM replicas.
-		var gone []replica
-		o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool {
-			if !r.onDisk() {
-				gone = append(gone, r)
-				return true
-			}
-			return false
-		})
+		gone := o.take(false)
 		s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: key, DramOnly: true}}}, gone)
 		s.evictedKeys.Add(1)
 		s.evictedBytes.Add(dram)
@@ -270,14 +277,7 @@ func (s *Service) MoveEnd(clientID string, id uint64, ok bool) error {
 	if t.spill {
 		// The object leaves DRAM: every DRAM replica goes, the SSD copy
 		// serves.
-		var gone []replica
-		o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool {
-			if !r.onDisk() {
-				gone = append(gone, r)
-				return true
-			}
-			return false
-		})
+		gone := o.take(false)
 		o.replicas = append(o.replicas, t.dst)
 		seq = s.freeAfter(rec, gone)
 		s.spilled.Add(1)
@@ -370,15 +370,10 @@ func (s *Service) evictDisk(now time.Time) {
 		}
 		c.sh.mu.Lock()
 		if c.sh.objects[c.key] == c.o && diskEvictable(c.o, now) {
-			var gone []replica
-			c.o.replicas = slices.DeleteFunc(c.o.replicas, func(r replica) bool {
-				if r.onDisk() {
-					gone = append(gone, r)
-					freed += float64(r.size)
-					return true
-				}
-				return false
-			})
+			gone := c.o.take(true)
+			for _, r := range gone {
+				freed += float64(r.size)
+			}
 			if len(c.o.replicas) == 0 {
 				c.o.replicas = gone // dropLocked frees and journals them
 				s.dropLocked(c.sh, c.key, c.o)

@@ -1,16 +1,18 @@
-package te
+// Package hist is the latency histogram of the benchmarks: log-linear
+// buckets in bounded memory, any quantile within 1.6%.
+package hist
 
 import (
 	"math/bits"
 	"time"
 )
 
-// histogram counts latencies in log-linear buckets, as HDR histograms do:
+// Histogram counts latencies in log-linear buckets, as HDR histograms do:
 // exact below 128 ns, then 64 buckets per power of two, so any quantile is
 // within 1.6% of the true value. It takes 30 KiB whatever the run length.
-type histogram struct {
+type Histogram struct {
 	counts [59 << subBits]uint64
-	total  uint64
+	Total  uint64 // requests counted
 }
 
 const subBits = 6 // 64 buckets per octave
@@ -33,27 +35,27 @@ func valueOf(i int) uint64 {
 	return top<<shift + 1<<(shift-1)
 }
 
-// record counts n requests that each took d.
-func (h *histogram) record(d time.Duration, n uint64) {
+// Record counts n requests that each took d.
+func (h *Histogram) Record(d time.Duration, n uint64) {
 	v := uint64(max(d, 0))
 	h.counts[min(bucketOf(v), len(h.counts)-1)] += n
-	h.total += n
+	h.Total += n
 }
 
-func (h *histogram) merge(o *histogram) {
+func (h *Histogram) Merge(o *Histogram) {
 	for i, c := range o.counts {
 		h.counts[i] += c
 	}
-	h.total += o.total
+	h.Total += o.Total
 }
 
-// quantile returns the q-quantile (0 < q <= 1), zero when empty.
-func (h *histogram) quantile(q float64) time.Duration {
-	if h.total == 0 {
+// Quantile returns the q-quantile (0 < q <= 1), zero when empty.
+func (h *Histogram) Quantile(q float64) time.Duration {
+	if h.Total == 0 {
 		return 0
 	}
-	rank := uint64(q*float64(h.total) + 0.5)
-	rank = min(max(rank, 1), h.total)
+	rank := uint64(q*float64(h.Total) + 0.5)
+	rank = min(max(rank, 1), h.Total)
 	var seen uint64
 	for i, c := range h.counts {
 		seen += c
