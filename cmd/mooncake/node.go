@@ -1,11 +1,18 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os/signal"
+	"strconv"
 	"syscall"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/mooncake-go/mooncake/engine"
@@ -24,6 +31,8 @@ var nodeEnvs = map[string][]string{
 	"local_hostname":      {"MOONCAKE_LOCAL_HOSTNAME", "MC_NODE_LOCAL_HOSTNAME"},
 	"cluster_id":          {"MC_STORE_CLUSTER_ID"},
 	"transport":           {"MC_NODE_TRANSPORT"},
+	"enable_http_server":  {"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"},
+	"http_port":           {"MOONCAKE_CLIENT_HTTP_PORT"},
 }
 
 func newNodeCmd() *cobra.Command {
@@ -49,6 +58,8 @@ config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.`,
 	f.String("local_buffer_size", "16MiB", "staging buffer")
 	f.String("local_hostname", "", "address peers reach this node at (zero: the first non-loopback IPv4)")
 	f.String("cluster_id", client.DefaultClusterID, "HA cluster name")
+	f.Bool("enable_http_server", false, "serve /health and /metrics (the engine's) over HTTP")
+	f.Int("http_port", 9300, "port of the HTTP server (0 picks one)")
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
 }
@@ -76,9 +87,11 @@ func runNode(cmd *cobra.Command, _ []string) error {
 	if seg <= 0 {
 		return fmt.Errorf("--global_segment_size must be positive for a node")
 	}
+	reg := prometheus.NewRegistry()
 	cfg := client.Config{
 		Master: s.str("master"), ClusterID: s.str("cluster_id"), SegmentSize: seg, LocalBufferSize: buf,
-		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"), Transport: s.str("transport")},
+		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"),
+			Transport: s.str("transport"), Registerer: reg},
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -87,6 +100,23 @@ func runNode(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer c.Close()
+	if s.boolean("enable_http_server") {
+		ln, err := net.Listen("tcp", net.JoinHostPort(s.str("local_hostname"), strconv.Itoa(s.integer("http_port"))))
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]any{"status": "ok", "segment": c.SegmentName(),
+				"segment_bytes": seg, "master": cfg.Master, "client_id": c.ID()})
+		})
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		slog.Info("node HTTP server", "addr", ln.Addr().String())
+	}
 	slog.Info("node serving", "segment", c.SegmentName(), "bytes", seg, "master", cfg.Master)
 	fmt.Fprintln(cmd.OutOrStdout(), cluster.ReadyLine(c.SegmentName()))
 	<-ctx.Done()

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -296,6 +298,14 @@ func TestLeaderKilledDuringLoad(t *testing.T) {
 	}
 }
 
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 // A node started with a config file and Mooncake's environment names.
 func TestNodeConfigSources(t *testing.T) {
 	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
@@ -305,11 +315,22 @@ func TestNodeConfigSources(t *testing.T) {
 	conf := dir + "/node.json"
 	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(
 		`{"master_server_address": %q, "global_segment_size": "32MB", "local_hostname": "127.0.0.1"}`, m.Addr())), 0o600))
+	port := freePort(t)
 	cmd := selfCommand(t, "node")
-	cmd.Env = append(cmd.Env, "MOONCAKE_CONFIG_PATH="+conf, "MOONCAKE_LOCAL_BUFFER_SIZE=4MiB")
+	cmd.Env = append(cmd.Env, "MOONCAKE_CONFIG_PATH="+conf, "MOONCAKE_LOCAL_BUFFER_SIZE=4MiB",
+		"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER=true", fmt.Sprintf("MOONCAKE_CLIENT_HTTP_PORT=%d", port))
 	startProc(t, cmd, "node ready segment=127.0.0.1:")
 	st := m.Service().Stats()
 	assert.Equal(t, uint64(32e6), st.Capacity)
+	// Its HTTP server: health and the engine's metrics.
+	for path, want := range map[string]string{"/health": `"status":"ok"`, "/metrics": "mooncake_te_"} {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, 200, resp.StatusCode, path)
+		assert.Contains(t, string(body), want, path)
+	}
 
 	bad := selfCommand(t, "node", "--master", m.Addr(), "--global_segment_size", "lots")
 	bad.Stderr = nil
