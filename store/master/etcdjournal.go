@@ -127,43 +127,86 @@ func (j *etcdJournal) close() {
 	<-j.done
 }
 
+// journalDepth bounds the etcd transactions in flight at once: commits
+// overlap, and a record waits for about one transaction, not for the one
+// before it too.
+const journalDepth = 4
+
+// written is a batch whose transaction returned.
+type written struct {
+	first uint64
+	batch []entry
+	err   error
+}
+
+// run dispatches queued records to up to journalDepth concurrent writes
+// and advances the committed sequence number through the batches that
+// have landed with no gap before them, running their callbacks in order.
+// Batches may land out of order; a failed one fails the journal, and the
+// records after it, though in etcd, are never acknowledged (a new leader
+// loads up to the gap and deletes the rest).
 func (j *etcdJournal) run() {
 	defer close(j.done)
-	for range j.wake {
+	landed := make(chan written, journalDepth)
+	inflight := 0
+	next := j.committed + 1 // the seq the next dispatched batch starts at
+	pending := map[uint64]written{}
+	fail := func(err error) {
 		j.mu.Lock()
-		if j.closed {
-			j.mu.Unlock()
+		if j.err == nil {
+			j.err = fmt.Errorf("master: journal write: %w", err)
+		}
+		j.cond.Broadcast()
+		j.mu.Unlock()
+	}
+	for {
+		// Dispatch while there is room and work.
+		j.mu.Lock()
+		closed, failed := j.closed, j.err != nil
+		var batch []entry
+		if !closed && !failed && inflight < journalDepth {
+			batch, j.queue = j.queue, nil
+		}
+		j.mu.Unlock()
+		if (closed || failed) && inflight == 0 {
 			return
 		}
-		batch, first := j.queue, j.committed+1
-		j.queue = nil
-		j.mu.Unlock()
-		if len(batch) == 0 {
+		if len(batch) > 0 {
+			first := next
+			next += uint64(len(batch))
+			inflight++
+			go func() { landed <- written{first, batch, j.write(first, batch)} }()
 			continue
 		}
-		if err := j.write(first, batch); err != nil {
-			j.mu.Lock()
-			j.err = fmt.Errorf("master: journal write: %w", err)
-			j.cond.Broadcast()
-			j.mu.Unlock()
-			return
-		}
-		for _, e := range batch {
-			if e.done != nil {
-				e.done()
+		select {
+		case w := <-landed:
+			inflight--
+			if w.err != nil {
+				fail(w.err)
+				continue
 			}
-		}
-		j.mu.Lock()
-		j.committed = first + uint64(len(batch)) - 1
-		j.sinceSnap += len(batch)
-		j.cond.Broadcast()
-		more := len(j.queue) > 0
-		j.mu.Unlock()
-		if more {
-			select {
-			case j.wake <- struct{}{}:
-			default:
+			pending[w.first] = w
+			for {
+				j.mu.Lock()
+				at := j.committed + 1
+				j.mu.Unlock()
+				w, ok := pending[at]
+				if !ok {
+					break
+				}
+				delete(pending, at)
+				for _, e := range w.batch {
+					if e.done != nil {
+						e.done()
+					}
+				}
+				j.mu.Lock()
+				j.committed = w.first + uint64(len(w.batch)) - 1
+				j.sinceSnap += len(w.batch)
+				j.cond.Broadcast()
+				j.mu.Unlock()
 			}
+		case <-j.wake:
 		}
 	}
 }
@@ -263,8 +306,11 @@ func (j *etcdJournal) writeSnapshot(svc *Service) (uint64, error) {
 }
 
 // loadJournal reads the latest snapshot and the log after it and returns
-// the state and the last sequence number.
-func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string) (*state, uint64, error) {
+// the state and the last sequence number. The log ends at its first gap:
+// batches after one were written by a leader whose earlier write failed,
+// and were never acknowledged; they are deleted (the caller leads, so the
+// delete is fenced by its term).
+func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string, term int64) (*state, uint64, error) {
 	prefix := journalPrefix(clusterID)
 	st := newState()
 	var last uint64
@@ -290,7 +336,11 @@ func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string) (*
 		}
 	}
 	logDir := prefix + "log/"
+	gap := false
 	err = scan(ctx, cli, logDir, clientv3.GetPrefixRangeEnd(logDir), func(key string, v []byte) error {
+		if gap {
+			return nil
+		}
 		var b storepb.JournalBatch
 		if err := proto.Unmarshal(v, &b); err != nil {
 			return fmt.Errorf("master: journal batch %s: %w", key, err)
@@ -304,7 +354,8 @@ func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string) (*
 				continue
 			}
 			if seq != last+1 {
-				return fmt.Errorf("master: journal gap: record %d after %d", seq, last)
+				gap = true
+				return nil
 			}
 			if err := st.apply(rec); err != nil {
 				return fmt.Errorf("master: journal record %d: %w", seq, err)
@@ -315,6 +366,18 @@ func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string) (*
 	})
 	if err != nil {
 		return nil, 0, err
+	}
+	if gap {
+		txn, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(ha.ViewKey(clusterID)), "=", term)).
+			Then(clientv3.OpDelete(logKey(prefix, last+1), clientv3.WithRange(clientv3.GetPrefixRangeEnd(logDir)))).
+			Commit()
+		switch {
+		case err != nil:
+			return nil, 0, fmt.Errorf("master: journal: delete unacknowledged records: %w", err)
+		case !txn.Succeeded:
+			return nil, 0, fmt.Errorf("master: journal: no longer the leader (term %d)", term)
+		}
 	}
 	return st, last, nil
 }

@@ -40,7 +40,7 @@ func (s *Service) evict(force bool) uint64 {
 	clear(s.deferred[len(kept):])
 	s.deferred = kept
 	capacity, used := s.usageLocked()
-	used -= min(used, s.spilling) // on their way out
+	used -= min(used, s.spilling+s.freeing.Load()) // on their way out
 	s.segMu.Unlock()
 	if capacity == 0 {
 		return 0

@@ -104,6 +104,27 @@ func batch(keys []string, f func(key string) error) *storepb.BatchResult {
 	return out
 }
 
+// batchDurable answers one Result per item of n, running f on each
+// without waiting for its journal record, then waiting once for them all:
+// items that succeeded fail together if the journal does.
+func batchDurable(svc *Service, n int, f func(i int) (uint64, error)) []*storepb.Result {
+	out := make([]*storepb.Result, n)
+	var last uint64
+	for i := range n {
+		seq, err := f(i)
+		out[i] = storepb.NewResult(err)
+		last = max(last, seq)
+	}
+	if err := svc.durable(last); err != nil {
+		for i, r := range out {
+			if r.Code == int32(storepb.OK) {
+				out[i] = storepb.NewResult(err)
+			}
+		}
+	}
+	return out
+}
+
 // PutStart reserves the replicas of a new object; see Service.PutStart.
 func (g *GRPCServer) PutStart(_ context.Context, req *storepb.PutStartRequest) (*storepb.PutStartResponse, error) {
 	if req == nil {
@@ -133,11 +154,26 @@ func (g *GRPCServer) BatchPutStart(_ context.Context, req *storepb.BatchPutStart
 	if req == nil {
 		return nil, errNilRequest
 	}
+	return g.batchPutStart(req, false), nil
+}
+
+// batchPutStart starts every item, then waits once for their records.
+func (g *GRPCServer) batchPutStart(req *storepb.BatchPutStartRequest, upsert bool) *storepb.BatchPutStartResponse {
+	svc := g.svc.Load()
 	out := &storepb.BatchPutStartResponse{Items: make([]*storepb.PutStartResponse, len(req.Items))}
-	for i, it := range req.Items {
-		out.Items[i] = g.putStart(it, false)
+	results := batchDurable(svc, len(req.Items), func(i int) (uint64, error) {
+		it := req.Items[i]
+		reps, seq, err := svc.startSeq(it.GetClientId(), it.GetKey(), it.GetValueLength(), it.GetConfig(), upsert)
+		out.Items[i] = &storepb.PutStartResponse{Replicas: reps}
+		return seq, err
+	})
+	for i, r := range results {
+		out.Items[i].Result = r
+		if r.Code != int32(storepb.OK) {
+			out.Items[i].Replicas = nil
+		}
 	}
-	return out, nil
+	return out
 }
 
 // BatchPutEnd is PutEnd per item, one Result per item.
@@ -145,11 +181,11 @@ func (g *GRPCServer) BatchPutEnd(_ context.Context, req *storepb.BatchPutEndRequ
 	if req == nil {
 		return nil, errNilRequest
 	}
-	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(req.Items))}
-	for i, it := range req.Items {
-		out.Results[i] = storepb.NewResult(g.svc.Load().PutEnd(it.GetClientId(), it.GetKey(), it.GetChecksum()))
-	}
-	return out, nil
+	svc := g.svc.Load()
+	return &storepb.BatchResult{Results: batchDurable(svc, len(req.Items), func(i int) (uint64, error) {
+		it := req.Items[i]
+		return svc.putEndSeq(it.GetClientId(), it.GetKey(), it.GetChecksum())
+	})}, nil
 }
 
 // BatchPutRevoke is PutRevoke per key, one Result per key.
@@ -157,7 +193,10 @@ func (g *GRPCServer) BatchPutRevoke(_ context.Context, req *storepb.BatchKeyRequ
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return batch(req.Keys, func(k string) error { return g.svc.Load().PutRevoke(req.ClientId, k) }), nil
+	svc := g.svc.Load()
+	return &storepb.BatchResult{Results: batchDurable(svc, len(req.Keys), func(i int) (uint64, error) {
+		return svc.revokeSeq(req.ClientId, req.Keys[i])
+	})}, nil
 }
 
 // UpsertStart is PutStart that may replace an existing object; see
@@ -174,11 +213,7 @@ func (g *GRPCServer) BatchUpsertStart(_ context.Context, req *storepb.BatchPutSt
 	if req == nil {
 		return nil, errNilRequest
 	}
-	out := &storepb.BatchPutStartResponse{Items: make([]*storepb.PutStartResponse, len(req.Items))}
-	for i, it := range req.Items {
-		out.Items[i] = g.putStart(it, true)
-	}
-	return out, nil
+	return g.batchPutStart(req, true), nil
 }
 
 // GetReplicaList returns the complete replicas of a key and grants a lease;
@@ -235,7 +270,10 @@ func (g *GRPCServer) BatchRemove(_ context.Context, req *storepb.BatchRemoveRequ
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return batch(req.Keys, func(k string) error { return g.svc.Load().Remove(k, req.Force) }), nil
+	svc := g.svc.Load()
+	return &storepb.BatchResult{Results: batchDurable(svc, len(req.Keys), func(i int) (uint64, error) {
+		return svc.removeSeq(req.Keys[i], req.Force)
+	})}, nil
 }
 
 // RemoveAll removes every readable object and says how many.

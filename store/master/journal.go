@@ -50,7 +50,21 @@ func (s *Service) freeAfter(rec *storepb.JournalRecord, reps []replica) uint64 {
 	if len(reps) == 0 {
 		return s.record(rec)
 	}
-	return s.after(rec, func() { s.freeReplicas(reps) })
+	if s.j == nil {
+		s.freeReplicas(reps)
+		return 0
+	}
+	// Eviction counts these bytes as free already, or it would evict again
+	// and again while the record is on its way.
+	var n uint64
+	for _, r := range reps {
+		n += r.size
+	}
+	s.freeing.Add(n)
+	return s.j.append(rec, func() {
+		s.freeReplicas(reps)
+		s.freeing.Add(-n)
+	})
 }
 
 // after journals rec and runs f once it is durable; without a journal it

@@ -78,23 +78,30 @@ func (s *Service) UpsertStart(clientID, key string, length uint64, cfg *storepb.
 }
 
 func (s *Service) start(clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, error) {
+	reps, seq, err := s.startSeq(clientID, key, length, cfg, upsert)
+	return s.started(reps, seq, err)
+}
+
+// startSeq is start without waiting for its journal record, whose sequence
+// number it returns: a batch waits once for all its items.
+func (s *Service) startSeq(clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
 	if err := checkKey(key); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	switch {
 	case clientID == "":
-		return nil, storeErr(storepb.InvalidParams, "empty client id")
+		return nil, 0, storeErr(storepb.InvalidParams, "empty client id")
 	case length == 0:
-		return nil, storeErr(storepb.InvalidParams, "zero length")
+		return nil, 0, storeErr(storepb.InvalidParams, "zero length")
 	case cfg.GetReplicaNum() < 0:
-		return nil, storeErr(storepb.InvalidParams, "negative replica_num %d", cfg.GetReplicaNum())
+		return nil, 0, storeErr(storepb.InvalidParams, "negative replica_num %d", cfg.GetReplicaNum())
 	case cfg.GetSoftPinTtlMs() < 0:
-		return nil, storeErr(storepb.InvalidParams, "negative soft_pin_ttl_ms %d", cfg.GetSoftPinTtlMs())
+		return nil, 0, storeErr(storepb.InvalidParams, "negative soft_pin_ttl_ms %d", cfg.GetSoftPinTtlMs())
 	}
 	n := max(int(cfg.GetReplicaNum()), 1)
 	reps, seq, err := s.tryStart(clientID, key, length, n, cfg, upsert)
 	if err != errNoSpace {
-		return s.started(reps, seq, err)
+		return reps, seq, err
 	}
 	if s.fitsAnywhere(length) {
 		s.evict(true)
@@ -103,12 +110,12 @@ func (s *Service) start(clientID, key string, length uint64, cfg *storepb.Replic
 			_ = s.durable(s.j.last())
 		}
 		if reps, seq, err = s.tryStart(clientID, key, length, n, cfg, upsert); err != errNoSpace {
-			return s.started(reps, seq, err)
+			return reps, seq, err
 		}
 		s.needEvict.Store(true)
 	}
 	s.allocFailures.Add(1)
-	return nil, storeErr(storepb.NoAvailableHandle, "no segment has %d bytes free", length)
+	return nil, 0, storeErr(storepb.NoAvailableHandle, "no segment has %d bytes free", length)
 }
 
 // started answers a PutStart once its record is durable.
@@ -207,6 +214,15 @@ func (s *Service) pendingOf(sh *shard, clientID, key string) (*object, error) {
 // PutEnd makes the replicas of clientID's PutStart (or UpsertStart)
 // COMPLETE and the object readable, with its checksum.
 func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
+	seq, err := s.putEndSeq(clientID, key, checksum)
+	if err != nil {
+		return err
+	}
+	return s.durable(seq)
+}
+
+// putEndSeq is PutEnd without waiting for its journal record.
+func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, error) {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	o, err := s.pendingOf(sh, clientID, key)
@@ -217,10 +233,7 @@ func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
 			err, seq = nil, s.lastSeq()
 		}
 		sh.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		return s.durable(seq)
+		return seq, err
 	}
 	now := s.now()
 	p := o.pending
@@ -258,7 +271,7 @@ func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
 		}
 	})
 	sh.mu.Unlock()
-	return s.durable(seq)
+	return seq, nil
 }
 
 // UpsertEnd is PutEnd for an UpsertStart.
@@ -269,20 +282,28 @@ func (s *Service) UpsertEnd(clientID, key string, checksum uint32) error {
 // PutRevoke abandons clientID's PutStart and frees its space. An upsert's
 // old value stays readable.
 func (s *Service) PutRevoke(clientID, key string) error {
+	seq, err := s.revokeSeq(clientID, key)
+	if err != nil {
+		return err
+	}
+	return s.durable(seq)
+}
+
+// revokeSeq is PutRevoke without waiting for its journal record.
+func (s *Service) revokeSeq(clientID, key string) (uint64, error) {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	o, err := s.pendingOf(sh, clientID, key)
 	if err != nil {
-		sh.mu.Unlock()
-		return err
+		return 0, err
 	}
 	seq := s.freeAfter(revokeRecord(key), o.pending.replicas)
 	o.pending = nil
 	if o.empty() {
 		delete(sh.objects, key)
 	}
-	sh.mu.Unlock()
-	return s.durable(seq)
+	return seq, nil
 }
 
 // UpsertRevoke is PutRevoke for an UpsertStart.
@@ -337,24 +358,30 @@ func (s *Service) ExistKey(key string) (bool, error) {
 // object gives ObjectHasLease unless force. A put in flight on the key is
 // left alone.
 func (s *Service) Remove(key string, force bool) error {
-	if err := checkKey(key); err != nil {
+	seq, err := s.removeSeq(key, force)
+	if err != nil {
 		return err
+	}
+	return s.durable(seq)
+}
+
+// removeSeq is Remove without waiting for its journal record.
+func (s *Service) removeSeq(key string, force bool) (uint64, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
 	}
 	sh := s.shardOf(key)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	o := sh.objects[key]
 	if o == nil || !o.complete() {
-		sh.mu.Unlock()
-		return storeErr(storepb.ObjectNotFound, "%q", key)
+		return 0, storeErr(storepb.ObjectNotFound, "%q", key)
 	}
 	if !force && o.lease.After(s.now()) {
-		sh.mu.Unlock()
-		return storeErr(storepb.ObjectHasLease, "%q", key)
+		return 0, storeErr(storepb.ObjectHasLease, "%q", key)
 	}
 	s.dropLocked(sh, key, o)
-	seq := s.lastSeq()
-	sh.mu.Unlock()
-	return s.durable(seq)
+	return s.lastSeq(), nil
 }
 
 // dropLocked frees o's complete replicas and forgets it unless a put is in

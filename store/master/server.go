@@ -194,7 +194,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 	h := s.cfg.HA
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	st, last, err := loadJournal(lctx, s.etcd, h.ClusterID)
+	st, last, err := loadJournal(lctx, s.etcd, h.ClusterID, l.Term())
 	cancel()
 	if err != nil {
 		return err

@@ -179,8 +179,9 @@ type Service struct {
 	// Moves (SSD spills and promotions) in flight, by id; under segMu.
 	tasks     map[uint64]*moveTask
 	nextTask  uint64
-	spilling  uint64 // DRAM bytes spills in flight will free
-	diskTiers int    // mounted SSD tiers
+	spilling  uint64        // DRAM bytes spills in flight will free
+	freeing   atomic.Uint64 // bytes freed once their journal records are durable
+	diskTiers int           // mounted SSD tiers
 
 	// Counters for metrics.
 	evictedKeys, evictedBytes atomic.Uint64
