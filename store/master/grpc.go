@@ -95,15 +95,6 @@ func (g *GRPCServer) existKey(key string) *storepb.Result {
 	return storepb.NewResult(nil)
 }
 
-// batch answers one Result per key.
-func batch(keys []string, f func(key string) error) *storepb.BatchResult {
-	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(keys))}
-	for i, k := range keys {
-		out.Results[i] = storepb.NewResult(f(k))
-	}
-	return out
-}
-
 // batchDurable answers one Result per item of n, running f on each
 // without waiting for its journal record, then waiting once for them all:
 // items that succeeded fail together if the journal does.
