@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"time"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -14,24 +15,41 @@ func (c *Client) Exist(ctx context.Context, key string) (bool, error) {
 }
 
 // BatchExist is Exist of many keys; an error is only for a key the master
-// refused (invalid) or a failed call.
+// refused (invalid) or a failed call. A key whose lease this client holds
+// (see Get) exists without asking: the lease keeps it.
 func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error) {
 	ok, errs := make([]bool, len(keys)), make([]error, len(keys))
+	ask := make([]int, 0, len(keys))
+	now := time.Now()
+	for i, k := range keys {
+		if c.leases != nil && c.leases.get(k, now) != nil {
+			ok[i] = true
+			continue
+		}
+		ask = append(ask, i)
+	}
+	if len(ask) == 0 {
+		return ok, errs
+	}
+	req := &storepb.BatchKeyRequest{ClientId: c.id, Keys: make([]string, len(ask))}
+	for j, i := range ask {
+		req.Keys[j] = keys[i]
+	}
 	var resp *storepb.BatchResult
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
-		resp, err = rpc.BatchExistKey(ctx, &storepb.BatchKeyRequest{ClientId: c.id, Keys: keys})
+		resp, err = rpc.BatchExistKey(ctx, req)
 		return err
 	})
-	err = batchErr(err, len(resp.GetResults()), len(keys))
-	for i := range keys {
+	err = batchErr(err, len(resp.GetResults()), len(ask))
+	for j, i := range ask {
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		switch e := resp.Results[i].AsError(); {
+		switch e := resp.Results[j].AsError(); {
 		case e == nil:
 			ok[i] = true
-		case resp.Results[i].Code != int32(storepb.ObjectNotFound):
+		case resp.Results[j].Code != int32(storepb.ObjectNotFound):
 			errs[i] = e
 		}
 	}
