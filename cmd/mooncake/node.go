@@ -58,7 +58,7 @@ config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.`,
 	f.String("local_buffer_size", "16MiB", "staging buffer")
 	f.String("local_hostname", "", "address peers reach this node at (zero: the first non-loopback IPv4)")
 	f.String("cluster_id", client.DefaultClusterID, "HA cluster name")
-	f.Bool("enable_http_server", false, "serve /health and /metrics (the engine's) over HTTP")
+	f.Bool("enable_http_server", false, "serve /health and /metrics (engine and client) over HTTP")
 	f.Int("http_port", 9300, "port of the HTTP server (0 picks one)")
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
@@ -89,7 +89,7 @@ func runNode(cmd *cobra.Command, _ []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	cfg := client.Config{
-		Master: s.str("master"), ClusterID: s.str("cluster_id"), SegmentSize: seg, LocalBufferSize: buf,
+		Master: s.str("master"), ClusterID: s.str("cluster_id"), SegmentSize: seg, LocalBufferSize: buf, Registerer: reg,
 		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"),
 			Transport: s.str("transport"), Registerer: reg},
 	}

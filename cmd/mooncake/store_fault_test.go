@@ -323,7 +323,7 @@ func TestNodeConfigSources(t *testing.T) {
 	st := m.Service().Stats()
 	assert.Equal(t, uint64(32e6), st.Capacity)
 	// Its HTTP server: health and the engine's metrics.
-	for path, want := range map[string]string{"/health": `"status":"ok"`, "/metrics": "mooncake_te_"} {
+	for path, want := range map[string]string{"/health": `"status":"ok"`, "/metrics": "mooncake_transfer_read_bytes 0"} {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)

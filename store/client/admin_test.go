@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -29,7 +30,8 @@ func TestMasterAdminEndpoints(t *testing.T) {
 	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
-	a := newClient(t, m.Addr(), 8<<20)
+	reg := prometheus.NewRegistry()
+	a := newClient(t, m.Addr(), 8<<20, func(c *Config) { c.Registerer = reg })
 	ctx := ctxT(t)
 	require.NoError(t, a.Put(ctx, "k", value(1, 1000), nil))
 	_, err = a.Get(ctx, "missing")
@@ -49,6 +51,18 @@ func TestMasterAdminEndpoints(t *testing.T) {
 	} {
 		assert.Contains(t, body, want)
 	}
+	// The client's own metrics, with Mooncake's names.
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, f := range fams {
+		got[f.GetName()] = true
+	}
+	for _, want := range []string{"mooncake_transfer_read_bytes", "mooncake_transfer_write_bytes",
+		"mooncake_transfer_latency_seconds", "mooncake_transfer_failures_total"} {
+		assert.True(t, got[want], want)
+	}
+
 	code, body = httpGet(t, base+"/health")
 	require.Equal(t, 200, code)
 	var h map[string]any

@@ -38,6 +38,7 @@ type Client struct {
 	segs   *segmentCache    // opened peers
 	regs   registrations    // caller memory registered with the engine
 	leases *leaseCache      // nil with NoLeaseCache
+	met    *metrics
 
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
@@ -100,6 +101,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	}
 	c.name, c.host = c.eng.Name(), c.eng.Host()
 	c.segs = newSegmentCache(c.eng)
+	c.met = newMetrics(cfg.Registerer)
 	if cfg.LeaseCache > 0 {
 		c.leases = newLeaseCache(cfg.LeaseCache)
 	}

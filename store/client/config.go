@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -51,6 +53,9 @@ type Config struct {
 	// PingInterval is the heartbeat period; the master forgets a client
 	// silent for its client TTL (10 s). Zero: 1 s.
 	PingInterval time.Duration
+	// Registerer receives the client's metrics (Mooncake's client metric
+	// names). Zero: they are counted but not exported.
+	Registerer prometheus.Registerer
 	// NoPrefault leaves the segment's pages to be faulted in by the first
 	// puts that touch them, instead of backing them all at New.
 	NoPrefault bool

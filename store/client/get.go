@@ -155,6 +155,16 @@ func (c *Client) distance(m *storepb.MemoryReplica) int {
 }
 
 func (c *Client) getMany(ctx context.Context, items []*getItem) {
+	start := time.Now()
+	defer func() {
+		errs := make([]error, len(items))
+		for i, it := range items {
+			if errs[i] = it.err; it.err == nil {
+				c.met.readBytes.Add(float64(it.length))
+			}
+		}
+		c.met.observe("get", len(items), start, errs)
+	}()
 	var live []*getItem
 	for _, it := range items {
 		if it.key == "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/crc32"
+	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -67,8 +68,10 @@ func (c *Client) BatchUpsert(ctx context.Context, keys []string, values [][]byte
 	return c.putMany(ctx, keys, values, rc, true)
 }
 
-func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig, upsert bool) []error {
-	errs := make([]error, len(keys))
+func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig, upsert bool) (errs []error) {
+	start := time.Now()
+	defer func() { c.met.observe("put", len(keys), start, errs) }()
+	errs = make([]error, len(keys))
 	if len(values) != len(keys) {
 		for i := range errs {
 			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: "keys and values differ in number"}
@@ -177,6 +180,7 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 				continue
 			}
 			xs = append(xs, &xfer{op: engine.Write, local: src, seg: m.SegmentName, remote: m.BufferAddress + uint64(off)})
+			c.met.writeBytes.Add(float64(len(src)))
 			owner = append(owner, it)
 		}
 	}
