@@ -10,6 +10,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/shm"
+	"github.com/mooncake-go/mooncake/engine/transport/tcp"
 )
 
 // batch is a set of tasks submitted together and awaited together.
@@ -21,6 +22,10 @@ type batch struct {
 	unfinished int
 	waiters    []chan struct{}
 	notify     *pendingNotify
+	// inline holds slices whose request Submit sent from the caller's
+	// goroutine; their answers are left to the caller's Wait (or to the
+	// transport's readers once a status poll releases them).
+	inline []*tcp.Inline
 }
 
 type pendingNotify struct {
@@ -88,6 +93,7 @@ func (e *Engine) FreeBatch(id BatchID) error {
 	busy := b.unfinished > 0
 	b.mu.Unlock()
 	if busy {
+		b.release()
 		return &Error{CodeBatchBusy, fmt.Sprintf("free batch %d: tasks still running", id)}
 	}
 	delete(e.batches, id)
@@ -155,10 +161,56 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts ...SubmitOption) error 
 	if len(reqs) == 0 {
 		b.settle(e)
 	}
+	// The slices of a call that all go over TCP to one peer may be sent
+	// right here, their answers read by the Wait that follows, so that a
+	// shallow queue moves bytes with no goroutine hand-off (see
+	// tcp.Peer.SubmitInline). Not with a notify: completion must then be
+	// seen without the caller.
+	var held []*transport.Slice
+	var peer *tcp.Peer
+	inline := o.notify == nil
 	for i, r := range reqs {
-		e.launch(tasks[i], segs[i], r, o.deadline)
+		seg := segs[i]
+		if seg == nil {
+			copyLocal(tasks[i], r)
+			continue
+		}
+		if inline && (seg.shm != nil || seg.tcpPeer == nil || (peer != nil && peer != seg.tcpPeer)) {
+			inline = false
+			for _, s := range held {
+				peer.Submit(s)
+			}
+			held = nil
+		}
+		for _, s := range e.cut(tasks[i], r, o.deadline) {
+			if inline {
+				peer = seg.tcpPeer
+				held = append(held, s)
+			} else {
+				e.route(seg, s)
+			}
+		}
+	}
+	if len(held) > 0 {
+		if in := peer.SubmitInline(held); in != nil {
+			b.mu.Lock()
+			b.inline = append(b.inline, in)
+			b.mu.Unlock()
+		}
 	}
 	return nil
+}
+
+// copyLocal runs a task on the local segment: both ranges are ours and
+// registered.
+func copyLocal(t *task, r Request) {
+	if r.Op == Write {
+		copy(transport.Bytes(uintptr(r.Remote), r.Length), transport.Bytes(r.Local, r.Length))
+	} else {
+		copy(transport.Bytes(r.Local, r.Length), transport.Bytes(uintptr(r.Remote), r.Length))
+	}
+	t.left.Store(1)
+	t.sliceDone(&transport.Slice{Length: r.Length}, nil)
 }
 
 // check validates a request and returns its segment (nil for local).
@@ -195,37 +247,27 @@ func (e *Engine) via(seg *segment) string {
 	return "tcp"
 }
 
-// launch cuts a task into slices and hands them to its transport.
-func (e *Engine) launch(t *task, seg *segment, r Request, deadline time.Time) {
-	if seg == nil {
-		// Local segment: both ranges are ours and registered.
-		if r.Op == Write {
-			copy(transport.Bytes(uintptr(r.Remote), r.Length), transport.Bytes(r.Local, r.Length))
-		} else {
-			copy(transport.Bytes(r.Local, r.Length), transport.Bytes(uintptr(r.Remote), r.Length))
-		}
-		t.left.Store(1)
-		t.sliceDone(&transport.Slice{Length: r.Length}, nil)
-		return
-	}
+// cut cuts a task into slices (of SliceSize; the tail absorbs a remainder
+// under a quarter slice, as Mooncake does).
+func (e *Engine) cut(t *task, r Request, deadline time.Time) []*transport.Slice {
 	size := e.cfg.SliceSize
-	// The tail absorbs a remainder under a quarter slice, as Mooncake does.
 	n := r.Length / size
 	if n == 0 || r.Length%size > size/4 {
 		n++
 	}
 	t.left.Store(int32(n))
+	sl := make([]*transport.Slice, n)
 	off := uint64(0)
-	for i := range n {
+	for i := range sl {
 		l := size
-		if i == n-1 {
+		if i == len(sl)-1 {
 			l = r.Length - off
 		}
-		s := &transport.Slice{Op: r.Op, Local: r.Local + uintptr(off), Remote: r.Remote + off,
+		sl[i] = &transport.Slice{Op: r.Op, Local: r.Local + uintptr(off), Remote: r.Remote + off,
 			Length: l, Deadline: deadline, Done: t.sliceDone}
 		off += l
-		e.route(seg, s)
 	}
+	return sl
 }
 
 // route sends a slice down the best path to seg: shared memory when the
@@ -320,12 +362,31 @@ func (b *batch) settle(e *Engine) {
 	}()
 }
 
+// takeInline returns the batch's inline slices, which become the caller's
+// to wait for or release.
+func (b *batch) takeInline() []*tcp.Inline {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ins := b.inline
+	b.inline = nil
+	return ins
+}
+
+// release leaves the batch's inline slices to the transport's readers: the
+// caller polls rather than waits, and their answers must not wait for it.
+func (b *batch) release() {
+	for _, in := range b.takeInline() {
+		in.Release()
+	}
+}
+
 // TaskStatus returns the state of task (its index in submission order).
 func (e *Engine) TaskStatus(id BatchID, taskID int) (TransferStatus, error) {
 	b, err := e.batch(id)
 	if err != nil {
 		return TransferStatus{}, err
 	}
+	b.release()
 	b.mu.Lock()
 	if taskID < 0 || taskID >= len(b.tasks) {
 		n := len(b.tasks)
@@ -354,6 +415,7 @@ func (e *Engine) BatchStatus(id BatchID) (TransferStatus, error) {
 	if err != nil {
 		return TransferStatus{}, err
 	}
+	b.release()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.summary(), nil
@@ -381,11 +443,22 @@ func (b *batch) summary() TransferStatus {
 }
 
 // Wait blocks until every task of the batch is final or ctx ends, and
-// returns the batch summary.
+// returns the batch summary. Answers that Submit left to its caller are read
+// here, in the calling goroutine.
 func (e *Engine) Wait(ctx context.Context, id BatchID) (TransferStatus, error) {
 	b, err := e.batch(id)
 	if err != nil {
 		return TransferStatus{}, err
+	}
+	ins := b.takeInline()
+	for i, in := range ins {
+		if ctx.Err() != nil {
+			for _, in := range ins[i:] {
+				in.Release()
+			}
+			break
+		}
+		in.Wait(ctx)
 	}
 	b.mu.Lock()
 	if b.unfinished == 0 {

@@ -38,7 +38,9 @@
 // process_vm_readv/writev. Otherwise, or when Config.Transport is "tcp",
 // slices spread over Config.Lanes persistent TCP connections per peer, each
 // a valid Mooncake v2 request; payload is written from and read into
-// registered memory directly (writev/readv, no intermediate buffer).
+// registered memory directly (writev/readv, no intermediate buffer). A
+// small Submit to an idle peer is sent by the calling goroutine on one
+// connection, and Wait reads its answers itself: no goroutine hand-offs.
 //
 // # Failure semantics
 //

@@ -182,3 +182,87 @@ func TestBatchAPIErrors(t *testing.T) {
 	require.NoError(t, e.Close())
 	require.True(t, errors.Is(e.RegisterMemory(addr(mem[4096:]), 10, "", true), engine.ErrClosed))
 }
+
+// TestShallowSubmit runs small batches, which the submitting goroutine
+// sends itself over TCP, settled each way a caller can: waiting, waiting
+// with a context that may end, polling, freeing too early.
+func TestShallowSubmit(t *testing.T) {
+	target := newEngine(t, engine.Config{Transport: "tcp"})
+	init := newEngine(t, engine.Config{Transport: "tcp", SliceSize: 256 << 10})
+	const n = 1 << 20
+	dst := anonMem(t, n)
+	rand.Read(dst)
+	require.NoError(t, target.RegisterMemory(addr(dst), n, "", true))
+	src := anonMem(t, n)
+	require.NoError(t, init.RegisterMemory(addr(src), n, "", true))
+	seg, err := init.OpenSegment(context.Background(), target.Name())
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name   string
+		settle func(t *testing.T, b engine.BatchID) (st engine.TransferStatus, freed bool)
+	}{
+		{"wait", func(t *testing.T, b engine.BatchID) (engine.TransferStatus, bool) {
+			st, err := init.Wait(context.Background(), b)
+			require.NoError(t, err)
+			return st, false
+		}},
+		{"wait with a live context", func(t *testing.T, b engine.BatchID) (engine.TransferStatus, bool) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			st, err := init.Wait(ctx, b)
+			require.NoError(t, err)
+			return st, false
+		}},
+		{"wait with an ended context, then wait", func(t *testing.T, b engine.BatchID) (engine.TransferStatus, bool) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if _, err := init.Wait(ctx, b); err != nil {
+				require.ErrorIs(t, err, context.Canceled)
+			}
+			st, err := init.Wait(context.Background(), b)
+			require.NoError(t, err)
+			return st, false
+		}},
+		{"poll", func(t *testing.T, b engine.BatchID) (engine.TransferStatus, bool) {
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				st, err := init.BatchStatus(b)
+				require.NoError(t, err)
+				if st.Status.Done() || time.Now().After(deadline) {
+					return st, false
+				}
+				time.Sleep(100 * time.Microsecond) // polling is the API under test
+			}
+		}},
+		{"free too early, then wait", func(t *testing.T, b engine.BatchID) (engine.TransferStatus, bool) {
+			if err := init.FreeBatch(b); err == nil {
+				// Done already: it took the queued path.
+				return engine.TransferStatus{Status: engine.Completed}, true
+			} else {
+				require.ErrorIs(t, err, engine.ErrBatchBusy)
+			}
+			st, err := init.Wait(context.Background(), b)
+			require.NoError(t, err)
+			return st, false
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 20 {
+				clear(src)
+				b, err := init.AllocateBatch(2)
+				require.NoError(t, err)
+				// Two requests, four slices: one inline group.
+				require.NoError(t, init.Submit(b, []engine.Request{
+					{Op: engine.Read, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: n / 2},
+					{Op: engine.Read, Local: addr(src[n/2:]), Segment: seg, Remote: uint64(addr(dst[n/2:])), Length: n / 2},
+				}))
+				st, freed := tc.settle(t, b)
+				require.Equal(t, engine.Completed, st.Status, "round %d: %v", i, st.Err)
+				if !freed {
+					require.NoError(t, init.FreeBatch(b))
+				}
+				require.True(t, bytes.Equal(dst, src), "round %d", i)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
@@ -20,7 +22,7 @@ type ClientConfig struct {
 	// (Mooncake's MC_TCP_LANES_PER_PEER default).
 	Lanes int
 	// Depth is how many slices one lane keeps on the wire before waiting for
-	// their status frames. Zero means 4.
+	// their status frames. Zero means 16.
 	Depth int
 	// QueueLen bounds the slices admitted per peer and not yet on a lane;
 	// Submit blocks (until the slice deadline) while it is full. Zero means
@@ -102,6 +104,39 @@ func (c *Client) Peer(addrs []string) (*Peer, error) {
 // with transport.ErrClosed once the peer is forgotten or the client closed.
 func (p *Peer) Submit(s *transport.Slice) { p.enqueue(s) }
 
+// SubmitInline is Submit for a caller that will wait for sl itself, in
+// order. When sl is small (maxGather slices, maxInlineBytes), the peer's
+// queue empty and a lane idle, the calling goroutine writes the requests
+// with one writev and they are parked on that connection: the returned
+// Inline reads their answers in the caller's goroutine (Wait) or hands them
+// to the reader (Release); one of them, or the lane sending more behind
+// them, eventually settles them. Otherwise the slices are submitted as by
+// Submit and the result is nil. Lanes are tried in order, so a shallow
+// queue keeps to the first, warm, connection. SubmitInline keeps sl.
+func (p *Peer) SubmitInline(sl []*transport.Slice) *Inline {
+	var bytes uint64
+	for _, s := range sl {
+		bytes += s.Length
+	}
+	if !p.c.cfg.V1 && len(sl) <= maxGather && bytes <= maxInlineBytes && len(p.queue) == 0 &&
+		time.Now().Before(sl[0].Deadline) {
+		for _, l := range p.lanes {
+			if in, taken := l.inline(sl); taken {
+				return in
+			}
+		}
+	}
+	for _, s := range sl {
+		p.enqueue(s)
+	}
+	return nil
+}
+
+// maxInlineBytes bounds what one inline send carries: a WRITE's payload is
+// written by the submitting goroutine before Submit returns, and the server
+// answers READs together up to 4 MiB (maxReadBatchBytes).
+const maxInlineBytes = 4 << 20
+
 // Forget closes the peer's lanes (after its segment is closed); slices
 // still queued for it fail.
 func (c *Client) Forget(p *Peer) {
@@ -139,6 +174,7 @@ type Peer struct {
 	key   string
 	addrs []string
 	queue chan *transport.Slice
+	lanes []*lane
 	stopc chan struct{}
 	once  sync.Once
 
@@ -176,6 +212,7 @@ func (c *Client) newPeer(key string, addrs []string) *Peer {
 		conns: map[*laneConn]struct{}{}}
 	for i := range c.cfg.Lanes {
 		l := &lane{p: p, idx: i}
+		p.lanes = append(p.lanes, l)
 		p.running.Add(1)
 		go l.run()
 	}
@@ -277,12 +314,21 @@ func (p *Peer) fail(s *transport.Slice, err error) {
 	}()
 }
 
-// lane owns one connection at a time. Its goroutine writes requests; a
-// reader goroutine per connection reads status frames and READ payloads in
-// the order the requests went out.
+// lane owns one connection at a time. Its goroutine writes requests taken
+// from the peer's queue; a reader goroutine per connection reads status
+// frames and READ payloads in the order the requests went out. A submitter
+// that finds the lane idle may write its own requests (SubmitInline) and
+// later read the answers itself (Inline.Wait).
 type lane struct {
-	p    *Peer
-	idx  int
+	p   *Peer
+	idx int
+
+	// wmu is held by whoever writes on the lane: its goroutine, for as long
+	// as it handles what it took from the queue, or a submitter sending its
+	// own slices, who only ever tries it. It guards lc, the writer's side of
+	// lc, and the scratch below.
+	wmu  sync.Mutex
+	lc   *laneConn // nil until dialled, after a failed send, once stopped
 	hdrs [maxGather][HeaderSize]byte
 	sl   []*transport.Slice
 	bufs net.Buffers
@@ -291,15 +337,39 @@ type lane struct {
 // maxGather bounds the slices one lane sends with a single writev.
 const maxGather = 16
 
+// laneConn is one connection of a lane. Requests go out under the lane's
+// wmu; answers are read, in wire order, by whoever holds rmu: the reader
+// goroutine for slices handed to it through inflight, or the waiter of
+// parked slices.
 type laneConn struct {
+	l        *lane
 	conn     net.Conn
-	br       *bufio.Reader // status frames arriving together cost one read
-	inflight chan *transport.Slice
-	dead     chan struct{} // closed by kill
+	inflight chan *transport.Slice // sent to and closed under wmu
+	dead     chan struct{}         // closed by kill
 	once     sync.Once
 	err      error
-	retired  chan struct{} // closed by the reader after a refusal
+	retired  chan struct{} // closed by a reader after a refusal
 	retire   sync.Once
+	wd       deadline // under wmu
+
+	// out counts requests sent whose answers are not settled yet: a lane is
+	// idle, and may take inline requests, only at zero.
+	out atomic.Int32
+	// parked are inline slices whose requests went out while nothing else
+	// was unanswered, so their answers are next on the wire. They are taken
+	// (swapped to nil) exactly once: by their waiter, by the reader after a
+	// Release, or by the writer, which hands them to the reader before
+	// anything it sends after them.
+	parked atomic.Pointer[[]*transport.Slice]
+	kick   chan struct{} // Release: the reader should take parked (or left)
+
+	rmu     sync.Mutex // held while reading answers; guards what follows
+	br      *bufio.Reader
+	rd      deadline
+	st      [StatusSize]byte
+	left    []*transport.Slice // answers a waiter whose ctx ended left, in order
+	got     uint64             // bytes of the next answer read already
+	refused bool               // a request on this connection was refused
 }
 
 func (lc *laneConn) kill(err error) {
@@ -328,14 +398,19 @@ func (lc *laneConn) usable() bool {
 // request for good, so this cannot loop.
 var errUnanswered = errors.New("connection closed after a refused request")
 
+// errInterrupted: a waiter stopped reading an answer because its context
+// ended; the reader goroutine reads the rest.
+var errInterrupted = errors.New("tcp: wait interrupted")
+
 func (l *lane) run() {
 	p := l.p
 	defer p.running.Done()
-	var lc *laneConn
 	defer func() {
-		if lc != nil {
-			lc.kill(transport.ErrClosed)
-			close(lc.inflight)
+		l.wmu.Lock()
+		defer l.wmu.Unlock()
+		if l.lc != nil {
+			l.lc.kill(transport.ErrClosed)
+			l.drop()
 		}
 	}()
 	for {
@@ -351,59 +426,95 @@ func (l *lane) run() {
 			s.Done(s, transport.ErrTimeout)
 			continue
 		}
-		if lc != nil && !lc.usable() {
-			close(lc.inflight) // its reader settles what is left, then closes it
-			lc = nil
+		l.wmu.Lock()
+		l.serve(s)
+		l.wmu.Unlock()
+	}
+}
+
+// serve sends s, and what else is queued, on the lane's connection. The
+// caller holds wmu.
+func (l *lane) serve(s *transport.Slice) {
+	p := l.p
+	if l.lc != nil && !l.lc.usable() {
+		l.drop() // its reader settles what is left, then closes it
+	}
+	if l.lc == nil {
+		lc, err := l.dial(s)
+		if err != nil {
+			p.fail(s, err)
+			return
 		}
-		if lc == nil {
-			var err error
-			if lc, err = l.dial(s); err != nil {
-				p.fail(s, err)
+		l.lc = lc
+	}
+	lc := l.lc
+	// Take what else is queued, up to maxGather, for one writev.
+	l.sl = append(l.sl[:0], s)
+gather:
+	for len(l.sl) < maxGather {
+		select {
+		case s2 := <-p.queue:
+			if !time.Now().Before(s2.Deadline) {
+				s2.Done(s2, transport.ErrTimeout)
 				continue
 			}
-		}
-		// Take what else is queued, up to maxGather, for one writev.
-		l.sl = append(l.sl[:0], s)
-	gather:
-		for len(l.sl) < maxGather {
-			select {
-			case s2 := <-p.queue:
-				if !time.Now().Before(s2.Deadline) {
-					s2.Done(s2, transport.ErrTimeout)
-					continue
-				}
-				l.sl = append(l.sl, s2)
-			default:
-				break gather
-			}
-		}
-		// Send first, then hand the slices to the reader: a WRITE's payload
-		// must be on the wire before anything can report it done.
-		err := l.send(lc.conn, l.sl)
-		if err != nil && p.c.cfg.V1 {
-			// v1 acknowledges nothing: what did not go out is lost.
-			err = fmt.Errorf("%w: %v", transport.ErrPeer, err)
-			lc.kill(err)
-			for _, s := range l.sl {
-				p.fail(s, err)
-			}
-			continue
-		}
-		// Even when the send failed, the peer may have answered part of it
-		// (Mooncake's server refuses a WRITE and hangs up without reading
-		// its payload): the reader settles each slice from what arrived.
-		for _, s := range l.sl {
-			select {
-			case lc.inflight <- s:
-			case <-lc.dead:
-				p.fail(s, lc.err)
-			}
-		}
-		if err != nil {
-			close(lc.inflight)
-			lc = nil
+			l.sl = append(l.sl, s2)
+		default:
+			break gather
 		}
 	}
+	// Send first, then hand the slices to the reader: a WRITE's payload
+	// must be on the wire before anything can report it done.
+	lc.out.Add(int32(len(l.sl)))
+	err := l.send(lc, l.sl)
+	if err != nil && p.c.cfg.V1 {
+		// v1 acknowledges nothing: what did not go out is lost.
+		err = fmt.Errorf("%w: %v", transport.ErrPeer, err)
+		lc.kill(err)
+		l.drop()
+		for _, s := range l.sl {
+			p.fail(s, err)
+		}
+		return
+	}
+	// Even when the send failed, the peer may have answered part of it
+	// (Mooncake's server refuses a WRITE and hangs up without reading
+	// its payload): the reader settles each slice from what arrived.
+	l.handOff(lc, l.sl)
+	if err != nil {
+		l.drop()
+	}
+}
+
+// handOff gives sent slices to the connection's reader, after the parked
+// ones if there are any: their requests went out first. The caller holds
+// wmu.
+func (l *lane) handOff(lc *laneConn, sl []*transport.Slice) {
+	if ps := lc.parked.Swap(nil); ps != nil {
+		for _, s := range *ps {
+			l.give(lc, s)
+		}
+	}
+	for _, s := range sl {
+		l.give(lc, s)
+	}
+}
+
+func (l *lane) give(lc *laneConn, s *transport.Slice) {
+	select {
+	case lc.inflight <- s:
+	case <-lc.dead:
+		lc.out.Add(-1)
+		l.p.fail(s, lc.err)
+	}
+}
+
+// drop retires the lane's connection: its reader settles what was sent,
+// then closes it. The caller holds wmu.
+func (l *lane) drop() {
+	l.handOff(l.lc, nil)
+	close(l.lc.inflight)
+	l.lc = nil
 }
 
 func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
@@ -420,18 +531,19 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 		// An authentication failure will not heal by retrying.
 		return nil, fmt.Errorf("%w: %s: %w", transport.ErrRejected, addr, err)
 	}
-	lc := &laneConn{conn: conn, br: bufio.NewReaderSize(conn, 4096),
-		inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{}), retired: make(chan struct{})}
+	lc := &laneConn{l: l, conn: conn, br: bufio.NewReaderSize(conn, 4096),
+		inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{}), retired: make(chan struct{}),
+		kick: make(chan struct{}, 1), wd: deadline{set: conn.SetWriteDeadline}, rd: deadline{set: conn.SetReadDeadline}}
 	if !p.track(lc) {
 		conn.Close()
 		return nil, transport.ErrClosed
 	}
 	p.running.Add(1)
-	go l.read(lc)
+	go lc.read()
 	return lc, nil
 }
 
-func (l *lane) send(conn net.Conn, sl []*transport.Slice) error {
+func (l *lane) send(lc *laneConn, sl []*transport.Slice) error {
 	l.bufs = l.bufs[:0]
 	deadline := sl[0].Deadline
 	for i, s := range sl {
@@ -448,75 +560,237 @@ func (l *lane) send(conn net.Conn, sl []*transport.Slice) error {
 			deadline = s.Deadline
 		}
 	}
-	conn.SetWriteDeadline(deadline)
+	lc.wd.arm(deadline)
 	bufs := l.bufs // WriteTo consumes its receiver
-	_, err := bufs.WriteTo(conn)
-	return err
+	for {
+		_, err := bufs.WriteTo(lc.conn)
+		if err == nil || !lc.wd.resume(err, deadline) {
+			return err
+		}
+	}
 }
 
-// read settles in-flight slices in wire order until the writer closes the
-// inflight channel, then closes the connection. After the connection dies
-// the remaining slices are failed for retry without touching the socket.
-func (l *lane) read(lc *laneConn) {
-	p := l.p
+// inline sends sl from the calling goroutine if the lane is free and its
+// connection idle, and parks them there for the caller to read their
+// answers. It reports whether it took sl; in is nil when they went to the
+// reader after all (the send failed).
+func (l *lane) inline(sl []*transport.Slice) (in *Inline, taken bool) {
+	if !l.wmu.TryLock() {
+		return nil, false
+	}
+	defer l.wmu.Unlock()
+	lc := l.lc
+	if lc == nil || !lc.usable() || lc.out.Load() != 0 {
+		return nil, false
+	}
+	lc.out.Add(int32(len(sl)))
+	if err := l.send(lc, sl); err != nil {
+		l.handOff(lc, sl)
+		l.drop()
+		return nil, true
+	}
+	in = &Inline{lc: lc, sl: sl}
+	lc.parked.Store(&in.sl)
+	return in, true
+}
+
+// Inline is slices sent by SubmitInline from their submitter's goroutine,
+// whose answers are left for that goroutine to read: a submitter that
+// waits right away (Engine.Wait) moves the bytes with no goroutine hand-off
+// at all. Until Wait or Release, nothing reads the answers unless more
+// requests follow them on the same connection.
+type Inline struct {
+	lc *laneConn
+	sl []*transport.Slice
+}
+
+// Wait reads the answers in the calling goroutine, unless a reader already
+// took them, and returns once every slice's Done was called or the reader
+// took over. When ctx ends it stops reading and leaves the rest to the
+// reader.
+func (in *Inline) Wait(ctx context.Context) {
+	lc := in.lc
+	lc.rmu.Lock()
+	defer lc.rmu.Unlock()
+	if !lc.parked.CompareAndSwap(&in.sl, nil) {
+		return
+	}
+	if ctx.Done() == nil {
+		for _, s := range in.sl {
+			lc.settle(s, nil)
+		}
+		return
+	}
+	// An ended ctx cuts the read short through a deadline in the past;
+	// whatever it interrupted, the deadline is re-armed before the next
+	// read (the callback has returned once stop or fired says so).
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		lc.conn.SetReadDeadline(aLongTimeAgo)
+	})
+	for i, s := range in.sl {
+		if lc.settle(s, ctx) {
+			lc.left = in.sl[i:]
+			break
+		}
+	}
+	if !stop() {
+		<-fired
+		lc.rd.at = aLongTimeAgo
+	}
+	if lc.left != nil {
+		in.Release()
+	}
+}
+
+// Release leaves the slice's answer to the connection's reader goroutine,
+// without waiting: for a submitter that polls rather than waits.
+func (in *Inline) Release() {
+	select {
+	case in.lc.kick <- struct{}{}:
+	default: // a kick is pending already
+	}
+}
+
+// aLongTimeAgo is a deadline that has passed.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// read settles, in wire order, the slices handed over through inflight,
+// and parked ones on Release, until the writer closes inflight; then it
+// closes the connection. Once the connection died the remaining slices are
+// failed for retry without touching the socket.
+func (lc *laneConn) read() {
+	p := lc.l.p
 	defer p.running.Done()
 	defer p.untrack(lc)
 	defer lc.kill(transport.ErrClosed)
-	v2 := !p.c.cfg.V1
-	refused := false
-	var st [StatusSize]byte
-	for s := range lc.inflight {
+	for {
 		select {
-		case <-lc.dead:
-			p.fail(s, lc.err)
-			continue
-		default:
+		case s, ok := <-lc.inflight:
+			lc.rmu.Lock()
+			lc.finish() // an interrupted waiter's answer came first
+			if ok {
+				lc.settle(s, nil)
+			}
+			lc.rmu.Unlock()
+			if !ok {
+				return
+			}
+		case <-lc.kick:
+			lc.rmu.Lock()
+			lc.finish()
+			if ps := lc.parked.Swap(nil); ps != nil {
+				for _, s := range *ps {
+					lc.settle(s, nil)
+				}
+			}
+			lc.rmu.Unlock()
 		}
-		lc.conn.SetReadDeadline(s.Deadline)
-		err := l.recv(lc.br, lc.conn, s, v2, st[:])
-		if err == nil {
-			s.Done(s, nil)
-			continue
-		}
-		if errors.Is(err, transport.ErrRejected) {
-			s.Done(s, err)
-			// Our server keeps the stream in step after a refusal; Mooncake's
-			// hangs up. Settle what is in flight here, send on a new one.
-			refused = true
-			lc.retire.Do(func() { close(lc.retired) })
-			continue
-		}
-		var ne net.Error
-		switch {
-		case errors.As(err, &ne) && ne.Timeout():
-			err = fmt.Errorf("%w: no answer from %s", transport.ErrTimeout, lc.conn.RemoteAddr())
-		case errors.Is(err, ErrMalformed):
-		case refused:
-			err = fmt.Errorf("%w: %w: %v", transport.ErrPeer, errUnanswered, err)
-		default:
-			err = fmt.Errorf("%w: %v", transport.ErrPeer, err)
-		}
-		lc.kill(err)
-		p.fail(s, err)
 	}
 }
 
-func (l *lane) recv(br *bufio.Reader, conn net.Conn, s *transport.Slice, v2 bool, st []byte) error {
-	if v2 {
-		if _, err := io.ReadFull(br, st); err != nil {
-			return err
-		}
-		ok, err := ParseStatus(st)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%w: %s %#x+%d at %s", transport.ErrRejected, s.Op, s.Remote, s.Length, conn.RemoteAddr())
+// finish settles the answers a waiter left, the first maybe half read. The
+// caller holds rmu.
+func (lc *laneConn) finish() {
+	for _, s := range lc.left {
+		lc.settle(s, nil)
+	}
+	lc.left = nil
+}
+
+// settle reads the answer to s and reports it through s.Done, or retries s
+// elsewhere. With ctx set it gives up when ctx ends and reports that it was
+// interrupted, got counting what was read of the answer. The caller holds
+// rmu.
+func (lc *laneConn) settle(s *transport.Slice, ctx context.Context) (interrupted bool) {
+	p := lc.l.p
+	select {
+	case <-lc.dead:
+		lc.got = 0
+		lc.out.Add(-1)
+		p.fail(s, lc.err)
+		return false
+	default:
+	}
+	err := lc.recv(s, ctx)
+	if err == errInterrupted {
+		return true
+	}
+	lc.got = 0
+	lc.out.Add(-1)
+	if err == nil {
+		s.Done(s, nil)
+		return false
+	}
+	if errors.Is(err, transport.ErrRejected) {
+		s.Done(s, err)
+		// Our server keeps the stream in step after a refusal; Mooncake's
+		// hangs up. Settle what is in flight here, send on a new one.
+		lc.refused = true
+		lc.retire.Do(func() { close(lc.retired) })
+		return false
+	}
+	switch {
+	case timedOut(err):
+		err = fmt.Errorf("%w: no answer from %s", transport.ErrTimeout, lc.conn.RemoteAddr())
+	case errors.Is(err, ErrMalformed):
+	case lc.refused:
+		err = fmt.Errorf("%w: %w: %v", transport.ErrPeer, errUnanswered, err)
+	default:
+		err = fmt.Errorf("%w: %v", transport.ErrPeer, err)
+	}
+	lc.kill(err)
+	p.fail(s, err)
+	return false
+}
+
+// recv reads the answer to s, or its remainder after an interruption,
+// before s.Deadline.
+func (lc *laneConn) recv(s *transport.Slice, ctx context.Context) error {
+	lc.rd.arm(s.Deadline)
+	var hdr uint64
+	if !lc.l.p.c.cfg.V1 {
+		hdr = StatusSize
+		if lc.got < hdr {
+			if err := lc.readFull(lc.st[lc.got:], s.Deadline, ctx); err != nil {
+				return err
+			}
+			ok, err := ParseStatus(lc.st[:])
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: %s %#x+%d at %s", transport.ErrRejected, s.Op, s.Remote, s.Length, lc.conn.RemoteAddr())
+			}
 		}
 	}
 	if s.Op == transport.Read {
-		_, err := io.ReadFull(br, transport.Bytes(s.Local, s.Length))
-		return err
+		return lc.readFull(transport.Bytes(s.Local, s.Length)[lc.got-hdr:], s.Deadline, ctx)
 	}
 	return nil // a v1 WRITE has nothing to read back
+}
+
+// readFull fills b, counting progress in got. A deadline passing early is
+// resumed (see deadline); with ctx ended, reading stops (errInterrupted).
+// ctx is checked after each arming of the deadline, which may have replaced
+// the past one its end set.
+func (lc *laneConn) readFull(b []byte, due time.Time, ctx context.Context) error {
+	for {
+		if ctx != nil && ctx.Err() != nil {
+			return errInterrupted
+		}
+		n, err := io.ReadFull(lc.br, b)
+		lc.got += uint64(n)
+		if err == nil {
+			return nil
+		}
+		if ctx != nil && ctx.Err() != nil && timedOut(err) {
+			return errInterrupted
+		}
+		if !lc.rd.resume(err, due) {
+			return err
+		}
+		b = b[n:]
+	}
 }

@@ -9,10 +9,37 @@
 // refuse but hanging up.
 //
 // The initiating side (Client) keeps a few persistent connections
-// ("lanes") per peer. All lanes of a peer pull slices from one bounded
-// queue, each lane pipelines a few requests before waiting for their status
-// frames, and a slice that died with its connection is retried on another
-// lane, a bounded number of times, within its deadline. Every slice sent is
-// itself a valid Mooncake v2 request, so an official engine can serve us
-// and we can serve it.
+// ("lanes") per peer. Every slice sent is itself a valid Mooncake v2
+// request, so an official engine can serve us and we can serve it. A slice
+// takes one of two paths:
+//
+//   - Queued (Peer.Submit): all lanes of a peer pull slices from one bounded
+//     queue. A lane's goroutine writes up to 16 queued requests with one
+//     writev and keeps up to Depth on the wire; a reader goroutine per
+//     connection reads their status frames and payloads in wire order. A
+//     slice that died with its connection is retried on another lane, a
+//     bounded number of times, within its deadline. Deep queues take this
+//     path.
+//   - Inline (Peer.SubmitInline, used by the engine for the slices of a
+//     Submit that all go to one peer; v2 only): when they are few and small
+//     (16 slices, 4 MiB), the queue is empty and a lane idles (its lock is free
+//     and nothing is unanswered on its connection), the submitting goroutine
+//     writes the requests itself, with one writev, and parks the slices on
+//     the connection. Their waiter (Engine.Wait, through Inline.Wait) then
+//     reads the answers in its own goroutine: requests and answers cost no
+//     goroutine hand-off, as with a blocking socket. Each hand-off readies a
+//     goroutine, which on a host with few cores wakes a second scheduler
+//     thread that competes with the peer for the CPU: a lone 1 MiB READ took
+//     twice as long that way. Parked answers are read by the lane's reader
+//     instead when the submitter polls (Inline.Release), when its waiter's
+//     context ends (the rest of a half-read answer included), or when the
+//     lane sends more requests behind them; one lock per connection (rmu)
+//     keeps a single reader on the socket and the answers in order.
+//
+// Deadlines bound every read and write on both sides, but are moved lazily
+// (see deadline.go): arming a runtime timer per request also woke a
+// scheduler thread. An I/O that times out before its own deadline resumes
+// where it stopped. Our server keeps a stream in step after refusing a
+// request; Mooncake's hangs up, and the requests behind the refused one are
+// sent again elsewhere without counting a retry.
 package tcp

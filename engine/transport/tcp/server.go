@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"syscall"
 	"time"
 
@@ -85,14 +86,14 @@ func (s *Server) serve(c net.Conn) {
 	// Headers come through a small buffer, so a header and the start of its
 	// payload (one writev on the peer) cost one read; payload bytes past the
 	// buffer go straight to registered memory.
-	sc := &srvConn{Conn: c}
+	sc := &srvConn{Conn: c, timeout: s.cfg.PayloadTimeout}
 	if sys, ok := c.(syscall.Conn); ok {
 		sc.rc, _ = sys.SyscallConn()
 	}
 	sc.br = bufio.NewReaderSize(sc, 4096)
+	sc.rd.set, sc.wd.set = c.SetReadDeadline, c.SetWriteDeadline
 	for {
-		// Between requests the connection may idle for ever: lanes persist.
-		if _, err := io.ReadFull(sc.br, hdr[:]); err != nil {
+		if err := sc.readHeader(hdr[:]); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("tcp: connection ended", "remote", c.RemoteAddr(), "err", err)
 			}
@@ -103,10 +104,8 @@ func (s *Server) serve(c net.Conn) {
 			s.cfg.Logger.Warn("tcp: closing connection", "remote", c.RemoteAddr(), "err", err)
 			return
 		}
-		c.SetDeadline(time.Now().Add(s.cfg.PayloadTimeout))
-		keep := s.handle(sc, h, st[:])
-		c.SetDeadline(time.Time{})
-		if !keep {
+		sc.due = time.Now().Add(s.cfg.PayloadTimeout)
+		if !s.handle(sc, h, st[:]) {
 			sc.flush() // a last rejection
 			return
 		}
@@ -137,7 +136,7 @@ func (s *Server) handle(c *srvConn, h Header, st []byte) bool {
 				s.writeStatus(c, st, StatusRejected)
 				return false
 			}
-			if _, err := io.CopyN(io.Discard, c.br, int64(h.Size)); err != nil {
+			if c.drain(h.Size) != nil {
 				return false
 			}
 		}
@@ -145,7 +144,7 @@ func (s *Server) handle(c *srvConn, h Header, st []byte) bool {
 	}
 	mem := transport.Bytes(uintptr(h.Addr), h.Size)
 	if op == transport.Write {
-		_, err = io.ReadFull(c.br, mem)
+		err = c.readFull(mem)
 		pin.Release()
 		s.served(op, h.Size, err)
 		if err != nil {
@@ -157,7 +156,7 @@ func (s *Server) handle(c *srvConn, h Header, st []byte) bool {
 		return true
 	}
 	if !h.V2 {
-		_, err = c.Write(mem)
+		err = c.write(mem, c.due)
 		pin.Release()
 		s.served(op, h.Size, err)
 		return err == nil
@@ -217,7 +216,7 @@ func (s *Server) readBatch(c *srvConn, h Header, pin transport.Pinned, mem []byt
 		}
 	}
 	c.bufs = bufs
-	_, err := bufs.WriteTo(c.Conn)
+	err := c.writeBufs(bufs)
 	c.pending = c.pending[:0]
 	for _, a := range answers {
 		if a.pin != nil {
@@ -247,6 +246,12 @@ type srvConn struct {
 	rc      syscall.RawConn
 	br      *bufio.Reader // reads through srvConn.Read
 	pending []byte
+
+	// Payload moves within timeout of their request's header (due); the
+	// header of the next request may take for ever.
+	timeout time.Duration
+	due     time.Time
+	rd, wd  deadline
 
 	// Scratch for readBatch, reused across batches.
 	answers []readAnswer
@@ -300,9 +305,71 @@ func (c *srvConn) flush() bool {
 	if len(c.pending) == 0 {
 		return true
 	}
-	_, err := c.Conn.Write(c.pending)
+	// Statuses of requests already served: their own time from now.
+	err := c.write(c.pending, time.Now().Add(c.timeout))
 	c.pending = c.pending[:0]
 	return err == nil
+}
+
+// readHeader reads the next request header, with no deadline: a deadline
+// still armed for an earlier payload that passes while the peer is idle is
+// cleared, and the read goes on.
+func (c *srvConn) readHeader(b []byte) error {
+	for {
+		n, err := io.ReadFull(c.br, b)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		b = b[n:]
+		c.rd.clear()
+	}
+}
+
+// readFull reads a payload into b before c.due.
+func (c *srvConn) readFull(b []byte) error {
+	c.rd.arm(c.due)
+	for {
+		n, err := io.ReadFull(c.br, b)
+		if err == nil || !c.rd.resume(err, c.due) {
+			return err
+		}
+		b = b[n:]
+	}
+}
+
+// drain reads and drops n payload bytes before c.due.
+func (c *srvConn) drain(n uint64) error {
+	c.rd.arm(c.due)
+	for {
+		m, err := io.CopyN(io.Discard, c.br, int64(n))
+		if err == nil || !c.rd.resume(err, c.due) {
+			return err
+		}
+		n -= uint64(m)
+	}
+}
+
+// write sends b before due.
+func (c *srvConn) write(b []byte, due time.Time) error {
+	c.wd.arm(due)
+	for {
+		n, err := c.Conn.Write(b)
+		if err == nil || !c.wd.resume(err, due) {
+			return err
+		}
+		b = b[n:]
+	}
+}
+
+// writeBufs sends bufs (consuming them) before c.due.
+func (c *srvConn) writeBufs(bufs net.Buffers) error {
+	c.wd.arm(c.due)
+	for {
+		_, err := bufs.WriteTo(c.Conn)
+		if err == nil || !c.wd.resume(err, c.due) {
+			return err
+		}
+	}
 }
 
 func (s *Server) served(op transport.Op, n uint64, err error) {
