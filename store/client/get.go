@@ -246,13 +246,9 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			deadline = d
 		}
 	}
-	rctx, cancel := ctx, context.CancelFunc(func() {})
-	if !deadline.IsZero() {
-		rctx, cancel = context.WithDeadline(ctx, deadline)
-	}
-	defer cancel()
+	// The lease bounds the engine's requests (no timer per read here).
 	flush := func() {
-		c.run(rctx, xs)
+		c.run(ctx, xs, deadline)
 		for _, p := range pieces {
 			if p.staged != nil {
 				if p.x.err == nil {
@@ -281,7 +277,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			if !ok {
 				flush()
 				var err error
-				if buf, err = c.stage.acquire(rctx, n); err != nil {
+				if buf, err = c.stage.acquire(ctx, n); err != nil {
 					it.err = &storepb.Error{Code: storepb.TransferFail, Msg: err.Error()}
 					break
 				}

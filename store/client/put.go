@@ -159,7 +159,7 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 		staged [][]byte
 	)
 	flush := func() {
-		c.run(ctx, xs)
+		c.run(ctx, xs, time.Time{})
 		for i, x := range xs {
 			if x.err != nil && owner[i].err == nil {
 				owner[i].err = x.err

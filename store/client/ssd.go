@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
@@ -103,7 +104,7 @@ func (c *Client) runMoves(ctx context.Context, tasks []*storepb.MoveTask) {
 			run = append(run, x)
 		}
 	}
-	c.run(ctx, run)
+	c.run(ctx, run, time.Time{})
 	for i, t := range tasks {
 		ok := xs[i].err == nil
 		if !ok {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/transport"
@@ -55,9 +56,10 @@ func (s *segmentCache) closeAll() {
 }
 
 // run performs xs, setting each one's err. Copies within this process are
-// plain copies; the rest go to the engine as one batch, with ctx's
-// deadline (or the engine's timeout) on every request.
-func (c *Client) run(ctx context.Context, xs []*xfer) {
+// plain copies; the rest go to the engine as one batch, with the earlier
+// of ctx's deadline and until (zero: none) on every request, or the
+// engine's timeout without either.
+func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	var remote []*xfer
 	var reqs []engine.Request
 	for _, x := range xs {
@@ -93,8 +95,11 @@ func (c *Client) run(ctx context.Context, xs []*xfer) {
 		return
 	}
 	var opts []engine.SubmitOption
-	if d, ok := ctx.Deadline(); ok {
-		opts = append(opts, engine.WithDeadline(d))
+	if d, ok := ctx.Deadline(); ok && (until.IsZero() || d.Before(until)) {
+		until = d
+	}
+	if !until.IsZero() {
+		opts = append(opts, engine.WithDeadline(until))
 	}
 	if err := c.eng.Submit(b, reqs, opts...); err != nil {
 		_ = c.eng.FreeBatch(b)
