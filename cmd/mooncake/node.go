@@ -32,6 +32,8 @@ var nodeEnvs = map[string][]string{
 	"cluster_id":          {"MC_STORE_CLUSTER_ID"},
 	"transport":           {"MC_NODE_TRANSPORT"},
 	"enable_http_server":  {"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"},
+	"ssd_dir":             {"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "MC_NODE_SSD_DIR"},
+	"ssd_size":            {"MC_NODE_SSD_SIZE"},
 	"http_port":           {"MOONCAKE_CLIENT_HTTP_PORT"},
 }
 
@@ -58,6 +60,8 @@ config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.`,
 	f.String("local_buffer_size", "16MiB", "staging buffer")
 	f.String("local_hostname", "", "address peers reach this node at (zero: the first non-loopback IPv4)")
 	f.String("cluster_id", client.DefaultClusterID, "HA cluster name")
+	f.String("ssd_dir", "", "directory of an SSD tier: evicted objects spill there and come back on a hit")
+	f.String("ssd_size", "16GiB", "size of the SSD tier file (fallocated)")
 	f.Bool("enable_http_server", false, "serve /health and /metrics (engine and client) over HTTP")
 	f.Int("http_port", 9300, "port of the HTTP server (0 picks one)")
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
@@ -87,9 +91,16 @@ func runNode(cmd *cobra.Command, _ []string) error {
 	if seg <= 0 {
 		return fmt.Errorf("--global_segment_size must be positive for a node")
 	}
+	var ssdSize int64
+	if s.str("ssd_dir") != "" {
+		if ssdSize, err = s.size("ssd_size"); err != nil {
+			return err
+		}
+	}
 	reg := prometheus.NewRegistry()
 	cfg := client.Config{
 		Master: s.str("master"), ClusterID: s.str("cluster_id"), SegmentSize: seg, LocalBufferSize: buf, Registerer: reg,
+		SSDDir: s.str("ssd_dir"), SSDSize: ssdSize,
 		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"),
 			Transport: s.str("transport"), Registerer: reg},
 	}
@@ -117,7 +128,7 @@ func runNode(cmd *cobra.Command, _ []string) error {
 		defer srv.Close()
 		slog.Info("node HTTP server", "addr", ln.Addr().String())
 	}
-	slog.Info("node serving", "segment", c.SegmentName(), "bytes", seg, "master", cfg.Master)
+	slog.Info("node serving", "segment", c.SegmentName(), "bytes", seg, "master", cfg.Master, "ssd", c.SSDPath())
 	fmt.Fprintln(cmd.OutOrStdout(), cluster.ReadyLine(c.SegmentName()))
 	<-ctx.Done()
 	return nil

@@ -318,10 +318,12 @@ func TestNodeConfigSources(t *testing.T) {
 	port := freePort(t)
 	cmd := selfCommand(t, "node")
 	cmd.Env = append(cmd.Env, "MOONCAKE_CONFIG_PATH="+conf, "MOONCAKE_LOCAL_BUFFER_SIZE=4MiB",
+		"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH="+dir, "MC_NODE_SSD_SIZE=8MiB",
 		"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER=true", fmt.Sprintf("MOONCAKE_CLIENT_HTTP_PORT=%d", port))
 	startProc(t, cmd, "node ready segment=127.0.0.1:")
 	st := m.Service().Stats()
 	assert.Equal(t, uint64(32e6), st.Capacity)
+	assert.Equal(t, uint64(8<<20), st.DiskCapacity, "the SSD tier from MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
 	// Its HTTP server: health and the engine's metrics.
 	for path, want := range map[string]string{"/health": `"status":"ok"`, "/metrics": "mooncake_transfer_read_bytes 0"} {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
