@@ -12,11 +12,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/mooncake-go/mooncake/bench/te"
 	"github.com/mooncake-go/mooncake/bench/trace"
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/client"
 	"github.com/mooncake-go/mooncake/store/cluster"
-	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // storeAdapter lets the trace replay drive a store client.
@@ -34,16 +34,10 @@ func (a storeAdapter) BatchGet(ctx context.Context, keys []string, dst [][]byte)
 	return errs
 }
 
+// BatchPut is write-once: a block another request wrote (or is writing)
+// already is a success, as the client reports it.
 func (a storeAdapter) BatchPut(ctx context.Context, keys []string, values [][]byte) []error {
-	errs := a.c.BatchPut(ctx, keys, values, nil)
-	for i, err := range errs {
-		// Two requests in flight may write the same new block; the second
-		// finds it there (or in flight), which is no failure of the replay.
-		if errors.Is(err, storepb.ErrObjectAlreadyExists) {
-			errs[i] = nil
-		}
-	}
-	return errs
+	return a.c.BatchPut(ctx, keys, values, nil)
 }
 
 func newBenchTraceCmd() *cobra.Command {
@@ -109,7 +103,7 @@ results as Parquet and a PNG plot to --out.`,
 				}
 				defer cl.Close()
 				masterAt = cl.MasterURL()
-				fmt.Fprintf(out, "cluster: %d node(s) x %s, master %s, ready in %v\n", nodes, sizeString(seg), masterAt,
+				fmt.Fprintf(out, "cluster: %d node(s) x %s, master %s, ready in %v\n", nodes, te.Size(seg), masterAt,
 					time.Since(start).Round(time.Millisecond))
 			}
 			// The replaying client is a prefill instance: it reads and writes
@@ -157,14 +151,4 @@ results as Parquet and a PNG plot to --out.`,
 	f.BoolVar(&noHA, "no-ha", false, "one master without the etcd journal")
 	f.BoolVar(&inProc, "in-process", false, "run the storage nodes in this process")
 	return c
-}
-
-func sizeString(n int64) string {
-	switch {
-	case n%(1<<30) == 0:
-		return fmt.Sprintf("%dGiB", n>>30)
-	case n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	}
-	return fmt.Sprint(n)
 }

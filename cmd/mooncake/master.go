@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/store/master"
 )
 
@@ -96,10 +97,7 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 		if eps == "" {
 			eps = s.str("ha_backend_connstring")
 		}
-		var list []string
-		for _, e := range strings.FieldsFunc(strings.TrimPrefix(eps, "etcd://"), func(r rune) bool { return r == ';' || r == ',' }) {
-			list = append(list, strings.TrimSpace(e))
-		}
+		list := metadata.EtcdEndpoints(eps)
 		if len(list) == 0 {
 			return fmt.Errorf("--enable_ha needs --etcd_endpoints")
 		}

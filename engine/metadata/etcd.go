@@ -33,6 +33,20 @@ type Etcd struct {
 
 var _ Store = (*Etcd)(nil)
 
+// EtcdEndpoints splits Mooncake's etcd connection string, "h1:2379",
+// "etcd://h1:2379;h2:2379" or comma-separated, into "host:port" endpoints.
+func EtcdEndpoints(conn string) []string {
+	var eps []string
+	for _, ep := range strings.FieldsFunc(strings.TrimPrefix(strings.TrimSpace(conn), "etcd://"),
+		func(r rune) bool { return r == ',' || r == ';' }) {
+		// Each endpoint may carry the scheme too ("etcd://a;etcd://b").
+		if ep = strings.TrimPrefix(strings.TrimSpace(ep), "etcd://"); ep != "" {
+			eps = append(eps, ep)
+		}
+	}
+	return eps
+}
+
 // OpenEtcd connects to the etcd cluster at endpoints, each "host:port" or
 // "http://host:port". It fails if no endpoint answers within 5 s, so a
 // wrong connection string is reported at start-up rather than at the first

@@ -42,7 +42,7 @@ func Open(conn string) (Store, error) {
 	}
 	switch scheme {
 	case "etcd":
-		return OpenEtcd(strings.FieldsFunc(rest, func(r rune) bool { return r == ',' || r == ';' }))
+		return OpenEtcd(EtcdEndpoints(rest))
 	case "http", "https":
 		return OpenHTTP(conn)
 	case "memory":

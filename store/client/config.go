@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -87,7 +88,7 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Master == "":
 		return fmt.Errorf("client: Config.Master is empty")
-	case strings.HasPrefix(c.Master, "etcd://") && len(etcdEndpoints(c.Master)) == 0:
+	case strings.HasPrefix(c.Master, "etcd://") && len(metadata.EtcdEndpoints(c.Master)) == 0:
 		return fmt.Errorf("client: Config.Master %q names no etcd endpoint", c.Master)
 	case c.SegmentSize < 0 && c.SegmentSize != NoSegment:
 		return fmt.Errorf("client: Config.SegmentSize %d is negative", c.SegmentSize)
@@ -101,17 +102,6 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("client: Config.PingInterval %v is negative", c.PingInterval)
 	}
 	return c.Replicate.validate()
-}
-
-// etcdEndpoints splits "etcd://h1:2379;h2:2379" (also ',' separated).
-func etcdEndpoints(s string) []string {
-	var out []string
-	for _, ep := range strings.FieldsFunc(strings.TrimPrefix(s, "etcd://"), func(r rune) bool { return r == ';' || r == ',' }) {
-		if ep = strings.TrimSpace(ep); ep != "" {
-			out = append(out, ep)
-		}
-	}
-	return out
 }
 
 // ReplicateConfig says how a put is replicated and protected, as

@@ -157,13 +157,14 @@ func (c *Client) distance(m *storepb.MemoryReplica) int {
 func (c *Client) getMany(ctx context.Context, items []*getItem) {
 	start := time.Now()
 	defer func() {
-		errs := make([]error, len(items))
-		for i, it := range items {
-			if errs[i] = it.err; it.err == nil {
-				c.met.readBytes.Add(float64(it.length))
+		var n uint64
+		for _, it := range items {
+			if it.err == nil {
+				n += it.length
 			}
 		}
-		c.met.observe("get", len(items), start, errs)
+		c.met.readBytes.Add(float64(n))
+		c.met.observe("get", len(items), start, func(i int) error { return items[i].err })
 	}()
 	var live []*getItem
 	for _, it := range items {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/store/ha"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -38,7 +39,7 @@ type masterConn struct {
 func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 	m := &masterConn{cluster: cfg.ClusterID, timeout: cfg.RPCTimeout}
 	if strings.HasPrefix(cfg.Master, "etcd://") {
-		eps := etcdEndpoints(cfg.Master)
+		eps := metadata.EtcdEndpoints(cfg.Master)
 		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return nil, fmt.Errorf("client: etcd %v: %w", eps, err)

@@ -36,14 +36,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// observe records one call of op over n objects.
-func (m *metrics) observe(op string, n int, start time.Time, errs []error) {
+// observe records one call of op over n objects, taking each object's
+// error from errOf.
+func (m *metrics) observe(op string, n int, start time.Time, errOf func(i int) error) {
 	if n > 1 {
 		op = "batch_" + op
 	}
 	m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	for _, err := range errs {
-		if err != nil {
+	for i := range n {
+		if err := errOf(i); err != nil {
 			m.failures.WithLabelValues(op, codeName(err)).Inc()
 		}
 	}

@@ -70,7 +70,7 @@ func (c *Client) BatchUpsert(ctx context.Context, keys []string, values [][]byte
 
 func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig, upsert bool) (errs []error) {
 	start := time.Now()
-	defer func() { c.met.observe("put", len(keys), start, errs) }()
+	defer func() { c.met.observe("put", len(keys), start, func(i int) error { return errs[i] }) }()
 	errs = make([]error, len(keys))
 	if len(values) != len(keys) {
 		for i := range errs {

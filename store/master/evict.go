@@ -3,6 +3,8 @@ package master
 import (
 	"slices"
 	"time"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // candidate is an object eviction may take.
@@ -39,7 +41,7 @@ func (s *Service) evict(force bool) uint64 {
 	}
 	clear(s.deferred[len(kept):])
 	s.deferred = kept
-	capacity, used := s.usageLocked()
+	capacity, used := s.usageLocked(storepb.Medium_MEDIUM_DRAM)
 	used -= min(used, s.spilling+s.freeing.Load()) // on their way out
 	s.segMu.Unlock()
 	if capacity == 0 {
@@ -52,18 +54,7 @@ func (s *Service) evict(force bool) uint64 {
 	ratio := s.cfg.EvictionRatio * float64(capacity)
 	target := max(ratio, float64(used)-high+ratio)
 
-	var cands []candidate
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for key, o := range sh.objects {
-			if evictable(o, now, force) {
-				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease, soft: o.softPinUntil.After(now)})
-			}
-		}
-		sh.mu.Unlock()
-	}
-	slices.SortFunc(cands, func(a, b candidate) int { return a.lease.Compare(b.lease) })
+	cands := s.candidates(now, func(o *object) bool { return evictable(o, now, force) })
 
 	var freed uint64
 	for pass := range 2 {
@@ -87,6 +78,23 @@ func (s *Service) evict(force bool) uint64 {
 
 // evictable: a DRAM replica eviction may take. A move in flight protects
 // the object, except from a forced eviction (a put needs the room now).
+// candidates lists the objects ok accepts, least recently leased first.
+func (s *Service) candidates(now time.Time, ok func(*object) bool) []candidate {
+	var cands []candidate
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for key, o := range sh.objects {
+			if ok(o) {
+				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease, soft: o.softPinUntil.After(now)})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.SortFunc(cands, func(a, b candidate) int { return a.lease.Compare(b.lease) })
+	return cands
+}
+
 func evictable(o *object, now time.Time, force bool) bool {
 	return o.complete() && o.pending == nil && (o.moving == nil || force) && !o.hardPin && !o.lease.After(now) &&
 		!o.replicas[0].onDisk() // DRAM replicas come first

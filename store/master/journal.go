@@ -1,7 +1,6 @@
 package master
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 
@@ -256,7 +255,7 @@ func (s *Service) restore(st *state) error {
 	for key, o := range st.objects {
 		obj := &object{size: o.Size, checksum: o.Checksum, replicas: reps(o.Replicas), writer: o.Writer,
 			hardPin: o.HardPin, lease: now.Add(s.cfg.LeaseTTL)}
-		slices.SortStableFunc(obj.replicas, func(a, b replica) int { return cmp.Compare(b2i(a.onDisk()), b2i(b.onDisk())) })
+		dramFirst(obj.replicas)
 		if p := o.Pending; p != nil {
 			obj.pending = &pendingPut{client: p.ClientId, started: now, size: p.Size, replicas: reps(p.Replicas),
 				cfg: &storepb.ReplicateConfig{WithHardPin: p.HardPin}, upsert: p.Upsert}

@@ -247,22 +247,11 @@ func (s *Service) ExpireClients() int {
 	return n
 }
 
-// usageLocked sums capacity and used bytes over the mounted DRAM segments
-// (the pool eviction watches); SSD tiers are apart.
-func (s *Service) usageLocked() (capacity, used uint64) {
+// usageLocked sums capacity and used bytes over the mounted segments of
+// medium m: DRAM is the pool eviction watches; SSD tiers are apart.
+func (s *Service) usageLocked(m storepb.Medium) (capacity, used uint64) {
 	for _, sg := range s.segList {
-		if sg.medium == storepb.Medium_MEDIUM_DRAM {
-			capacity += sg.alloc.Size()
-			used += sg.alloc.Used()
-		}
-	}
-	return capacity, used
-}
-
-// diskUsageLocked is usageLocked of the SSD tiers.
-func (s *Service) diskUsageLocked() (capacity, used uint64) {
-	for _, sg := range s.segList {
-		if sg.medium == storepb.Medium_MEDIUM_DISK {
+		if sg.medium == m {
 			capacity += sg.alloc.Size()
 			used += sg.alloc.Used()
 		}

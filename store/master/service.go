@@ -259,8 +259,8 @@ type Stats struct {
 func (s *Service) Stats() Stats {
 	var st Stats
 	s.segMu.Lock()
-	st.Capacity, st.Used = s.usageLocked()
-	st.DiskCapacity, st.DiskUsed = s.diskUsageLocked()
+	st.Capacity, st.Used = s.usageLocked(storepb.Medium_MEDIUM_DRAM)
+	st.DiskCapacity, st.DiskUsed = s.usageLocked(storepb.Medium_MEDIUM_DISK)
 	st.Clients, st.Segments = len(s.clients), len(s.segs)
 	s.segMu.Unlock()
 	now := s.now()

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -54,6 +55,12 @@ type moveTask struct {
 
 func (t *moveTask) proto() *storepb.MoveTask {
 	return &storepb.MoveTask{Id: t.id, Key: t.key, Source: t.src.memory(), Target: t.dst.memory()}
+}
+
+// dramFirst orders reps DRAM before SSD, stably: readers and eviction
+// look at replicas[0], disk eviction at the last.
+func dramFirst(reps []replica) {
+	slices.SortStableFunc(reps, func(a, b replica) int { return cmp.Compare(b2i(a.onDisk()), b2i(b.onDisk())) })
 }
 
 // take removes o's replicas on SSD (disk) or in DRAM (!disk) and returns
@@ -143,22 +150,20 @@ func (s *Service) offloadLocked(key string, o *object) {
 
 // allocDiskLocked places size bytes on an SSD tier, the client's own first.
 func (s *Service) allocDiskLocked(client string, size uint64) (replica, bool) {
-	var tiers []*segment
+	return s.allocOnLocked(storepb.Medium_MEDIUM_DISK, client, size)
+}
+
+// allocOnLocked places size bytes on a segment of medium m, client's own
+// segments first (a move then stays on one machine). No eviction.
+func (s *Service) allocOnLocked(m storepb.Medium, client string, size uint64) (replica, bool) {
+	var segs []*segment
 	for _, sg := range s.segList {
-		if sg.medium == storepb.Medium_MEDIUM_DISK {
-			tiers = append(tiers, sg)
+		if sg.medium == m {
+			segs = append(segs, sg)
 		}
 	}
-	slices.SortStableFunc(tiers, func(a, b *segment) int {
-		switch {
-		case a.client == client && b.client != client:
-			return -1
-		case b.client == client && a.client != client:
-			return 1
-		}
-		return 0
-	})
-	for _, sg := range tiers {
+	slices.SortStableFunc(segs, func(a, b *segment) int { return cmp.Compare(b2i(a.client != client), b2i(b.client != client)) })
+	for _, sg := range segs {
 		if off, ok := sg.alloc.Alloc(size); ok {
 			return replica{seg: sg, off: off, size: size}, true
 		}
@@ -188,24 +193,8 @@ func (s *Service) promoteLocked(key string, o *object) {
 	if src.seg.dead.Load() {
 		return
 	}
-	order := slices.Clone(s.segList)
-	slices.SortStableFunc(order, func(a, b *segment) int {
-		switch {
-		case a.client == src.seg.client && b.client != src.seg.client:
-			return -1
-		case b.client == src.seg.client && a.client != src.seg.client:
-			return 1
-		}
-		return 0
-	})
-	for _, sg := range order {
-		if sg.medium != storepb.Medium_MEDIUM_DRAM {
-			continue
-		}
-		if off, ok := sg.alloc.Alloc(src.size); ok {
-			s.newTaskLocked(key, o, src, replica{seg: sg, off: off, size: src.size}, false)
-			return
-		}
+	if dst, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, src.seg.client, src.size); ok {
+		s.newTaskLocked(key, o, src, dst, false)
 	}
 }
 
@@ -290,16 +279,7 @@ func (s *Service) MoveEnd(clientID string, id uint64, ok bool) error {
 			s.promoted.Add(1)
 		}
 	}
-	// DRAM first: readers and eviction look at replicas[0].
-	slices.SortStableFunc(o.replicas, func(a, b replica) int {
-		switch {
-		case !a.onDisk() && b.onDisk():
-			return -1
-		case a.onDisk() && !b.onDisk():
-			return 1
-		}
-		return 0
-	})
+	dramFirst(o.replicas)
 	return s.durableUnlocked(sh, seq)
 }
 
@@ -345,24 +325,13 @@ func (s *Service) expireTasks() {
 // flight; an object whose only copy goes is dropped.
 func (s *Service) evictDisk(now time.Time) {
 	s.segMu.Lock()
-	capacity, used := s.diskUsageLocked()
+	capacity, used := s.usageLocked(storepb.Medium_MEDIUM_DISK)
 	s.segMu.Unlock()
 	if capacity == 0 || float64(used) <= s.cfg.EvictionHighWatermark*float64(capacity) {
 		return
 	}
 	target := float64(used) - (s.cfg.EvictionHighWatermark-s.cfg.EvictionRatio)*float64(capacity)
-	var cands []candidate
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for key, o := range sh.objects {
-			if diskEvictable(o, now) {
-				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease})
-			}
-		}
-		sh.mu.Unlock()
-	}
-	slices.SortFunc(cands, func(a, b candidate) int { return a.lease.Compare(b.lease) })
+	cands := s.candidates(now, func(o *object) bool { return diskEvictable(o, now) })
 	var freed float64
 	for _, c := range cands {
 		if freed >= target {

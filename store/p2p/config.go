@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/metadata"
 )
 
 // DefaultMaxShardSize is the shard size Register uses when given zero, the
@@ -47,7 +48,7 @@ type Config struct {
 // Validate names the first bad field.
 func (c *Config) Validate() error {
 	switch {
-	case len(parseEndpoints(c.Metadata)) == 0:
+	case len(metadata.EtcdEndpoints(c.Metadata)) == 0:
 		return fmt.Errorf("%w: config: Metadata %q names no etcd endpoint", ErrInvalidArgument, c.Metadata)
 	case c.Retries < 0:
 		return fmt.Errorf("%w: config: Retries %d", ErrInvalidArgument, c.Retries)

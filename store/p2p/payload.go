@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
-	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -171,19 +170,6 @@ type record struct {
 // other's updates.
 type meta struct {
 	cli *clientv3.Client
-}
-
-// parseEndpoints accepts "host:port", "etcd://h1:2379;h2:2379" and
-// comma-separated lists.
-func parseEndpoints(s string) []string {
-	s = strings.TrimPrefix(s, "etcd://")
-	var eps []string
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ',' }) {
-		if f = strings.TrimSpace(f); f != "" {
-			eps = append(eps, f)
-		}
-	}
-	return eps
 }
 
 func metaErr(op, name string, err error) error {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/metadata"
 )
 
 // Store is one node of the P2P store: a seed for the objects it registers
@@ -87,7 +88,7 @@ func New(ctx context.Context, cfg Config) (s *Store, err error) {
 	s.name = s.e.Name()
 	s.mem = newMemory(s.e)
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   parseEndpoints(cfg.Metadata),
+		Endpoints:   metadata.EtcdEndpoints(cfg.Metadata),
 		DialTimeout: cfg.Timeout,
 		Logger:      zap.NewNop(), // failures reach the caller as errors
 	})
