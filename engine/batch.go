@@ -11,6 +11,7 @@ import (
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/shm"
 	"github.com/mooncake-go/mooncake/engine/transport/tcp"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 // batch is a set of tasks submitted together and awaited together.
@@ -45,6 +46,11 @@ type task struct {
 	done   atomic.Uint64
 	status atomic.Int32
 	err    atomic.Pointer[error]
+	// With WithChecksum: local is the request's local address and sum
+	// collects, slice by slice, the CRC-32C of its bytes (crc32c.Shift).
+	crc   bool
+	local uintptr
+	sum   atomic.Uint32
 }
 
 // SubmitOption adjusts one Submit call.
@@ -53,6 +59,7 @@ type SubmitOption func(*submitOpts)
 type submitOpts struct {
 	deadline time.Time
 	notify   *Notify
+	checksum bool
 }
 
 // WithDeadline sets the deadline of the submitted requests (default: now
@@ -62,6 +69,14 @@ func WithDeadline(t time.Time) SubmitOption { return func(o *submitOpts) { o.dea
 // WithNotify sends n to the target of the first request once every task of
 // the batch has completed successfully (Mooncake's submitTransferWithNotify).
 func WithNotify(n Notify) SubmitOption { return func(o *submitOpts) { o.notify = &n } }
+
+// WithChecksum has every submitted request's bytes checksummed (CRC-32C)
+// once they are in place: each slice as it finishes, on the goroutine that
+// moved it, while the rest of the request is still on its way. The
+// checksum of a Completed task is TransferStatus.Checksum. A reader that
+// verifies what it read so pays for no second pass over the bytes after
+// the transfer.
+func WithChecksum() SubmitOption { return func(o *submitOpts) { o.checksum = true } }
 
 // AllocateBatch returns a batch that holds up to size tasks.
 func (e *Engine) AllocateBatch(size int) (BatchID, error) {
@@ -143,7 +158,8 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts ...SubmitOption) error 
 	tasks := make([]*task, len(reqs))
 	now := time.Now()
 	for i, r := range reqs {
-		tasks[i] = &task{e: e, b: b, op: r.Op, length: r.Length, start: now, via: e.via(segs[i])}
+		tasks[i] = &task{e: e, b: b, op: r.Op, length: r.Length, start: now, via: e.via(segs[i]),
+			crc: o.checksum, local: r.Local}
 		tasks[i].status.Store(int32(Pending))
 	}
 	b.mu.Lock()
@@ -210,7 +226,7 @@ func copyLocal(t *task, r Request) {
 		copy(transport.Bytes(r.Local, r.Length), transport.Bytes(uintptr(r.Remote), r.Length))
 	}
 	t.left.Store(1)
-	t.sliceDone(&transport.Slice{Length: r.Length}, nil)
+	t.sliceDone(&transport.Slice{Local: r.Local, Length: r.Length}, nil)
 }
 
 // check validates a request and returns its segment (nil for local).
@@ -302,6 +318,9 @@ func (t *task) sliceDone(s *transport.Slice, err error) {
 		}
 	} else {
 		t.done.Add(s.Length)
+		if t.crc {
+			t.addChecksum(s)
+		}
 	}
 	if t.left.Add(-1) != 0 {
 		return
@@ -316,6 +335,19 @@ func (t *task) sliceDone(s *transport.Slice, err error) {
 	t.status.Store(int32(st))
 	t.e.m.finished(t.op, t.via, t.length, st, time.Since(t.start))
 	t.b.taskDone(t.e)
+}
+
+// addChecksum folds the checksum of s, whose bytes are in place, into the
+// task's: slices finish in any order, and each contributes its own term.
+func (t *task) addChecksum(s *transport.Slice) {
+	after := t.length - (uint64(s.Local-t.local) + s.Length)
+	term := crc32c.Shift(crc32c.Checksum(transport.Bytes(s.Local, s.Length)), after)
+	for {
+		old := t.sum.Load()
+		if t.sum.CompareAndSwap(old, old^term) {
+			return
+		}
+	}
 }
 
 func (b *batch) taskDone(e *Engine) {
@@ -404,6 +436,9 @@ func (t *task) state() TransferStatus {
 		if p := t.err.Load(); p != nil {
 			ts.Err = *p
 		}
+	}
+	if ts.Status == Completed && t.crc {
+		ts.Checksum = t.sum.Load()
 	}
 	return ts
 }

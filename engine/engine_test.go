@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 // newEngine starts an engine on loopback and closes it with the test.
@@ -262,6 +263,66 @@ func TestShallowSubmit(t *testing.T) {
 					require.NoError(t, init.FreeBatch(b))
 				}
 				require.True(t, bytes.Equal(dst, src), "round %d", i)
+			}
+		})
+	}
+}
+
+// TestWithChecksum checks that WithChecksum reports the CRC-32C of exactly
+// the bytes each task moved, whichever path moved them and however its
+// slices finished.
+func TestWithChecksum(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		transport string
+		local     bool // the local segment: a plain copy
+	}{
+		{"tcp, slices over lanes", "tcp", false},
+		{"same host", "auto", false},
+		{"local segment", "auto", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target := newEngine(t, engine.Config{Transport: tc.transport})
+			init := newEngine(t, engine.Config{Transport: tc.transport, SliceSize: 64 << 10})
+			const n = 1<<20 + 777
+			remote, err := target.AllocateBuffer(2*n, "cpu:0")
+			require.NoError(t, err)
+			defer remote.Free()
+			rand.Read(remote.Bytes())
+			local := anonMem(t, 2*n)
+			require.NoError(t, init.RegisterMemory(addr(local), 2*n, "", true))
+			seg := engine.LocalSegment
+			if tc.local {
+				require.NoError(t, init.RegisterMemory(remote.Addr(), 2*n, "", true))
+			} else {
+				seg, err = init.OpenSegment(context.Background(), target.Name())
+				require.NoError(t, err)
+			}
+			// A lone request (sent inline over TCP), then a batch of reads and
+			// a write of odd sizes and offsets, on local ranges apart (tasks of
+			// a batch run at once).
+			batches := [][]engine.Request{
+				{{Op: engine.Read, Local: addr(local), Segment: seg, Remote: uint64(remote.Addr()), Length: n}},
+				{
+					{Op: engine.Read, Local: addr(local), Segment: seg, Remote: uint64(remote.Addr()) + 5, Length: 300 << 10},
+					{Op: engine.Read, Local: addr(local[n:]), Segment: seg, Remote: uint64(remote.Addr()) + n, Length: 1},
+					{Op: engine.Write, Local: addr(local[n+9:]), Segment: seg, Remote: uint64(remote.Addr()) + n + 1, Length: 200 << 10},
+				},
+			}
+			for _, reqs := range batches {
+				b, err := init.AllocateBatch(len(reqs))
+				require.NoError(t, err)
+				require.NoError(t, init.Submit(b, reqs, engine.WithChecksum()))
+				_, err = init.Wait(context.Background(), b)
+				require.NoError(t, err)
+				for i, r := range reqs {
+					st, err := init.TaskStatus(b, i)
+					require.NoError(t, err)
+					require.Equal(t, engine.Completed, st.Status, "%v", st.Err)
+					want := crc32c.Checksum(local[r.Local-addr(local):][:r.Length])
+					require.Equal(t, want, st.Checksum, "task %d", i)
+				}
+				require.NoError(t, init.FreeBatch(b))
 			}
 		})
 	}

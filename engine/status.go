@@ -44,6 +44,7 @@ type TransferStatus struct {
 	Status      Status
 	Transferred uint64 // bytes in place
 	Err         error  // why it failed, for Invalid/Timeout/Failed
+	Checksum    uint32 // CRC-32C of the bytes moved, once Completed (WithChecksum)
 }
 
 // Op is the direction of a request.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -27,10 +28,16 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return setupLogging(viper.GetString("log-level"))
+			if err := setupLogging(viper.GetString("log-level")); err != nil {
+				return err
+			}
+			return startProfile(cmd)
 		},
+		PersistentPostRun: func(*cobra.Command, []string) { pprof.StopCPUProfile() },
 	}
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error (env MC_LOG_LEVEL)")
+	root.PersistentFlags().String("cpuprofile", "", "write a CPU profile of this process to the file")
+	root.PersistentFlags().MarkHidden("cpuprofile")
 	viper.BindPFlag("log-level", root.PersistentFlags().Lookup("log-level"))
 	viper.BindEnv("log-level", "MC_LOG_LEVEL")
 	root.AddCommand(newMetadataCmd(), newMasterCmd(), newNodeCmd(), newUpCmd(), newBenchCmd())
@@ -44,6 +51,21 @@ func setupLogging(level string) error {
 	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
 	return nil
+}
+
+// startProfile starts the CPU profile --cpuprofile asks for; the root's
+// PersistentPostRun stops it. A command with a --cpuprofile of its own
+// (bench te: it also profiles its target) handles the flag itself.
+func startProfile(cmd *cobra.Command) error {
+	path, _ := cmd.Flags().GetString("cpuprofile")
+	if path == "" || cmd.LocalNonPersistentFlags().Lookup("cpuprofile") != nil {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return pprof.StartCPUProfile(f)
 }
 
 func newBenchCmd() *cobra.Command {

@@ -260,7 +260,9 @@ func TestChecksumCatchesCorruption(t *testing.T) {
 	a := newClient(t, m.Addr(), 16<<20)
 	b := newClient(t, m.Addr(), 16<<20)
 	ctx := ctxT(t)
-	want := value(5, 8192)
+	// Larger than a slice: the engine checksums slices as they land and
+	// the client combines them.
+	want := value(5, 600<<10)
 	require.NoError(t, a.Put(ctx, "one", want, &ReplicateConfig{PreferredSegments: []string{a.SegmentName()}}))
 	require.NoError(t, a.Put(ctx, "two", want, &ReplicateConfig{Replicas: 2}))
 	// Flip a byte of every replica that lives in a's segment.
@@ -278,6 +280,11 @@ func TestChecksumCatchesCorruption(t *testing.T) {
 	corrupt("two")
 	_, err := b.Get(ctx, "one")
 	assert.Equal(t, storepb.ChecksumMismatch, codeOf(err), "%v", err)
+	// Read straight into registered memory (no staging copy) too.
+	reg := make([]byte, len(want))
+	require.NoError(t, b.RegisterBuffer(reg))
+	_, err = b.GetInto(ctx, "one", reg)
+	assert.Equal(t, storepb.ChecksumMismatch, codeOf(err), "%v", err)
 	// With a good replica elsewhere the read falls back to it, even from
 	// the client holding the bad one nearest.
 	for _, c := range []*Client{a, b} {
@@ -285,6 +292,10 @@ func TestChecksumCatchesCorruption(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, got)
 	}
+	n, err := b.GetInto(ctx, "two", reg)
+	require.NoError(t, err)
+	assert.Equal(t, want, reg[:n])
+	require.NoError(t, b.UnregisterBuffer(reg))
 }
 
 func TestPoolFull(t *testing.T) {

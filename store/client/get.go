@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -20,7 +21,8 @@ type getItem struct {
 	dst    []byte // where the value goes
 	alloc  bool   // the caller gave no buffer: allocate dst
 	length uint64
-	sum    uint32
+	sum    uint32                   // the master's checksum of the value; 0: none
+	got    uint32                   // CRC-32C of what this attempt read, term by term
 	reps   []*storepb.MemoryReplica // nearest first; tried in turn
 	start  time.Time
 	ttlMs  int64
@@ -259,16 +261,20 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			}
 			if p.x.err != nil {
 				p.it.err = p.x.err
+			} else if p.x.crc {
+				end := uint64(p.off + len(p.x.local))
+				p.it.got ^= crc32c.Shift(p.x.sum, p.it.length-end)
 			}
 		}
 		xs, pieces = xs[:0], pieces[:0]
 	}
 	for _, it := range round {
-		it.err = nil
+		it.err, it.got = nil, 0
 		m := it.reps[k]
 		dst := it.dst[:it.length]
+		verify := it.sum != 0 && !c.cfg.NoChecksum
 		if m.SegmentName == c.name || c.registered(dst) {
-			x := &xfer{op: engine.Read, local: dst, seg: m.SegmentName, remote: m.BufferAddress}
+			x := &xfer{op: engine.Read, local: dst, seg: m.SegmentName, remote: m.BufferAddress, crc: verify}
 			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x})
 			continue
 		}
@@ -283,7 +289,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 					break
 				}
 			}
-			x := &xfer{op: engine.Read, local: buf, seg: m.SegmentName, remote: m.BufferAddress + off}
+			x := &xfer{op: engine.Read, local: buf, seg: m.SegmentName, remote: m.BufferAddress + off, crc: verify}
 			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, staged: buf, off: int(off)})
 			off += n
 		}
@@ -296,7 +302,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			it.err = &storepb.Error{Code: storepb.LeaseExpired, Msg: quote(it.key) + ": the read outlived its lease"}
 			it.final = true
 		case it.err != nil:
-		case it.sum != 0 && !c.cfg.NoChecksum && checksum(it.dst[:it.length]) != it.sum:
+		case it.sum != 0 && !c.cfg.NoChecksum && nonZero(it.got) != it.sum:
 			it.err = &storepb.Error{Code: storepb.ChecksumMismatch,
 				Msg: fmt.Sprintf("%s: replica on %s", quote(it.key), it.reps[k].SegmentName)}
 		default:

@@ -3,22 +3,18 @@ package client
 import (
 	"context"
 	"errors"
-	"hash/crc32"
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// checksum is the CRC-32C of a value as the master keeps it (nonZero).
+func checksum(b []byte) uint32 { return nonZero(crc32c.Checksum(b)) }
 
-// checksum is the CRC-32C of a value, never 0 (0 means "none" on the wire).
-func checksum(b []byte) uint32 {
-	if s := crc32.Checksum(b, castagnoli); s != 0 {
-		return s
-	}
-	return 1
-}
+// nonZero maps a CRC-32C of 0 to 1: 0 means "none" on the wire.
+func nonZero(sum uint32) uint32 { return max(sum, 1) }
 
 // putItem is one object of a put: its value and what became of it.
 type putItem struct {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -18,6 +19,8 @@ type xfer struct {
 	local  []byte // registered memory, unless the replica is in this process
 	seg    string // the replica's segment; the client's own means a plain copy
 	remote uint64
+	crc    bool   // checksum the bytes once in place (reads to verify)
+	sum    uint32 // their CRC-32C, with crc and no err
 	err    error
 }
 
@@ -55,13 +58,16 @@ func (s *segmentCache) closeAll() {
 	}
 }
 
-// run performs xs, setting each one's err. Copies within this process are
-// plain copies; the rest go to the engine as one batch, with the earlier
-// of ctx's deadline and until (zero: none) on every request, or the
-// engine's timeout without either.
+// run performs xs, setting each one's err (and sum). Copies within this
+// process are plain copies; the rest go to the engine as one batch, with
+// the earlier of ctx's deadline and until (zero: none) on every request,
+// or the engine's timeout without either. The engine checksums what it
+// reads slice by slice as the slices land, overlapped with the rest of
+// the transfer.
 func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	var remote []*xfer
 	var reqs []engine.Request
+	crc := false
 	for _, x := range xs {
 		if x.seg == c.name {
 			dst := transport.Bytes(uintptr(x.remote), uint64(len(x.local)))
@@ -70,8 +76,12 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 			} else {
 				copy(dst, x.local)
 			}
+			if x.crc {
+				x.sum = crc32c.Checksum(x.local)
+			}
 			continue
 		}
+		crc = crc || x.crc
 		id, err := c.segs.open(ctx, x.seg)
 		if err != nil {
 			x.err = transferErr("open segment %s: %v", x.seg, err)
@@ -101,6 +111,9 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	if !until.IsZero() {
 		opts = append(opts, engine.WithDeadline(until))
 	}
+	if crc {
+		opts = append(opts, engine.WithChecksum())
+	}
 	if err := c.eng.Submit(b, reqs, opts...); err != nil {
 		_ = c.eng.FreeBatch(b)
 		fail(transferErr("submit: %v", err))
@@ -116,6 +129,8 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 			x.err = transferErr("task %d: %v", i, err)
 		case st.Status != engine.Completed:
 			x.err = transferErr("%v %s %#x+%d: %v", x.op, x.seg, x.remote, len(x.local), st.Err)
+		default:
+			x.sum = st.Checksum
 		}
 	}
 	_ = c.eng.FreeBatch(b)
