@@ -42,6 +42,11 @@
 // small Submit to an idle peer is sent by the calling goroutine on one
 // connection, and Wait reads its answers itself: no goroutine hand-offs.
 //
+// WithChecksum has the engine take the CRC-32C of every request's bytes:
+// each slice is summed as it lands, on the goroutine that moved it, and the
+// sums are combined per task (TransferStatus.Checksum), so verifying a read
+// costs no pass over the bytes after the transfer.
+//
 // # Failure semantics
 //
 //   - Every request has a deadline (Config.Timeout, or WithDeadline); a task

@@ -26,7 +26,11 @@
 // Get looks the replicas up (BatchGetReplicaList, which grants a lease),
 // reads from the nearest complete one — DRAM before SSD; this process,
 // this host, then others — verifies the checksum, and falls back to the
-// next replica when a read or the checksum fails. A read that outlives its
+// next replica when a read or the checksum fails. The checksum is taken by
+// the engine slice by slice as the bytes land (engine.WithChecksum), on the
+// goroutines that moved them while later slices are still in flight, and
+// the slices' checksums are combined (internal/crc32c): a verified read
+// makes no second pass over the value. A read that outlives its
 // lease fails with LEASE_EXPIRED, since the space may hold another object
 // by then. Looked-up replica lists are cached until the last quarter of
 // their lease, so repeated reads skip the master; the master frees no
