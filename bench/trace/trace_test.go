@@ -22,13 +22,13 @@ func TestReadTrace(t *testing.T) {
 	}{
 		// Two lines, the last without a newline.
 		{"two lines", good + "\n" + `{"timestamp": 7, "input_length": 10, "output_length": 0, "hash_ids": [0]}`,
-			[]trace.Request{{0, 600, 5, []int64{0, 1}}, {7, 10, 0, []int64{0}}}, ""},
+			[]trace.Request{{Timestamp: 0, InputLength: 600, OutputLength: 5, HashIDs: []int64{0, 1}}, {Timestamp: 7, InputLength: 10, OutputLength: 0, HashIDs: []int64{0}}}, ""},
 		// Blank lines and CRLF endings are fine; unknown fields ignored.
 		{"blank lines", "\n" + good + "\r\n\n  \n" + strings.Replace(good, "}", `, "extra": "x"}`, 1),
-			[]trace.Request{{0, 600, 5, []int64{0, 1}}, {0, 600, 5, []int64{0, 1}}}, ""},
+			[]trace.Request{{Timestamp: 0, InputLength: 600, OutputLength: 5, HashIDs: []int64{0, 1}}, {Timestamp: 0, InputLength: 600, OutputLength: 5, HashIDs: []int64{0, 1}}}, ""},
 		// An empty prompt has an empty list, which is not a missing one.
 		{"empty hash_ids", `{"timestamp": 1, "input_length": 0, "output_length": 3, "hash_ids": []}`,
-			[]trace.Request{{1, 0, 3, []int64{}}}, ""},
+			[]trace.Request{{Timestamp: 1, InputLength: 0, OutputLength: 3, HashIDs: []int64{}}}, ""},
 		// Nothing at all is an empty trace.
 		{"empty", "", nil, ""},
 		// The line number counts blank lines.
@@ -91,7 +91,7 @@ func TestLoad(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [9]}`), 0o644))
 	reqs, err := trace.Load(path)
 	require.NoError(t, err)
-	assert.Equal(t, []trace.Request{{5, 1, 1, []int64{9}}}, reqs)
+	assert.Equal(t, []trace.Request{{Timestamp: 5, InputLength: 1, OutputLength: 1, HashIDs: []int64{9}}}, reqs)
 
 	// An empty path is the embedded trace.
 	reqs, err = trace.Load("")

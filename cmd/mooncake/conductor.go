@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/conductor/router"
+)
+
+func newConductorCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "conductor",
+		Short: "Run the Conductor: a KV-cache-aware router for disaggregated prefill/decode (OpenAI API)",
+		Long: `Serves the OpenAI API (/v1/completions, /v1/chat/completions) in front of
+vLLM instances started with a KV connector (kv_role kv_producer on prefill,
+kv_consumer on decode): each request is scheduled onto a prefill and a decode
+instance, prefilled there with kv_transfer_params {do_remote_decode: true} and
+max_tokens=1, then decoded with the parameters the prefill answered, and the
+answer (streamed or not) comes back.
+
+Instances come from --prefill and --decode (id=url[,cache_blocks=N]
+[,engine_id=E][,bootstrap_addr=URL]; engine_id and bootstrap_addr describe a
+prefill instance running vLLM's MooncakeConnector), from the config file
+(the same lists, or "instances:" with id, role, url, cache_blocks, engine_id,
+bootstrap_addr), or at run time from POST /v1/instances.
+
+Also served: DELETE/GET /v1/instances[/{id}], POST /v1/index/query
+({"tokens": [...]} or {"hashes": [...]} -> longest cached prefix per
+instance), /v1/models, /metrics, /health. Every flag can come from the
+environment (MC_CONDUCTOR_<FLAG>, upper case, '-' as '_') or the config file
+(--config_path, MC_CONDUCTOR_CONFIG).`,
+		Example: `  mooncake conductor --listen 0.0.0.0:8000 \
+    --prefill p0=http://10.0.0.1:8100,cache_blocks=4096 \
+    --decode d0=http://10.0.0.2:8200
+  mooncake conductor --config_path conductor.yaml`,
+		Args: cobra.NoArgs,
+		RunE: runConductor,
+	}
+	f := c.Flags()
+	f.String("listen", ":8000", "address of the OpenAI API, host:port (port 0 picks one)")
+	f.StringArray("prefill", nil, "prefill instance id=url[,cache_blocks=N][,engine_id=E][,bootstrap_addr=URL]; repeatable")
+	f.StringArray("decode", nil, "decode instance id=url; repeatable")
+	f.String("prefill-timeout", router.DefaultPrefillTimeout.String(), "bound on a /tokenize or prefill call")
+	f.String("decode-timeout", router.DefaultDecodeTimeout.String(), "bound on a whole decode call")
+	f.String("idle-timeout", router.DefaultIdleTimeout.String(), "bound on silence in a decode stream")
+	f.String("max-body", "32MiB", "largest request body accepted")
+	f.String("drain-timeout", "30s", "on SIGTERM, how long requests in progress may take to finish")
+	// The scheduler's settings; the defaults are the paper's (LLaMA3-70B
+	// on 8xA800 nodes, 100 GB/s between them).
+	f.String("policy", conductor.GlobalCacheAware.String(), "prefill choice: "+policyNames())
+	f.String("admission", conductor.RejectPredicted.String(), "early rejection: predicted, current-load or none")
+	f.String("ttft-slo", conductor.DefaultTTFTSLO.String(), "time-to-first-token objective admission checks")
+	f.String("tbt-slo", conductor.DefaultTBTSLO.String(), "time-between-tokens objective admission checks")
+	f.Int("default-output", conductor.DefaultOutput, "output tokens assumed for a request without max_tokens")
+	f.String("block-bytes", strconv.Itoa(conductor.DefaultBlockBytes), "KV cache of one 512-token block, bytes (transfer times)")
+	f.String("bandwidth", strconv.Itoa(conductor.DefaultBandwidth), "bytes per second a prefill instance pulls KV cache at")
+	f.Int("balance-blocks", 0, "pull a prefix held elsewhere only when it is longer than the instance's own by more than this")
+	f.Int("store-blocks", 0, "blocks of the store kept in the prefix index (LRU); 0: unbounded")
+	f.Uint64("seed", 0, "seed of the random policy")
+	addConfigFlag(f, "MC_CONDUCTOR_CONFIG")
+	return c
+}
+
+func policyNames() string {
+	var names []string
+	for _, p := range conductor.Policies() {
+		names = append(names, p.String())
+	}
+	return strings.Join(names, ", ")
+}
+
+// schedulerConfig reads the scheduler's settings.
+func schedulerConfig(s *settings) (conductor.Config, error) {
+	var c conductor.Config
+	var err error
+	if c.Policy, err = conductor.ParsePolicy(s.str("policy")); err != nil {
+		return c, fmt.Errorf("--policy: %w", err)
+	}
+	if c.Admission, err = conductor.ParseAdmission(s.str("admission")); err != nil {
+		return c, fmt.Errorf("--admission: %w", err)
+	}
+	if c.TTFTSLO, err = s.duration("ttft-slo", time.Second); err != nil {
+		return c, err
+	}
+	if c.TBTSLO, err = s.duration("tbt-slo", time.Second); err != nil {
+		return c, err
+	}
+	if c.BlockBytes, err = s.size("block-bytes"); err != nil {
+		return c, err
+	}
+	bw, err := s.size("bandwidth")
+	if err != nil {
+		return c, err
+	}
+	c.Bandwidth = float64(bw)
+	c.DefaultOutput = s.integer("default-output")
+	c.BalanceBlocks = s.integer("balance-blocks")
+	c.StoreBlocks = s.integer("store-blocks")
+	c.Seed = s.v.GetUint64("seed")
+	return c, c.Validate()
+}
+
+// newScheduler builds the scheduling core `mooncake conductor` routes
+// with; the router registers the instances with it.
+func newScheduler(s *settings) (router.Scheduler, error) {
+	c, err := schedulerConfig(s)
+	if err != nil {
+		return nil, err
+	}
+	return conductor.New(c)
+}
+
+func runConductor(cmd *cobra.Command, _ []string) error {
+	envs := map[string][]string{}
+	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
+		envs[fl.Name] = []string{"MC_CONDUCTOR_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))}
+	})
+	s, err := newSettings(cmd, "MC_CONDUCTOR_CONFIG", envs)
+	if err != nil {
+		return err
+	}
+	cfg, err := conductorConfig(s)
+	if err != nil {
+		return err
+	}
+	drain, err := s.duration("drain-timeout", time.Second)
+	if err != nil {
+		return err
+	}
+	sched, err := newScheduler(s)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Scheduler, cfg.Registry = sched, reg
+	r, err := router.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+
+	ln, err := net.Listen("tcp", s.str("listen"))
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	var np, nd int
+	for _, in := range r.Instances() {
+		if in.Role == router.RolePrefill {
+			np++
+		} else {
+			nd++
+		}
+	}
+	// Scripts and tests read the address from stdout.
+	fmt.Fprintf(cmd.OutOrStdout(), "conductor listening http://%s prefill=%d decode=%d\n", ln.Addr(), np, nd)
+
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	select {
+	case err := <-served:
+		return fmt.Errorf("conductor: %w", err)
+	case <-ctx.Done():
+	}
+	slog.Info("conductor: shutting down", "drain", drain)
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		// Streams still running past the drain bound are cut; their
+		// clients see the connection close.
+		slog.Warn("conductor: requests cut at shutdown", "err", err)
+		_ = srv.Close()
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// conductorConfig reads the router's settings and instances.
+func conductorConfig(s *settings) (router.Config, error) {
+	var cfg router.Config
+	durs := []struct {
+		key string
+		dst *time.Duration
+	}{{"prefill-timeout", &cfg.PrefillTimeout}, {"decode-timeout", &cfg.DecodeTimeout}, {"idle-timeout", &cfg.IdleTimeout}}
+	for _, d := range durs {
+		var err error
+		if *d.dst, err = s.duration(d.key, time.Second); err != nil {
+			return cfg, err
+		}
+	}
+	var err error
+	if cfg.MaxBodyBytes, err = s.size("max-body"); err != nil {
+		return cfg, err
+	}
+	for _, role := range []string{router.RolePrefill, router.RoleDecode} {
+		for _, spec := range s.v.GetStringSlice(role) {
+			in, err := router.ParseInstance(role, spec)
+			if err != nil {
+				return cfg, fmt.Errorf("--%s: %w", role, err)
+			}
+			cfg.Instances = append(cfg.Instances, in)
+		}
+	}
+	// The config file may also list instances as objects.
+	var listed []struct {
+		ID          string `mapstructure:"id"`
+		Role        string `mapstructure:"role"`
+		URL         string `mapstructure:"url"`
+		CacheBlocks int    `mapstructure:"cache_blocks"`
+		EngineID    string `mapstructure:"engine_id"`
+		Bootstrap   string `mapstructure:"bootstrap_addr"`
+	}
+	if err := s.v.UnmarshalKey("instances", &listed); err != nil {
+		return cfg, fmt.Errorf("config instances: %w", err)
+	}
+	for _, l := range listed {
+		cfg.Instances = append(cfg.Instances, router.Instance{ID: l.ID, Role: l.Role, URL: strings.TrimRight(l.URL, "/"),
+			CacheBlocks: l.CacheBlocks, EngineID: l.EngineID, Bootstrap: strings.TrimRight(l.Bootstrap, "/")})
+	}
+	// router.New validates the whole, once the scheduler is in.
+	return cfg, nil
+}

@@ -1,0 +1,356 @@
+package conductor
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// Index is a global prefix index: for every block hash, which holders (the
+// prefill instances' local caches, the store) have the block, with each
+// holder's blocks kept in LRU order under a capacity. It answers the one
+// question prefill scheduling asks, how long a leading run of a prompt's
+// blocks each holder has, in one pass over the prompt whatever the number
+// of holders: every block maps to a bit set of holders, and the pass ANDs
+// them until no holder is left.
+//
+// Blocks are chained hashes (HashTokens, the traces' hash_ids), so a block
+// stands for its whole prefix and a holder can serve only a leading run.
+// Insert touches a request's blocks last to first, so the first block is
+// the most recently used: eviction takes a prefix's tail before its head,
+// as a radix-tree cache would, and never leaves an unreachable suffix
+// behind a hole it could have avoided.
+//
+// An Index is not safe for concurrent use; the Scheduler guards its own.
+type Index struct {
+	blocks  map[uint64]*entry
+	holders []*holder // by slot; nil for a free slot
+	byName  map[string]int
+	free    []int
+	spare   *node // recycled list nodes, linked through next
+	alive   []uint64
+}
+
+// inlineWords is the number of holder-set words an entry carries without
+// an allocation: 128 holders, the store and 127 prefill instances.
+const inlineWords = 2
+
+// entry is one block: the set of holder slots that have it.
+type entry struct {
+	words [inlineWords]uint64
+	more  []uint64 // slots from 64*inlineWords on
+	n     int32    // number of holders
+}
+
+func (e *entry) word(w int) uint64 {
+	if w < inlineWords {
+		return e.words[w]
+	}
+	if w -= inlineWords; w < len(e.more) {
+		return e.more[w]
+	}
+	return 0
+}
+
+func (e *entry) set(slot int) {
+	w, b := slot/64, uint64(1)<<(slot%64)
+	if w < inlineWords {
+		e.words[w] |= b
+		return
+	}
+	w -= inlineWords
+	for len(e.more) <= w {
+		e.more = append(e.more, 0)
+	}
+	e.more[w] |= b
+}
+
+func (e *entry) clear(slot int) {
+	w, b := slot/64, uint64(1)<<(slot%64)
+	if w < inlineWords {
+		e.words[w] &^= b
+	} else if w -= inlineWords; w < len(e.more) {
+		e.more[w] &^= b
+	}
+}
+
+// holder is one cache: its blocks in an LRU list, most recent at the head.
+type holder struct {
+	name     string
+	capacity int // blocks; 0: unbounded
+	nodes    map[uint64]*node
+	head     node // sentinel: head.next is the most recent, head.prev the least
+}
+
+type node struct {
+	key        uint64
+	prev, next *node
+}
+
+// NewIndex returns an empty index without holders.
+func NewIndex() *Index {
+	return &Index{blocks: make(map[uint64]*entry), byName: make(map[string]int)}
+}
+
+// AddHolder registers a cache named name that keeps at most capacity
+// blocks (0: unbounded, when the holder's own events bound it). Names are
+// unique.
+func (x *Index) AddHolder(name string, capacity int) error {
+	if _, ok := x.byName[name]; ok {
+		return fmt.Errorf("%w: holder %q", ErrDuplicate, name)
+	}
+	if capacity < 0 {
+		return fmt.Errorf("conductor: holder %q: negative capacity %d", name, capacity)
+	}
+	h := &holder{name: name, capacity: capacity, nodes: make(map[uint64]*node)}
+	h.head.next, h.head.prev = &h.head, &h.head
+	slot := len(x.holders)
+	if n := len(x.free); n > 0 {
+		slot, x.free = x.free[n-1], x.free[:n-1]
+		x.holders[slot] = h
+	} else {
+		x.holders = append(x.holders, h)
+	}
+	x.byName[name] = slot
+	return nil
+}
+
+// RemoveHolder forgets a holder and every block it held; false if there
+// was none of that name.
+func (x *Index) RemoveHolder(name string) bool {
+	slot, ok := x.byName[name]
+	if !ok {
+		return false
+	}
+	h := x.holders[slot]
+	for n := h.head.next; n != &h.head; {
+		next := n.next
+		x.unlinkBlock(slot, n.key)
+		x.recycle(n)
+		n = next
+	}
+	x.holders[slot] = nil
+	x.free = append(x.free, slot)
+	delete(x.byName, name)
+	return true
+}
+
+// Insert records that the named holder has blocks, most recently used;
+// blocks it lacks are added, evicting its least recently used ones beyond
+// its capacity. An unknown holder is ignored.
+func (x *Index) Insert(name string, blocks []uint64) {
+	if slot, ok := x.byName[name]; ok {
+		x.insert(slot, blocks)
+	}
+}
+
+func (x *Index) insert(slot int, blocks []uint64) {
+	h := x.holders[slot]
+	// Last to first: the head of the prefix ends up the most recent.
+	for i := len(blocks) - 1; i >= 0; i-- {
+		k := blocks[i]
+		if n, ok := h.nodes[k]; ok {
+			h.moveFront(n)
+			continue
+		}
+		n := x.node(k)
+		h.nodes[k] = n
+		h.pushFront(n)
+		e := x.blocks[k]
+		if e == nil {
+			e = &entry{}
+			x.blocks[k] = e
+		}
+		e.set(slot)
+		e.n++
+		if h.capacity > 0 && len(h.nodes) > h.capacity {
+			lru := h.head.prev
+			h.unlink(lru)
+			delete(h.nodes, lru.key)
+			x.unlinkBlock(slot, lru.key)
+			x.recycle(lru)
+		}
+	}
+}
+
+// Delete records that the named holder no longer has blocks (evicted,
+// freed). Blocks it did not have and unknown holders are ignored.
+func (x *Index) Delete(name string, blocks []uint64) {
+	slot, ok := x.byName[name]
+	if !ok {
+		return
+	}
+	h := x.holders[slot]
+	for _, k := range blocks {
+		if n, ok := h.nodes[k]; ok {
+			h.unlink(n)
+			delete(h.nodes, k)
+			x.unlinkBlock(slot, k)
+			x.recycle(n)
+		}
+	}
+}
+
+// unlinkBlock takes slot out of block k's holders, and the block out of
+// the index when it was the last.
+func (x *Index) unlinkBlock(slot int, k uint64) {
+	e := x.blocks[k]
+	if e == nil {
+		return
+	}
+	e.clear(slot)
+	if e.n--; e.n <= 0 {
+		delete(x.blocks, k)
+	}
+}
+
+// Longest returns, for every holder with at least the first block, the
+// number of leading blocks it holds. Holders without are absent.
+func (x *Index) Longest(blocks []uint64) map[string]int {
+	lens := x.prefixes(blocks, nil)
+	out := make(map[string]int)
+	for slot, n := range lens {
+		if n > 0 && x.holders[slot] != nil {
+			out[x.holders[slot].name] = n
+		}
+	}
+	return out
+}
+
+// Prefix is the number of leading blocks the named holder has.
+func (x *Index) Prefix(name string, blocks []uint64) int {
+	slot, ok := x.byName[name]
+	if !ok {
+		return 0
+	}
+	h := x.holders[slot]
+	for i, k := range blocks {
+		if _, ok := h.nodes[k]; !ok {
+			return i
+		}
+	}
+	return len(blocks)
+}
+
+// prefixes sets lens[slot] to the leading run of blocks each holder slot
+// has, reusing lens when it is large enough, and returns it. One map
+// lookup per block until no holder is left.
+func (x *Index) prefixes(blocks []uint64, lens []int) []int {
+	if cap(lens) < len(x.holders) {
+		lens = make([]int, len(x.holders))
+	}
+	lens = lens[:len(x.holders)]
+	words := (len(x.holders) + 63) / 64
+	if cap(x.alive) < words {
+		x.alive = make([]uint64, words)
+	}
+	alive := x.alive[:words]
+	clear(alive)
+	for slot, h := range x.holders {
+		lens[slot] = 0
+		if h != nil {
+			alive[slot/64] |= 1 << (slot % 64)
+		}
+	}
+	left := len(x.holders) - len(x.free)
+	for i, k := range blocks {
+		if left == 0 {
+			return lens
+		}
+		e := x.blocks[k]
+		for w := range alive {
+			var have uint64
+			if e != nil {
+				have = e.word(w)
+			}
+			gone := alive[w] &^ have
+			for gone != 0 {
+				b := bits.TrailingZeros64(gone)
+				gone &^= 1 << b
+				lens[w*64+b] = i
+				left--
+			}
+			alive[w] &= have
+		}
+	}
+	for w, a := range alive {
+		for a != 0 {
+			b := bits.TrailingZeros64(a)
+			a &^= 1 << b
+			lens[w*64+b] = len(blocks)
+		}
+	}
+	return lens
+}
+
+// Holders is the number of holders that have block k: its replicas.
+func (x *Index) Holders(k uint64) int {
+	if e := x.blocks[k]; e != nil {
+		return int(e.n)
+	}
+	return 0
+}
+
+// Has reports whether the named holder has block k.
+func (x *Index) Has(name string, k uint64) bool {
+	slot, ok := x.byName[name]
+	if !ok {
+		return false
+	}
+	_, ok = x.holders[slot].nodes[k]
+	return ok
+}
+
+// Len is the number of blocks the named holder has.
+func (x *Index) Len(name string) int {
+	if slot, ok := x.byName[name]; ok {
+		return len(x.holders[slot].nodes)
+	}
+	return 0
+}
+
+// Blocks is the number of distinct blocks some holder has.
+func (x *Index) Blocks() int { return len(x.blocks) }
+
+// Range calls f for every block in the index with its number of holders,
+// in no particular order, until f returns false.
+func (x *Index) Range(f func(k uint64, holders int) bool) {
+	for k, e := range x.blocks {
+		if !f(k, int(e.n)) {
+			return
+		}
+	}
+}
+
+func (x *Index) node(k uint64) *node {
+	n := x.spare
+	if n == nil {
+		return &node{key: k}
+	}
+	x.spare = n.next
+	*n = node{key: k}
+	return n
+}
+
+func (x *Index) recycle(n *node) {
+	*n = node{next: x.spare}
+	x.spare = n
+}
+
+func (h *holder) pushFront(n *node) {
+	n.prev, n.next = &h.head, h.head.next
+	h.head.next.prev = n
+	h.head.next = n
+}
+
+func (h *holder) unlink(n *node) {
+	n.prev.next, n.next.prev = n.next, n.prev
+	n.prev, n.next = nil, nil
+}
+
+func (h *holder) moveFront(n *node) {
+	if h.head.next == n {
+		return
+	}
+	h.unlink(n)
+	h.pushFront(n)
+}

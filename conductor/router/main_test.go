@@ -1,0 +1,13 @@
+package router
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Every test closes its engines, router and clients: no goroutine may
+// outlive the package's tests.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

@@ -1,0 +1,227 @@
+package router
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/mooncake-go/mooncake/conductor"
+)
+
+// Scheduler is what the router needs of the conductor's scheduling core;
+// *conductor.Scheduler is the real one. Times are offsets from the router's
+// start. The router never calls it from two goroutines at once.
+type Scheduler interface {
+	// Add and Remove keep the scheduler's instances in step with the
+	// router's registry.
+	Add(in conductor.Instance) error
+	Remove(id string) error
+	// Schedule picks the prefill and decode instance of r and counts its
+	// load on them; an error wrapping conductor.ErrRejected is an admission
+	// rejection (429).
+	Schedule(now time.Duration, r conductor.Request) (conductor.Decision, error)
+	// PrefillDone and DecodeDone release the load Schedule counted. The
+	// router calls each exactly once per scheduled request, whatever
+	// happened to it.
+	PrefillDone(now time.Duration, id string)
+	DecodeDone(now time.Duration, id string)
+	// Longest is the prefix of blocks each holder has, in blocks.
+	Longest(blocks []uint64) map[string]int
+}
+
+// Router is the conductor's HTTP front: an http.Handler serving the OpenAI
+// routes, the registration and index APIs, /metrics and /health.
+type Router struct {
+	cfg     Config
+	client  *http.Client
+	ownedTr *http.Transport // Close closes its idle connections
+	metrics *metrics
+	mux     *http.ServeMux
+	epoch   time.Time
+
+	// schedMu serialises the calls to the scheduler. Never held while
+	// taking mu.
+	schedMu sync.Mutex
+	sched   Scheduler
+
+	mu        sync.RWMutex
+	instances map[string]Instance
+
+	// tokenizeNext rotates /tokenize over the instances.
+	tokenizeNext atomic.Uint64
+	// inflight counts the inference requests being served, for /health.
+	inflight atomic.Int64
+}
+
+// New builds a router and registers cfg.Instances with its scheduler.
+func New(cfg Config) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	r := &Router{cfg: cfg, sched: cfg.Scheduler, instances: map[string]Instance{}, epoch: time.Now()}
+	r.client = cfg.Client
+	if r.client == nil {
+		r.ownedTr = http.DefaultTransport.(*http.Transport).Clone()
+		// Every request holds one connection to its prefill and one to its
+		// decode instance; the default of 2 idle per host would make most
+		// requests dial.
+		r.ownedTr.MaxIdleConnsPerHost = 256
+		r.client = &http.Client{Transport: r.ownedTr}
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	r.metrics = newMetrics(reg)
+	for _, in := range cfg.Instances {
+		if err := r.Register(in); err != nil {
+			// Leave the scheduler as it was found.
+			for _, done := range r.Instances() {
+				_ = r.Remove(done.ID)
+			}
+			r.Close()
+			return nil, err
+		}
+	}
+	r.mux = http.NewServeMux()
+	r.routes(reg)
+	return r, nil
+}
+
+func (r *Router) routes(reg *prometheus.Registry) {
+	r.mux.Handle("/v1/completions", only(http.MethodPost, r.inference(routeCompletions)))
+	r.mux.Handle("/v1/chat/completions", only(http.MethodPost, r.inference(routeChat)))
+	r.mux.Handle("/v1/models", only(http.MethodGet, http.HandlerFunc(r.handleModels)))
+	r.mux.HandleFunc("/v1/instances", r.handleInstances)
+	r.mux.HandleFunc("/v1/instances/{id}", r.handleInstance)
+	r.mux.Handle("/v1/index/query", only(http.MethodPost, http.HandlerFunc(r.handleIndexQuery)))
+	r.mux.Handle("/metrics", only(http.MethodGet, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	r.mux.Handle("/health", only(http.MethodGet, http.HandlerFunc(r.handleHealth)))
+	r.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		writeError(w, errorf(http.StatusNotFound, "no route %s %s", req.Method, req.URL.Path))
+	})
+}
+
+// only answers other methods than method with a JSON 405 (the mux's own
+// 405 is plain text).
+func only(method string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != method {
+			w.Header().Set("Allow", method)
+			writeError(w, errorf(http.StatusMethodNotAllowed, "%s %s: use %s", req.Method, req.URL.Path, method))
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
+}
+
+// ServeHTTP serves the router's routes.
+func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.mux.ServeHTTP(w, req) }
+
+// Close releases the router's idle connections to engines. Requests in
+// progress are the HTTP server's to drain (http.Server.Shutdown) first.
+func (r *Router) Close() {
+	if r.ownedTr != nil {
+		r.ownedTr.CloseIdleConnections()
+	}
+}
+
+// now is the scheduler's clock: time since the router started.
+func (r *Router) now() time.Duration { return time.Since(r.epoch) }
+
+// Register adds an instance to the router and the scheduler.
+func (r *Router) Register(in Instance) error {
+	in.URL = strings.TrimRight(in.URL, "/")
+	in.Bootstrap = strings.TrimRight(in.Bootstrap, "/")
+	if err := in.Validate(); err != nil {
+		return err
+	}
+	role, _ := in.role()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.instances[in.ID]; ok {
+		return fmt.Errorf("%w: %q", ErrDuplicateInstance, in.ID)
+	}
+	r.schedMu.Lock()
+	err := r.sched.Add(conductor.Instance{ID: in.ID, Role: role, CacheBlocks: in.CacheBlocks})
+	r.schedMu.Unlock()
+	switch {
+	case errors.Is(err, conductor.ErrDuplicate):
+		return fmt.Errorf("%w: %s: %v", ErrDuplicateInstance, in.ID, err)
+	case err != nil:
+		return fmt.Errorf("%w: %s: %v", ErrInvalidInstance, in.ID, err)
+	}
+	r.instances[in.ID] = in
+	r.metrics.instances.WithLabelValues(in.Role).Inc()
+	return nil
+}
+
+// Remove unregisters an instance. Requests already sent to it finish
+// there; new ones are not scheduled onto it.
+func (r *Router) Remove(id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in, ok := r.instances[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	r.schedMu.Lock()
+	err := r.sched.Remove(id)
+	r.schedMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("router: remove %s from the scheduler: %w", id, err)
+	}
+	delete(r.instances, id)
+	r.metrics.instances.WithLabelValues(in.Role).Dec()
+	return nil
+}
+
+// Instances lists the registered instances by ID.
+func (r *Router) Instances() []Instance {
+	r.mu.RLock()
+	out := make([]Instance, 0, len(r.instances))
+	for _, in := range r.instances {
+		out = append(out, in)
+	}
+	r.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Instance) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (r *Router) instance(id string) (Instance, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	in, ok := r.instances[id]
+	return in, ok
+}
+
+// Longest is the longest prefix, in blocks, each holder of the prefix index
+// has of blocks.
+func (r *Router) Longest(blocks []uint64) map[string]int {
+	r.schedMu.Lock()
+	defer r.schedMu.Unlock()
+	return r.sched.Longest(blocks)
+}
+
+// statusOf maps a registration error to its HTTP status.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, ErrUnknownInstance):
+		return http.StatusNotFound
+	case errors.Is(err, ErrDuplicateInstance):
+		return http.StatusConflict
+	case errors.Is(err, ErrInvalidInstance):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
