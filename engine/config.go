@@ -42,7 +42,9 @@ type Config struct {
 	// Lanes is the number of TCP connections per peer. Zero: 4
 	// (MC_TCP_LANES_PER_PEER).
 	Lanes int
-	// SliceSize is the largest piece a request is cut into. Zero: 1 MiB.
+	// SliceSize is the largest piece a request is cut into. Zero: 128 KiB,
+	// which reads a lone 1 MiB request over loopback TCP about 1.4x as fast
+	// as 1 MiB slices (the answers pipeline) and leaves batches as fast.
 	SliceSize uint64
 	// Timeout is the deadline of each request from its submission. Zero:
 	// MC_TRANSFER_TIMEOUT seconds, else 30 s.
@@ -101,7 +103,7 @@ func (c Config) withDefaults() Config {
 		c.Lanes = envInt("MC_TCP_LANES_PER_PEER", 4)
 	}
 	if c.SliceSize == 0 {
-		c.SliceSize = 1 << 20
+		c.SliceSize = 128 << 10
 	}
 	if c.Timeout == 0 {
 		c.Timeout = time.Duration(envInt("MC_TRANSFER_TIMEOUT", 30)) * time.Second

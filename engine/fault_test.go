@@ -104,7 +104,11 @@ func TestTargetKilledMidBatch(t *testing.T) {
 			t.Logf("%d of %d tasks failed after the kill; batch %v (%v)", failed, n, st.Status, st.Err)
 			require.NoError(t, init.FreeBatch(b))
 
-			// Whatever raced the kill, nothing succeeds once the target is gone.
+			// Whatever raced the kill, nothing succeeds once the target is
+			// gone: once it has exited (a kill takes a moment to land, and
+			// shared-memory copies can finish the whole batch before it).
+			_, err = proc.Wait()
+			require.NoError(t, err)
 			st = transfer(t, init, reqs[:4])
 			require.Contains(t, []engine.Status{engine.Failed, engine.Timeout}, st.Status)
 		})

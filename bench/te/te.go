@@ -41,7 +41,7 @@ type Options struct {
 	// and the connection count of the wider TCP yardstick. Zero: the
 	// engine's default (MC_TCP_LANES_PER_PEER, else 4).
 	Lanes int
-	// SliceSize is engine.Config.SliceSize. Zero: the engine's 1 MiB.
+	// SliceSize is engine.Config.SliceSize. Zero: the engine's 128 KiB.
 	SliceSize uint64
 	// Repeat is how many times ours and the yardstick are measured, in
 	// turn; the report gives medians. Zero: 3.

@@ -112,7 +112,7 @@ single-thread memcpy for shm. The report gives medians and ours/yardstick.`,
 	f.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each run")
 	f.Var(&buffer, "buffer-size", "buffer on each side (default threads*batch*block, at most 1GiB, at least one batch)")
 	f.IntVar(&o.Lanes, "lanes", 0, "TCP connections per peer (0: engine default, 4)")
-	f.Var(&slice, "slice-size", "largest piece a request is cut into (0: engine default, 1MiB)")
+	f.Var(&slice, "slice-size", "largest piece a request is cut into (0: engine default, 128KiB)")
 	f.IntVar(&o.Repeat, "repeat", 3, "runs of ours and of the yardstick; medians are reported")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
 	f.BoolVar(&inProcess, "in-process", false, "run the target and the TCP sink in this process")
