@@ -218,6 +218,10 @@ func (c Config) withDefaults() Config {
 
 // TransferTime is the time to pull n blocks at the configured bandwidth.
 func (c Config) TransferTime(n int) time.Duration {
-	c = c.withDefaults()
+	return c.withDefaults().transferTime(n)
+}
+
+// transferTime is TransferTime on a configuration with its defaults in.
+func (c Config) transferTime(n int) time.Duration {
 	return seconds(float64(n) * float64(c.BlockBytes) / c.Bandwidth)
 }

@@ -10,8 +10,10 @@
 //     the block, the prefill instances' local caches and the store, each
 //     an LRU bounded by its capacity. Routing decisions feed it (the
 //     chosen instance will hold the prompt's blocks), so do the store's
-//     put and evict events (StoreAdded, StoreEvicted) and the engines' KV
-//     events where they publish them (KVEventSink);
+//     put and evict events (StoreAdded, StoreEvicted: conductor/storefeed
+//     watches the store master and names blocks by their keys, BlockKey
+//     and KeyBlock) and the engines' KV events where they publish them
+//     (KVEventSink);
 //   - per prefill instance, the queue of predicted prefill times;
 //   - per decode instance, the requests assigned to it, to predict its
 //     batch when a new request would join.
@@ -57,4 +59,12 @@
 // The default time models are derived from first principles for
 // LLaMA3-70B on 8xA800 nodes, the paper's setup; model.go and docs/sim.md
 // give the derivation.
+//
+// A decision costs one index lookup per prompt block for the prefix pass
+// and one more per block to record the prompt on the chosen instance
+// (none when the pass found the block), plus a pass over the instances
+// and over the requests on the decode instances; in a steady state it
+// allocates nothing. BenchmarkSchedule (64 prefill and 64 decode
+// instances, the index warmed by the conversation trace) reports its p50
+// and p99.
 package conductor

@@ -27,17 +27,27 @@ type Index struct {
 	byName  map[string]int
 	free    []int
 	spare   *node // recycled list nodes, linked through next
-	alive   []uint64
+	// spareEntries are recycled entries: n zero, key stale.
+	spareEntries []*entry
+	alive        []uint64
+	// found are the entries of the blocks the last prefixes pass looked
+	// up, by position, for the insert that follows it to skip the lookups.
+	found []*entry
 }
 
 // inlineWords is the number of holder-set words an entry carries without
 // an allocation: 128 holders, the store and 127 prefill instances.
 const inlineWords = 2
 
-// entry is one block: the set of holder slots that have it.
+// entry is one block: the set of holder slots that have it, and their
+// list nodes. One map lookup finds both, so that the scheduler's pass
+// over a prompt and its insertion into a cache cost one lookup per block
+// each, whatever the holders.
 type entry struct {
+	key   uint64
 	words [inlineWords]uint64
 	more  []uint64 // slots from 64*inlineWords on
+	nodes *node    // one per holder, linked through sib, the last found first
 	n     int32    // number of holders
 }
 
@@ -50,6 +60,8 @@ func (e *entry) word(w int) uint64 {
 	}
 	return 0
 }
+
+func (e *entry) has(slot int) bool { return e.word(slot/64)&(1<<(slot%64)) != 0 }
 
 func (e *entry) set(slot int) {
 	w, b := slot/64, uint64(1)<<(slot%64)
@@ -73,17 +85,40 @@ func (e *entry) clear(slot int) {
 	}
 }
 
+// find returns slot's node of the block, moved to the front of the
+// block's nodes (the instance that used a block is the likeliest to use
+// it again), or nil when the slot does not have the block.
+func (e *entry) find(slot int) *node {
+	if !e.has(slot) {
+		return nil
+	}
+	for p := &e.nodes; *p != nil; p = &(*p).sib {
+		if n := *p; n.slot == slot {
+			if p != &e.nodes {
+				*p = n.sib
+				n.sib, e.nodes = e.nodes, n
+			}
+			return n
+		}
+	}
+	return nil
+}
+
 // holder is one cache: its blocks in an LRU list, most recent at the head.
 type holder struct {
 	name     string
-	capacity int // blocks; 0: unbounded
-	nodes    map[uint64]*node
+	capacity int  // blocks; 0: unbounded
+	len      int  // blocks held
 	head     node // sentinel: head.next is the most recent, head.prev the least
 }
 
+// node is one block of one holder: in the holder's LRU list (prev, next)
+// and among the block's holders (sib).
 type node struct {
-	key        uint64
-	prev, next *node
+	e               *entry
+	key             uint64
+	slot            int
+	prev, next, sib *node
 }
 
 // NewIndex returns an empty index without holders.
@@ -101,7 +136,7 @@ func (x *Index) AddHolder(name string, capacity int) error {
 	if capacity < 0 {
 		return fmt.Errorf("conductor: holder %q: negative capacity %d", name, capacity)
 	}
-	h := &holder{name: name, capacity: capacity, nodes: make(map[uint64]*node)}
+	h := &holder{name: name, capacity: capacity}
 	h.head.next, h.head.prev = &h.head, &h.head
 	slot := len(x.holders)
 	if n := len(x.free); n > 0 {
@@ -124,8 +159,7 @@ func (x *Index) RemoveHolder(name string) bool {
 	h := x.holders[slot]
 	for n := h.head.next; n != &h.head; {
 		next := n.next
-		x.unlinkBlock(slot, n.key)
-		x.recycle(n)
+		x.drop(n)
 		n = next
 	}
 	x.holders[slot] = nil
@@ -139,35 +173,44 @@ func (x *Index) RemoveHolder(name string) bool {
 // its capacity. An unknown holder is ignored.
 func (x *Index) Insert(name string, blocks []uint64) {
 	if slot, ok := x.byName[name]; ok {
-		x.insert(slot, blocks)
+		x.insert(slot, blocks, nil)
 	}
 }
 
-func (x *Index) insert(slot int, blocks []uint64) {
+// insert is Insert into slot. found[i], where there is one, is the entry
+// of blocks[i] as of a lookup since which the index has not changed (the
+// prefixes pass of the same decision); an entry the insertion itself
+// empties has left the index (n zero, or recycled for another key since)
+// and is looked up again.
+func (x *Index) insert(slot int, blocks []uint64, found []*entry) {
 	h := x.holders[slot]
 	// Last to first: the head of the prefix ends up the most recent.
 	for i := len(blocks) - 1; i >= 0; i-- {
 		k := blocks[i]
-		if n, ok := h.nodes[k]; ok {
+		var e *entry
+		if i < len(found) {
+			e = found[i]
+		}
+		if e == nil || e.n == 0 || e.key != k {
+			e = x.blocks[k]
+		}
+		if e == nil {
+			e = x.entry(k)
+			x.blocks[k] = e
+		} else if n := e.find(slot); n != nil {
 			h.moveFront(n)
 			continue
 		}
-		n := x.node(k)
-		h.nodes[k] = n
-		h.pushFront(n)
-		e := x.blocks[k]
-		if e == nil {
-			e = &entry{}
-			x.blocks[k] = e
-		}
+		n := x.node()
+		n.e, n.key, n.slot = e, k, slot
+		n.sib, e.nodes = e.nodes, n
 		e.set(slot)
 		e.n++
-		if h.capacity > 0 && len(h.nodes) > h.capacity {
-			lru := h.head.prev
-			h.unlink(lru)
-			delete(h.nodes, lru.key)
-			x.unlinkBlock(slot, lru.key)
-			x.recycle(lru)
+		h.pushFront(n)
+		h.len++
+		if h.capacity > 0 && h.len > h.capacity {
+			// Not n: it is at the front, and the capacity is at least 1.
+			x.drop(h.head.prev)
 		}
 	}
 }
@@ -179,34 +222,40 @@ func (x *Index) Delete(name string, blocks []uint64) {
 	if !ok {
 		return
 	}
-	h := x.holders[slot]
 	for _, k := range blocks {
-		if n, ok := h.nodes[k]; ok {
-			h.unlink(n)
-			delete(h.nodes, k)
-			x.unlinkBlock(slot, k)
-			x.recycle(n)
+		if e := x.blocks[k]; e != nil {
+			if n := e.find(slot); n != nil {
+				x.drop(n)
+			}
 		}
 	}
 }
 
-// unlinkBlock takes slot out of block k's holders, and the block out of
-// the index when it was the last.
-func (x *Index) unlinkBlock(slot int, k uint64) {
-	e := x.blocks[k]
-	if e == nil {
-		return
+// drop takes node n out of its holder and its block, and the block out of
+// the index when n was its last holder.
+func (x *Index) drop(n *node) {
+	x.holders[n.slot].unlink(n)
+	x.holders[n.slot].len--
+	e := n.e
+	for p := &e.nodes; *p != nil; p = &(*p).sib {
+		if *p == n {
+			*p = n.sib
+			break
+		}
 	}
-	e.clear(slot)
+	e.clear(n.slot)
 	if e.n--; e.n <= 0 {
-		delete(x.blocks, k)
+		delete(x.blocks, n.key)
+		x.recycleEntry(e)
 	}
+	x.recycle(n)
 }
 
 // Longest returns, for every holder with at least the first block, the
 // number of leading blocks it holds. Holders without are absent.
 func (x *Index) Longest(blocks []uint64) map[string]int {
 	lens := x.prefixes(blocks, nil)
+	x.forget()
 	out := make(map[string]int)
 	for slot, n := range lens {
 		if n > 0 && x.holders[slot] != nil {
@@ -222,9 +271,8 @@ func (x *Index) Prefix(name string, blocks []uint64) int {
 	if !ok {
 		return 0
 	}
-	h := x.holders[slot]
 	for i, k := range blocks {
-		if _, ok := h.nodes[k]; !ok {
+		if e := x.blocks[k]; e == nil || !e.has(slot) {
 			return i
 		}
 	}
@@ -233,7 +281,8 @@ func (x *Index) Prefix(name string, blocks []uint64) int {
 
 // prefixes sets lens[slot] to the leading run of blocks each holder slot
 // has, reusing lens when it is large enough, and returns it. One map
-// lookup per block until no holder is left.
+// lookup per block until no holder is left; x.found keeps what they
+// found.
 func (x *Index) prefixes(blocks []uint64, lens []int) []int {
 	if cap(lens) < len(x.holders) {
 		lens = make([]int, len(x.holders))
@@ -252,11 +301,13 @@ func (x *Index) prefixes(blocks []uint64, lens []int) []int {
 		}
 	}
 	left := len(x.holders) - len(x.free)
+	x.found = x.found[:0]
 	for i, k := range blocks {
 		if left == 0 {
 			return lens
 		}
 		e := x.blocks[k]
+		x.found = append(x.found, e)
 		for w := range alive {
 			var have uint64
 			if e != nil {
@@ -282,6 +333,14 @@ func (x *Index) prefixes(blocks []uint64, lens []int) []int {
 	return lens
 }
 
+// forget drops the entries the last prefixes pass found, which an
+// insertion will not use: entries that leave the index are not kept
+// alive by them.
+func (x *Index) forget() {
+	clear(x.found)
+	x.found = x.found[:0]
+}
+
 // Holders is the number of holders that have block k: its replicas.
 func (x *Index) Holders(k uint64) int {
 	if e := x.blocks[k]; e != nil {
@@ -296,14 +355,14 @@ func (x *Index) Has(name string, k uint64) bool {
 	if !ok {
 		return false
 	}
-	_, ok = x.holders[slot].nodes[k]
-	return ok
+	e := x.blocks[k]
+	return e != nil && e.has(slot)
 }
 
 // Len is the number of blocks the named holder has.
 func (x *Index) Len(name string) int {
 	if slot, ok := x.byName[name]; ok {
-		return len(x.holders[slot].nodes)
+		return x.holders[slot].len
 	}
 	return 0
 }
@@ -321,14 +380,40 @@ func (x *Index) Range(f func(k uint64, holders int) bool) {
 	}
 }
 
-func (x *Index) node(k uint64) *node {
+func (x *Index) node() *node {
 	n := x.spare
 	if n == nil {
-		return &node{key: k}
+		return &node{}
 	}
 	x.spare = n.next
-	*n = node{key: k}
+	n.next = nil
 	return n
+}
+
+func (x *Index) entry(k uint64) *entry {
+	n := len(x.spareEntries)
+	if n == 0 {
+		return &entry{key: k}
+	}
+	e := x.spareEntries[n-1]
+	x.spareEntries[n-1] = nil
+	x.spareEntries = x.spareEntries[:n-1]
+	e.key = k
+	return e
+}
+
+// spareEntriesMax bounds the recycled entries kept: enough for the churn of
+// decisions, not the aftermath of a mass eviction.
+const spareEntriesMax = 1 << 12
+
+func (x *Index) recycleEntry(e *entry) {
+	if len(x.spareEntries) >= spareEntriesMax {
+		return
+	}
+	more := e.more
+	clear(more)
+	*e = entry{more: more[:0]}
+	x.spareEntries = append(x.spareEntries, e)
 }
 
 func (x *Index) recycle(n *node) {

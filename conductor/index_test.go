@@ -209,3 +209,83 @@ func TestIndexMatchesModel(t *testing.T) {
 		}
 	}
 }
+
+// lruModel is the obvious prefix cache: per holder, its blocks most
+// recent first.
+type lruModel map[string][]uint64
+
+func (m lruModel) insert(h string, capacity int, blocks []uint64) {
+	for i := len(blocks) - 1; i >= 0; i-- {
+		l := slices.DeleteFunc(m[h], func(k uint64) bool { return k == blocks[i] })
+		l = append([]uint64{blocks[i]}, l...)
+		if capacity > 0 && len(l) > capacity {
+			l = l[:capacity]
+		}
+		m[h] = l
+	}
+}
+
+func (m lruModel) longest(blocks []uint64) map[string]int {
+	out := map[string]int{}
+	for h, l := range m {
+		n := 0
+		for n < len(blocks) && slices.Contains(l, blocks[n]) {
+			n++
+		}
+		if n > 0 {
+			out[h] = n
+		}
+	}
+	return out
+}
+
+func TestIndexAgainstModel(t *testing.T) {
+	// Random inserts, deletes and holder churn over few blocks and small
+	// capacities, checked against the obvious model after every step.
+	rng := rand.New(rand.NewPCG(1, 2))
+	names := []string{"a", "b", "c", "d", "e"}
+	capacity := map[string]int{"a": 3, "b": 5, "c": 0, "d": 1, "e": 8}
+	x, m := conductor.NewIndex(), lruModel{}
+	for _, h := range names {
+		require.NoError(t, x.AddHolder(h, capacity[h]))
+		m[h] = nil
+	}
+	prompt := func() []uint64 {
+		// Chained-looking: a few shared heads, then random blocks.
+		p := []uint64{uint64(rng.IntN(3))}
+		for range rng.IntN(6) {
+			p = append(p, uint64(rng.IntN(12)))
+		}
+		return slices.Compact(p)
+	}
+	for step := range 5000 {
+		h := names[rng.IntN(len(names))]
+		p := prompt()
+		switch op := rng.IntN(10); {
+		case op < 6:
+			x.Insert(h, p)
+			m.insert(h, capacity[h], p)
+		case op < 9:
+			x.Delete(h, p)
+			m[h] = slices.DeleteFunc(m[h], func(k uint64) bool { return slices.Contains(p, k) })
+		default:
+			require.True(t, x.RemoveHolder(h))
+			require.NoError(t, x.AddHolder(h, capacity[h]))
+			m[h] = nil
+		}
+		q := prompt()
+		require.Equal(t, m.longest(q), x.Longest(q), "step %d", step)
+		all := map[uint64]int{}
+		for _, n := range names {
+			require.Equal(t, len(m[n]), x.Len(n), "step %d %s", step, n)
+			for _, k := range m[n] {
+				require.True(t, x.Has(n, k))
+				all[k]++
+			}
+		}
+		require.Equal(t, len(all), x.Blocks(), "step %d", step)
+		for k, n := range all {
+			require.Equal(t, n, x.Holders(k), "step %d block %d", step, k)
+		}
+	}
+}

@@ -69,6 +69,7 @@ type Scheduler struct {
 	decode    []*decodeInst
 	ids       map[string]bool // every registered instance ID
 	flights   map[string]*flight
+	spare     []*flight // done, for reuse
 	rng       *rand.Rand
 	lens      []int // scratch: prefix length per holder slot
 }
@@ -267,19 +268,22 @@ func (s *Scheduler) Schedule(now time.Duration, r Request) (Decision, error) {
 
 	// Admission (lines 18-19).
 	if err := s.admit(now, pe.ttft, tbt, fits, d, r.Tokens); err != nil {
+		s.idx.forget()
 		return dec, err
 	}
 
 	// Commit: the queue, the batch, and the blocks the instance will hold
 	// (lines 20-21: pulled ones are replicas of a hot prefix).
-	f := &flight{id: r.ID, p: p, d: d, prefill: pe.prefill, tokens: r.Tokens, output: output,
+	f := s.flight()
+	*f = flight{id: r.ID, p: p, d: d, prefill: pe.prefill, tokens: r.Tokens, output: output,
 		join: join, tbt: max(tbt, 1)}
 	p.enqueue(now, f)
 	d.active = append(d.active, f)
 	s.flights[r.ID] = f
 	if p.slot >= 0 {
-		s.idx.insert(p.slot, r.Blocks)
+		s.idx.insert(p.slot, r.Blocks, s.idx.found)
 	}
+	s.idx.forget()
 	return dec, nil
 }
 
@@ -300,7 +304,7 @@ func (s *Scheduler) estimate(now time.Duration, p *prefillInst, tokens, best int
 	var transfer time.Duration
 	if s.cfg.Policy == GlobalCacheAware && best-own > s.cfg.BalanceBlocks {
 		e.prefix, e.pulled = best, best-own
-		transfer = s.cfg.TransferTime(e.pulled)
+		transfer = s.cfg.transferTime(e.pulled)
 	}
 	e.prefill = s.cfg.Prefill.Time(tokens, e.prefix*BlockTokens)
 	e.ttft = transfer + p.queueTime(now) + e.prefill
@@ -359,6 +363,19 @@ func (s *Scheduler) DecodeDone(now time.Duration, id string) {
 		f.d.active = f.d.active[:last]
 	}
 	delete(s.flights, id)
+	*f = flight{}
+	s.spare = append(s.spare, f)
+}
+
+// flight returns a recycled flight, or a new one: in a steady state,
+// scheduling allocates nothing.
+func (s *Scheduler) flight() *flight {
+	if n := len(s.spare); n > 0 {
+		f := s.spare[n-1]
+		s.spare = s.spare[:n-1]
+		return f
+	}
+	return new(flight)
 }
 
 // Longest returns the prefix of blocks, in blocks, that each holder has:
@@ -374,8 +391,12 @@ func (s *Scheduler) Longest(blocks []uint64) map[string]int {
 func (s *Scheduler) Replicas(k uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.idx.Holders(k)
-	if _, ok := s.idx.holders[s.storeSlot].nodes[k]; ok {
+	e := s.idx.blocks[k]
+	if e == nil {
+		return 0
+	}
+	n := int(e.n)
+	if e.has(s.storeSlot) {
 		n--
 	}
 	return n
@@ -385,7 +406,7 @@ func (s *Scheduler) Replicas(k uint64) int {
 func (s *Scheduler) StoreAdded(blocks []uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.idx.insert(s.storeSlot, blocks)
+	s.idx.insert(s.storeSlot, blocks, nil)
 }
 
 // StoreEvicted records that the store no longer has blocks (its evict and

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/conductor"
 	"github.com/mooncake-go/mooncake/conductor/router"
+	"github.com/mooncake-go/mooncake/conductor/storefeed"
 )
 
 func newConductorCmd() *cobra.Command {
@@ -72,6 +73,7 @@ environment (MC_CONDUCTOR_<FLAG>, upper case, '-' as '_') or the config file
 	f.Int("balance-blocks", 0, "pull a prefix held elsewhere only when it is longer than the instance's own by more than this")
 	f.Int("store-blocks", 0, "blocks of the store kept in the prefix index (LRU); 0: unbounded")
 	f.Uint64("seed", 0, "seed of the random policy")
+	f.String("store-master", "", "Mooncake Store master(s), host:port[,host:port...]: the prefix index follows the store's block keys (conductor.KeyBlock)")
 	addConfigFlag(f, "MC_CONDUCTOR_CONFIG")
 	return c
 }
@@ -175,6 +177,14 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	fed, err := followStore(ctx, s, sched)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		stop()
+		<-fed
+	}()
 	select {
 	case err := <-served:
 		return fmt.Errorf("conductor: %w", err)
@@ -193,6 +203,38 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	return nil
+}
+
+// followStore feeds the scheduler's prefix index from the store masters of
+// --store-master, if any, until ctx ends; the channel is closed then.
+func followStore(ctx context.Context, s *settings, sched router.Scheduler) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	var masters []string
+	for _, m := range strings.Split(s.str("store-master"), ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			masters = append(masters, m)
+		}
+	}
+	if len(masters) == 0 {
+		close(done)
+		return done, nil
+	}
+	sink, ok := sched.(storefeed.Sink)
+	if !ok {
+		return nil, errors.New("--store-master: the scheduler takes no store events")
+	}
+	f, err := storefeed.New(storefeed.Config{Masters: masters}, sink)
+	if err != nil {
+		return nil, fmt.Errorf("--store-master: %w", err)
+	}
+	go func() {
+		defer close(done)
+		if err := f.Run(ctx); err != nil {
+			slog.Error("conductor: store feed stopped", "err", err)
+		}
+	}()
+	slog.Info("conductor: following the store", "masters", masters)
+	return done, nil
 }
 
 // conductorConfig reads the router's settings and instances.

@@ -24,6 +24,11 @@
 //     hit), whose copies clients make when their pings hand them moves.
 //   - GRPCServer (grpc.go): the storepb.Master service; store errors travel
 //     in Results so batches fail item by item.
+//   - Watch (watch.go): the readable keys, then every key that becomes
+//     readable or stops being (put ended; removed; evicted or lost with
+//     its segment), for the Conductor's prefix index (WatchObjects). A
+//     watcher never slows the master: one that falls behind is dropped
+//     and watches again from a new snapshot.
 //   - Server (server.go): a running master — the service, its background
 //     loop, gRPC, the admin HTTP server (metrics.go: /metrics with
 //     Mooncake's master metric names, /health, /role, /leader) and HA.

@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -315,4 +316,63 @@ func (g *GRPCServer) MoveEnd(_ context.Context, req *storepb.MoveEndRequest) (*s
 		return nil, errNilRequest
 	}
 	return storepb.NewResult(g.svc.Load().MoveEnd(req.ClientId, req.TaskId, req.Ok)), nil
+}
+
+// watchBatch is the most events one WatchObjectsResponse carries.
+const watchBatch = 1024
+
+// WatchObjects streams the readable keys, then their changes as they
+// happen (Service.Watch), in batches of what has piled up. It ends with
+// Unavailable on a standby or when the master stops leading, with
+// ResourceExhausted when the watcher fell too far behind.
+func (g *GRPCServer) WatchObjects(_ *storepb.WatchObjectsRequest, stream grpc.ServerStreamingServer[storepb.WatchObjectsResponse]) error {
+	svc := g.svc.Load()
+	if g.standby.Load() || svc == nil {
+		return status.Error(codes.Unavailable, "master: standby, not the leader")
+	}
+	w, keys := svc.Watch(0)
+	defer w.Close()
+	for {
+		n := min(len(keys), watchBatch)
+		resp := &storepb.WatchObjectsResponse{Events: make([]*storepb.ObjectEvent, n), Synced: n == len(keys)}
+		for i, k := range keys[:n] {
+			resp.Events[i] = &storepb.ObjectEvent{Kind: storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT, Key: k}
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		if keys = keys[n:]; len(keys) == 0 {
+			break
+		}
+	}
+	ctx := stream.Context()
+	for {
+		var ev ObjectEvent
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-w.Done():
+			if errors.Is(w.Err(), ErrWatchBehind) {
+				return status.Error(codes.ResourceExhausted, w.Err().Error())
+			}
+			return status.Error(codes.Unavailable, ErrWatchEnded.Error())
+		case ev = <-w.Events():
+		}
+		resp := &storepb.WatchObjectsResponse{}
+		for {
+			resp.Events = append(resp.Events, &storepb.ObjectEvent{Kind: ev.Kind, Key: ev.Key})
+			if len(resp.Events) == watchBatch {
+				break
+			}
+			select {
+			case ev = <-w.Events():
+				continue
+			default:
+			}
+			break
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
 }

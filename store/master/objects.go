@@ -255,6 +255,7 @@ func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, erro
 		o.lease = now
 	}
 	s.offloadLocked(key, o)
+	s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT, key)
 	seq := s.after(&storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
 		ClientId: clientID, Key: key, Checksum: checksum}}}, func() {
 		if !leased {
@@ -380,13 +381,13 @@ func (s *Service) removeSeq(key string, force bool) (uint64, error) {
 	if !force && o.lease.After(s.now()) {
 		return 0, storeErr(storepb.ObjectHasLease, "%q", key)
 	}
-	s.dropLocked(sh, key, o)
+	s.dropLocked(sh, key, o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_REMOVED)
 	return s.lastSeq(), nil
 }
 
 // dropLocked frees o's complete replicas and forgets it unless a put is in
-// flight. sh.mu is held.
-func (s *Service) dropLocked(sh *shard, key string, o *object) uint64 {
+// flight; watches see the key go as kind. sh.mu is held.
+func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.ObjectEventKind) uint64 {
 	var n uint64
 	for _, r := range o.replicas {
 		n += r.size
@@ -397,6 +398,7 @@ func (s *Service) dropLocked(sh *shard, key string, o *object) uint64 {
 	if o.empty() {
 		delete(sh.objects, key)
 	}
+	s.emit(kind, key)
 	return n
 }
 
@@ -412,7 +414,7 @@ func (s *Service) RemoveAll(force bool) int {
 			if !o.complete() || (!force && o.lease.After(now)) {
 				continue
 			}
-			s.dropLocked(sh, key, o)
+			s.dropLocked(sh, key, o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_REMOVED)
 			n++
 		}
 		sh.mu.Unlock()

@@ -185,7 +185,11 @@ func (s *Service) sweepDead() {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for key, o := range sh.objects {
+			was := o.complete()
 			o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool { return r.seg.dead.Load() })
+			if was && !o.complete() {
+				s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED, key)
+			}
 			if p := o.pending; p != nil {
 				p.replicas = slices.DeleteFunc(p.replicas, func(r replica) bool { return r.seg.dead.Load() })
 				if len(p.replicas) == 0 {

@@ -222,6 +222,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 	defer func() {
 		s.leading.Store(false)
 		s.api.serve(nil)
+		svc.endWatches()
 		stop()
 		wg.Wait()
 	}()

@@ -183,6 +183,9 @@ type Service struct {
 	freeing   atomic.Uint64 // bytes freed once their journal records are durable
 	diskTiers int           // mounted SSD tiers
 
+	// Watches of the readable keys (watch.go).
+	watch watchers
+
 	// Counters for metrics.
 	evictedKeys, evictedBytes atomic.Uint64
 	spilled, promoted         atomic.Uint64

@@ -102,7 +102,7 @@ func (s *Service) evictLocked(sh *shard, key string, o *object, force bool) uint
 		return dram
 	}
 	s.orphanLocked(o)
-	n := s.dropLocked(sh, key, o)
+	n := s.dropLocked(sh, key, o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED)
 	s.evictedKeys.Add(1)
 	s.evictedBytes.Add(n)
 	return n
@@ -345,7 +345,7 @@ func (s *Service) evictDisk(now time.Time) {
 			}
 			if len(c.o.replicas) == 0 {
 				c.o.replicas = gone // dropLocked frees and journals them
-				s.dropLocked(c.sh, c.key, c.o)
+				s.dropLocked(c.sh, c.key, c.o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED)
 			} else {
 				s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: c.key, DiskOnly: true}}}, gone)
 			}

@@ -182,6 +182,62 @@ func (ClientStatus) EnumDescriptor() ([]byte, []int) {
 	return file_master_proto_rawDescGZIP(), []int{2}
 }
 
+type ObjectEventKind int32
+
+const (
+	ObjectEventKind_OBJECT_EVENT_KIND_UNDEFINED ObjectEventKind = 0
+	// The key is readable: its put or upsert ended, or it was readable when
+	// the watch began.
+	ObjectEventKind_OBJECT_EVENT_KIND_PUT ObjectEventKind = 1
+	// A client removed the key.
+	ObjectEventKind_OBJECT_EVENT_KIND_REMOVED ObjectEventKind = 2
+	// The master evicted the key, or its last replica went with its segment.
+	ObjectEventKind_OBJECT_EVENT_KIND_EVICTED ObjectEventKind = 3
+)
+
+// Enum value maps for ObjectEventKind.
+var (
+	ObjectEventKind_name = map[int32]string{
+		0: "OBJECT_EVENT_KIND_UNDEFINED",
+		1: "OBJECT_EVENT_KIND_PUT",
+		2: "OBJECT_EVENT_KIND_REMOVED",
+		3: "OBJECT_EVENT_KIND_EVICTED",
+	}
+	ObjectEventKind_value = map[string]int32{
+		"OBJECT_EVENT_KIND_UNDEFINED": 0,
+		"OBJECT_EVENT_KIND_PUT":       1,
+		"OBJECT_EVENT_KIND_REMOVED":   2,
+		"OBJECT_EVENT_KIND_EVICTED":   3,
+	}
+)
+
+func (x ObjectEventKind) Enum() *ObjectEventKind {
+	p := new(ObjectEventKind)
+	*p = x
+	return p
+}
+
+func (x ObjectEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ObjectEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_master_proto_enumTypes[3].Descriptor()
+}
+
+func (ObjectEventKind) Type() protoreflect.EnumType {
+	return &file_master_proto_enumTypes[3]
+}
+
+func (x ObjectEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ObjectEventKind.Descriptor instead.
+func (ObjectEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{3}
+}
+
 // Result is a Mooncake ErrorCode (0 = OK) with a message for humans.
 type Result struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1875,6 +1931,149 @@ func (x *MoveEndRequest) GetOk() bool {
 	return false
 }
 
+type WatchObjectsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchObjectsRequest) Reset() {
+	*x = WatchObjectsRequest{}
+	mi := &file_master_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchObjectsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchObjectsRequest) ProtoMessage() {}
+
+func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchObjectsRequest.ProtoReflect.Descriptor instead.
+func (*WatchObjectsRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{28}
+}
+
+type ObjectEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          ObjectEventKind        `protobuf:"varint,1,opt,name=kind,proto3,enum=mooncake.store.v1.ObjectEventKind" json:"kind,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectEvent) Reset() {
+	*x = ObjectEvent{}
+	mi := &file_master_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectEvent) ProtoMessage() {}
+
+func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectEvent.ProtoReflect.Descriptor instead.
+func (*ObjectEvent) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ObjectEvent) GetKind() ObjectEventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ObjectEventKind_OBJECT_EVENT_KIND_UNDEFINED
+}
+
+func (x *ObjectEvent) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// WatchObjectsResponse is a batch of events, in the order they happened.
+type WatchObjectsResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Events []*ObjectEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Set on the last batch of the snapshot (every key readable when the
+	// watch began, as PUT events): from the next batch on, changes only.
+	Synced        bool `protobuf:"varint,2,opt,name=synced,proto3" json:"synced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchObjectsResponse) Reset() {
+	*x = WatchObjectsResponse{}
+	mi := &file_master_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchObjectsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchObjectsResponse) ProtoMessage() {}
+
+func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchObjectsResponse.ProtoReflect.Descriptor instead.
+func (*WatchObjectsResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WatchObjectsResponse) GetEvents() []*ObjectEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *WatchObjectsResponse) GetSynced() bool {
+	if x != nil {
+		return x.Synced
+	}
+	return false
+}
+
 var File_master_proto protoreflect.FileDescriptor
 
 const file_master_proto_rawDesc = "" +
@@ -1992,7 +2191,14 @@ const file_master_proto_rawDesc = "" +
 	"\x0eMoveEndRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\x04R\x06taskId\x12\x0e\n" +
-	"\x02ok\x18\x03 \x01(\bR\x02ok**\n" +
+	"\x02ok\x18\x03 \x01(\bR\x02ok\"\x15\n" +
+	"\x13WatchObjectsRequest\"W\n" +
+	"\vObjectEvent\x126\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\".mooncake.store.v1.ObjectEventKindR\x04kind\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"f\n" +
+	"\x14WatchObjectsResponse\x126\n" +
+	"\x06events\x18\x01 \x03(\v2\x1e.mooncake.store.v1.ObjectEventR\x06events\x12\x16\n" +
+	"\x06synced\x18\x02 \x01(\bR\x06synced**\n" +
 	"\x06Medium\x12\x0f\n" +
 	"\vMEDIUM_DRAM\x10\x00\x12\x0f\n" +
 	"\vMEDIUM_DISK\x10\x01*\xc0\x01\n" +
@@ -2006,7 +2212,12 @@ const file_master_proto_rawDesc = "" +
 	"\fClientStatus\x12\x1b\n" +
 	"\x17CLIENT_STATUS_UNDEFINED\x10\x00\x12\x14\n" +
 	"\x10CLIENT_STATUS_OK\x10\x01\x12\x1e\n" +
-	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xa4\r\n" +
+	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x02*\x8b\x01\n" +
+	"\x0fObjectEventKind\x12\x1f\n" +
+	"\x1bOBJECT_EVENT_KIND_UNDEFINED\x10\x00\x12\x19\n" +
+	"\x15OBJECT_EVENT_KIND_PUT\x10\x01\x12\x1d\n" +
+	"\x19OBJECT_EVENT_KIND_REMOVED\x10\x02\x12\x1d\n" +
+	"\x19OBJECT_EVENT_KIND_EVICTED\x10\x032\x87\x0e\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".mooncake.store.v1.PutStartRequest\x1a#.mooncake.store.v1.PutStartResponse\x12E\n" +
 	"\x06PutEnd\x12 .mooncake.store.v1.PutEndRequest\x1a\x19.mooncake.store.v1.Result\x12E\n" +
@@ -2027,7 +2238,8 @@ const file_master_proto_rawDesc = "" +
 	"\x0eReMountSegment\x12(.mooncake.store.v1.ReMountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12U\n" +
 	"\x0eUnmountSegment\x12(.mooncake.store.v1.UnmountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12G\n" +
 	"\x04Ping\x12\x1e.mooncake.store.v1.PingRequest\x1a\x1f.mooncake.store.v1.PingResponse\x12G\n" +
-	"\aMoveEnd\x12!.mooncake.store.v1.MoveEndRequest\x1a\x19.mooncake.store.v1.ResultB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
+	"\aMoveEnd\x12!.mooncake.store.v1.MoveEndRequest\x1a\x19.mooncake.store.v1.Result\x12a\n" +
+	"\fWatchObjects\x12&.mooncake.store.v1.WatchObjectsRequest\x1a'.mooncake.store.v1.WatchObjectsResponse0\x01B/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
 
 var (
 	file_master_proto_rawDescOnce sync.Once
@@ -2041,110 +2253,118 @@ func file_master_proto_rawDescGZIP() []byte {
 	return file_master_proto_rawDescData
 }
 
-var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_master_proto_goTypes = []any{
 	(Medium)(0),                         // 0: mooncake.store.v1.Medium
 	(ReplicaStatus)(0),                  // 1: mooncake.store.v1.ReplicaStatus
 	(ClientStatus)(0),                   // 2: mooncake.store.v1.ClientStatus
-	(*Result)(nil),                      // 3: mooncake.store.v1.Result
-	(*BatchResult)(nil),                 // 4: mooncake.store.v1.BatchResult
-	(*ReplicateConfig)(nil),             // 5: mooncake.store.v1.ReplicateConfig
-	(*MemoryReplica)(nil),               // 6: mooncake.store.v1.MemoryReplica
-	(*DiskReplica)(nil),                 // 7: mooncake.store.v1.DiskReplica
-	(*Replica)(nil),                     // 8: mooncake.store.v1.Replica
-	(*PutStartRequest)(nil),             // 9: mooncake.store.v1.PutStartRequest
-	(*PutStartResponse)(nil),            // 10: mooncake.store.v1.PutStartResponse
-	(*BatchPutStartRequest)(nil),        // 11: mooncake.store.v1.BatchPutStartRequest
-	(*BatchPutStartResponse)(nil),       // 12: mooncake.store.v1.BatchPutStartResponse
-	(*PutEndRequest)(nil),               // 13: mooncake.store.v1.PutEndRequest
-	(*BatchPutEndRequest)(nil),          // 14: mooncake.store.v1.BatchPutEndRequest
-	(*KeyRequest)(nil),                  // 15: mooncake.store.v1.KeyRequest
-	(*BatchKeyRequest)(nil),             // 16: mooncake.store.v1.BatchKeyRequest
-	(*GetReplicaListResponse)(nil),      // 17: mooncake.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListResponse)(nil), // 18: mooncake.store.v1.BatchGetReplicaListResponse
-	(*RemoveRequest)(nil),               // 19: mooncake.store.v1.RemoveRequest
-	(*BatchRemoveRequest)(nil),          // 20: mooncake.store.v1.BatchRemoveRequest
-	(*RemoveAllRequest)(nil),            // 21: mooncake.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 22: mooncake.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 23: mooncake.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 24: mooncake.store.v1.MountSegmentRequest
-	(*ReMountSegmentRequest)(nil),       // 25: mooncake.store.v1.ReMountSegmentRequest
-	(*UnmountSegmentRequest)(nil),       // 26: mooncake.store.v1.UnmountSegmentRequest
-	(*PingRequest)(nil),                 // 27: mooncake.store.v1.PingRequest
-	(*PingResponse)(nil),                // 28: mooncake.store.v1.PingResponse
-	(*MoveTask)(nil),                    // 29: mooncake.store.v1.MoveTask
-	(*MoveEndRequest)(nil),              // 30: mooncake.store.v1.MoveEndRequest
+	(ObjectEventKind)(0),                // 3: mooncake.store.v1.ObjectEventKind
+	(*Result)(nil),                      // 4: mooncake.store.v1.Result
+	(*BatchResult)(nil),                 // 5: mooncake.store.v1.BatchResult
+	(*ReplicateConfig)(nil),             // 6: mooncake.store.v1.ReplicateConfig
+	(*MemoryReplica)(nil),               // 7: mooncake.store.v1.MemoryReplica
+	(*DiskReplica)(nil),                 // 8: mooncake.store.v1.DiskReplica
+	(*Replica)(nil),                     // 9: mooncake.store.v1.Replica
+	(*PutStartRequest)(nil),             // 10: mooncake.store.v1.PutStartRequest
+	(*PutStartResponse)(nil),            // 11: mooncake.store.v1.PutStartResponse
+	(*BatchPutStartRequest)(nil),        // 12: mooncake.store.v1.BatchPutStartRequest
+	(*BatchPutStartResponse)(nil),       // 13: mooncake.store.v1.BatchPutStartResponse
+	(*PutEndRequest)(nil),               // 14: mooncake.store.v1.PutEndRequest
+	(*BatchPutEndRequest)(nil),          // 15: mooncake.store.v1.BatchPutEndRequest
+	(*KeyRequest)(nil),                  // 16: mooncake.store.v1.KeyRequest
+	(*BatchKeyRequest)(nil),             // 17: mooncake.store.v1.BatchKeyRequest
+	(*GetReplicaListResponse)(nil),      // 18: mooncake.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListResponse)(nil), // 19: mooncake.store.v1.BatchGetReplicaListResponse
+	(*RemoveRequest)(nil),               // 20: mooncake.store.v1.RemoveRequest
+	(*BatchRemoveRequest)(nil),          // 21: mooncake.store.v1.BatchRemoveRequest
+	(*RemoveAllRequest)(nil),            // 22: mooncake.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),           // 23: mooncake.store.v1.RemoveAllResponse
+	(*Segment)(nil),                     // 24: mooncake.store.v1.Segment
+	(*MountSegmentRequest)(nil),         // 25: mooncake.store.v1.MountSegmentRequest
+	(*ReMountSegmentRequest)(nil),       // 26: mooncake.store.v1.ReMountSegmentRequest
+	(*UnmountSegmentRequest)(nil),       // 27: mooncake.store.v1.UnmountSegmentRequest
+	(*PingRequest)(nil),                 // 28: mooncake.store.v1.PingRequest
+	(*PingResponse)(nil),                // 29: mooncake.store.v1.PingResponse
+	(*MoveTask)(nil),                    // 30: mooncake.store.v1.MoveTask
+	(*MoveEndRequest)(nil),              // 31: mooncake.store.v1.MoveEndRequest
+	(*WatchObjectsRequest)(nil),         // 32: mooncake.store.v1.WatchObjectsRequest
+	(*ObjectEvent)(nil),                 // 33: mooncake.store.v1.ObjectEvent
+	(*WatchObjectsResponse)(nil),        // 34: mooncake.store.v1.WatchObjectsResponse
 }
 var file_master_proto_depIdxs = []int32{
-	3,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
+	4,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
 	0,  // 1: mooncake.store.v1.MemoryReplica.medium:type_name -> mooncake.store.v1.Medium
 	1,  // 2: mooncake.store.v1.Replica.status:type_name -> mooncake.store.v1.ReplicaStatus
-	6,  // 3: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
-	7,  // 4: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
-	5,  // 5: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
-	3,  // 6: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
-	8,  // 7: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
-	9,  // 8: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
-	10, // 9: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
-	13, // 10: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
-	3,  // 11: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
-	8,  // 12: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
-	17, // 13: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
-	3,  // 14: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
+	7,  // 3: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
+	8,  // 4: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
+	6,  // 5: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
+	4,  // 6: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
+	9,  // 7: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
+	10, // 8: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
+	11, // 9: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
+	14, // 10: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
+	4,  // 11: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
+	9,  // 12: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
+	18, // 13: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
+	4,  // 14: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
 	0,  // 15: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
-	23, // 16: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
-	23, // 17: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
-	3,  // 18: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
+	24, // 16: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
+	24, // 17: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
+	4,  // 18: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
 	2,  // 19: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
-	29, // 20: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
-	6,  // 21: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
-	6,  // 22: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
-	9,  // 23: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
-	13, // 24: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
-	15, // 25: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
-	11, // 26: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	14, // 27: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
-	16, // 28: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
-	9,  // 29: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
-	11, // 30: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	15, // 31: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
-	16, // 32: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
-	15, // 33: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
-	16, // 34: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
-	19, // 35: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
-	20, // 36: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
-	21, // 37: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
-	24, // 38: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
-	25, // 39: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
-	26, // 40: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
-	27, // 41: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
-	30, // 42: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
-	10, // 43: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
-	3,  // 44: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
-	3,  // 45: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
-	12, // 46: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	4,  // 47: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
-	4,  // 48: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
-	10, // 49: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
-	12, // 50: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	17, // 51: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
-	18, // 52: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
-	3,  // 53: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
-	4,  // 54: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
-	3,  // 55: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
-	4,  // 56: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
-	22, // 57: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
-	3,  // 58: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
-	3,  // 59: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
-	3,  // 60: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
-	28, // 61: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
-	3,  // 62: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
-	43, // [43:63] is the sub-list for method output_type
-	23, // [23:43] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	30, // 20: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
+	7,  // 21: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
+	7,  // 22: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
+	3,  // 23: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
+	33, // 24: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
+	10, // 25: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
+	14, // 26: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
+	16, // 27: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
+	12, // 28: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	15, // 29: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
+	17, // 30: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
+	10, // 31: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
+	12, // 32: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	16, // 33: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
+	17, // 34: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
+	16, // 35: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
+	17, // 36: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
+	20, // 37: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
+	21, // 38: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
+	22, // 39: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
+	25, // 40: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
+	26, // 41: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
+	27, // 42: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
+	28, // 43: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
+	31, // 44: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
+	32, // 45: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
+	11, // 46: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
+	4,  // 47: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
+	4,  // 48: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
+	13, // 49: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	5,  // 50: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
+	5,  // 51: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
+	11, // 52: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
+	13, // 53: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	18, // 54: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
+	19, // 55: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
+	4,  // 56: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
+	5,  // 57: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
+	4,  // 58: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
+	5,  // 59: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
+	23, // 60: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
+	4,  // 61: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 62: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 63: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
+	29, // 64: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
+	4,  // 65: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
+	34, // 66: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
+	46, // [46:67] is the sub-list for method output_type
+	25, // [25:46] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -2161,8 +2381,8 @@ func file_master_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   28,
+			NumEnums:      4,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -45,6 +45,7 @@ const (
 	Master_UnmountSegment_FullMethodName      = "/mooncake.store.v1.Master/UnmountSegment"
 	Master_Ping_FullMethodName                = "/mooncake.store.v1.Master/Ping"
 	Master_MoveEnd_FullMethodName             = "/mooncake.store.v1.Master/MoveEnd"
+	Master_WatchObjects_FullMethodName        = "/mooncake.store.v1.Master/WatchObjects"
 )
 
 // MasterClient is the client API for Master service.
@@ -82,6 +83,13 @@ type MasterClient interface {
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
 	// A client reports a move it was given in a PingResponse done or failed.
 	MoveEnd(ctx context.Context, in *MoveEndRequest, opts ...grpc.CallOption) (*Result, error)
+	// Watch: the keys that are readable, then, as they happen, the keys that
+	// become readable (a put or upsert ended) or stop being readable
+	// (removed, evicted, lost with their segment). The Conductor's prefix
+	// index follows the store this way. A watcher that falls too far behind
+	// is ended with RESOURCE_EXHAUSTED, a master that stops leading ends its
+	// watches with UNAVAILABLE: watch again, from a new snapshot.
+	WatchObjects(ctx context.Context, in *WatchObjectsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchObjectsResponse], error)
 }
 
 type masterClient struct {
@@ -292,6 +300,25 @@ func (c *masterClient) MoveEnd(ctx context.Context, in *MoveEndRequest, opts ...
 	return out, nil
 }
 
+func (c *masterClient) WatchObjects(ctx context.Context, in *WatchObjectsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchObjectsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Master_ServiceDesc.Streams[0], Master_WatchObjects_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchObjectsRequest, WatchObjectsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_WatchObjectsClient = grpc.ServerStreamingClient[WatchObjectsResponse]
+
 // MasterServer is the server API for Master service.
 // All implementations must embed UnimplementedMasterServer
 // for forward compatibility.
@@ -327,6 +354,13 @@ type MasterServer interface {
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
 	// A client reports a move it was given in a PingResponse done or failed.
 	MoveEnd(context.Context, *MoveEndRequest) (*Result, error)
+	// Watch: the keys that are readable, then, as they happen, the keys that
+	// become readable (a put or upsert ended) or stop being readable
+	// (removed, evicted, lost with their segment). The Conductor's prefix
+	// index follows the store this way. A watcher that falls too far behind
+	// is ended with RESOURCE_EXHAUSTED, a master that stops leading ends its
+	// watches with UNAVAILABLE: watch again, from a new snapshot.
+	WatchObjects(*WatchObjectsRequest, grpc.ServerStreamingServer[WatchObjectsResponse]) error
 	mustEmbedUnimplementedMasterServer()
 }
 
@@ -396,6 +430,9 @@ func (UnimplementedMasterServer) Ping(context.Context, *PingRequest) (*PingRespo
 }
 func (UnimplementedMasterServer) MoveEnd(context.Context, *MoveEndRequest) (*Result, error) {
 	return nil, status.Error(codes.Unimplemented, "method MoveEnd not implemented")
+}
+func (UnimplementedMasterServer) WatchObjects(*WatchObjectsRequest, grpc.ServerStreamingServer[WatchObjectsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchObjects not implemented")
 }
 func (UnimplementedMasterServer) mustEmbedUnimplementedMasterServer() {}
 func (UnimplementedMasterServer) testEmbeddedByValue()                {}
@@ -778,6 +815,17 @@ func _Master_MoveEnd_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_WatchObjects_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchObjectsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MasterServer).WatchObjects(m, &grpc.GenericServerStream[WatchObjectsRequest, WatchObjectsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_WatchObjectsServer = grpc.ServerStreamingServer[WatchObjectsResponse]
+
 // Master_ServiceDesc is the grpc.ServiceDesc for Master service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -866,6 +914,12 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Master_MoveEnd_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchObjects",
+			Handler:       _Master_WatchObjects_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "master.proto",
 }
