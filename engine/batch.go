@@ -332,9 +332,8 @@ func (t *task) sliceDone(s *transport.Slice, err error) {
 			st = Timeout
 		}
 	}
-	t.status.Store(int32(st))
 	t.e.m.finished(t.op, t.via, t.length, st, time.Since(t.start))
-	t.b.taskDone(t.e)
+	t.b.taskDone(t, st)
 }
 
 // addChecksum folds the checksum of s, whose bytes are in place, into the
@@ -350,11 +349,14 @@ func (t *task) addChecksum(s *transport.Slice) {
 	}
 }
 
-func (b *batch) taskDone(e *Engine) {
+// taskDone publishes t's final status st and counts it finished, under one
+// lock: whoever has seen every task final can free the batch.
+func (b *batch) taskDone(t *task, st Status) {
 	b.mu.Lock()
+	t.status.Store(int32(st))
 	b.unfinished--
 	b.mu.Unlock()
-	b.settle(e)
+	b.settle(t.e)
 }
 
 // settle wakes waiters and sends the pending notify once nothing is left.

@@ -89,10 +89,12 @@ func New(cfg Config) (e *Engine, err error) {
 		batches:   map[BatchID]*batch{},
 		nextBatch: 1,
 	}
-	// Undo whatever was started if a later step fails.
+	// Undo whatever was started if a later step fails (through a copy:
+	// the failing return has already set e to nil).
+	started := e
 	defer func() {
 		if err != nil {
-			e.shutdown()
+			started.shutdown()
 			e = nil
 		}
 	}()

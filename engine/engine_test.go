@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -132,6 +133,20 @@ func TestRemoteRangeOutsideRegistrationRejected(t *testing.T) {
 	require.Equal(t, make([]byte, 16), private[:16])
 	st := transfer(t, init, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: 4096}})
 	require.Equal(t, engine.Completed, st.Status, "%v", st.Err)
+}
+
+// TestNewFailsCleanly: an engine that cannot start (its handshake port is
+// taken) returns an error, without panicking, and stops what it started
+// (TestMain's leak check sees its data listener's goroutines otherwise).
+func TestNewFailsCleanly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	e, err := engine.New(engine.Config{Host: "127.0.0.1", RPCPort: ln.Addr().(*net.TCPAddr).Port})
+	require.Nil(t, e)
+	var ee *engine.Error
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, engine.CodeSocket, ee.Code)
 }
 
 func TestBatchAPIErrors(t *testing.T) {
@@ -325,5 +340,38 @@ func TestWithChecksum(t *testing.T) {
 				require.NoError(t, init.FreeBatch(b))
 			}
 		})
+	}
+}
+
+// TestFreeAfterTasksFinal: once every task of a batch reads as finished,
+// the batch can be freed at once (polling callers such as NIXL's plugin
+// free it right after their last TaskStatus).
+func TestFreeAfterTasksFinal(t *testing.T) {
+	target := newEngine(t, engine.Config{Transport: "tcp"})
+	e := newEngine(t, engine.Config{Transport: "tcp"})
+	remote, err := target.AllocateBuffer(1<<20, "cpu:0")
+	require.NoError(t, err)
+	defer remote.Free()
+	mem := anonMem(t, 1<<20)
+	require.NoError(t, e.RegisterMemory(addr(mem), 1<<20, "", true))
+	seg, err := e.OpenSegment(context.Background(), target.Name())
+	require.NoError(t, err)
+	for range 500 {
+		b, err := e.AllocateBatch(2)
+		require.NoError(t, err)
+		require.NoError(t, e.Submit(b, []engine.Request{
+			{Op: engine.Write, Local: addr(mem), Segment: seg, Remote: uint64(remote.Addr()), Length: 4096},
+			{Op: engine.Read, Local: addr(mem[8192:]), Segment: seg, Remote: uint64(remote.Addr()) + 8192, Length: 4096},
+		}))
+		for i := range 2 {
+			for {
+				st, err := e.TaskStatus(b, i)
+				require.NoError(t, err)
+				if st.Status.Done() {
+					break
+				}
+			}
+		}
+		require.NoError(t, e.FreeBatch(b))
 	}
 }

@@ -78,6 +78,9 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		cfg.LeaseCache = 1 << 16
 	}
 	c = &Client{cfg: cfg, id: cfg.ID, eng: cfg.Engine, log: slog.Default().With("client", cfg.ID)}
+	// undo's steps go through self: the failing return has already set c
+	// to nil.
+	self := c
 	var undo []func()
 	defer func() {
 		if err != nil {
@@ -87,17 +90,11 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		}
 	}()
 	if c.eng == nil {
-		ec := cfg.EngineConfig
-		if ec.SliceSize == 0 {
-			// One value is usually one request: smaller slices spread it
-			// over the same-host copy workers and the TCP lanes.
-			ec.SliceSize = DefaultSliceSize
-		}
-		if c.eng, err = engine.New(ec); err != nil {
+		if c.eng, err = engine.New(cfg.EngineConfig); err != nil {
 			return nil, fmt.Errorf("client: engine: %w", err)
 		}
 		c.ownsEng = true
-		undo = append(undo, func() { _ = c.eng.Close() })
+		undo = append(undo, func() { _ = self.eng.Close() })
 	}
 	c.name, c.host = c.eng.Name(), c.eng.Host()
 	c.segs = newSegmentCache(c.eng)
@@ -105,20 +102,20 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	if cfg.LeaseCache > 0 {
 		c.leases = newLeaseCache(cfg.LeaseCache)
 	}
-	undo = append(undo, c.segs.closeAll)
+	undo = append(undo, self.segs.closeAll)
 	if c.stage, err = newStage(c.eng, cfg.LocalBufferSize); err != nil {
 		return nil, fmt.Errorf("client: local buffer of %d bytes: %w", cfg.LocalBufferSize, err)
 	}
-	undo = append(undo, func() { _ = c.stage.free() })
+	undo = append(undo, func() { _ = self.stage.free() })
 	if c.master, err = dialMaster(ctx, &c.cfg); err != nil {
 		return nil, err
 	}
-	undo = append(undo, c.master.close)
+	undo = append(undo, self.master.close)
 	if cfg.SegmentSize > 0 {
 		if c.segBuf, err = c.eng.AllocateBuffer(int(cfg.SegmentSize), ""); err != nil {
 			return nil, fmt.Errorf("client: segment of %d bytes: %w", cfg.SegmentSize, err)
 		}
-		undo = append(undo, func() { _ = c.segBuf.Free() })
+		undo = append(undo, func() { _ = self.segBuf.Free() })
 		if !cfg.NoPrefault {
 			prefault(c.segBuf.Bytes())
 		}
@@ -132,7 +129,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 			c.log.Warn("store: no SSD tier", "dir", cfg.SSDDir, "err", err)
 			c.ssd, err = nil, nil
 		} else {
-			undo = append(undo, func() { _ = c.ssd.close(c.eng) })
+			undo = append(undo, func() { _ = self.ssd.close(self.eng) })
 		}
 	}
 	// ReMountSegment registers the client even without a segment, so the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -413,4 +414,19 @@ func TestMasterDownGivesRPCError(t *testing.T) {
 	err := a.Put(ctxT(t), "k", []byte("v"), nil)
 	require.Error(t, err)
 	assert.Contains(t, []storepb.Code{storepb.RPCFail, storepb.RPCTimeout}, codeOf(err), "%v", err)
+}
+
+// TestNewFailsCleanly: a client whose master does not answer gives up with
+// an error (no panic) and stops the engine it started.
+func TestNewFailsCleanly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := New(ctx, Config{Master: addr, SegmentSize: 1 << 20, LocalBufferSize: 1 << 20,
+		RPCTimeout: 500 * time.Millisecond, EngineConfig: engine.Config{Host: "127.0.0.1"}})
+	require.Error(t, err)
+	require.Nil(t, c)
 }

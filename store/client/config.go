@@ -19,9 +19,6 @@ const (
 	DefaultRPCTimeout      = 30 * time.Second // MC_RPC_TIMEOUT_MS
 	DefaultPingInterval    = time.Second
 	DefaultClusterID       = "mooncake_cluster" // MC_STORE_CLUSTER_ID
-	// DefaultSliceSize is the engine slice size of the engine a client
-	// starts itself (EngineConfig.SliceSize zero).
-	DefaultSliceSize = 256 << 10
 )
 
 // Config configures a Client. The zero value of every field but Master
