@@ -1,12 +1,13 @@
 # mooncake-go: two commands on a fresh machine.
 #   make run    the main job (today: Transfer Engine loopback benchmark, with yardsticks)
-#   make test   everything CI checks: deps, gofmt, vet, staticcheck, tests with -race
+#   make test   everything CI checks: deps, gofmt, vet, staticcheck, Go tests with -race,
+#               the C ABI suite and the Python suite
 SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/mooncake
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run bench-te test deps lint unit fuzz clean
+.PHONY: all build run bench-te test deps lint unit capi-test python-test fuzz clean
 
 all: build
 
@@ -37,11 +38,22 @@ lint:
 unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-test: deps lint unit
+# The C ABI (libmooncake.so) against its C test suite, in two processes and
+# with a store started for it.
+capi-test:
+	bash scripts/test-capi.sh
+
+# The Python package: a wheel built with the local Go toolchain, installed in
+# .venv-py, and its pytest suite (native API, the compat modules driven as
+# the connectors drive them, interop with the official wheel).
+python-test:
+	bash scripts/test-python.sh
+
+test: deps lint unit capi-test python-test
 
 # Short fuzzing pass over every network decoder (not part of `make test`).
 fuzz:
 	bash scripts/fuzz.sh 30s
 
 clean:
-	rm -rf bin
+	rm -rf bin build

@@ -1,0 +1,353 @@
+/* The store API against a real store: MC_TEST_MASTER is the address of a
+ * running master with at least one storage node (scripts/test-capi.sh
+ * starts `mooncake up`). */
+#include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* Mooncake's local_hostname, as "host" or "host:port" */
+static const char *store_host = "127.0.0.1";
+
+static mc_status_t open_store(mc_store_t *s, mc_engine_t engine, mc_error_t *err) {
+    mc_store_config_t cfg;
+    mc_store_config_init(&cfg);
+    cfg.master = getenv("MC_TEST_MASTER");
+    cfg.local_hostname = store_host;
+    cfg.protocol = "tcp";
+    cfg.segment_size = 16 << 20;
+    cfg.local_buffer_size = 16 << 20;
+    cfg.engine = engine;
+    return mc_store_create(&cfg, s, err);
+}
+
+static void unique_key(char *out, size_t n, const char *what) {
+    static int seq;
+    snprintf(out, n, "capi-%d-%s-%d", (int)getpid(), what, __sync_add_and_fetch(&seq, 1));
+}
+
+void test_store_basic(void) {
+    mc_store_t s = 0;
+    REQUIRE_MC(MC_OK, open_store(&s, 0, &E));
+    CHECK(s != 0);
+    char name[128], key[96];
+    CHECK_MC(MC_OK, mc_store_name(s, name, sizeof name, NULL, &E));
+    CHECK(strncmp(name, "127.0.0.1:", 10) == 0);
+
+    /* put / exist / size / get */
+    unique_key(key, sizeof key, "basic");
+    uint8_t val[100000], out[100000];
+    fill(val, 0, sizeof val, 50);
+    int32_t ex = -1;
+    CHECK_MC(MC_OK, mc_store_exist(s, key, &ex, &E));
+    CHECK_EQ(ex, 0);
+    CHECK_MC(MC_OK, mc_store_put(s, key, val, sizeof val, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_exist(s, key, &ex, &E));
+    CHECK_EQ(ex, 1);
+    uint64_t n = 0;
+    CHECK_MC(MC_OK, mc_store_get_size(s, key, &n, &E));
+    CHECK_EQ(n, sizeof val);
+    memset(out, 0, sizeof out);
+    CHECK_MC(MC_OK, mc_store_get(s, key, out, sizeof out, &n, &E));
+    CHECK_EQ(n, sizeof val);
+    CHECK(memcmp(out, val, sizeof val) == 0);
+    /* get with no buffer asks the size; a short buffer gets it too */
+    CHECK_MC(MC_ERR_BUFFER_TOO_SMALL, mc_store_get(s, key, NULL, 0, &n, &E));
+    CHECK_EQ(n, sizeof val);
+    CHECK_MC(MC_ERR_BUFFER_TOO_SMALL, mc_store_get(s, key, out, 10, &n, &E));
+    CHECK_EQ(n, sizeof val);
+    /* get_into: a short buffer is invalid params */
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_get_into(s, key, out, 10, &n, &E));
+    memset(out, 0, sizeof out);
+    CHECK_MC(MC_OK, mc_store_get_into(s, key, out, sizeof out, &n, &E));
+    CHECK(memcmp(out, val, sizeof val) == 0);
+
+    /* write-once put, upsert replaces */
+    uint8_t other[5000];
+    fill(other, 0, sizeof other, 51);
+    CHECK_MC(MC_OK, mc_store_put(s, key, other, sizeof other, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_get(s, key, out, sizeof out, &n, &E));
+    CHECK_EQ(n, sizeof val);
+    CHECK_MC(MC_OK, mc_store_upsert(s, key, other, sizeof other, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_get(s, key, out, sizeof out, &n, &E));
+    CHECK_EQ(n, sizeof other);
+    CHECK(memcmp(out, other, sizeof other) == 0);
+
+    /* replicate config */
+    mc_replicate_config_t rc;
+    mc_replicate_config_init(&rc);
+    rc.replicas = 1;
+    rc.soft_pin = 1;
+    const char *pref[1] = {name};
+    rc.preferred_segments = pref;
+    rc.n_preferred = 1;
+    char key2[96];
+    unique_key(key2, sizeof key2, "pinned");
+    CHECK_MC(MC_OK, mc_store_put(s, key2, val, 4096, &rc, &E));
+    CHECK_MC(MC_OK, mc_store_get(s, key2, out, sizeof out, &n, &E));
+    CHECK_EQ(n, 4096);
+
+    /* remove: a fresh read leases the object; force removes anyway */
+    mc_error_t err;
+    mc_status_t st = mc_store_remove(s, key, 0, &err);
+    CHECK(st == MC_OK || st == MC_STORE_ERR_OBJECT_HAS_LEASE);
+    CHECK_MC(MC_OK, mc_store_remove(s, key2, 1, &E));
+    if (st == MC_STORE_ERR_OBJECT_HAS_LEASE) CHECK_MC(MC_OK, mc_store_remove(s, key, 1, &E));
+    CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND, mc_store_remove(s, key, 1, &E));
+    CHECK_EQ(mc_store_get(s, key, out, sizeof out, &n, &err), MC_STORE_ERR_OBJECT_NOT_FOUND);
+    CHECK_EQ(err.domain, MC_DOMAIN_STORE);
+    CHECK_MC(MC_OK, mc_store_exist(s, key, &ex, &E));
+    CHECK_EQ(ex, 0);
+    CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND, mc_store_get_size(s, key, &n, &E));
+
+    /* remove_all */
+    char k3[96];
+    unique_key(k3, sizeof k3, "all");
+    CHECK_MC(MC_OK, mc_store_put(s, k3, val, 1000, NULL, &E));
+    uint64_t removed = 0;
+    CHECK_MC(MC_OK, mc_store_remove_all(s, 1, &removed, &E));
+    CHECK(removed >= 1);
+    CHECK_MC(MC_OK, mc_store_exist(s, k3, &ex, &E));
+    CHECK_EQ(ex, 0);
+
+    CHECK_MC(MC_OK, mc_store_close(s, &E));
+    CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_close(s, &E));
+}
+
+/* Registered buffers: put_from and get_into move bytes without staging;
+ * put_from of unregistered memory is refused. A store that adopts an
+ * engine handle. */
+void test_store_buffers(void) {
+    mc_engine_t e = 0;
+    REQUIRE_MC(MC_OK, test_engine(NULL, &e, &E));
+    mc_store_t s = 0;
+    REQUIRE_MC(MC_OK, open_store(&s, e, &E));
+    size_t len = 4u << 20;
+    uint8_t *buf = NULL, *loose = malloc(4096);
+    REQUIRE(posix_memalign((void **)&buf, 4096, len) == 0);
+    CHECK_MC(MC_OK, mc_store_register_buffer(s, buf, len, &E));
+    char key[96];
+    unique_key(key, sizeof key, "from");
+    fill(buf, 0, 1u << 20, 60);
+    CHECK_MC(MC_OK, mc_store_put_from(s, key, buf, 1u << 20, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_put_from(s, key, buf + 10, 100, NULL, &E)); /* inside the buffer: fine */
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_put_from(s, key, loose, 4096, NULL, &E));
+    uint64_t n = 0;
+    CHECK_MC(MC_OK, mc_store_get_into(s, key, buf + (2u << 20), 2u << 20, &n, &E));
+    CHECK_EQ(n, 1u << 20);
+    CHECK(memcmp(buf, buf + (2u << 20), 1u << 20) == 0);
+    /* get_into unregistered memory goes through the staging buffer */
+    uint8_t *plain = malloc(1u << 20);
+    CHECK_MC(MC_OK, mc_store_get_into(s, key, plain, 1u << 20, NULL, &E));
+    CHECK(memcmp(buf, plain, 1u << 20) == 0);
+    /* register twice overlaps; unregister unknown */
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_register_buffer(s, buf + 4096, 4096, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_unregister_buffer(s, loose, &E));
+    CHECK_MC(MC_OK, mc_store_unregister_buffer(s, buf, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_put_from(s, key, buf, 100, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_remove(s, key, 1, &E));
+    CHECK_MC(MC_OK, mc_store_close(s, &E));
+    /* the adopted engine is the caller's: still alive */
+    char name[128];
+    CHECK_MC(MC_OK, mc_engine_name(e, name, sizeof name, NULL, &E));
+    CHECK_MC(MC_OK, mc_engine_destroy(e, &E));
+    free(buf);
+    free(loose);
+    free(plain);
+}
+
+#define NB 16
+
+void test_store_batches(void) {
+    mc_store_t s = 0;
+    store_host = "127.0.0.1:0";
+    REQUIRE_MC(MC_OK, open_store(&s, 0, &E));
+    store_host = "127.0.0.1";
+    char keys_buf[NB][96];
+    const char *keys[NB];
+    const void *vals[NB];
+    void *dsts[NB];
+    uint64_t lens[NB], caps[NB], got[NB];
+    mc_status_t codes[NB];
+    int32_t ex[NB];
+    uint8_t *src = malloc(NB * 65536), *dst = malloc(NB * 65536);
+    for (int i = 0; i < NB; i++) {
+        unique_key(keys_buf[i], sizeof keys_buf[i], "batch");
+        keys[i] = keys_buf[i];
+        lens[i] = 1000 + (uint64_t)i * 3000;
+        vals[i] = src + i * 65536;
+        dsts[i] = dst + i * 65536;
+        caps[i] = 65536;
+        fill(src, (uint64_t)i * 65536, lens[i], 70 + i);
+    }
+    /* batch_exist before: none */
+    CHECK_MC(MC_OK, mc_store_batch_exist(s, keys, NB, ex, codes, &E));
+    for (int i = 0; i < NB; i++) CHECK_EQ(ex[i], 0);
+    /* batch_put of the first half (any memory) */
+    CHECK_MC(MC_OK, mc_store_batch_put(s, keys, vals, lens, NB / 2, NULL, codes, &E));
+    for (int i = 0; i < NB / 2; i++) CHECK_EQ(codes[i], MC_OK);
+    /* batch_put_from of the second half: registered memory */
+    CHECK_MC(MC_OK, mc_store_register_buffer(s, src, NB * 65536, &E));
+    CHECK_MC(MC_OK, mc_store_batch_put_from(s, keys + NB / 2, vals + NB / 2, lens + NB / 2, NB / 2, NULL, codes, &E));
+    CHECK_MC(MC_OK, mc_store_batch_exist(s, keys, NB, ex, NULL, &E));
+    for (int i = 0; i < NB; i++) CHECK_EQ(ex[i], 1);
+    /* batch_get_into all, with one missing key and one short buffer */
+    char missing[96];
+    unique_key(missing, sizeof missing, "missing");
+    const char *k2[NB];
+    memcpy(k2, keys, sizeof k2);
+    k2[3] = missing;
+    caps[5] = 10;
+    memset(dst, 0, NB * 65536);
+    mc_error_t err;
+    mc_status_t st = mc_store_batch_get_into(s, k2, dsts, caps, NB, got, codes, &err);
+    CHECK_EQ(st, MC_STORE_ERR_OBJECT_NOT_FOUND); /* the first failure */
+    CHECK(strstr(err.message, missing) != NULL);
+    for (int i = 0; i < NB; i++) {
+        if (i == 3) {
+            CHECK_EQ(codes[i], MC_STORE_ERR_OBJECT_NOT_FOUND);
+            CHECK_EQ(got[i], 0);
+        } else if (i == 5) {
+            CHECK_EQ(codes[i], MC_STORE_ERR_INVALID_PARAMS);
+        } else {
+            CHECK_EQ(codes[i], MC_OK);
+            CHECK_EQ(got[i], lens[i]);
+            CHECK_EQ(check_pattern(dst, (uint64_t)i * 65536, lens[i], 70 + i), -1);
+        }
+    }
+    caps[5] = 65536;
+    /* batch_upsert replaces; batch_put_from of unregistered memory fails
+     * per key */
+    for (int i = 0; i < NB; i++) fill(src, (uint64_t)i * 65536, lens[i], 90 + i);
+    CHECK_MC(MC_OK, mc_store_batch_upsert(s, keys, vals, lens, NB, NULL, codes, &E));
+    CHECK_MC(MC_OK, mc_store_batch_get_into(s, keys, dsts, caps, NB, got, codes, &E));
+    for (int i = 0; i < NB; i++) CHECK_EQ(check_pattern(dst, (uint64_t)i * 65536, lens[i], 90 + i), -1);
+    const void *mixed[2] = {src, dst};
+    char kk[2][96];
+    unique_key(kk[0], sizeof kk[0], "mixed");
+    unique_key(kk[1], sizeof kk[1], "mixed");
+    const char *mk[2] = {kk[0], kk[1]};
+    uint64_t ml[2] = {100, 100};
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_from(s, mk, mixed, ml, 2, NULL, codes, &E));
+    CHECK_EQ(codes[0], MC_OK);
+    CHECK_EQ(codes[1], MC_STORE_ERR_INVALID_PARAMS);
+    /* empty batches are no-ops */
+    CHECK_MC(MC_OK, mc_store_batch_put(s, NULL, NULL, NULL, 0, NULL, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_batch_exist(s, NULL, 0, NULL, NULL, &E));
+    for (int i = 0; i < NB; i++) CHECK_MC(MC_OK, mc_store_remove(s, keys[i], 1, &E));
+    CHECK_MC(MC_OK, mc_store_remove(s, kk[0], 1, &E));
+    CHECK_MC(MC_OK, mc_store_unregister_buffer(s, src, &E));
+    CHECK_MC(MC_OK, mc_store_close(s, &E));
+    free(src);
+    free(dst);
+}
+
+/* Bad input to the store API that needs no running store. */
+void test_store_bad_input(void) {
+    mc_store_t s = 77;
+    mc_store_config_t cfg;
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_create(NULL, &s, &E));
+    mc_store_config_init(&cfg);
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_create(&cfg, NULL, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_create(&cfg, &s, &E)); /* no master */
+    CHECK_EQ(s, 0);
+    cfg.master = "127.0.0.1:1";
+    cfg.struct_size = 4;
+    CHECK_MC(MC_ERR_STRUCT_SIZE, mc_store_create(&cfg, &s, &E));
+    mc_store_config_init(&cfg);
+    cfg.master = "127.0.0.1:1";
+    cfg.protocol = "carrier-pigeon";
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_create(&cfg, &s, &E));
+    cfg.protocol = NULL;
+    cfg.segment_size = -5; /* below zero means none */
+    cfg.local_buffer_size = -1;
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_create(&cfg, &s, &E));
+    mc_store_config_init(&cfg);
+    cfg.master = "127.0.0.1:1";
+    cfg.engine = 0x5151; /* not an engine */
+    CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_create(&cfg, &s, &E));
+    mc_store_config_init(&cfg);
+    cfg.master = "etcd://";
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_create(&cfg, &s, &E));
+}
+
+/* Bad arguments on a live store. */
+static void store_bad_arguments(mc_store_t s) {
+    uint8_t v[16];
+    uint64_t n;
+    int32_t ex;
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_put(s, NULL, v, 16, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_put(s, "k", NULL, 16, NULL, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_put(s, "k", v, 0, NULL, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_put(s, "", v, 16, NULL, &E));
+    mc_replicate_config_t rc;
+    mc_replicate_config_init(&rc);
+    rc.struct_size = 3;
+    CHECK_MC(MC_ERR_STRUCT_SIZE, mc_store_put(s, "k", v, 16, &rc, &E));
+    mc_replicate_config_init(&rc);
+    rc.n_preferred = 2;
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_put(s, "k", v, 16, &rc, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_get(s, NULL, v, 16, &n, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_get(s, "k", v, 16, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_get(s, "k", NULL, 16, &n, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_get_into(s, "k", NULL, 16, &n, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_exist(s, "k", NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_get_size(s, NULL, &n, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_remove(s, NULL, 0, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_register_buffer(s, NULL, 10, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_register_buffer(s, v, 0, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_unregister_buffer(s, NULL, &E));
+    const char *keys[2] = {"a", NULL};
+    const void *vals[2] = {v, v};
+    uint64_t lens[2] = {16, 16};
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_put(s, keys, vals, lens, 2, NULL, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_put(s, NULL, vals, lens, 2, NULL, NULL, &E));
+    keys[1] = "b";
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_put(s, keys, vals, NULL, 2, NULL, NULL, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put(s, keys, vals, lens, (size_t)1 << 40, NULL, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_exist(s, keys, 2, NULL, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_get_into(s, keys, NULL, lens, 2, NULL, NULL, &E));
+    char small[3];
+    size_t need;
+    CHECK_MC(MC_ERR_BUFFER_TOO_SMALL, mc_store_name(s, small, sizeof small, &need, &E));
+    CHECK(need > 3);
+    CHECK_MC(MC_OK, mc_store_exist(s, "never-put-key", &ex, &E));
+    CHECK_EQ(ex, 0);
+}
+
+/* Threads share one store: puts and gets of their own keys at once. */
+static mc_store_t shared_store;
+static int store_thread_errors;
+
+static void *store_worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    uint8_t val[20000], out[20000];
+    for (int i = 0; i < 20; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "capi-%d-thread-%d-%d", (int)getpid(), id, i);
+        fill(val, 0, sizeof val, (unsigned)(id * 50 + i));
+        mc_error_t err;
+        uint64_t n = 0;
+        if (mc_store_put(shared_store, key, val, sizeof val, NULL, &err) != MC_OK ||
+            mc_store_get(shared_store, key, out, sizeof out, &n, &err) != MC_OK || n != sizeof val ||
+            memcmp(val, out, sizeof val) != 0 || mc_store_remove(shared_store, key, 1, &err) != MC_OK) {
+            fprintf(stderr, "  store thread %d round %d: %s\n", id, i, err.message);
+            __sync_add_and_fetch(&store_thread_errors, 1);
+        }
+    }
+    return NULL;
+}
+
+void test_store_threads(void) {
+    REQUIRE_MC(MC_OK, open_store(&shared_store, 0, &E));
+    store_bad_arguments(shared_store);
+    pthread_t th[6];
+    for (int i = 0; i < 6; i++) pthread_create(&th[i], NULL, store_worker, (void *)(intptr_t)i);
+    for (int i = 0; i < 6; i++) pthread_join(th[i], NULL);
+    CHECK_EQ(store_thread_errors, 0);
+    CHECK_MC(MC_OK, mc_store_close(shared_store, &E));
+    /* closed: stale */
+    uint64_t n;
+    CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_get_size(shared_store, "k", &n, &E));
+}

@@ -1,0 +1,557 @@
+/*
+ * mooncake.h - the C ABI of libmooncake.so (mooncake-go).
+ *
+ * This header is the contract; it is written by hand and versioned. The
+ * library is built from Go (capi/, -buildmode=c-shared); nothing of Go shows
+ * through it: no Go types, no Go pointers, no Go strings.
+ *
+ * Two objects live behind it:
+ *
+ *   - the Transfer Engine (mc_engine_*): registers memory of this process,
+ *     opens peers' segments by name and moves bytes between the two in
+ *     batches of requests, with notifications between engines;
+ *   - the Mooncake Store client (mc_store_*): contributes memory to a store
+ *     pool and puts/gets objects by key.
+ *
+ * CONVENTIONS
+ *
+ * Handles. Engines and stores are opaque 64-bit handles (mc_engine_t,
+ * mc_store_t). 0 is never a valid handle. A handle stays valid until it is
+ * destroyed/closed; afterwards every call with it returns
+ * MC_ERR_INVALID_HANDLE (never a crash), and so does a handle of the wrong
+ * kind (a store handle passed as an engine) or a made-up value. Segments
+ * (mc_segment_t) and batches (mc_batch_t) are small integers that are only
+ * meaningful to the engine that issued them.
+ *
+ * Status and errors. Every function returns an mc_status_t: MC_OK (0) or a
+ * negative code. Engine functions return the Transfer Engine's codes
+ * (numbered as Mooncake's error.h), store functions the Store's codes
+ * (numbered as Mooncake's ErrorCode); both tables are below, and both share
+ * the MC_ERR_* codes of the ABI itself (-9000 and below). Which table a code
+ * belongs to is fixed by the function that returned it and is also written
+ * to mc_error_t.domain. Every function takes a last argument
+ * `mc_error_t *err` that may be NULL; when it is not NULL and the call
+ * fails, the library writes the code, the domain and a NUL-terminated
+ * message there (on success it sets code to MC_OK, domain to
+ * MC_DOMAIN_NONE and message to ""). The caller owns the struct (stack
+ * memory is fine); the library keeps no pointer to it. One struct per call
+ * and thread makes errors thread-safe.
+ *
+ * Memory. The library never keeps a pointer to caller memory after a call
+ * returns, except for memory registered with mc_engine_register_memory /
+ * mc_store_register_buffer (until it is unregistered) and payload buffers
+ * of submitted transfers (until their task is final). All strings passed in
+ * are read during the call only. Memory the library allocates for the
+ * caller (mc_engine_get_notifies) is freed with the paired function
+ * (mc_notifies_free), never with anything else. Strings the library writes
+ * go into caller buffers with the "len_out" protocol: the call writes as
+ * much as fits (always NUL-terminated when buf_len > 0) and stores the full
+ * length, NUL included, in *len_out; if it did not fit it returns
+ * MC_ERR_BUFFER_TOO_SMALL.
+ *
+ * Threads. Every function may be called from any thread, concurrently,
+ * on the same handle. Destroying a handle while other threads use it is
+ * safe: their calls fail with MC_ERR_INVALID_HANDLE or a "closed" error.
+ * Blocking calls (open segment, wait, every store call) block only the
+ * calling thread.
+ *
+ * Panics. Every entry point recovers from an internal Go panic and returns
+ * MC_ERR_PANIC with the panic's message; the host process keeps running.
+ *
+ * Process. One libmooncake.so per process (a Go runtime cannot be loaded
+ * twice, and it cannot be unloaded: never dlclose it). libtransfer_engine.so
+ * is the same library under Mooncake's name (a symbolic link, so loading
+ * both names still loads one file; never install it as a separate copy
+ * beside libmooncake.so); transfer_engine_c.h is its Mooncake-compatible
+ * API, and handles of the two APIs live in one table. The library installs
+ * Go's signal handlers when loaded; handlers the host installs later must
+ * use SA_ONSTACK. It logs to stderr at MC_LOG_LEVEL (debug, info, warn,
+ * error; default warn).
+ *
+ * VERSIONING
+ *
+ * MC_ABI_VERSION is (major << 16) | minor. A minor bump only adds functions
+ * or appends fields to structs that carry a struct_size; a major bump
+ * breaks compatibility. A program compiled against this header should check
+ * at start that (mc_abi_version() >> 16) == MC_ABI_VERSION_MAJOR and
+ * (mc_abi_version() & 0xffff) >= MC_ABI_VERSION_MINOR. Config structs start
+ * with struct_size, which the caller sets to sizeof(the struct) (the
+ * *_init helpers do); the library reads only the fields that size covers
+ * and treats the rest as zero, and rejects a size below the first
+ * version's.
+ */
+#ifndef MOONCAKE_H
+#define MOONCAKE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MC_ABI_VERSION_MAJOR 1
+#define MC_ABI_VERSION_MINOR 0
+#define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
+
+/* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
+uint32_t mc_abi_version(void);
+
+/* ------------------------------------------------------------------------
+ * Status codes and errors
+ * ------------------------------------------------------------------------ */
+
+typedef int32_t mc_status_t;
+
+/* Domains: which table a code belongs to. */
+enum {
+    MC_DOMAIN_NONE = 0,   /* MC_OK */
+    MC_DOMAIN_ABI = 1,    /* MC_ERR_*: the C ABI itself */
+    MC_DOMAIN_ENGINE = 2, /* MC_TE_ERR_*: Transfer Engine (error.h) */
+    MC_DOMAIN_STORE = 3   /* MC_STORE_ERR_*: Store (ErrorCode) */
+};
+
+enum {
+    MC_OK = 0,
+
+    /* The ABI's own codes, returned by engine and store functions alike. */
+    MC_ERR_INVALID_HANDLE = -9001,   /* 0, destroyed, foreign or unknown handle */
+    MC_ERR_NULL_ARGUMENT = -9002,    /* a required pointer argument is NULL */
+    MC_ERR_PANIC = -9003,            /* internal panic, recovered */
+    MC_ERR_BUFFER_TOO_SMALL = -9004, /* output did not fit; see *len_out */
+    MC_ERR_TIMED_OUT = -9005,        /* mc_engine_wait: timeout before final */
+    MC_ERR_STRUCT_SIZE = -9006,      /* struct_size smaller than version 1's */
+    MC_ERR_TRANSFER_FAILED = -9007,  /* a task failed without a finer code */
+
+    /* Transfer Engine codes (engine.Code), numbered as Mooncake's error.h. */
+    MC_TE_ERR_INVALID_ARGUMENT = -1,
+    MC_TE_ERR_TOO_MANY_REQUESTS = -2,
+    MC_TE_ERR_ADDRESS_NOT_REGISTERED = -3,
+    MC_TE_ERR_BATCH_BUSY = -4,
+    MC_TE_ERR_DEVICE_NOT_FOUND = -6,
+    MC_TE_ERR_ADDRESS_OVERLAPPED = -7,
+    MC_TE_ERR_DNS = -101,
+    MC_TE_ERR_SOCKET = -102,
+    MC_TE_ERR_MALFORMED_JSON = -103,
+    MC_TE_ERR_REJECT_HANDSHAKE = -104,
+    MC_TE_ERR_METADATA = -200,
+    MC_TE_ERR_ENDPOINT = -201,
+    MC_TE_ERR_CONTEXT = -202, /* also: the engine is closed */
+    MC_TE_ERR_NUMA = -300,
+    MC_TE_ERR_CLOCK = -301,
+    MC_TE_ERR_MEMORY = -302,
+    MC_TE_ERR_NOT_IMPLEMENTED = -303,
+
+    /* Store codes (storepb.Code), numbered as Mooncake's ErrorCode. */
+    MC_STORE_ERR_INTERNAL = -1,
+    MC_STORE_ERR_SEGMENT_NOT_FOUND = -101,
+    MC_STORE_ERR_NO_AVAILABLE_HANDLE = -200, /* the pool is full */
+    MC_STORE_ERR_INVALID_PARAMS = -600,
+    MC_STORE_ERR_OBJECT_NOT_FOUND = -704,
+    MC_STORE_ERR_OBJECT_ALREADY_EXISTS = -705,
+    MC_STORE_ERR_OBJECT_HAS_LEASE = -706,
+    MC_STORE_ERR_LEASE_EXPIRED = -707,
+    MC_STORE_ERR_TRANSFER_FAIL = -800,
+    MC_STORE_ERR_CHECKSUM_MISMATCH = -801,
+    MC_STORE_ERR_RPC_FAIL = -900,
+    MC_STORE_ERR_RPC_TIMEOUT = -901,
+    MC_STORE_ERR_ETCD_OPERATION_ERROR = -1000
+};
+
+#define MC_ERROR_MESSAGE_SIZE 512
+
+/* mc_error_t is owned by the caller; see CONVENTIONS. */
+typedef struct mc_error {
+    int32_t code;   /* the returned status */
+    int32_t domain; /* MC_DOMAIN_* */
+    char message[MC_ERROR_MESSAGE_SIZE]; /* NUL-terminated, may be truncated */
+} mc_error_t;
+
+/* mc_status_name returns a static, NUL-terminated name for a code of a
+ * domain ("OK", "INVALID_HANDLE", "BATCH_BUSY", "OBJECT_NOT_FOUND", ...), or
+ * "UNKNOWN". The pointer is valid for the life of the process; do not free. */
+const char *mc_status_name(int32_t domain, mc_status_t code);
+
+/* ------------------------------------------------------------------------
+ * Transfer Engine
+ * ------------------------------------------------------------------------ */
+
+typedef uint64_t mc_engine_t;  /* opaque handle, 0 = none */
+typedef uint64_t mc_segment_t; /* per-engine segment id; MC_LOCAL_SEGMENT = own */
+typedef uint64_t mc_batch_t;   /* per-engine batch id, never 0 */
+
+#define MC_LOCAL_SEGMENT ((mc_segment_t)0)
+
+/* Engine configuration. Zero (NULL) fields mean the default given. */
+typedef struct mc_engine_config {
+    uint32_t struct_size; /* sizeof(mc_engine_config_t) */
+    uint32_t lanes;       /* TCP connections per peer; 0: 4 (MC_TCP_LANES_PER_PEER) */
+    /* "P2PHANDSHAKE" (NULL), "etcd://h:p", "http://h:p/metadata", "memory://name" */
+    const char *metadata;
+    /* this engine's segment name; in P2PHANDSHAKE mode it becomes
+     * "<host>:<rpc port>". NULL: the same. */
+    const char *local_server_name;
+    /* address peers reach this engine at and its sockets bind; NULL:
+     * MC_TCP_BIND_ADDRESS, else the host of local_server_name if an IP, else
+     * the first non-loopback IPv4 */
+    const char *host;
+    /* "auto" (NULL: shared memory on this host, TCP elsewhere), "tcp", "shm" */
+    const char *transport;
+    /* shared secret every peer must know; NULL: MC_TE_SECRET, else none */
+    const char *secret;
+    uint32_t rpc_port;    /* handshake port; 0: a free port */
+    uint32_t data_port;   /* TCP data port; 0: a free port */
+    uint64_t slice_size;  /* bytes per slice; 0: 1 MiB (at least 4096) */
+    uint64_t timeout_ms;  /* per-request deadline; 0: MC_TRANSFER_TIMEOUT s, else 30 s */
+    uint32_t max_retries; /* retries of a slice on another lane; 0: 3 */
+    uint32_t reserved;    /* must be 0 */
+} mc_engine_config_t;
+
+/* mc_engine_config_init zeroes *cfg and sets struct_size. */
+static inline void mc_engine_config_init(mc_engine_config_t *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = (uint32_t)sizeof *cfg;
+}
+
+/* Directions of a request, numbered as Mooncake's OPCODE_READ/WRITE. */
+enum { MC_OP_READ = 0, MC_OP_WRITE = 1 };
+
+/* One transfer: length bytes between local memory (registered with this
+ * engine) and the absolute virtual address remote_addr in segment. READ
+ * copies remote -> local, WRITE local -> remote. */
+typedef struct mc_request {
+    int32_t opcode;   /* MC_OP_READ or MC_OP_WRITE */
+    uint32_t reserved; /* must be 0 */
+    void *local;
+    mc_segment_t segment;
+    uint64_t remote_addr;
+    uint64_t length;
+} mc_request_t;
+
+/* Task and batch states, numbered as Mooncake's STATUS_* values. */
+enum {
+    MC_TRANSFER_WAITING = 0,
+    MC_TRANSFER_PENDING = 1,
+    MC_TRANSFER_INVALID = 2,
+    MC_TRANSFER_CANCELED = 3,
+    MC_TRANSFER_COMPLETED = 4,
+    MC_TRANSFER_TIMEOUT = 5,
+    MC_TRANSFER_FAILED = 6
+};
+
+typedef struct mc_transfer_status {
+    int32_t state;        /* MC_TRANSFER_* */
+    int32_t error_code;   /* MC_TE_ERR_* (or MC_ERR_TRANSFER_FAILED) of a failure, else MC_OK */
+    uint64_t transferred; /* bytes in place so far */
+} mc_transfer_status_t;
+
+/* A buffer a segment published (registered remote-accessible memory). */
+typedef struct mc_buffer_desc {
+    uint64_t addr;
+    uint64_t length;
+} mc_buffer_desc_t;
+
+/* A notification received from a peer engine. name and msg are
+ * NUL-terminated copies (name_len/msg_len exclude the NUL) owned by the
+ * array returned by mc_engine_get_notifies. */
+typedef struct mc_notify {
+    char *name;
+    char *msg;
+    size_t name_len;
+    size_t msg_len;
+} mc_notify_t;
+
+/* mc_engine_create starts an engine (its listeners and, outside
+ * P2PHANDSHAKE, its metadata records) and stores its handle in *out.
+ * cfg may be NULL for all defaults. */
+mc_status_t mc_engine_create(const mc_engine_config_t *cfg, mc_engine_t *out, mc_error_t *err);
+
+/* mc_engine_destroy closes the engine: in-flight transfers fail, its
+ * sockets close, buffers from mc_engine_allocate_buffer are unmapped, and
+ * the handle becomes invalid. Memory the caller registered is not freed
+ * (it is the caller's). Destroying an invalid handle returns
+ * MC_ERR_INVALID_HANDLE. */
+mc_status_t mc_engine_destroy(mc_engine_t engine, mc_error_t *err);
+
+/* mc_engine_name writes the engine's segment name (what peers open, e.g.
+ * "10.0.0.7:15123") into buf; see the len_out protocol. len_out may be NULL. */
+mc_status_t mc_engine_name(mc_engine_t engine, char *buf, size_t buf_len, size_t *len_out, mc_error_t *err);
+
+/* mc_engine_ports stores the handshake (RPC) and TCP data ports; either
+ * pointer may be NULL. */
+mc_status_t mc_engine_ports(mc_engine_t engine, uint32_t *rpc_port, uint32_t *data_port, mc_error_t *err);
+
+/* mc_engine_register_memory makes [addr, addr+length) usable in requests;
+ * with remote_accessible != 0 peers may read and write it. location NULL
+ * or "*" means "cpu:0". The memory must stay valid until unregistered.
+ * Overlapping an already registered range: MC_TE_ERR_ADDRESS_OVERLAPPED. */
+mc_status_t mc_engine_register_memory(mc_engine_t engine, void *addr, uint64_t length,
+                                      const char *location, int remote_accessible, mc_error_t *err);
+
+/* mc_engine_unregister_memory removes the region registered at addr; it
+ * returns once no transfer serving a peer touches it any more. */
+mc_status_t mc_engine_unregister_memory(mc_engine_t engine, void *addr, mc_error_t *err);
+
+/* mc_engine_allocate_buffer maps size bytes of shared memory (memfd,
+ * so a peer on the same host copies with one memcpy), registers it
+ * remote-accessible and stores its address in *addr_out. Free it with
+ * mc_engine_free_buffer (mc_engine_destroy frees those left). */
+mc_status_t mc_engine_allocate_buffer(mc_engine_t engine, uint64_t size, const char *location,
+                                      void **addr_out, mc_error_t *err);
+
+/* mc_engine_free_buffer unregisters and unmaps a buffer from
+ * mc_engine_allocate_buffer. */
+mc_status_t mc_engine_free_buffer(mc_engine_t engine, void *addr, mc_error_t *err);
+
+/* mc_engine_open_segment resolves a peer by segment name (in P2PHANDSHAKE
+ * mode "host:rpcport") and stores its id in *out; opening a name twice
+ * gives the same id, the engine's own name gives MC_LOCAL_SEGMENT. Blocks
+ * up to the engine's timeout. */
+mc_status_t mc_engine_open_segment(mc_engine_t engine, const char *name, mc_segment_t *out, mc_error_t *err);
+
+/* mc_engine_close_segment forgets an opened segment. */
+mc_status_t mc_engine_close_segment(mc_engine_t engine, mc_segment_t segment, mc_error_t *err);
+
+/* mc_engine_segment_buffers lists the buffers an opened segment published
+ * (in registration order): up to cap entries go to out, *count_out gets
+ * the total (MC_ERR_BUFFER_TOO_SMALL when it exceeds cap). out may be NULL
+ * with cap 0 to ask for the count. */
+mc_status_t mc_engine_segment_buffers(mc_engine_t engine, mc_segment_t segment, mc_buffer_desc_t *out,
+                                      size_t cap, size_t *count_out, mc_error_t *err);
+
+/* mc_engine_allocate_batch returns a batch that holds up to capacity tasks. */
+mc_status_t mc_engine_allocate_batch(mc_engine_t engine, uint32_t capacity, mc_batch_t *out, mc_error_t *err);
+
+/* mc_engine_free_batch releases a batch; MC_TE_ERR_BATCH_BUSY while any
+ * of its tasks is still running (the batch then stays allocated). */
+mc_status_t mc_engine_free_batch(mc_engine_t engine, mc_batch_t batch, mc_error_t *err);
+
+/* mc_engine_submit starts count requests as tasks of batch; task ids
+ * continue from those already submitted to it, in order. All requests are
+ * checked first; if one is bad none is submitted. Returns once queued. */
+mc_status_t mc_engine_submit(mc_engine_t engine, mc_batch_t batch, const mc_request_t *requests,
+                             size_t count, mc_error_t *err);
+
+/* mc_engine_submit_with_notify is mc_engine_submit that, once every task of
+ * the batch completed successfully, sends the notification
+ * (notify_name, notify_msg) to the engine of the first request's segment
+ * (Mooncake's submitTransferWithNotify). Both strings are UTF-8 text. */
+mc_status_t mc_engine_submit_with_notify(mc_engine_t engine, mc_batch_t batch, const mc_request_t *requests,
+                                         size_t count, const char *notify_name, const char *notify_msg,
+                                         mc_error_t *err);
+
+/* mc_engine_task_status stores the state of task task_id (its index in
+ * submission order) of batch. */
+mc_status_t mc_engine_task_status(mc_engine_t engine, mc_batch_t batch, uint64_t task_id,
+                                  mc_transfer_status_t *out, mc_error_t *err);
+
+/* mc_engine_batch_status sums up a batch: WAITING when empty, PENDING while
+ * any task runs, then COMPLETED if all completed, else the first failure. */
+mc_status_t mc_engine_batch_status(mc_engine_t engine, mc_batch_t batch, mc_transfer_status_t *out,
+                                   mc_error_t *err);
+
+/* mc_engine_wait blocks until every task of batch is final or timeout_ms
+ * passes (timeout_ms < 0: no limit). It returns MC_OK when every task
+ * completed; the code of the first failure (or MC_ERR_TRANSFER_FAILED)
+ * when the batch finished otherwise; MC_ERR_TIMED_OUT when time ran out.
+ * out (may be NULL) receives the batch summary in every case. */
+mc_status_t mc_engine_wait(mc_engine_t engine, mc_batch_t batch, int64_t timeout_ms,
+                           mc_transfer_status_t *out, mc_error_t *err);
+
+/* mc_engine_send_notify delivers the notification (name, msg) to the engine
+ * of an opened segment (Mooncake's genNotifyInEngine). Strings are UTF-8
+ * text. */
+mc_status_t mc_engine_send_notify(mc_engine_t engine, mc_segment_t segment, const char *name,
+                                  const char *msg, mc_error_t *err);
+
+/* mc_engine_get_notifies takes the notifications received so far (oldest
+ * first) and clears them. On MC_OK *out is an array of *count_out entries
+ * allocated by the library (NULL when there are none), which the caller
+ * frees with mc_notifies_free. */
+mc_status_t mc_engine_get_notifies(mc_engine_t engine, mc_notify_t **out, size_t *count_out, mc_error_t *err);
+
+/* mc_notifies_free frees an array from mc_engine_get_notifies. NULL is a
+ * no-op. */
+void mc_notifies_free(mc_notify_t *notifies, size_t count);
+
+/* ------------------------------------------------------------------------
+ * Store
+ * ------------------------------------------------------------------------ */
+
+typedef uint64_t mc_store_t; /* opaque handle, 0 = none */
+
+/* Store client configuration (Mooncake's setup arguments). Zero (NULL)
+ * fields mean the default given. */
+typedef struct mc_store_config {
+    uint32_t struct_size; /* sizeof(mc_store_config_t) */
+    uint32_t replicas;    /* default replicas per put; 0: 1 */
+    /* the master: "host:port", or "etcd://h1:2379;h2:2379" to follow the HA
+     * leader. Required. */
+    const char *master;
+    /* the address peers reach this client's engine at (Mooncake's
+     * local_hostname; "host" or "host:port", the port then being the
+     * handshake port); NULL: the engine's default */
+    const char *local_hostname;
+    /* the engine's metadata (Mooncake's metadata_server); NULL: P2PHANDSHAKE */
+    const char *metadata;
+    /* Mooncake's protocol: "tcp" (NULL) and "rdma" (no hardware here) both
+     * mean the engine's default data path, shared memory with peers on this
+     * host and TCP elsewhere; "shm" keeps to shared memory */
+    const char *protocol;
+    /* HA cluster name in etcd; NULL: MC_STORE_CLUSTER_ID, else "mooncake_cluster" */
+    const char *cluster_id;
+    /* bytes this client contributes to the pool (global_segment_size);
+     * 0: 512 MiB; -1: none (a client that only reads and writes) */
+    int64_t segment_size;
+    /* registered staging memory for unregistered buffers; 0: 128 MiB */
+    int64_t local_buffer_size;
+    uint64_t rpc_timeout_ms; /* per master call; 0: 30 s */
+    /* an existing engine to move bytes with (it must outlive the store);
+     * 0: the store starts and owns its own */
+    mc_engine_t engine;
+    uint32_t no_checksum; /* nonzero: no CRC-32C on put, no check on get */
+    uint32_t reserved;    /* must be 0 */
+} mc_store_config_t;
+
+/* mc_store_config_init zeroes *cfg and sets struct_size. */
+static inline void mc_store_config_init(mc_store_config_t *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = (uint32_t)sizeof *cfg;
+}
+
+/* How one put is replicated (Mooncake's ReplicateConfig). Passing NULL
+ * where one is taken means the store's default. */
+typedef struct mc_replicate_config {
+    uint32_t struct_size;    /* sizeof(mc_replicate_config_t) */
+    uint32_t replicas;       /* memory replicas on distinct segments; 0: 1 */
+    uint32_t soft_pin;       /* nonzero: kept through eviction until the pin expires */
+    uint32_t hard_pin;       /* nonzero: never evicted */
+    uint64_t soft_pin_ttl_ms; /* 0: the master's default */
+    uint32_t prefer_local;   /* nonzero: place on this host first */
+    uint32_t n_preferred;    /* entries in preferred_segments */
+    const char *const *preferred_segments; /* segment names to place on first */
+} mc_replicate_config_t;
+
+static inline void mc_replicate_config_init(mc_replicate_config_t *rc) {
+    memset(rc, 0, sizeof *rc);
+    rc->struct_size = (uint32_t)sizeof *rc;
+}
+
+/* mc_store_create connects a client to the master (Mooncake's setup): it
+ * starts or adopts an engine, allocates the staging buffer and the segment
+ * and mounts the segment. */
+mc_status_t mc_store_create(const mc_store_config_t *cfg, mc_store_t *out, mc_error_t *err);
+
+/* mc_store_close unmounts the segment (its replicas leave the pool), frees
+ * what create allocated, closes the engine if it started it, and
+ * invalidates the handle. */
+mc_status_t mc_store_close(mc_store_t store, mc_error_t *err);
+
+/* mc_store_name writes the client's segment name (its engine's; Mooncake's
+ * get_hostname) into buf; see the len_out protocol. */
+mc_status_t mc_store_name(mc_store_t store, char *buf, size_t buf_len, size_t *len_out, mc_error_t *err);
+
+/* mc_store_register_buffer registers [addr, addr+length) so that put_from
+ * and get_into move bytes straight from/to it (no staging copy). The
+ * memory must stay valid until unregistered or the store is closed. */
+mc_status_t mc_store_register_buffer(mc_store_t store, void *addr, uint64_t length, mc_error_t *err);
+
+/* mc_store_unregister_buffer undoes mc_store_register_buffer of addr. */
+mc_status_t mc_store_unregister_buffer(mc_store_t store, void *addr, mc_error_t *err);
+
+/* mc_store_put stores length bytes at value under key, write-once: when the
+ * key exists the put succeeds without overwriting. value may be any memory
+ * (unregistered memory goes through the staging buffer). rc may be NULL. */
+mc_status_t mc_store_put(mc_store_t store, const char *key, const void *value, uint64_t length,
+                         const mc_replicate_config_t *rc, mc_error_t *err);
+
+/* mc_store_put_from is mc_store_put of a value inside a registered buffer;
+ * unregistered memory gives MC_STORE_ERR_INVALID_PARAMS. */
+mc_status_t mc_store_put_from(mc_store_t store, const char *key, const void *buf, uint64_t length,
+                              const mc_replicate_config_t *rc, mc_error_t *err);
+
+/* mc_store_upsert stores value under key, replacing an existing value once
+ * the new one is written (readers see the old or the new, never a mix). */
+mc_status_t mc_store_upsert(mc_store_t store, const char *key, const void *value, uint64_t length,
+                            const mc_replicate_config_t *rc, mc_error_t *err);
+
+/* mc_store_get reads the value of key into buf (any memory) and stores its
+ * length in *len_out. When the value is larger than buf_len nothing is
+ * read, *len_out gets the value's length and the call returns
+ * MC_ERR_BUFFER_TOO_SMALL, so buf may be NULL with buf_len 0 to ask for
+ * the size. Absent key: MC_STORE_ERR_OBJECT_NOT_FOUND. */
+mc_status_t mc_store_get(mc_store_t store, const char *key, void *buf, uint64_t buf_len, uint64_t *len_out,
+                         mc_error_t *err);
+
+/* mc_store_get_into reads the value of key into buf (registered memory is
+ * read into directly, other memory through the staging buffer) and stores
+ * its length in *len_out (may be NULL). A buffer smaller than the value
+ * gives MC_STORE_ERR_INVALID_PARAMS. */
+mc_status_t mc_store_get_into(mc_store_t store, const char *key, void *buf, uint64_t buf_len,
+                              uint64_t *len_out, mc_error_t *err);
+
+/* mc_store_get_size stores the length of key's value in *size_out. */
+mc_status_t mc_store_get_size(mc_store_t store, const char *key, uint64_t *size_out, mc_error_t *err);
+
+/* Batch forms. Each takes count keys and per-key buffers, and writes one
+ * status per key into codes_out (count entries, may be NULL). They return
+ * MC_OK when every key succeeded, else the first failing key's code (err
+ * tells which key). A batch costs one master round trip per phase. */
+
+/* mc_store_batch_put: mc_store_put of count objects (any memory). */
+mc_status_t mc_store_batch_put(mc_store_t store, const char *const *keys, const void *const *values,
+                               const uint64_t *lengths, size_t count, const mc_replicate_config_t *rc,
+                               mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_batch_put_from: mc_store_put_from of count objects. */
+mc_status_t mc_store_batch_put_from(mc_store_t store, const char *const *keys, const void *const *bufs,
+                                    const uint64_t *lengths, size_t count, const mc_replicate_config_t *rc,
+                                    mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_batch_upsert: mc_store_upsert of count objects. */
+mc_status_t mc_store_batch_upsert(mc_store_t store, const char *const *keys, const void *const *values,
+                                  const uint64_t *lengths, size_t count, const mc_replicate_config_t *rc,
+                                  mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_batch_get_into: mc_store_get_into of count keys; buf_lens are the
+ * capacities, lens_out (may be NULL) receives each value's length (0 on
+ * failure). */
+mc_status_t mc_store_batch_get_into(mc_store_t store, const char *const *keys, void *const *bufs,
+                                    const uint64_t *buf_lens, size_t count, uint64_t *lens_out,
+                                    mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_exist stores 1 in *exists_out when key is readable, else 0. */
+mc_status_t mc_store_exist(mc_store_t store, const char *key, int32_t *exists_out, mc_error_t *err);
+
+/* mc_store_batch_exist stores 1 or 0 per key in exists_out (count
+ * entries); a key the master refused gets 0 and its code in codes_out. */
+mc_status_t mc_store_batch_exist(mc_store_t store, const char *const *keys, size_t count, int32_t *exists_out,
+                                 mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_remove deletes key. A leased object (recently read) gives
+ * MC_STORE_ERR_OBJECT_HAS_LEASE unless force != 0. */
+mc_status_t mc_store_remove(mc_store_t store, const char *key, int force, mc_error_t *err);
+
+/* mc_store_remove_all removes every readable object (leased ones only with
+ * force) and stores how many in *removed_out (may be NULL). */
+mc_status_t mc_store_remove_all(mc_store_t store, int force, uint64_t *removed_out, mc_error_t *err);
+
+/* ------------------------------------------------------------------------
+ * Diagnostics
+ * ------------------------------------------------------------------------ */
+
+/* mc_debug_panic panics inside the library on purpose and returns the
+ * recovered MC_ERR_PANIC: bindings use it to check that a panic never
+ * takes the process down. */
+mc_status_t mc_debug_panic(mc_error_t *err);
+
+/* mc_debug_live_handles stores the number of live engine and store handles
+ * (either pointer may be NULL): tests use it to check for leaks. */
+mc_status_t mc_debug_live_handles(uint64_t *engines, uint64_t *stores, mc_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOONCAKE_H */

@@ -1,0 +1,551 @@
+"""mooncake.store: Mooncake's Python Store API on mooncake-go.
+
+Same classes (MooncakeDistributedStore, ReplicateConfig), method names,
+positional and keyword arguments and integer return codes as the official
+``mooncake.store`` module, so vLLM's MooncakeStoreConnector, SGLang's
+mooncake HiCache backend and LMCache's ``mooncakestore://`` connector
+import it unchanged::
+
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 512 << 20, 128 << 20,
+                   "tcp", "", "127.0.0.1:50051") == 0
+    s.register_buffer(ptr, nbytes)
+    s.batch_put_from(keys, ptrs, sizes)        # [0, 0, ...]
+    s.batch_get_into(keys, ptrs, sizes)        # [bytes read, ...]
+
+Return conventions (as the original): 0 or a negative Mooncake error code
+for writes and removes; bytes read or a negative code for reads; 1/0/-1
+for existence; ``get`` returns b"" for a missing key.
+
+``master_server_addr`` is the master's "host:port", or "etcd://h:p;..."
+for an HA cluster (what ``mooncake up`` prints after ``--master``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import re
+from typing import Dict, List, Optional, Sequence
+
+import mooncake_go
+from mooncake_go import _lib, errors
+from mooncake_go._buffers import to_bytes_pointer
+from mooncake_go.store import _addr_of
+from mooncake_go.store import Replicate
+
+lib = _lib.lib
+
+# Mooncake's ErrorCode values the compat layer returns itself.
+_INTERNAL = -1
+_INVALID_PARAMS = -600
+_OBJECT_NOT_FOUND = -704
+
+
+class SoftPinAction(enum.IntEnum):
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class ReplicateConfig:
+    """Mooncake's ReplicateConfig: attributes as the original's.
+
+    ``replica_num`` replicas (1), ``with_hard_pin``, soft pin through
+    ``soft_pin_action`` = SoftPinAction.ENABLE or the older
+    ``with_soft_pin`` = True, ``soft_pin_ttl_ms``, ``preferred_segment``
+    / ``preferred_segments`` (segment names, e.g. get_hostname() of a
+    client), ``prefer_alloc_in_same_node`` (place on this host first).
+    Fields of the original that have no meaning here (dfs/nof replicas,
+    group ids, data type) are accepted and ignored.
+    """
+
+    def __init__(self):
+        self.replica_num: int = 1
+        self.with_hard_pin: bool = False
+        self.soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
+        self.soft_pin_ttl_ms: Optional[int] = None
+        self.preferred_segment: str = ""
+        self.preferred_segments: List[str] = []
+        self.prefer_alloc_in_same_node: bool = False
+        self.dfs_replica_num: int = 0
+        self.nof_replica_num: int = 0
+        self.preferred_nof_segments: List[str] = []
+        self.group_ids = None
+        self.data_type = 0
+
+    @property
+    def with_soft_pin(self) -> bool:
+        return self.soft_pin_action == SoftPinAction.ENABLE
+
+    @with_soft_pin.setter
+    def with_soft_pin(self, v: bool) -> None:
+        self.soft_pin_action = SoftPinAction.ENABLE if v else SoftPinAction.PRESERVE
+
+    def _native(self) -> Replicate:
+        segs = list(self.preferred_segments or [])
+        if self.preferred_segment:
+            segs.insert(0, self.preferred_segment)
+        return Replicate(
+            replicas=max(int(self.replica_num), 1),
+            soft_pin=self.soft_pin_action == SoftPinAction.ENABLE,
+            hard_pin=bool(self.with_hard_pin),
+            soft_pin_ttl_ms=int(self.soft_pin_ttl_ms or 0),
+            prefer_local=bool(self.prefer_alloc_in_same_node),
+            preferred_segments=tuple(segs),
+        )
+
+    def __repr__(self) -> str:
+        return (f"ReplicateConfig(replica_num={self.replica_num}, with_hard_pin={self.with_hard_pin}, "
+                f"soft_pin_action={self.soft_pin_action!r}, preferred_segment={self.preferred_segment!r})")
+
+
+class BufferHandle(bytearray):
+    """Bytes read by get_buffer: ``ptr()`` is their address, ``size()``
+    their length; the handle is also the bytes themselves (a bytearray,
+    so memoryview(h) and bytes(h) work) and keeps them alive."""
+
+    def ptr(self) -> int:
+        if not self:
+            return 0
+        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self))
+
+    def size(self) -> int:
+        return len(self)
+
+
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgtp]?)(i?b?)?\s*$", re.IGNORECASE)
+
+
+def _parse_size(v) -> int:
+    """4GB, 512MiB, 1024 -> bytes (binary units, as Mooncake's parser)."""
+    if isinstance(v, (int, float)):
+        return int(v)
+    m = _SIZE.match(str(v))
+    if not m:
+        raise ValueError(f"bad size {v!r}")
+    num, unit = float(m.group(1)), m.group(2).lower()
+    return int(num * (1 << (10 * " kmgtp".index(unit or " "))))
+
+
+def _code(e: errors.MooncakeError) -> int:
+    return e.code if e.code < 0 else _INTERNAL
+
+
+def _rc(config: Optional[ReplicateConfig]) -> Optional[Replicate]:
+    return None if config is None else config._native()
+
+
+class MooncakeDistributedStore:
+    """Mooncake's ``mooncake.store.MooncakeDistributedStore`` over mooncake-go."""
+
+    def __init__(self):
+        self._store: Optional[mooncake_go.Store] = None
+        self._buffers: Dict[int, int] = {}  # registered addr -> size
+
+    # -- setup -----------------------------------------------------------
+
+    def setup(self, *args, **kwargs) -> int:
+        """Either ``setup(local_hostname, metadata_server, global_segment_size,
+        local_buffer_size, protocol, rdma_devices, master_server_addr,
+        engine=None, ...)`` or ``setup(config: dict)``; 0 on success."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+            return self._setup_dict(args[0])
+        if "config" in kwargs and not args and isinstance(kwargs["config"], dict):
+            return self._setup_dict(kwargs["config"])
+        return self._setup(*args, **kwargs)
+
+    def _setup_dict(self, c: dict) -> int:
+        if "local_hostname" not in c or "metadata_server" not in c:
+            return _INVALID_PARAMS
+        try:
+            return self._setup(
+                c["local_hostname"], c["metadata_server"],
+                _parse_size(c.get("global_segment_size", 16 << 20)),
+                _parse_size(c.get("local_buffer_size", 16 << 20)),
+                c.get("protocol", "tcp"), c.get("rdma_devices", c.get("device_name", "")),
+                c.get("master_server_addr", c.get("master_server_address", "")),
+            )
+        except ValueError:
+            return _INVALID_PARAMS
+
+    def _setup(self, local_hostname: str, metadata_server: str, global_segment_size: int, local_buffer_size: int,
+               protocol: str, rdma_devices: str, master_server_addr: str, engine=None,
+               enable_ssd_offload: bool = False, ssd_offload_path: str = "", tenant_id: str = "default",
+               enable_client_http_server: bool = False, client_http_port: int = 9300) -> int:
+        if self._store is not None:
+            return _INVALID_PARAMS
+        if not master_server_addr:
+            return _INVALID_PARAMS
+        native_engine = None
+        if engine is not None:
+            native_engine = engine.get_engine() if hasattr(engine, "get_engine") else engine
+        seg = int(global_segment_size)
+        # "tcp" and "shm" as asked; "rdma" (vLLM's default) lets the engine
+        # choose (shared memory on this host, TCP elsewhere); others: TCP.
+        proto = (protocol or "").lower()
+        proto = proto if proto in ("tcp", "shm", "rdma") else None
+        meta = metadata_server or None
+        if meta and meta != "P2PHANDSHAKE" and "://" not in meta:
+            meta = "etcd://" + meta
+        try:
+            self._store = mooncake_go.Store(
+                master_server_addr,
+                segment_size=seg if seg > 0 else -1,
+                local_buffer_size=int(local_buffer_size) if int(local_buffer_size) > 0 else 0,
+                local_hostname=local_hostname or None,
+                metadata=meta,
+                protocol=proto,
+                engine=native_engine,
+            )
+        except errors.MooncakeError as e:
+            return _code(e)
+        return 0
+
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
+        """Kept for signature compatibility: use setup()."""
+        return 0 if self._store is not None else _INVALID_PARAMS
+
+    def get_hostname(self) -> str:
+        """This client's segment name (for ReplicateConfig.preferred_segment)."""
+        try:
+            return self._s().name
+        except errors.MooncakeError:
+            return ""
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up or closed, 2 master unreachable."""
+        if self._store is None:
+            return 1
+        try:
+            self._store.exists("__mooncake_go_health_check__")
+            return 0
+        except errors.InvalidHandle:
+            return 1
+        except errors.MooncakeError:
+            return 2
+
+    def close(self) -> int:
+        st, self._store = self._store, None
+        if st is None:
+            return 0
+        try:
+            st.close()
+            return 0
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    # -- buffers ---------------------------------------------------------
+
+    def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        try:
+            self._s().register_buffer(int(buffer_ptr), int(size))
+        except errors.MooncakeError as e:
+            return _code(e)
+        self._buffers[int(buffer_ptr)] = int(size)
+        return 0
+
+    def unregister_buffer(self, buffer_ptr: int) -> int:
+        try:
+            self._s().unregister_buffer(int(buffer_ptr))
+        except errors.MooncakeError as e:
+            return _code(e)
+        self._buffers.pop(int(buffer_ptr), None)
+        return 0
+
+    # -- bytes API -------------------------------------------------------
+
+    def put(self, key: str, value, config: Optional[ReplicateConfig] = None) -> int:
+        try:
+            self._s().put(key, value, _rc(config))
+            return 0
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def upsert(self, key: str, value, config: Optional[ReplicateConfig] = None) -> int:
+        try:
+            self._s().upsert(key, value, _rc(config))
+            return 0
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def put_parts(self, key: str, *parts, config: Optional[ReplicateConfig] = None) -> int:
+        """Stores the concatenation of parts as one object."""
+        return self.put(key, b"".join(bytes(memoryview(p)) for p in parts), config)
+
+    def upsert_parts(self, key: str, *parts, config: Optional[ReplicateConfig] = None) -> int:
+        return self.upsert(key, b"".join(bytes(memoryview(p)) for p in parts), config)
+
+    def put_batch(self, keys: List[str], values: List, config: Optional[ReplicateConfig] = None) -> int:
+        """0 when every put succeeded, else the first failure's code."""
+        return self._first(self._batch_put(keys, values, config, upsert=False))
+
+    def upsert_batch(self, keys: List[str], values: List, config: Optional[ReplicateConfig] = None) -> int:
+        return self._first(self._batch_put(keys, values, config, upsert=True))
+
+    def _batch_put(self, keys, values, config, upsert) -> List[int]:
+        if len(keys) != len(values):
+            return [_INVALID_PARAMS] * len(keys)
+        try:
+            st = self._s()
+            fn = lib.mc_store_batch_upsert if upsert else lib.mc_store_batch_put
+            held = [to_bytes_pointer(v) for v in values]
+            addrs = [_addr_of(p) for p, _ in held]
+            return st._put_codes(fn, keys, addrs, [n for _, n in held], _rc(config))
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+
+    @staticmethod
+    def _first(codes: List[int]) -> int:
+        for c in codes:
+            if c != 0:
+                return c
+        return 0
+
+    def get(self, key: str) -> bytes:
+        """The value of key, or b"" when it is missing or unreadable."""
+        try:
+            return self._s().get(key)
+        except errors.MooncakeError:
+            return b""
+
+    def get_batch(self, keys: List[str]) -> List[bytes]:
+        return [self.get(k) for k in keys]
+
+    def get_buffer(self, key: str) -> Optional[BufferHandle]:
+        """The value of key in a BufferHandle, or None when missing."""
+        try:
+            st = self._s()
+            size = st.get_size(key)
+            h = BufferHandle(size)
+            if size:
+                n = st.get_into(key, h)
+                del h[n:]
+            return h
+        except errors.MooncakeError:
+            return None
+
+    def batch_get_buffer(self, keys: List[str]) -> List[Optional[BufferHandle]]:
+        return [self.get_buffer(k) for k in keys]
+
+    # -- zero-copy API ---------------------------------------------------
+
+    def put_from(self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None) -> int:
+        try:
+            self._s().put_from(key, int(buffer_ptr), int(size), _rc(config))
+            return 0
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None) -> int:
+        # Upsert reads any memory: registered memory is read directly.
+        try:
+            st = self._s()
+            _lib.call(lib.mc_store_upsert, st.handle, _lib.cstr(key), int(buffer_ptr), int(size),
+                      None if config is None else config._native()._c())
+            return 0
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
+                               metadata_size: int, config: Optional[ReplicateConfig] = None) -> int:
+        """Stores metadata then data as one object."""
+        meta = ctypes.string_at(int(metadata_buffer_ptr), int(metadata_size))
+        data = ctypes.string_at(int(buffer_ptr), int(size))
+        return self.put(key, meta + data, config)
+
+    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Bytes read into buffer_ptr, or a negative code."""
+        try:
+            return self._s().get_into(key, int(buffer_ptr), int(size))
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def batch_put_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int],
+                       config: Optional[ReplicateConfig] = None) -> List[int]:
+        """0 or a negative code per key."""
+        try:
+            return self._s()._put_codes(lib.mc_store_batch_put_from, keys, list(buffer_ptrs), list(sizes),
+                                        _rc(config))
+        except ValueError:
+            return [_INVALID_PARAMS] * len(keys)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+
+    def batch_upsert_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int],
+                          config: Optional[ReplicateConfig] = None) -> List[int]:
+        try:
+            return self._s()._put_codes(lib.mc_store_batch_upsert, keys, list(buffer_ptrs), list(sizes),
+                                        _rc(config))
+        except ValueError:
+            return [_INVALID_PARAMS] * len(keys)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+
+    def batch_get_into(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int]) -> List[int]:
+        """Bytes read (> 0) or a negative code per key."""
+        try:
+            codes, lens = self._s()._get_into_codes(keys, list(buffer_ptrs), list(sizes))
+        except ValueError:
+            return [_INVALID_PARAMS] * len(keys)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+        return [n if c == 0 else c for c, n in zip(codes, lens)]
+
+    def batch_put_from_multi_buffers(self, keys: List[str], all_buffer_ptrs: List[List[int]],
+                                     all_sizes: List[List[int]], config: Optional[ReplicateConfig] = None) -> List[int]:
+        """Each key's value is the concatenation of its buffers; 0 or a
+        negative code per key."""
+        if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
+            return [_INVALID_PARAMS] * len(keys)
+        try:
+            st = self._s()
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+        out = [0] * len(keys)
+        # Keys of one buffer go zero-copy; the others are gathered into one
+        # contiguous value first (the C ABI takes one buffer per key).
+        single = [i for i, p in enumerate(all_buffer_ptrs) if len(p) == 1]
+        multi = [i for i, p in enumerate(all_buffer_ptrs) if len(p) != 1]
+        rc = _rc(config)
+        if single:
+            codes = self._codes_of(lambda: st._put_codes(
+                lib.mc_store_batch_put_from, [keys[i] for i in single], [all_buffer_ptrs[i][0] for i in single],
+                [all_sizes[i][0] for i in single], rc), len(single))
+            for i, c in zip(single, codes):
+                out[i] = c
+        if multi:
+            def put_gathered():
+                addrs, lens, held = _gather([all_buffer_ptrs[i] for i in multi], [all_sizes[i] for i in multi])
+                codes = st._put_codes(lib.mc_store_batch_put, [keys[i] for i in multi], addrs, lens, rc)
+                del held
+                return codes
+            for i, c in zip(multi, self._codes_of(put_gathered, len(multi))):
+                out[i] = c
+        return out
+
+    @staticmethod
+    def _codes_of(fn, n: int) -> List[int]:
+        """fn()'s codes, or one code for all n keys when it raised."""
+        try:
+            return fn()
+        except errors.MooncakeError as e:
+            return [_code(e)] * n
+        except (ValueError, TypeError, OverflowError, IndexError):
+            return [_INVALID_PARAMS] * n
+
+    def batch_get_into_multi_buffers(self, keys: List[str], all_buffer_ptrs: List[List[int]],
+                                     all_sizes: List[List[int]], prefer_alloc_in_same_node: bool = False) -> List[int]:
+        """Reads each key's value across its buffers in order; bytes read or
+        a negative code per key."""
+        if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
+            return [_INVALID_PARAMS] * len(keys)
+        try:
+            st = self._s()
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+        out = [0] * len(keys)
+        single = [i for i, p in enumerate(all_buffer_ptrs) if len(p) == 1]
+        multi = [i for i, p in enumerate(all_buffer_ptrs) if len(p) != 1]
+
+        def read(idx, addrs, lens):
+            """(code, bytes read) per key of idx."""
+            try:
+                return list(zip(*st._get_into_codes([keys[i] for i in idx], addrs, lens)))
+            except errors.MooncakeError as e:
+                return [(_code(e), 0)] * len(idx)
+            except (ValueError, TypeError, OverflowError):
+                return [(_INVALID_PARAMS, 0)] * len(idx)
+
+        if single:
+            try:
+                got = read(single, [all_buffer_ptrs[i][0] for i in single], [all_sizes[i][0] for i in single])
+            except IndexError:  # a key with a pointer but no size
+                got = [(_INVALID_PARAMS, 0)] * len(single)
+            for i, (c, n) in zip(single, got):
+                out[i] = n if c == 0 else c
+        if multi:
+            # Read into one scratch buffer per key, then scatter in order.
+            totals = [sum(int(x) for x in all_sizes[i]) for i in multi]
+            scratch = [ctypes.create_string_buffer(max(t, 1)) for t in totals]
+            got = read(multi, [ctypes.addressof(s) for s in scratch], totals)
+            for i, s, (c, n) in zip(multi, scratch, got):
+                if c != 0:
+                    out[i] = c
+                    continue
+                off, base = 0, ctypes.addressof(s)
+                for p, sz in zip(all_buffer_ptrs[i], all_sizes[i]):
+                    k = min(int(sz), n - off)
+                    if k <= 0:
+                        break
+                    ctypes.memmove(int(p), base + off, k)
+                    off += k
+                out[i] = n
+        return out
+
+    def is_exist(self, key: str) -> int:
+        """1 present, 0 absent, -1 error."""
+        try:
+            return 1 if self._s().exists(key) else 0
+        except errors.MooncakeError:
+            return -1
+
+    def batch_is_exist(self, keys: List[str]) -> List[int]:
+        """1/0/-1 per key."""
+        try:
+            ex, codes = self._s()._exist_codes(keys)
+        except errors.MooncakeError:
+            return [-1] * len(keys)
+        return [-1 if c != 0 else (1 if x == 1 else 0) for x, c in zip(ex, codes)]
+
+    def get_size(self, key: str) -> int:
+        try:
+            return self._s().get_size(key)
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def remove(self, key: str, force: bool = False) -> int:
+        try:
+            self._s().remove(key, force)
+            return 0
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def batch_remove(self, keys: List[str], force: bool = False) -> List[int]:
+        return [self.remove(k, force) for k in keys]
+
+    def remove_all(self, force: bool = False) -> int:
+        """Number of objects removed, or a negative code."""
+        try:
+            return self._s().remove_all(force)
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def _s(self) -> "mooncake_go.Store":
+        if self._store is None:
+            raise errors.InvalidHandle(errors.INVALID_HANDLE, errors.DOMAIN_ABI, "INVALID_HANDLE",
+                                       "MooncakeDistributedStore is not set up")
+        return self._store
+
+
+def _gather(ptr_lists: Sequence[Sequence[int]], size_lists: Sequence[Sequence[int]]):
+    """Copies each key's buffers into one contiguous value: (addrs, lens,
+    the buffers to keep alive during the call)."""
+    held, addrs, lens = [], [], []
+    for ptrs, sizes in zip(ptr_lists, size_lists):
+        if len(ptrs) != len(sizes):
+            raise ValueError("buffers and sizes differ in number")
+        total = sum(int(s) for s in sizes)
+        buf = ctypes.create_string_buffer(max(total, 1))
+        base, off = ctypes.addressof(buf), 0
+        for p, s in zip(ptrs, sizes):
+            ctypes.memmove(base + off, int(p), int(s))
+            off += int(s)
+        held.append(buf)
+        addrs.append(base)
+        lens.append(total)
+    return addrs, lens, held
+
+
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "BufferHandle"]

@@ -1,0 +1,342 @@
+"""The Store client: this process's share of a distributed KV-cache pool.
+
+Lifecycle::
+
+    with Store("127.0.0.1:50051", segment_size=256 << 20) as st:   # joins the pool
+        st.put("k", b"value")
+        assert st.get("k") == b"value"
+        st.register_buffer(arr)                     # zero-copy from/to arr
+        st.put_from("k2", arr)
+        n = st.get_into("k2", out)
+
+Failures raise :class:`~mooncake_go.errors.MooncakeError` subclasses
+(``ObjectNotFound``, ``NoAvailableHandle``, ...). Batch calls return one
+result per key instead of raising: ``None`` (or a length) for a success,
+the exception for a failure. Calls release the GIL; one store may be used
+from many threads at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from ctypes import byref, c_char_p, c_int32, c_uint64, c_void_p
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple, Union
+
+from . import _lib, errors
+from ._buffers import Buffer, address, to_bytes_pointer
+from .engine import TransferEngine
+
+lib = _lib.lib
+Result = Union[None, int, errors.MooncakeError]
+
+
+@dataclass
+class Replicate:
+    """How a put is replicated and protected (Mooncake's ReplicateConfig).
+
+    :param replicas: memory replicas, each on a distinct segment [1].
+    :param soft_pin: keep through eviction until ``soft_pin_ttl_ms``
+        [master's default] passes. ``hard_pin``: never evict.
+    :param prefer_local: place on this host first.
+    :param preferred_segments: segment names to place replicas on first.
+    """
+
+    replicas: int = 1
+    soft_pin: bool = False
+    hard_pin: bool = False
+    soft_pin_ttl_ms: int = 0
+    prefer_local: bool = False
+    preferred_segments: Sequence[str] = field(default_factory=tuple)
+
+    def _c(self):
+        """The C struct (and what must stay alive with it)."""
+        rc = _lib.ReplicateConfig()
+        rc.struct_size = ctypes.sizeof(rc)
+        rc.replicas = max(int(self.replicas), 0)
+        rc.soft_pin, rc.hard_pin = int(bool(self.soft_pin)), int(bool(self.hard_pin))
+        rc.soft_pin_ttl_ms = int(self.soft_pin_ttl_ms or 0)
+        rc.prefer_local = int(bool(self.prefer_local))
+        segs = [s for s in self.preferred_segments if s]
+        if segs:
+            arr = (c_char_p * len(segs))(*[s.encode() for s in segs])
+            rc.n_preferred = len(segs)
+            rc.preferred_segments = ctypes.cast(arr, ctypes.POINTER(c_char_p))
+            rc._keep = arr  # type: ignore[attr-defined]
+        return rc
+
+
+def _keys(keys: Sequence[str]):
+    return (c_char_p * max(len(keys), 1))(*[_lib.cstr(k) for k in keys])
+
+
+def _close(handle: int) -> None:
+    lib.mc_store_close(handle, None)
+
+
+class Store:
+    """A store client connected to the master at ``master``
+    (``"host:port"``, or ``"etcd://h1:2379;h2:2379"`` to follow the HA
+    leader). Zero/None arguments mean the library's default [in brackets].
+
+    :param segment_size: bytes this client contributes to the pool
+        [512 MiB]; ``-1`` for none (a client that only reads and writes).
+    :param local_buffer_size: staging memory for unregistered buffers [128 MiB].
+    :param local_hostname: the engine's address [as the engine picks].
+    :param metadata: the engine's metadata service [P2PHANDSHAKE].
+    :param protocol: ``"tcp"`` [default], ``"shm"``; ``"rdma"`` means auto.
+    :param replicas: default replicas per put [1].
+    :param cluster_id: HA cluster name in etcd [MC_STORE_CLUSTER_ID or
+        "mooncake_cluster"].
+    :param rpc_timeout_ms: per master call [30 s].
+    :param engine: a :class:`TransferEngine` to move bytes with (it must
+        outlive the store) [the store starts its own].
+    :param checksum: CRC-32C on put and check on get [True].
+    """
+
+    def __init__(
+        self,
+        master: str,
+        *,
+        segment_size: int = 0,
+        local_buffer_size: int = 0,
+        local_hostname: Optional[str] = None,
+        metadata: Optional[str] = None,
+        protocol: Optional[str] = None,
+        replicas: int = 0,
+        cluster_id: Optional[str] = None,
+        rpc_timeout_ms: int = 0,
+        engine: Optional[TransferEngine] = None,
+        checksum: bool = True,
+    ):
+        cfg = _lib.StoreConfig()
+        cfg.struct_size = ctypes.sizeof(cfg)
+        cfg.replicas = replicas
+        cfg.master = _lib.cstr(master)
+        cfg.local_hostname = _lib.cstr(local_hostname)
+        cfg.metadata = _lib.cstr(metadata)
+        cfg.protocol = _lib.cstr(protocol)
+        cfg.cluster_id = _lib.cstr(cluster_id)
+        cfg.segment_size = segment_size
+        cfg.local_buffer_size = local_buffer_size
+        cfg.rpc_timeout_ms = rpc_timeout_ms
+        cfg.engine = engine.handle if engine is not None else 0
+        cfg.no_checksum = 0 if checksum else 1
+        h = c_uint64()
+        _lib.call(lib.mc_store_create, byref(cfg), byref(h))
+        self.handle: int = h.value
+        self._engine = engine  # kept alive: it must outlive the store
+        self._finalizer = weakref.finalize(self, _close, self.handle)
+
+    @property
+    def name(self) -> str:
+        """This client's segment name (Mooncake's get_hostname)."""
+        return _lib.read_string(lib.mc_store_name, self.handle)
+
+    hostname = name
+
+    # -- buffers ---------------------------------------------------------
+
+    def register_buffer(self, buf: Buffer, length: Optional[int] = None) -> int:
+        """Registers buf for zero-copy put_from/get_into; returns its
+        address. Keep buf alive until unregistered or the store closes."""
+        addr, n = address(buf, length)
+        _lib.call(lib.mc_store_register_buffer, self.handle, addr, n)
+        return addr
+
+    def unregister_buffer(self, buf: Buffer) -> None:
+        addr = buf if isinstance(buf, int) else address(buf)[0]
+        _lib.call(lib.mc_store_unregister_buffer, self.handle, addr)
+
+    # -- single objects --------------------------------------------------
+
+    def put(self, key: str, value, replicate: Optional[Replicate] = None) -> None:
+        """Stores value (bytes-like, any memory) under key, write-once."""
+        p, n = to_bytes_pointer(value)
+        _lib.call(lib.mc_store_put, self.handle, _lib.cstr(key), p, n, _rc(replicate))
+
+    def upsert(self, key: str, value, replicate: Optional[Replicate] = None) -> None:
+        """Stores value under key, replacing an existing value."""
+        p, n = to_bytes_pointer(value)
+        _lib.call(lib.mc_store_upsert, self.handle, _lib.cstr(key), p, n, _rc(replicate))
+
+    def put_from(self, key: str, buf: Buffer, length: Optional[int] = None,
+                 replicate: Optional[Replicate] = None) -> None:
+        """Stores ``length`` bytes of a registered buffer (zero-copy)."""
+        addr, n = address(buf, length)
+        _lib.call(lib.mc_store_put_from, self.handle, _lib.cstr(key), addr, n, _rc(replicate))
+
+    def get(self, key: str) -> bytes:
+        """The value of key (raises ObjectNotFound when absent)."""
+        k = _lib.cstr(key)
+        n = c_uint64()
+        e = _lib._err()
+        size = 4096
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            rc = lib.mc_store_get(self.handle, k, buf, size, byref(n), e)
+            if rc == 0:
+                return buf.raw[: n.value]
+            if rc != errors.BUFFER_TOO_SMALL:
+                raise _lib.error_from(e)
+            size = n.value  # the value grew between the two calls: retry
+
+    def get_into(self, key: str, buf: Buffer, length: Optional[int] = None) -> int:
+        """Reads the value of key into buf; returns its length."""
+        addr, n = address(buf, length, writable=True)
+        out = c_uint64()
+        _lib.call(lib.mc_store_get_into, self.handle, _lib.cstr(key), addr, n, byref(out))
+        return out.value
+
+    def get_size(self, key: str) -> int:
+        out = c_uint64()
+        _lib.call(lib.mc_store_get_size, self.handle, _lib.cstr(key), byref(out))
+        return out.value
+
+    def exists(self, key: str) -> bool:
+        out = c_int32()
+        _lib.call(lib.mc_store_exist, self.handle, _lib.cstr(key), byref(out))
+        return out.value == 1
+
+    def remove(self, key: str, force: bool = False) -> None:
+        """Deletes key (a leased object only with force)."""
+        _lib.call(lib.mc_store_remove, self.handle, _lib.cstr(key), int(force))
+
+    def remove_all(self, force: bool = False) -> int:
+        """Removes every object; returns how many."""
+        out = c_uint64()
+        _lib.call(lib.mc_store_remove_all, self.handle, int(force), byref(out))
+        return out.value
+
+    # -- batches ---------------------------------------------------------
+    # The *_codes helpers return raw status codes (the compat layer's
+    # currency); the public batch methods turn them into results.
+
+    def _put_codes(self, fn, keys: Sequence[str], addrs, lengths, replicate) -> List[int]:
+        n = len(keys)
+        if len(addrs) != n or len(lengths) != n:
+            raise ValueError("keys, buffers and sizes differ in number")
+        if n == 0:
+            return []
+        codes = (c_int32 * n)()
+        ptrs = (c_void_p * n)(*addrs)
+        lens = (c_uint64 * n)(*lengths)
+        rc = fn(self.handle, _keys(keys), ptrs, lens, n, _rc(replicate), codes, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(codes)
+
+    def _get_into_codes(self, keys: Sequence[str], addrs, lengths) -> Tuple[List[int], List[int]]:
+        n = len(keys)
+        if len(addrs) != n or len(lengths) != n:
+            raise ValueError("keys, buffers and sizes differ in number")
+        if n == 0:
+            return [], []
+        codes = (c_int32 * n)()
+        outs = (c_uint64 * n)()
+        ptrs = (c_void_p * n)(*addrs)
+        lens = (c_uint64 * n)(*lengths)
+        rc = lib.mc_store_batch_get_into(self.handle, _keys(keys), ptrs, lens, n, outs, codes, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(codes), list(outs)
+
+    def _exist_codes(self, keys: Sequence[str]) -> Tuple[List[int], List[int]]:
+        n = len(keys)
+        if n == 0:
+            return [], []
+        ex = (c_int32 * n)()
+        codes = (c_int32 * n)()
+        rc = lib.mc_store_batch_exist(self.handle, _keys(keys), n, ex, codes, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(ex), list(codes)
+
+    def batch_put(self, keys: Sequence[str], values: Sequence, replicate: Optional[Replicate] = None) -> List[Result]:
+        """Puts values (any memory) under keys; None or the error per key."""
+        held = [to_bytes_pointer(v) for v in values]
+        addrs = [_addr_of(p) for p, _ in held]
+        return _results(self._put_codes(lib.mc_store_batch_put, keys, addrs, [n for _, n in held], replicate))
+
+    def batch_upsert(self, keys: Sequence[str], values: Sequence, replicate: Optional[Replicate] = None) -> List[Result]:
+        held = [to_bytes_pointer(v) for v in values]
+        addrs = [_addr_of(p) for p, _ in held]
+        return _results(self._put_codes(lib.mc_store_batch_upsert, keys, addrs, [n for _, n in held], replicate))
+
+    def batch_put_from(self, keys: Sequence[str], bufs: Sequence[Buffer], lengths: Optional[Sequence[int]] = None,
+                       replicate: Optional[Replicate] = None) -> List[Result]:
+        """put_from of registered buffers; None or the error per key."""
+        addrs, lens = _resolve_many(bufs, lengths, writable=False)
+        return _results(self._put_codes(lib.mc_store_batch_put_from, keys, addrs, lens, replicate))
+
+    def batch_get_into(self, keys: Sequence[str], bufs: Sequence[Buffer],
+                       lengths: Optional[Sequence[int]] = None) -> List[Result]:
+        """get_into per key; the value's length or the error per key."""
+        addrs, lens = _resolve_many(bufs, lengths, writable=True)
+        codes, outs = self._get_into_codes(keys, addrs, lens)
+        return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
+
+    def batch_exists(self, keys: Sequence[str]) -> List[bool]:
+        """Whether each key is readable (a refused key raises)."""
+        ex, codes = self._exist_codes(keys)
+        for c in codes:
+            if c != 0:
+                raise _code_error(c)
+        return [x == 1 for x in ex]
+
+    # -- lifecycle -------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Leaves the pool (this client's replicas go with it). Idempotent."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _lib.call(lib.mc_store_close, self.handle)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "<Store closed>" if self.closed else f"<Store {self.name}>"
+
+
+# Codes for which a batch call did not run at all (no per-key codes).
+_WHOLE_CALL_FAILURES = frozenset({errors.INVALID_HANDLE, errors.NULL_ARGUMENT, errors.PANIC, errors.STRUCT_SIZE})
+
+def _rc(r: Optional[Replicate]):
+    return None if r is None else r._c()
+
+
+def _addr_of(p) -> int:
+    if isinstance(p, bytes):
+        return ctypes.cast(c_char_p(p), c_void_p).value or 0
+    return p
+
+
+def _resolve_many(bufs, lengths, writable: bool):
+    if lengths is None:
+        pairs = [address(b, None, writable=writable) for b in bufs]
+    else:
+        if len(lengths) != len(bufs):
+            raise ValueError("buffers and sizes differ in number")
+        pairs = [address(b, n, writable=writable) for b, n in zip(bufs, lengths)]
+    return [a for a, _ in pairs], [n for _, n in pairs]
+
+
+def _code_error(code: int) -> errors.MooncakeError:
+    domain = errors.DOMAIN_ABI if code <= -9000 else errors.DOMAIN_STORE
+    return errors.from_status(code, domain, _lib.status_name(domain, code))
+
+
+def _results(codes: List[int]) -> List[Result]:
+    return [None if c == 0 else _code_error(c) for c in codes]
+
+
+__all__ = ["Store", "Replicate"]

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Python suite: builds the mooncake-go wheel (libmooncake.so compiled from
+# capi/ with the local Go toolchain and bundled), installs it into a private
+# venv (.venv-py) with pytest and numpy, and runs python/tests against a
+# store cluster the tests start themselves (bin/mooncake up).
+#
+# Environment: PYTHON (interpreter for the venv, default python3),
+# PYTEST_ARGS (extra pytest arguments). The cross-implementation tests use
+# .venv-official from `make deps` and skip, saying why, without it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+GO=${GO:-go}
+venv=.venv-py
+wheels=build/py-wheel
+
+$GO build -o bin/mooncake ./cmd/mooncake
+
+if [ ! -x "$venv/bin/python" ]; then
+  "$PYTHON" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
+
+# pip wheel runs setup.py's build step: go build -buildmode=c-shared ./capi.
+rm -rf "$wheels"
+"$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" ./python
+whl=$(ls "$wheels"/mooncake_go-*.whl)
+case "$whl" in
+  *-py3-none-linux_*.whl) ;;
+  *) echo "test-python: $whl is not a py3-none-<platform> wheel" >&2; exit 1 ;;
+esac
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$whl"
+
+# Run from outside the source tree so that the installed package is tested.
+cd python
+exec "../$venv/bin/python" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} tests
