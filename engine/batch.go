@@ -313,9 +313,7 @@ func (e *Engine) route(seg *segment, s *transport.Slice) {
 
 func (t *task) sliceDone(s *transport.Slice, err error) {
 	if err != nil {
-		if t.err.Load() == nil {
-			t.err.CompareAndSwap(nil, &err)
-		}
+		t.setErr(err)
 	} else {
 		t.done.Add(s.Length)
 		if t.crc {
@@ -334,6 +332,23 @@ func (t *task) sliceDone(s *transport.Slice, err error) {
 	}
 	t.e.m.finished(t.op, t.via, t.length, st, time.Since(t.start))
 	t.b.taskDone(t, st)
+}
+
+// setErr records the error the task fails with: the first one, unless a
+// later slice was refused by the peer, which says more (a peer that hangs
+// up on a refusal, as Mooncake's does, fails the slices queued behind it
+// on the connection with mere connection errors).
+func (t *task) setErr(err error) {
+	rejected := errors.Is(err, transport.ErrRejected)
+	for {
+		p := t.err.Load()
+		if p != nil && (!rejected || errors.Is(*p, transport.ErrRejected)) {
+			return
+		}
+		if t.err.CompareAndSwap(p, &err) {
+			return
+		}
+	}
 }
 
 // addChecksum folds the checksum of s, whose bytes are in place, into the
