@@ -16,10 +16,10 @@ import "hash/crc32"
 var table = crc32.MakeTable(crc32.Castagnoli)
 
 // Checksum returns the CRC-32C of b.
-func Checksum(b []byte) uint32 { return crc32.Checksum(b, table) }
+func Checksum(b []byte) uint32 { return update(0, b) }
 
 // Update returns the CRC-32C of the bytes summed in crc followed by b.
-func Update(crc uint32, b []byte) uint32 { return crc32.Update(crc, table, b) }
+func Update(crc uint32, b []byte) uint32 { return update(crc, b) }
 
 // Combine returns the CRC-32C of A||B given crcA, crcB and the length of B.
 func Combine(crcA, crcB uint32, lenB uint64) uint32 { return Shift(crcA, lenB) ^ crcB }
