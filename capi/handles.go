@@ -55,6 +55,38 @@ type storeObj struct {
 
 	mu   sync.Mutex
 	regs map[uintptr]uintptr // buffers registered through the ABI: start -> length
+
+	// ops is held for reading by every call in progress on the store and
+	// for writing by close, which so waits for them before it frees the
+	// staging buffer and the segment they may be copying from or into.
+	ops    sync.RWMutex
+	closed bool // under ops
+}
+
+// enterStore looks the store h up and marks a call in progress on it; the
+// caller defers leave. A store that closed meanwhile is INVALID_HANDLE.
+func enterStore(h uint64) (*storeObj, error) {
+	s, err := storeOf(h)
+	if err != nil {
+		return nil, err
+	}
+	s.ops.RLock()
+	if s.closed {
+		s.ops.RUnlock()
+		return nil, abiErrorf(C.MC_ERR_INVALID_HANDLE, "store handle %d: closed", h)
+	}
+	return s, nil
+}
+
+// leave ends a call that enterStore began.
+func (s *storeObj) leave() { s.ops.RUnlock() }
+
+// close waits for the calls in progress, then closes the client.
+func (s *storeObj) close() error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.closed = true
+	return s.Client.Close()
 }
 
 // registered reports whether b lies within a buffer registered through

@@ -238,6 +238,21 @@ mc_status_t mc_store_batch_get_into(mc_store_t store, const char *const *keys, v
                                  codes_out, err);
 }
 
+mc_status_t mc_store_batch_put_from_parts(mc_store_t store, const char *const *keys, const void *const *parts,
+                                          const uint64_t *part_lens, const size_t *part_counts, size_t count,
+                                          const mc_replicate_config_t *rc, mc_status_t *codes_out,
+                                          mc_error_t *err) {
+    return mcgoStoreBatchPutFromParts(store, (char **)keys, (void **)parts, (uint64_t *)part_lens,
+                                      (size_t *)part_counts, count, (mc_replicate_config_t *)rc, codes_out, err);
+}
+
+mc_status_t mc_store_batch_get_into_parts(mc_store_t store, const char *const *keys, void *const *parts,
+                                          const uint64_t *part_lens, const size_t *part_counts, size_t count,
+                                          uint64_t *lens_out, mc_status_t *codes_out, mc_error_t *err) {
+    return mcgoStoreBatchGetIntoParts(store, (char **)keys, (void **)parts, (uint64_t *)part_lens,
+                                      (size_t *)part_counts, count, lens_out, codes_out, err);
+}
+
 mc_status_t mc_store_exist(mc_store_t store, const char *key, int32_t *exists_out, mc_error_t *err) {
     return mcgoStoreExist(store, (char *)key, exists_out, err);
 }

@@ -115,17 +115,20 @@ func mcgoStoreClose(h C.mc_store_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	if !ok {
 		return c.fail(abiErrorf(C.MC_ERR_INVALID_HANDLE, "store handle %d: not a live handle", h))
 	}
-	return c.fail(v.(*storeObj).Close())
+	// Calls in progress finish first: they may be copying from or into
+	// memory that closing frees.
+	return c.fail(v.(*storeObj).close())
 }
 
 //export mcgoStoreName
 func mcgoStoreName(h C.mc_store_t, buf *C.char, bufLen C.size_t, lenOut *C.size_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	return c.fail(writeOut(buf, bufLen, lenOut, s.SegmentName()))
 }
 
@@ -147,10 +150,11 @@ func bytesAt(p unsafe.Pointer, n C.uint64_t, what string) ([]byte, error) {
 func mcgoStoreRegisterBuffer(h C.mc_store_t, addr unsafe.Pointer, length C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if addr == nil {
 		return c.fail(nullArg("addr"))
 	}
@@ -171,10 +175,11 @@ func mcgoStoreRegisterBuffer(h C.mc_store_t, addr unsafe.Pointer, length C.uint6
 func mcgoStoreUnregisterBuffer(h C.mc_store_t, addr unsafe.Pointer, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if addr == nil {
 		return c.fail(nullArg("addr"))
 	}
@@ -227,10 +232,11 @@ func put(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C.uint64_t, c
 	f func(s *storeObj, ctx context.Context, key string, v []byte, rc *client.ReplicateConfig) error) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if key == nil {
 		return c.fail(nullArg("key"))
 	}
@@ -270,10 +276,11 @@ func mcgoStoreUpsert(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C
 func mcgoStoreGet(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if key == nil {
 		return c.fail(nullArg("key"))
 	}
@@ -312,10 +319,11 @@ func mcgoStoreGet(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint
 func mcgoStoreGetInto(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if key == nil {
 		return c.fail(nullArg("key"))
 	}
@@ -343,10 +351,11 @@ func mcgoStoreGetInto(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.
 func mcgoStoreGetSize(h C.mc_store_t, key *C.char, sizeOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if key == nil || sizeOut == nil {
 		return c.fail(nullArg("key or size_out"))
 	}
@@ -428,10 +437,11 @@ func batchPut(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uin
 	f func(s *storeObj, ctx context.Context, ks []string, vs [][]byte, rc *client.ReplicateConfig) []error) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	ks, err := keysAt(keys, count)
 	if err != nil {
 		return c.fail(err)
@@ -498,10 +508,11 @@ func mcgoStoreBatchUpsert(h C.mc_store_t, keys **C.char, values *unsafe.Pointer,
 func mcgoStoreBatchGetInto(h C.mc_store_t, keys **C.char, bufs *unsafe.Pointer, bufLens *C.uint64_t, count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	ks, err := keysAt(keys, count)
 	if err != nil {
 		return c.fail(err)
@@ -527,10 +538,11 @@ func mcgoStoreBatchGetInto(h C.mc_store_t, keys **C.char, bufs *unsafe.Pointer, 
 func mcgoStoreExist(h C.mc_store_t, key *C.char, existsOut *C.int32_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if key == nil || existsOut == nil {
 		return c.fail(nullArg("key or exists_out"))
 	}
@@ -549,10 +561,11 @@ func mcgoStoreExist(h C.mc_store_t, key *C.char, existsOut *C.int32_t, cerr *C.m
 func mcgoStoreBatchExist(h C.mc_store_t, keys **C.char, count C.size_t, existsOut *C.int32_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	ks, err := keysAt(keys, count)
 	if err != nil {
 		return c.fail(err)
@@ -578,10 +591,11 @@ func mcgoStoreBatchExist(h C.mc_store_t, keys **C.char, count C.size_t, existsOu
 func mcgoStoreRemove(h C.mc_store_t, key *C.char, force C.int, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	if key == nil {
 		return c.fail(nullArg("key"))
 	}
@@ -592,10 +606,11 @@ func mcgoStoreRemove(h C.mc_store_t, key *C.char, force C.int, cerr *C.mc_error_
 func mcgoStoreRemoveAll(h C.mc_store_t, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
 	c := begin(cerr, domainStore)
 	defer c.catch(&st)
-	s, err := storeOf(uint64(h))
+	s, err := enterStore(uint64(h))
 	if err != nil {
 		return c.fail(err)
 	}
+	defer s.leave()
 	n, err := s.RemoveAll(context.Background(), force != 0)
 	if removedOut != nil {
 		*removedOut = C.uint64_t(n)

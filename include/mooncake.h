@@ -91,8 +91,10 @@
 extern "C" {
 #endif
 
+/* 1.0: the first release. 1.1: values made of parts
+ * (mc_store_batch_put_from_parts, mc_store_batch_get_into_parts). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 0
+#define MC_ABI_VERSION_MINOR 1
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -445,7 +447,9 @@ mc_status_t mc_store_create(const mc_store_config_t *cfg, mc_store_t *out, mc_er
 
 /* mc_store_close unmounts the segment (its replicas leave the pool), frees
  * what create allocated, closes the engine if it started it, and
- * invalidates the handle. */
+ * invalidates the handle. Calls on the store in progress in other threads
+ * finish first (close waits for them); calls made after it fail with
+ * MC_ERR_INVALID_HANDLE. */
 mc_status_t mc_store_close(mc_store_t store, mc_error_t *err);
 
 /* mc_store_name writes the client's segment name (its engine's; Mooncake's
@@ -536,6 +540,38 @@ mc_status_t mc_store_remove(mc_store_t store, const char *key, int force, mc_err
 /* mc_store_remove_all removes every readable object (leased ones only with
  * force) and stores how many in *removed_out (may be NULL). */
 mc_status_t mc_store_remove_all(mc_store_t store, int force, uint64_t *removed_out, mc_error_t *err);
+
+/* Values made of parts (ABI 1.1; Mooncake's batch_put_from_multi_buffers
+ * and batch_get_into_multi_buffers). The value of keys[i] is the
+ * concatenation of part_counts[i] buffers, for example one per layer of a
+ * KV cache. The parts of all keys are given in one flat array, key by key:
+ * key 0's are parts[0 .. part_counts[0]), key 1's follow, and so on, with
+ * their lengths in part_lens at the same indexes. Every part must lie
+ * inside memory registered with mc_store_register_buffer (else that key
+ * fails with MC_STORE_ERR_INVALID_PARAMS); the library moves the bytes from
+ * and into the parts directly (no copy into one buffer), and the checksum
+ * is that of the whole value, so a value put from parts can be read whole
+ * with mc_store_get and the reverse. Zero-length parts are allowed (NULL
+ * too when its length is 0). Per-key status and the return value are as
+ * for the other batch forms. */
+
+/* mc_store_batch_put_from_parts: mc_store_put_from of count values made of
+ * parts (write-once, as mc_store_put); an empty value is
+ * MC_STORE_ERR_INVALID_PARAMS. */
+mc_status_t mc_store_batch_put_from_parts(mc_store_t store, const char *const *keys, const void *const *parts,
+                                          const uint64_t *part_lens, const size_t *part_counts, size_t count,
+                                          const mc_replicate_config_t *rc, mc_status_t *codes_out,
+                                          mc_error_t *err);
+
+/* mc_store_batch_get_into_parts reads the value of keys[i] across its parts
+ * in order: its first part receives the value's first bytes (as many as
+ * the part's length), the next part the bytes after those, and so on. A value longer than its parts together fails with
+ * MC_STORE_ERR_INVALID_PARAMS and nothing is read; a shorter one fills a
+ * prefix of them (bytes past it are left as they were). lens_out (may be
+ * NULL) receives each value's length (0 on failure). */
+mc_status_t mc_store_batch_get_into_parts(mc_store_t store, const char *const *keys, void *const *parts,
+                                          const uint64_t *part_lens, const size_t *part_counts, size_t count,
+                                          uint64_t *lens_out, mc_status_t *codes_out, mc_error_t *err);
 
 /* ------------------------------------------------------------------------
  * Diagnostics

@@ -130,6 +130,8 @@ void test_store_buffers(void);
 void test_store_batches(void);
 void test_store_bad_input(void);
 void test_store_threads(void);
+void test_store_parts(void);
+void test_store_close_race(void);
 void test_no_leaks(void);
 
 #endif

@@ -57,6 +57,8 @@ static const struct {
     {"store_batches", test_store_batches, 1},
     {"store_bad_input", test_store_bad_input, 0},
     {"store_threads", test_store_threads, 1},
+    {"store_parts", test_store_parts, 1},
+    {"store_close_race", test_store_close_race, 1},
     /* last: every handle the tests made is gone */
     {"no_leaks", test_no_leaks, 0},
 };

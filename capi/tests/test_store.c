@@ -351,3 +351,173 @@ void test_store_threads(void) {
     uint64_t n;
     CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_get_size(shared_store, "k", &n, &E));
 }
+
+/* Values made of parts (ABI 1.1): put from several registered buffers per
+ * key, read whole or into another layout of parts; guards between parts
+ * stay untouched; unregistered parts and short layouts are refused. */
+void test_store_parts(void) {
+    CHECK((mc_abi_version() & 0xffff) >= 1);
+    mc_store_t s = 0;
+    REQUIRE_MC(MC_OK, open_store(&s, 0, &E));
+    size_t len = 2u << 20;
+    uint8_t *src = NULL, *dst = NULL, *loose = malloc(4096);
+    REQUIRE(posix_memalign((void **)&src, 4096, len) == 0);
+    REQUIRE(posix_memalign((void **)&dst, 4096, len) == 0);
+    CHECK_MC(MC_OK, mc_store_register_buffer(s, src, len, &E));
+    CHECK_MC(MC_OK, mc_store_register_buffer(s, dst, len, &E));
+
+    /* key 0: 3 parts; key 1: one; key 2: four, one of them empty (NULL) */
+    char kb[3][96];
+    const char *keys[3];
+    for (int i = 0; i < 3; i++) {
+        unique_key(kb[i], sizeof kb[i], "parts");
+        keys[i] = kb[i];
+    }
+    const void *parts[8] = {src + 1, src + 10, src + 5000, src + 70000, src + 200000, NULL, src + 210000, src + 250000};
+    uint64_t plens[8] = {1, 4097, 60000, 100000, 7, 0, 33333, 5};
+    size_t counts[3] = {3, 1, 4};
+    uint64_t totals[3] = {1 + 4097 + 60000, 100000, 7 + 33333 + 5};
+    for (int j = 0; j < 8; j++)
+        if (plens[j]) fill((void *)parts[j], 0, plens[j], 200 + j);
+    mc_status_t codes[3] = {-1, -1, -1};
+    CHECK_MC(MC_OK, mc_store_batch_put_from_parts(s, keys, parts, plens, counts, 3, NULL, codes, &E));
+    for (int i = 0; i < 3; i++) CHECK_EQ(codes[i], MC_OK);
+
+    /* a whole read of key 0 is the concatenation */
+    uint8_t *whole = malloc(totals[0]);
+    uint64_t n = 0;
+    CHECK_MC(MC_OK, mc_store_get(s, keys[0], whole, totals[0], &n, &E));
+    CHECK_EQ(n, totals[0]);
+    CHECK(memcmp(whole, src + 1, 1) == 0);
+    CHECK(memcmp(whole + 1, src + 10, 4097) == 0);
+    CHECK(memcmp(whole + 4098, src + 5000, 60000) == 0);
+
+    /* read into another layout: key 0 in two parts, key 1 in three (with a
+     * spare tail), key 2 in one; 0xee guards around every part */
+    memset(dst, 0xee, len);
+    void *into[6] = {dst + 3, dst + 30003, dst + 100000, dst + 150000, dst + 200000, dst + 400000};
+    uint64_t ilens[6] = {30000, totals[0] - 30000, 40000, 40000, 50000, totals[2]};
+    size_t icounts[3] = {2, 3, 1};
+    uint64_t got[3] = {0, 0, 0};
+    CHECK_MC(MC_OK, mc_store_batch_get_into_parts(s, keys, into, ilens, icounts, 3, got, codes, &E));
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(codes[i], MC_OK);
+        CHECK_EQ(got[i], totals[i]);
+    }
+    /* key 0 back to back: [3, 3+totals[0]) holds the concatenation */
+    CHECK(memcmp(dst + 3, whole, totals[0]) == 0);
+    /* key 1 (100000 bytes): 40000 + 40000 + the first 20000 of the third */
+    CHECK(memcmp(dst + 100000, src + 70000, 40000) == 0);
+    CHECK(memcmp(dst + 150000, src + 110000, 40000) == 0);
+    CHECK(memcmp(dst + 200000, src + 150000, 20000) == 0);
+    CHECK_EQ(dst[200000 + 20000], 0xee); /* past the value: untouched */
+    CHECK(memcmp(dst + 400000, src + 200000, 7) == 0);
+    CHECK(memcmp(dst + 400007, src + 210000, 33333) == 0);
+    CHECK(memcmp(dst + 400007 + 33333, src + 250000, 5) == 0);
+    int guards_ok = 1;
+    for (size_t i = 0; i < len; i++) {
+        int inside = (i >= 3 && i < 3 + totals[0]) || (i >= 100000 && i < 140000) || (i >= 150000 && i < 190000) ||
+                     (i >= 200000 && i < 220000) || (i >= 400000 && i < 400000 + totals[2]);
+        if (!inside && dst[i] != 0xee) guards_ok = 0;
+    }
+    CHECK(guards_ok);
+
+    /* parts too small for the value: refused, nothing read */
+    memset(dst, 0xee, len);
+    void *small[2] = {dst, dst + 1000};
+    uint64_t slens[2] = {500, 500};
+    size_t scount = 2;
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS,
+             mc_store_batch_get_into_parts(s, keys + 1, small, slens, &scount, 1, got, codes, &E));
+    CHECK_EQ(codes[0], MC_STORE_ERR_INVALID_PARAMS);
+    CHECK_EQ(got[0], 0);
+    int untouched = 1;
+    for (size_t i = 0; i < 4096; i++)
+        if (dst[i] != 0xee) untouched = 0;
+    CHECK(untouched);
+
+    /* a part outside registered memory fails its key only */
+    char fresh[2][96];
+    unique_key(fresh[0], sizeof fresh[0], "parts-ok");
+    unique_key(fresh[1], sizeof fresh[1], "parts-loose");
+    const char *fk[2] = {fresh[0], fresh[1]};
+    const void *fp[3] = {src, src + 100, loose};
+    uint64_t fl[3] = {10, 10, 4096};
+    size_t fc[2] = {1, 2};
+    mc_error_t err;
+    CHECK_EQ(mc_store_batch_put_from_parts(s, fk, fp, fl, fc, 2, NULL, codes, &err), MC_STORE_ERR_INVALID_PARAMS);
+    CHECK(strstr(err.message, "registered") != NULL);
+    CHECK_EQ(codes[0], MC_OK);
+    CHECK_EQ(codes[1], MC_STORE_ERR_INVALID_PARAMS);
+    void *gp[1] = {loose};
+    uint64_t gl[1] = {4096};
+    size_t gc[1] = {1};
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_get_into_parts(s, fk, gp, gl, gc, 1, NULL, NULL, &E));
+
+    /* bad arguments */
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_put_from_parts(s, keys, parts, plens, NULL, 3, NULL, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_put_from_parts(s, keys, NULL, plens, counts, 3, NULL, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_get_into_parts(s, keys, into, NULL, icounts, 3, NULL, NULL, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_get_into_parts(s, NULL, into, ilens, icounts, 3, NULL, NULL, &E));
+    size_t huge[1] = {(size_t)1 << 40};
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_from_parts(s, keys, parts, plens, huge, 1, NULL, NULL, &E));
+    size_t none[1] = {0};
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_from_parts(s, keys, NULL, NULL, none, 1, NULL, codes, &E));
+    CHECK_EQ(codes[0], MC_STORE_ERR_INVALID_PARAMS); /* an empty value */
+    CHECK_MC(MC_OK, mc_store_batch_put_from_parts(s, NULL, NULL, NULL, NULL, 0, NULL, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_batch_get_into_parts(s, NULL, NULL, NULL, NULL, 0, NULL, NULL, &E));
+    CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_batch_put_from_parts(0x5151, keys, parts, plens, counts, 3, NULL, NULL, &E));
+
+    for (int i = 0; i < 3; i++) CHECK_MC(MC_OK, mc_store_remove(s, keys[i], 1, &E));
+    CHECK_MC(MC_OK, mc_store_remove(s, fresh[0], 1, &E));
+    CHECK_MC(MC_OK, mc_store_close(s, &E));
+    CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_batch_get_into_parts(s, keys, into, ilens, icounts, 3, NULL, NULL, &E));
+    free(src);
+    free(dst);
+    free(loose);
+    free(whole);
+}
+
+/* Threads keep putting and reading through a store while another thread
+ * closes it: every call returns (success before, an error after), nothing
+ * crashes (the close waits for calls in progress before it frees the
+ * store's memory). */
+static volatile int store_racing;
+static mc_store_t racing_store;
+
+static void *store_racer(void *arg) {
+    int id = (int)(intptr_t)arg;
+    uint8_t *val = malloc(256 << 10), *out = malloc(256 << 10);
+    fill(val, 0, 256 << 10, (unsigned)id);
+    for (int i = 0; store_racing; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "capi-%d-race-%d-%d", (int)getpid(), id, i % 8);
+        uint64_t n;
+        int32_t ex;
+        if (i < 8) mc_store_put(racing_store, key, val, 256 << 10, NULL, NULL);
+        /* reads mostly: they are served from the lease cache, without the
+         * master, straight from the store's memory */
+        for (int j = 0; j < 16; j++) mc_store_get_into(racing_store, key, out, 256 << 10, &n, NULL);
+        mc_store_get(racing_store, key, out, 256 << 10, &n, NULL);
+        mc_store_exist(racing_store, key, &ex, NULL);
+    }
+    free(val);
+    free(out);
+    return NULL;
+}
+
+void test_store_close_race(void) {
+    for (int round = 0; round < 6; round++) {
+        REQUIRE_MC(MC_OK, open_store(&racing_store, 0, &E));
+        store_racing = 1;
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, store_racer, (void *)(intptr_t)i);
+        usleep(30000 + round * 10000);
+        CHECK_MC(MC_OK, mc_store_close(racing_store, &E));
+        usleep(5000);
+        store_racing = 0;
+        for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+        uint64_t n;
+        CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_get_size(racing_store, "k", &n, &E));
+    }
+}

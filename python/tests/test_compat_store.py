@@ -88,10 +88,76 @@ def test_vllm_store_connector(master, stores):
                                   d[dst_b * block_bytes:(dst_b + 1) * block_bytes])
     # A missing key reads as a negative code, not an exception.
     assert loader.batch_get_into_multi_buffers([f"{model}@missing"], dst[:1], sizes[:1])[0] < 0
-    # Single-buffer keys take the zero-copy path.
+    # Single-buffer keys go the same way.
     k1 = f"{model}@single"
     assert saver.batch_put_from_multi_buffers([k1], [[save_kv[0].ctypes.data]], [[block_bytes]]) == [0]
     assert loader.batch_get_into_multi_buffers([k1], [[load_kv[0].ctypes.data]], [[block_bytes]]) == [block_bytes]
+
+
+def test_multi_buffers_zero_copy(master, stores):
+    """batch_put_from_multi_buffers / batch_get_into_multi_buffers move the
+    bytes from and into the registered buffers themselves (no contiguous
+    copy in Python): odd sizes, a value read whole, per-key errors for
+    unregistered buffers, mismatched lists and buffers too small (nothing
+    written), a shorter value filling a prefix."""
+    np = numpy_or_skip()
+    import mooncake_go.store as native
+
+    store = stores(setup7(master))
+    src = np.random.default_rng(3).integers(0, 255, 1 << 20, dtype=np.uint8)
+    dst = np.full(1 << 20, 0xEE, dtype=np.uint8)
+    assert store.register_buffer(src.ctypes.data, src.nbytes) == 0
+    assert store.register_buffer(dst.ctypes.data, dst.nbytes) == 0
+    s0, d0 = src.ctypes.data, dst.ctypes.data
+    k = [f"multi-{uid()}" for _ in range(4)]
+    sizes = [1, 4097, 63, 131072 + 5]
+    ptrs = [s0 + 7, s0 + 100, s0 + 9000, s0 + 20000]
+    want = b"".join(src[p - s0:p - s0 + n].tobytes() for p, n in zip(ptrs, sizes))
+    # No Python-side gathering: the native parts call carries the buffers.
+    calls = []
+    orig = native.Store._parts_codes
+
+    def spy(self, get, keys, addrs, lens, *rest):
+        calls.append((get, [list(a) for a in addrs]))
+        return orig(self, get, keys, addrs, lens, *rest)
+
+    native.Store._parts_codes = spy
+    try:
+        assert store.batch_put_from_multi_buffers([k[0]], [ptrs], [sizes]) == [0]
+        got = store.batch_get_into_multi_buffers([k[0]], [[d0 + 11, d0 + 50000]], [[40000, 200000]])
+    finally:
+        native.Store._parts_codes = orig
+    assert calls == [(False, [ptrs]), (True, [[d0 + 11, d0 + 50000]])]
+    assert got == [len(want)]
+    assert store.get(k[0]) == want
+    assert dst[11:40011].tobytes() + dst[50000:50000 + len(want) - 40000].tobytes() == want
+    assert (dst[:11] == 0xEE).all() and (dst[40011:50000] == 0xEE).all()
+    assert (dst[50000 + len(want) - 40000:250000] == 0xEE).all()
+
+    # Per-key failures: an unregistered buffer, lists that differ in
+    # length; the other keys of the batch go through.
+    loose = np.zeros(4096, dtype=np.uint8)
+    codes = store.batch_put_from_multi_buffers(
+        [k[1], k[2], k[3]], [[s0, loose.ctypes.data], [s0, s0 + 10], [s0 + 5]], [[10, 10], [10], [99]])
+    assert codes == [-600, -600, 0]
+    assert store.batch_is_exist([k[1], k[2], k[3]]) == [0, 0, 1]
+    # Buffers too small for the value: -600 and nothing written.
+    dst[:] = 0xEE
+    assert store.batch_get_into_multi_buffers([k[0]], [[d0, d0 + 100000]], [[1000, 1000]]) == [-600]
+    assert (dst == 0xEE).all()
+    assert store.batch_get_into_multi_buffers([k[0]], [[loose.ctypes.data]], [[len(want)]]) == [-600]
+    # A value no segment can hold: -200 (NO_AVAILABLE_HANDLE), which vLLM
+    # reads as memory pressure. The memory is only reserved, never read:
+    # the master refuses before any byte moves.
+    huge = np.empty(600 << 20, dtype=np.uint8)
+    h0 = huge.ctypes.data
+    assert store.register_buffer(h0, huge.nbytes) == 0
+    assert store.batch_put_from_multi_buffers([f"multi-{uid()}"], [[h0, h0 + (300 << 20)]],
+                                              [[300 << 20, 300 << 20]]) == [-200]
+    assert store.unregister_buffer(h0) == 0
+    # Outer lists that differ in number, and a store not set up.
+    assert store.batch_put_from_multi_buffers([k[0], k[1]], [[s0]], [[1]]) == [-600, -600]
+    assert MooncakeDistributedStore().batch_get_into_multi_buffers([k[0]], [[d0]], [[1]])[0] < 0
 
 
 def test_sglang_hicache_backend(master, stores):

@@ -140,3 +140,93 @@ def test_threads_share_one_store(store):
     for t in ts:
         t.join()
     assert not failures, failures
+
+
+def test_parts_zero_copy(store):
+    """batch_put_from_parts / batch_get_into_parts: a value made of several
+    registered buffers (odd sizes), read back whole and into another
+    layout, straight into the parts; unregistered parts and too-small
+    layouts are refused per key."""
+    np = numpy_or_skip()
+    src = np.random.default_rng(5).integers(0, 255, 1 << 20, dtype=np.uint8)
+    dst = np.full(1 << 20, 0xEE, dtype=np.uint8)
+    store.register_buffer(src)
+    store.register_buffer(dst)
+    ka, kb = key("parts"), key("parts")
+    a_parts = [src[1:2], src[10:4107], src[5000:65000]]  # 1 + 4097 + 60000
+    b_parts = [src[70000:70007], src[80000:80000], src[90000:123333]]  # with an empty part
+    assert store.batch_put_from_parts([ka, kb], [a_parts, b_parts]) == [None, None]
+    want_a = b"".join(p.tobytes() for p in a_parts)
+    want_b = b"".join(p.tobytes() for p in b_parts)
+    assert store.get(ka) == want_a
+    assert store.get(kb) == want_b
+    # Another layout; b's parts hold more than its value: a prefix is filled.
+    into_a = [dst[3:30003], dst[30003:30003 + len(want_a) - 30000]]
+    into_b = [dst[200000:210000], dst[220000:260000]]
+    got = store.batch_get_into_parts([ka, kb], [into_a, into_b])
+    assert got == [len(want_a), len(want_b)]
+    assert b"".join(p.tobytes() for p in into_a) == want_a
+    assert dst[200000:210000].tobytes() + dst[220000:220000 + len(want_b) - 10000].tobytes() == want_b
+    assert (dst[220000 + len(want_b) - 10000:260000] == 0xEE).all()  # past the value
+    assert (dst[0:3] == 0xEE).all() and (dst[210000:220000] == 0xEE).all()
+    # Sizes given apart from the buffers (raw addresses).
+    n = store.batch_get_into_parts([ka], [[int(dst.ctypes.data) + 500000, int(dst.ctypes.data) + 600000]],
+                                   [[50000, 50000]])
+    assert n == [len(want_a)]
+    assert dst[500000:550000].tobytes() + dst[600000:600000 + len(want_a) - 50000].tobytes() == want_a
+    # Too small: refused, nothing read.
+    dst[700000:800000] = 0xEE
+    res = store.batch_get_into_parts([ka], [[dst[700000:710000], dst[720000:730000]]])
+    assert isinstance(res[0], errors.InvalidParams)
+    assert (dst[700000:800000] == 0xEE).all()
+    # A part outside registered memory fails its key only (nothing is
+    # copied into a registered buffer on the way).
+    loose = np.ones(100, dtype=np.uint8)
+    kc, kd = key("parts"), key("parts")
+    res = store.batch_put_from_parts([kc, kd], [[src[:10]], [src[:10], loose]])
+    assert res[0] is None and isinstance(res[1], errors.InvalidParams)
+    assert not store.exists(kd)
+    res = store.batch_get_into_parts([kc], [[loose]])
+    assert isinstance(res[0], errors.InvalidParams)
+    with pytest.raises(ValueError):
+        store.batch_put_from_parts([kc], [[src[:10]]], [[10], [10]])
+
+
+def test_close_while_threads_read(master):
+    """Closing a store while other threads read through it: their calls
+    return or raise (InvalidHandle once closed), the process survives
+    (close waits for the calls in progress before freeing the staging
+    memory they copy through)."""
+    import time
+
+    for _ in range(3):
+        st = mg.Store(master, segment_size=16 << 20, local_buffer_size=8 << 20, local_hostname="127.0.0.1")
+        keys = [key("race") for _ in range(4)]
+        for k in keys:
+            st.put(k, bytes(256 << 10))
+        stop = threading.Event()
+        unexpected = []
+
+        def reader(k):
+            out = bytearray(256 << 10)
+            while not stop.is_set():
+                try:
+                    st.get_into(k, out)
+                except errors.InvalidHandle:
+                    pass
+                except errors.MooncakeError as e:  # e.g. the master connection closing
+                    if e.code == errors.PANIC:
+                        unexpected.append(e)
+
+        ts = [threading.Thread(target=reader, args=(k,)) for k in keys]
+        for t in ts:
+            t.start()
+        time.sleep(0.05)
+        st.close()
+        time.sleep(0.01)
+        stop.set()
+        for t in ts:
+            t.join()
+        assert not unexpected, unexpected
+        with pytest.raises(errors.InvalidHandle):
+            st.get_size(keys[0])

@@ -44,7 +44,26 @@ type Client struct {
 	wg     sync.WaitGroup
 	closed sync.Once
 	cerr   error
+
+	// gate is read-held by every put and get in progress, which use the
+	// staging buffer, the segment and the engine; Close takes it to wait
+	// them out, and sets shut so that later ones fail.
+	gate sync.RWMutex
+	shut bool
 }
+
+// enter admits a put or get, or returns the error it fails with once the
+// client is closed; a nil error must be followed by leave.
+func (c *Client) enter() error {
+	c.gate.RLock()
+	if c.shut {
+		c.gate.RUnlock()
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: "client closed"}
+	}
+	return nil
+}
+
+func (c *Client) leave() { c.gate.RUnlock() }
 
 // New starts a client: it starts (or adopts) an engine, allocates the
 // staging buffer and the segment, mounts the segment with the master and
@@ -225,6 +244,9 @@ func (c *Client) Engine() *engine.Engine { return c.eng }
 // started it. It is idempotent.
 func (c *Client) Close() error {
 	c.closed.Do(func() {
+		c.gate.Lock() // the puts and gets in progress finish first
+		c.shut = true
+		c.gate.Unlock()
 		c.stop()
 		c.wg.Wait()
 		var errs []error
@@ -278,4 +300,13 @@ func prefault(b []byte) {
 	for i := 0; i < len(b); i += os.Getpagesize() {
 		b[i] = 0
 	}
+}
+
+// fill is n copies of err, the per-key errors of a batch failed as a whole.
+func fill(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
 }

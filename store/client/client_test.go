@@ -430,3 +430,41 @@ func TestNewFailsCleanly(t *testing.T) {
 	require.Error(t, err)
 	require.Nil(t, c)
 }
+
+// TestCloseWhileReading: Close waits for the gets and puts in progress
+// (they use the staging buffer and the segment it frees), and later ones
+// fail with a clear error instead of touching freed memory.
+func TestCloseWhileReading(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{})
+	owner := newClient(t, m.Addr(), 16<<20)
+	ctx := ctxT(t)
+	want := value(7, 300<<10)
+	require.NoError(t, owner.Put(ctx, "v", want, nil))
+	c, err := New(ctx, Config{Master: m.Addr(), SegmentSize: NoSegment, LocalBufferSize: 8 << 20,
+		EngineConfig: engine.Config{Host: "127.0.0.1"}})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				var err error
+				if g == 0 {
+					err = c.Put(ctx, fmt.Sprintf("p%d", i), want[:4096], nil)
+				} else {
+					var got []byte
+					if got, err = c.Get(ctx, "v"); err == nil && !bytes.Equal(got, want) {
+						t.Error("wrong bytes")
+						return
+					}
+				}
+				if err != nil {
+					assert.ErrorContains(t, err, "client closed")
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, c.Close())
+	wg.Wait()
+}

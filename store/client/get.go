@@ -18,8 +18,9 @@ func quote(k string) string { return strconv.Quote(k) }
 // getItem is one object of a get.
 type getItem struct {
 	key    string
-	dst    []byte // where the value goes
-	alloc  bool   // the caller gave no buffer: allocate dst
+	dst    []byte   // where the value goes
+	parts  [][]byte // or where its pieces go, in order (parts.go)
+	alloc  bool     // the caller gave no buffer: allocate dst
 	length uint64
 	sum    uint32                   // the master's checksum of the value; 0: none
 	got    uint32                   // CRC-32C of what this attempt read, term by term
@@ -157,6 +158,13 @@ func (c *Client) distance(m *storepb.MemoryReplica) int {
 }
 
 func (c *Client) getMany(ctx context.Context, items []*getItem) {
+	if err := c.enter(); err != nil {
+		for _, it := range items {
+			it.err = err
+		}
+		return
+	}
+	defer c.leave()
 	start := time.Now()
 	defer func() {
 		var n uint64
@@ -187,7 +195,7 @@ func (c *Client) getMany(ctx context.Context, items []*getItem) {
 	for _, it := range live {
 		if it.cached && !it.done {
 			c.leases.drop(it.key)
-			*it = getItem{key: it.key, dst: it.dst, alloc: it.alloc}
+			*it = getItem{key: it.key, dst: it.dst, parts: it.parts, alloc: it.alloc}
 			again = append(again, it)
 		}
 	}
@@ -205,9 +213,9 @@ func (c *Client) readAll(ctx context.Context, live []*getItem) {
 			it.final = true
 		case it.alloc && uint64(len(it.dst)) < it.length:
 			it.dst = make([]byte, it.length)
-		case uint64(len(it.dst)) < it.length:
+		case it.room() < it.length:
 			it.err = &storepb.Error{Code: storepb.InvalidParams,
-				Msg: fmt.Sprintf("%s: buffer of %d bytes for a value of %d", quote(it.key), len(it.dst), it.length)}
+				Msg: fmt.Sprintf("%s: buffer of %d bytes for a value of %d", quote(it.key), it.room(), it.length)}
 			it.final = true
 		}
 	}
@@ -271,8 +279,14 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 	for _, it := range round {
 		it.err, it.got = nil, 0
 		m := it.reps[k]
-		dst := it.dst[:it.length]
 		verify := it.sum != 0 && !c.cfg.NoChecksum
+		if it.parts != nil {
+			for _, p := range it.partReads(m, verify) {
+				xs, pieces = append(xs, p.x), append(pieces, piece{it: it, x: p.x, off: int(p.off)})
+			}
+			continue
+		}
+		dst := it.dst[:it.length]
 		if m.SegmentName == c.name || c.registered(dst) {
 			x := &xfer{op: engine.Read, local: dst, seg: m.SegmentName, remote: m.BufferAddress, crc: verify}
 			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x})

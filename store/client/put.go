@@ -20,6 +20,7 @@ func nonZero(sum uint32) uint32 { return max(sum, 1) }
 type putItem struct {
 	key   string
 	value []byte
+	parts [][]byte // the value in pieces, when value is nil (parts.go)
 	sum   uint32
 	reps  []*storepb.Replica
 	err   error
@@ -65,6 +66,10 @@ func (c *Client) BatchUpsert(ctx context.Context, keys []string, values [][]byte
 }
 
 func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig, upsert bool) (errs []error) {
+	if err := c.enter(); err != nil {
+		return fill(len(keys), err)
+	}
+	defer c.leave()
 	start := time.Now()
 	defer func() { c.met.observe("put", len(keys), start, func(i int) error { return errs[i] }) }()
 	errs = make([]error, len(keys))
@@ -120,7 +125,7 @@ func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc
 func (c *Client) start(ctx context.Context, items []*putItem, rc *storepb.ReplicateConfig, upsert bool) {
 	req := &storepb.BatchPutStartRequest{Items: make([]*storepb.PutStartRequest, len(items))}
 	for i, it := range items {
-		req.Items[i] = &storepb.PutStartRequest{ClientId: c.id, Key: it.key, ValueLength: uint64(len(it.value)), Config: rc}
+		req.Items[i] = &storepb.PutStartRequest{ClientId: c.id, Key: it.key, ValueLength: it.size(), Config: rc}
 	}
 	var resp *storepb.BatchPutStartResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import mooncake_go
 from mooncake_go import _lib, errors
@@ -395,94 +395,31 @@ class MooncakeDistributedStore:
 
     def batch_put_from_multi_buffers(self, keys: List[str], all_buffer_ptrs: List[List[int]],
                                      all_sizes: List[List[int]], config: Optional[ReplicateConfig] = None) -> List[int]:
-        """Each key's value is the concatenation of its buffers; 0 or a
-        negative code per key."""
+        """Each key's value is the concatenation of its buffers (registered
+        with register_buffer), written from them directly; 0 or a negative
+        code per key."""
         if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
             return [_INVALID_PARAMS] * len(keys)
         try:
-            st = self._s()
+            return self._s()._parts_codes(False, keys, all_buffer_ptrs, all_sizes, _rc(config))[0]
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
-        out = [0] * len(keys)
-        # Keys of one buffer go zero-copy; the others are gathered into one
-        # contiguous value first (the C ABI takes one buffer per key).
-        single = [i for i, p in enumerate(all_buffer_ptrs) if len(p) == 1]
-        multi = [i for i, p in enumerate(all_buffer_ptrs) if len(p) != 1]
-        rc = _rc(config)
-        if single:
-            codes = self._codes_of(lambda: st._put_codes(
-                lib.mc_store_batch_put_from, [keys[i] for i in single], [all_buffer_ptrs[i][0] for i in single],
-                [all_sizes[i][0] for i in single], rc), len(single))
-            for i, c in zip(single, codes):
-                out[i] = c
-        if multi:
-            def put_gathered():
-                addrs, lens, held = _gather([all_buffer_ptrs[i] for i in multi], [all_sizes[i] for i in multi])
-                codes = st._put_codes(lib.mc_store_batch_put, [keys[i] for i in multi], addrs, lens, rc)
-                del held
-                return codes
-            for i, c in zip(multi, self._codes_of(put_gathered, len(multi))):
-                out[i] = c
-        return out
-
-    @staticmethod
-    def _codes_of(fn, n: int) -> List[int]:
-        """fn()'s codes, or one code for all n keys when it raised."""
-        try:
-            return fn()
-        except errors.MooncakeError as e:
-            return [_code(e)] * n
-        except (ValueError, TypeError, OverflowError, IndexError):
-            return [_INVALID_PARAMS] * n
+        except (ValueError, TypeError, OverflowError):
+            return [_INVALID_PARAMS] * len(keys)
 
     def batch_get_into_multi_buffers(self, keys: List[str], all_buffer_ptrs: List[List[int]],
                                      all_sizes: List[List[int]], prefer_alloc_in_same_node: bool = False) -> List[int]:
-        """Reads each key's value across its buffers in order; bytes read or
-        a negative code per key."""
+        """Reads each key's value across its (registered) buffers in order,
+        straight into them; bytes read or a negative code per key."""
         if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
             return [_INVALID_PARAMS] * len(keys)
         try:
-            st = self._s()
+            codes, lens = self._s()._parts_codes(True, keys, all_buffer_ptrs, all_sizes)
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
-        out = [0] * len(keys)
-        single = [i for i, p in enumerate(all_buffer_ptrs) if len(p) == 1]
-        multi = [i for i, p in enumerate(all_buffer_ptrs) if len(p) != 1]
-
-        def read(idx, addrs, lens):
-            """(code, bytes read) per key of idx."""
-            try:
-                return list(zip(*st._get_into_codes([keys[i] for i in idx], addrs, lens)))
-            except errors.MooncakeError as e:
-                return [(_code(e), 0)] * len(idx)
-            except (ValueError, TypeError, OverflowError):
-                return [(_INVALID_PARAMS, 0)] * len(idx)
-
-        if single:
-            try:
-                got = read(single, [all_buffer_ptrs[i][0] for i in single], [all_sizes[i][0] for i in single])
-            except IndexError:  # a key with a pointer but no size
-                got = [(_INVALID_PARAMS, 0)] * len(single)
-            for i, (c, n) in zip(single, got):
-                out[i] = n if c == 0 else c
-        if multi:
-            # Read into one scratch buffer per key, then scatter in order.
-            totals = [sum(int(x) for x in all_sizes[i]) for i in multi]
-            scratch = [ctypes.create_string_buffer(max(t, 1)) for t in totals]
-            got = read(multi, [ctypes.addressof(s) for s in scratch], totals)
-            for i, s, (c, n) in zip(multi, scratch, got):
-                if c != 0:
-                    out[i] = c
-                    continue
-                off, base = 0, ctypes.addressof(s)
-                for p, sz in zip(all_buffer_ptrs[i], all_sizes[i]):
-                    k = min(int(sz), n - off)
-                    if k <= 0:
-                        break
-                    ctypes.memmove(int(p), base + off, k)
-                    off += k
-                out[i] = n
-        return out
+        except (ValueError, TypeError, OverflowError):
+            return [_INVALID_PARAMS] * len(keys)
+        return [n if c == 0 else c for c, n in zip(codes, lens)]
 
     def is_exist(self, key: str) -> int:
         """1 present, 0 absent, -1 error."""
@@ -527,25 +464,6 @@ class MooncakeDistributedStore:
             raise errors.InvalidHandle(errors.INVALID_HANDLE, errors.DOMAIN_ABI, "INVALID_HANDLE",
                                        "MooncakeDistributedStore is not set up")
         return self._store
-
-
-def _gather(ptr_lists: Sequence[Sequence[int]], size_lists: Sequence[Sequence[int]]):
-    """Copies each key's buffers into one contiguous value: (addrs, lens,
-    the buffers to keep alive during the call)."""
-    held, addrs, lens = [], [], []
-    for ptrs, sizes in zip(ptr_lists, size_lists):
-        if len(ptrs) != len(sizes):
-            raise ValueError("buffers and sizes differ in number")
-        total = sum(int(s) for s in sizes)
-        buf = ctypes.create_string_buffer(max(total, 1))
-        base, off = ctypes.addressof(buf), 0
-        for p, s in zip(ptrs, sizes):
-            ctypes.memmove(base + off, int(p), int(s))
-            off += int(s)
-        held.append(buf)
-        addrs.append(base)
-        lens.append(total)
-    return addrs, lens, held
 
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "BufferHandle"]

@@ -34,7 +34,7 @@ from ctypes import (
 from . import errors
 
 ABI_VERSION_MAJOR = 1
-ABI_VERSION_MINOR = 0
+ABI_VERSION_MINOR = 1  # 1.1: values made of parts
 LIBRARY_NAME = "libmooncake.so"
 
 # Transfer states (MC_TRANSFER_*), numbered as Mooncake's STATUS_*.
@@ -125,6 +125,7 @@ _U64P = POINTER(c_uint64)
 _I32P = POINTER(c_int32)
 _VPP = POINTER(c_void_p)
 _CPP = POINTER(c_char_p)
+_SZP = POINTER(c_size_t)
 
 # name: (restype, argtypes without the trailing mc_error_t*)
 _SIGNATURES = {
@@ -163,6 +164,9 @@ _SIGNATURES = {
     "mc_store_batch_put_from": (c_int32, [c_uint64, _CPP, _VPP, _U64P, c_size_t, POINTER(ReplicateConfig), _I32P]),
     "mc_store_batch_upsert": (c_int32, [c_uint64, _CPP, _VPP, _U64P, c_size_t, POINTER(ReplicateConfig), _I32P]),
     "mc_store_batch_get_into": (c_int32, [c_uint64, _CPP, _VPP, _U64P, c_size_t, _U64P, _I32P]),
+    "mc_store_batch_put_from_parts": (
+        c_int32, [c_uint64, _CPP, _VPP, _U64P, _SZP, c_size_t, POINTER(ReplicateConfig), _I32P]),
+    "mc_store_batch_get_into_parts": (c_int32, [c_uint64, _CPP, _VPP, _U64P, _SZP, c_size_t, _U64P, _I32P]),
     "mc_store_exist": (c_int32, [c_uint64, c_char_p, _I32P]),
     "mc_store_batch_exist": (c_int32, [c_uint64, _CPP, c_size_t, _I32P, _I32P]),
     "mc_store_remove": (c_int32, [c_uint64, c_char_p, c_int]),

@@ -8,6 +8,8 @@ Lifecycle::
         st.register_buffer(arr)                     # zero-copy from/to arr
         st.put_from("k2", arr)
         n = st.get_into("k2", out)
+        st.batch_put_from_parts(["k3"], [[layer0, layer1]])   # one value, two buffers
+        st.batch_get_into_parts(["k3"], [[out0, out1]])
 
 Failures raise :class:`~mooncake_go.errors.MooncakeError` subclasses
 (``ObjectNotFound``, ``NoAvailableHandle``, ...). Batch calls return one
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from ctypes import byref, c_char_p, c_int32, c_uint64, c_void_p
+from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -277,6 +279,68 @@ class Store:
         codes, outs = self._get_into_codes(keys, addrs, lens)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
+    def _parts_codes(self, get: bool, keys: Sequence[str], addr_lists, size_lists,
+                     replicate=None) -> Tuple[List[int], List[int]]:
+        """(codes, lengths) of a put/get of values made of parts, given as
+        one list of addresses and one of sizes per key. A key whose two
+        lists differ in length gets INVALID_PARAMS without being sent."""
+        n = len(keys)
+        if len(addr_lists) != n or len(size_lists) != n:
+            raise ValueError("keys, buffer lists and size lists differ in number")
+        codes, outs = [0] * n, [0] * n
+        send = []
+        for i in range(n):
+            if len(addr_lists[i]) != len(size_lists[i]):
+                codes[i] = _INVALID_PARAMS
+            else:
+                send.append(i)
+        if not send:
+            return codes, outs
+        flat_a = [int(a) for i in send for a in addr_lists[i]]
+        flat_n = [int(x) for i in send for x in size_lists[i]]
+        m, total = len(send), len(flat_a)
+        ptrs = (c_void_p * max(total, 1))(*flat_a)
+        lens = (c_uint64 * max(total, 1))(*flat_n)
+        counts = (c_size_t * m)(*[len(addr_lists[i]) for i in send])
+        cs = (c_int32 * m)()
+        ks = _keys([keys[i] for i in send])
+        if get:
+            got = (c_uint64 * m)()
+            rc = lib.mc_store_batch_get_into_parts(self.handle, ks, ptrs, lens, counts, m, got, cs, _lib._err())
+        else:
+            got = None
+            rc = lib.mc_store_batch_put_from_parts(self.handle, ks, ptrs, lens, counts, m, _rc(replicate), cs,
+                                                   _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        for j, i in enumerate(send):
+            codes[i] = cs[j]
+            if got is not None:
+                outs[i] = got[j]
+        return codes, outs
+
+    def batch_put_from_parts(self, keys: Sequence[str], parts: Sequence[Sequence[Buffer]],
+                             sizes: Optional[Sequence[Sequence[int]]] = None,
+                             replicate: Optional[Replicate] = None) -> List[Result]:
+        """Puts values made of parts: the value of ``keys[i]`` is the
+        concatenation of the buffers ``parts[i]`` (``sizes[i]`` bytes of
+        each, or all of them), e.g. one per layer of a KV cache. Every part
+        must lie in a registered buffer; the bytes go from the parts
+        straight to the replicas, without a copy. None or the error per
+        key."""
+        addrs, lens = _resolve_parts(parts, sizes, writable=False)
+        return _results(self._parts_codes(False, keys, addrs, lens, replicate)[0])
+
+    def batch_get_into_parts(self, keys: Sequence[str], parts: Sequence[Sequence[Buffer]],
+                             sizes: Optional[Sequence[Sequence[int]]] = None) -> List[Result]:
+        """Reads each value across its parts in order, straight into them
+        (registered buffers only). A value longer than its parts together
+        fails (nothing read); a shorter one fills a prefix. The value's
+        length or the error per key."""
+        addrs, lens = _resolve_parts(parts, sizes, writable=True)
+        codes, outs = self._parts_codes(True, keys, addrs, lens)
+        return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
+
     def batch_exists(self, keys: Sequence[str]) -> List[bool]:
         """Whether each key is readable (a refused key raises)."""
         ex, codes = self._exist_codes(keys)
@@ -307,6 +371,8 @@ class Store:
         return "<Store closed>" if self.closed else f"<Store {self.name}>"
 
 
+_INVALID_PARAMS = -600  # MC_STORE_ERR_INVALID_PARAMS
+
 # Codes for which a batch call did not run at all (no per-key codes).
 _WHOLE_CALL_FAILURES = frozenset({errors.INVALID_HANDLE, errors.NULL_ARGUMENT, errors.PANIC, errors.STRUCT_SIZE})
 
@@ -328,6 +394,19 @@ def _resolve_many(bufs, lengths, writable: bool):
             raise ValueError("buffers and sizes differ in number")
         pairs = [address(b, n, writable=writable) for b, n in zip(bufs, lengths)]
     return [a for a, _ in pairs], [n for _, n in pairs]
+
+
+def _resolve_parts(parts, sizes, writable: bool):
+    if sizes is None:
+        sizes = [None] * len(parts)
+    elif len(sizes) != len(parts):
+        raise ValueError("part lists and size lists differ in number")
+    addrs, lens = [], []
+    for ps, ns in zip(parts, sizes):
+        a, n = _resolve_many(ps, ns, writable=writable)
+        addrs.append(a)
+        lens.append(n)
+    return addrs, lens
 
 
 def _code_error(code: int) -> errors.MooncakeError:
