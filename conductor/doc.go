@@ -25,9 +25,12 @@
 // predicted prefill time of the new tokens (PrefillModel, a polynomial in
 // the prompt and prefix lengths); the least TTFT wins. When the winner
 // pulls a prefix, it keeps the blocks, so hot prefixes gain replicas on
-// the instances load pushes them to, with no forecast of usage. Decode
-// selection takes the least predicted time between tokens (DecodeModel, a
-// continuous-batching iteration model). Admission (Config.Admission)
+// the instances load pushes them to, with no forecast of usage;
+// Scheduler.Replicas and Scheduler.ReplicaHistogram count the copies (the
+// router exports them as mooncake_conductor_block_replicas, the simulator
+// samples them over time). Decode selection takes the least predicted
+// time between tokens (DecodeModel, a continuous-batching iteration
+// model). Admission (Config.Admission)
 // rejects a request whose predicted TTFT, or whose TBT predicted for the
 // time it reaches decode, breaks its SLO; the naive variant that looks at
 // the current decode load is there for comparison. The other policies of

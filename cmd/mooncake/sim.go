@@ -78,8 +78,11 @@ disaggregation (--chunk for chunked prefill).
 
 Prints a summary per run (TTFT, TBT as the paper measures it: the mean of the
 longest 10% of a request's token intervals, hit ratio, effective request
-ratio), or JSON with --json; writes per-request results as Parquet and a PNG
-of the TTFT and TBT distributions to --out.
+ratio, and the replicas of the prefix index's blocks: the most any block
+reached and the mean of the hottest blocks at the end), or JSON with --json;
+writes per-request results as Parquet, a PNG of the TTFT and TBT
+distributions, the replica samples (every --replica-interval of simulated
+time) as CSV and a PNG of the hot blocks' replicas over time to --out.
 
 The subcommands regenerate the paper's figures (FAST'25 Figs. 1, 5, 9, 10).`,
 		Example: `  mooncake sim
@@ -137,12 +140,22 @@ The subcommands regenerate the paper's figures (FAST'25 Figs. 1, 5, 9, 10).`,
 					return err
 				}
 				fmt.Fprintf(out, "per-request results: %s\n", pq)
+				if err := writeReplicas(out, sf, "sim", r); err != nil {
+					return err
+				}
 			}
 			png, _ := sf.outPath("sim.png")
 			if err := sim.WritePlot(png, results...); err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "plot: %s\n", png)
+			if slices.ContainsFunc(results, func(r *sim.Result) bool { return len(r.Replicas) > 0 }) {
+				png, _ = sf.outPath("sim-replicas.png")
+				if err := sim.PlotReplicas(png, results...); err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "replicas plot: %s\n", png)
+			}
 			return nil
 		},
 	}
@@ -162,6 +175,10 @@ The subcommands regenerate the paper's figures (FAST'25 Figs. 1, 5, 9, 10).`,
 	pf.DurationVar(&sf.cfg.TTFTSLO, "ttft-slo", conductor.DefaultTTFTSLO, "TTFT objective (admission, effective ratio)")
 	pf.DurationVar(&sf.cfg.TBTSLO, "tbt-slo", conductor.DefaultTBTSLO, "TBT objective (admission, effective ratio)")
 	pf.Uint64Var(&sf.cfg.Seed, "seed", 0, "seed of the random policy")
+	pf.DurationVar(&sf.cfg.ReplicaInterval, "replica-interval", sim.DefaultReplicaInterval,
+		"sample the replicas of the prefix index's blocks every this much simulated time, and at the end (negative: never)")
+	pf.IntVar(&sf.cfg.HotBlocks, "hot-blocks", sim.DefaultHotBlocks,
+		"the most requested blocks whose mean replicas the samples report")
 	f := c.Flags()
 	f.StringVar(&policies, "policy", conductor.GlobalCacheAware.String(),
 		"comma-separated runs: "+strings.Join(simPolicyNames(), ", ")+"; all: every one")
@@ -210,6 +227,23 @@ func parsePolicies(list string, base sim.Config) ([]sim.Config, error) {
 		}
 	}
 	return out, nil
+}
+
+// writeReplicas writes the replica samples of r, if it has any, as
+// <prefix>-<run>-replicas.csv in --out, next to its Parquet file.
+func writeReplicas(out io.Writer, sf *simFlags, prefix string, r *sim.Result) error {
+	if len(r.Replicas) == 0 {
+		return nil
+	}
+	path, err := sf.outPath(prefix + "-" + r.Config.Name() + "-replicas.csv")
+	if err != nil || path == "" {
+		return err
+	}
+	if err := r.WriteReplicasCSV(path); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "replica samples: %s\n", path)
+	return nil
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -275,6 +309,9 @@ func reportRuns(out io.Writer, sf *simFlags, fig string, rs []*sim.Result,
 			return err
 		}
 		if err := r.WriteParquet(pq); err != nil {
+			return err
+		}
+		if err := writeReplicas(io.Discard, sf, fig, r); err != nil {
 			return err
 		}
 	}

@@ -32,9 +32,11 @@ func TestSimJSON(t *testing.T) {
 	var v map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &v), out)
 	for _, k := range []string{"policy", "requests", "rejected", "cache_hit_ratio", "ttft_mean_s", "ttft_p90_s",
-		"tbt_p90_ms", "effective_request_ratio"} {
+		"tbt_p90_ms", "effective_request_ratio", "replicas_max", "hot_block_replicas_mean"} {
 		assert.Contains(t, v, k)
 	}
+	assert.Positive(t, v["replicas_max"])
+	assert.GreaterOrEqual(t, v["hot_block_replicas_mean"], 1.0)
 	assert.Equal(t, "global-cache-aware+reject", v["policy"])
 	assert.EqualValues(t, 300, v["requests"])
 
@@ -60,11 +62,44 @@ func TestSimFiles(t *testing.T) {
 		require.NoError(t, err)
 		assert.Positive(t, st.Size())
 	}
-	f, err := os.Open(filepath.Join(dir, "sim.png"))
+	for _, name := range []string{"sim.png", "sim-replicas.png"} {
+		f, err := os.Open(filepath.Join(dir, name))
+		require.NoError(t, err)
+		_, err = png.Decode(f)
+		assert.NoError(t, err, name)
+		f.Close()
+	}
+	// The replica samples of the disaggregated run, none for the coupled
+	// one (no index).
+	b, err := os.ReadFile(filepath.Join(dir, "sim-load-balance+reject-replicas.csv"))
 	require.NoError(t, err)
-	defer f.Close()
-	_, err = png.Decode(f)
-	assert.NoError(t, err)
+	assert.True(t, strings.HasPrefix(string(b), "time_s,blocks_held,max_replicas,hot_blocks,hot_replicas_mean,"), "%s", b)
+	_, err = os.Stat(filepath.Join(dir, "sim-coupled+prefix-cache-replicas.csv"))
+	assert.True(t, os.IsNotExist(err))
+}
+
+// --replica-interval sets the sampling period: one row per period of the
+// simulated time, and one at the end.
+func TestSimReplicaInterval(t *testing.T) {
+	dir := t.TempDir()
+	_, err := runSim(t, "--max-requests", "200", "--replica-interval", "10s", "--hot-blocks", "5", "--out", dir)
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(dir, "sim-global-cache-aware+reject-replicas.csv"))
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	require.Greater(t, len(lines), 3)
+	assert.True(t, strings.HasPrefix(lines[1], "10,"), lines[1])
+	assert.True(t, strings.HasPrefix(lines[2], "20,"), lines[2])
+	assert.Equal(t, "5", strings.Split(lines[1], ",")[3], "hot_blocks")
+
+	// Negative: no sampling, no file.
+	dir = t.TempDir()
+	_, err = runSim(t, "--max-requests", "50", "--replica-interval", "-1s", "--out", dir)
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(dir, "sim-global-cache-aware+reject-replicas.csv"))
+	assert.True(t, os.IsNotExist(err))
+	_, err = os.Stat(filepath.Join(dir, "sim-replicas.png"))
+	assert.True(t, os.IsNotExist(err))
 }
 
 // The figure subcommands run on a prefix of the trace and write their

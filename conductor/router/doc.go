@@ -100,5 +100,8 @@
 //     _rejected_total, _ttft_seconds (arrival to the first event relayed;
 //     streams only), _e2e_seconds, _prefill_seconds{instance},
 //     _engine_errors_total{instance,phase}, _inflight_requests,
-//     _instances{role}, _reused_blocks_total.
+//     _instances{role}, _reused_blocks_total, and, with a scheduler that
+//     has ReplicaHistogram (conductor.Scheduler),
+//     _block_replicas{replicas="1|2|3|4+"}: the index's blocks by the
+//     prefill instances holding them, as of the scrape.
 package router

@@ -82,7 +82,7 @@ func New(cfg Config) (*Router, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	r.metrics = newMetrics(reg)
+	r.metrics = newMetrics(reg, r.replicaHistogram())
 	for _, in := range cfg.Instances {
 		if err := r.Register(in); err != nil {
 			// Leave the scheduler as it was found.

@@ -71,6 +71,15 @@ type Config struct {
 	// Seed seeds the Random policy; a run is a function of the Config and
 	// the trace.
 	Seed uint64
+	// ReplicaInterval is how often, in simulated time, a disaggregated
+	// replay samples the replicas of the prefix index's blocks
+	// (Result.Replicas), plus once at the end; zero:
+	// DefaultReplicaInterval; negative: no sampling.
+	ReplicaInterval time.Duration
+	// HotBlocks is the number of most requested blocks whose mean
+	// replicas a sample reports (ReplicaSample.HotMean); zero:
+	// DefaultHotBlocks.
+	HotBlocks int
 }
 
 // ErrInvalid is wrapped by the errors of Validate.
@@ -96,6 +105,8 @@ func (c Config) Validate() error {
 		return bad("OutputTokens", "negative %d", c.OutputTokens)
 	case c.MaxRequests < 0:
 		return bad("MaxRequests", "negative %d", c.MaxRequests)
+	case c.HotBlocks < 0:
+		return bad("HotBlocks", "negative %d", c.HotBlocks)
 	}
 	return c.scheduler().Validate()
 }
@@ -118,6 +129,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TBTSLO == 0 {
 		c.TBTSLO = conductor.DefaultTBTSLO
+	}
+	if c.ReplicaInterval == 0 {
+		c.ReplicaInterval = DefaultReplicaInterval
+	}
+	if c.HotBlocks == 0 {
+		c.HotBlocks = DefaultHotBlocks
 	}
 	return c
 }

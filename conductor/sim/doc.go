@@ -36,7 +36,11 @@
 // TTFT, its TBT as the paper measures it (the mean of the longest 10% of
 // its token intervals, §5.1), its reused prefix and its instances. Result
 // summarises them (Summary, Effective) and writes them as Parquet; the
-// plots are PNG.
+// plots are PNG. A disaggregated run also samples the replicas of the
+// scheduler's index every Config.ReplicaInterval of simulated time
+// (Result.Replicas: blocks by number of prefill instances holding them,
+// the hot blocks' mean replicas), written as CSV (WriteReplicasCSV) and
+// drawn over time (PlotReplicas).
 //
 //	res, err := sim.Run(sim.Config{Policy: conductor.GlobalCacheAware, RateScale: 1.5},
 //		trace.Conversation())

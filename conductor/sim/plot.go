@@ -182,3 +182,51 @@ func PlotCapacity(path string, names []string, c Capacity, target float64) error
 	cv.Legend(p.X1-260, p.Y1-16*len(names), names, cols)
 	return cv.Save(path)
 }
+
+// PlotReplicas draws the replicas of the prefix index over simulated
+// time, one line per run: above, the mean replicas of the hot blocks
+// (ReplicaSample.HotMean); below, the share of the blocks some prefill
+// instance holds that two or more hold. Runs without samples (the coupled
+// baseline) are left out.
+func PlotReplicas(path string, rs ...*Result) error {
+	c := plot.NewCanvas(plotW, plotH)
+	var names []string
+	var hot, multi [][][2]float64
+	tMax, hotMax, multiMax := 1.0, 1.0, 0.01
+	for _, r := range rs {
+		if len(r.Replicas) == 0 {
+			continue
+		}
+		var h, m [][2]float64
+		for _, s := range r.Replicas {
+			t := s.At.Seconds()
+			tMax, hotMax = max(tMax, t), max(hotMax, s.HotMean)
+			h = append(h, [2]float64{t, s.HotMean})
+			share := 0.0
+			if held := s.Held(); held > 0 && len(s.Blocks) > 1 {
+				share = float64(held-s.Blocks[1]) / float64(held)
+			}
+			multiMax = max(multiMax, share)
+			m = append(m, [2]float64{t, share})
+		}
+		names, hot, multi = append(names, r.Config.Name()), append(hot, h), append(multi, m)
+	}
+	hotN := DefaultHotBlocks
+	if len(rs) > 0 {
+		hotN = rs[0].Config.withDefaults().HotBlocks
+	}
+	xMax := plot.NiceCeil(tMax)
+	p := plot.Panel{X0: marginL, Y0: topY, X1: plotW - marginR, Y1: topY + panelH, XMax: xMax,
+		YMax: plot.NiceCeil(hotMax * 1.1)}
+	p.Axes(c, fmt.Sprintf("mean replicas of the %d most requested blocks vs simulated time (s)", hotN), plot.Plain)
+	q := plot.Panel{X0: marginL, Y0: bottomY, X1: plotW - marginR, Y1: bottomY + panelH, XMax: xMax,
+		YMax: min(plot.NiceCeil(multiMax*1.2), 1)}
+	q.Axes(c, "share of cached blocks held by 2 or more prefill instances vs simulated time (s)", plot.Percent)
+	cols := colours(len(names))
+	for i := range names {
+		p.Polyline(c, hot[i], cols[i])
+		q.Polyline(c, multi[i], cols[i])
+	}
+	c.Legend(p.X1-260, p.Y0+16, names, cols)
+	return c.Save(path)
+}

@@ -40,13 +40,20 @@ type Summary struct {
 	TBTSLOMS float64 `json:"tbt_slo_ms"`
 	// SimulatedS is the simulated time until the last request finished.
 	SimulatedS float64 `json:"simulated_s"`
+	// ReplicasMax is the most prefill instances that held one block at
+	// any replica sample (Result.ReplicasMax); HotBlockReplicasMean the
+	// mean replicas of the hot blocks, averaged over the samples
+	// (Result.HotReplicasMean).
+	// Both 0 for the coupled baseline.
+	ReplicasMax          int     `json:"replicas_max"`
+	HotBlockReplicasMean float64 `json:"hot_block_replicas_mean"`
 }
 
 // Summary condenses the outcomes.
 func (r *Result) Summary() Summary {
 	ttftSLO, tbtSLO := r.Config.TTFTSLO, r.Config.TBTSLO
 	s := Summary{Policy: r.Config.Name(), Requests: len(r.Outcomes), TTFTSLOS: ttftSLO.Seconds(),
-		TBTSLOMS: float64(tbtSLO) / 1e6}
+		TBTSLOMS: float64(tbtSLO) / 1e6, ReplicasMax: r.ReplicasMax(), HotBlockReplicasMean: r.HotReplicasMean()}
 	var ttft, tbt []float64
 	var hit, in, prefill float64
 	for _, o := range r.Outcomes {

@@ -56,6 +56,10 @@ type Outcome struct {
 type Result struct {
 	Config   Config
 	Outcomes []Outcome
+	// Replicas is the replica distribution of the prefix index over
+	// time, every Config.ReplicaInterval and at the end; none for the
+	// coupled baseline, which has no index, or without sampling.
+	Replicas []ReplicaSample
 }
 
 // Run replays reqs (in trace order, timestamps non-decreasing) on the
@@ -106,7 +110,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Config: cfg, Outcomes: make([]Outcome, len(s.reqs))}
+	res := &Result{Config: cfg, Outcomes: make([]Outcome, len(s.reqs)), Replicas: s.replicas}
 	for i := range s.reqs {
 		r := &s.reqs[i]
 		if !r.done {
@@ -143,6 +147,8 @@ type state struct {
 	events events
 	seq    uint64
 	now    time.Duration
+	// replicas are the replica samples of a disaggregated replay.
+	replicas []ReplicaSample
 }
 
 // push schedules an event; ties run in the order they were pushed.
@@ -355,8 +361,11 @@ func (s *state) runDisaggregated() error {
 		}
 	}
 
+	rs := newReplicaSampler(cfg, sched)
 	arrive := func(i int) error {
+		rs.until(s.now)
 		r := &s.reqs[i]
+		rs.access(r.blocks)
 		r.id = strconv.Itoa(i)
 		dec, err := sched.Schedule(s.now, conductor.Request{ID: r.id, Tokens: r.InputTokens,
 			Output: r.OutputTokens, Blocks: r.blocks})
@@ -379,6 +388,7 @@ func (s *state) runDisaggregated() error {
 	}
 
 	handle := func(e event) error {
+		rs.until(s.now)
 		switch e.kind {
 		case prefillEnd:
 			p, r := prefill[e.inst], &s.reqs[e.req]
@@ -422,7 +432,12 @@ func (s *state) runDisaggregated() error {
 		}
 		return nil
 	}
-	return s.loop(arrive, handle)
+	if err := s.loop(arrive, handle); err != nil {
+		return err
+	}
+	rs.end(s.now)
+	s.replicas = rs.samples
+	return nil
 }
 
 // admit moves waiting requests into the batch, in arrival order, while

@@ -2,7 +2,9 @@ package sim_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -321,4 +323,133 @@ func TestCapacity(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Cache load balancing by hand: a hot 4-block prefix requested three
+// times while its holder is busy. The global policy routes the second and
+// third requests away, to instances that pull the prefix and keep it: its
+// blocks gain replicas over time, 1, then 3. The local policy queues them
+// on the holder (waiting is cheaper than recomputing): 1 replica
+// throughout.
+func TestReplicas(t *testing.T) {
+	cfg := sim.Config{Prefill: 3, Decode: 1, PrefillModel: simplePrefill, DecodeModel: simpleDecode,
+		Admission: conductor.RejectNone, OutputTokens: 1, ReplicaInterval: time.Second, HotBlocks: 4,
+		// A block pulls in 25 ms: the prefix in 100 ms.
+		Bandwidth: float64(conductor.DefaultBlockBytes) / 0.025}
+	reqs := []trace.Request{
+		// A: p0, every instance idle and empty; predicted 0.1 + 2.56 s.
+		req(0, 2560, 1, 1, 2, 3, 4, 10),
+		// B: global: p0 would wait 1.56 s then take 0.612 s, p1 pulls in
+		// 0.1 s and takes 0.612 s: p1. Local: p0 (2.172 s) beats
+		// recomputing everything on p1 (2.66 s).
+		req(1100, 2560, 1, 1, 2, 3, 4, 11),
+		// C: global: p0 1.772 s, p1 (B predicted done at 1.712 s) 0.824 s,
+		// p2 0.712 s: p2. Local: p0 waits 1.772 s, then 0.612 s: 2.384 s,
+		// still below 2.66 s.
+		req(1500, 2560, 1, 1, 2, 3, 4, 12),
+	}
+	type sample struct {
+		at     time.Duration
+		blocks []int
+		max    int
+		hot    float64
+	}
+	samples := func(r *sim.Result) []sample {
+		var out []sample
+		for _, s := range r.Replicas {
+			assert.Equal(t, 4, s.HotBlocks)
+			assert.Equal(t, len(s.Blocks)-1, s.Max)
+			out = append(out, sample{s.At, s.Blocks, s.Max, s.HotMean})
+		}
+		return out
+	}
+
+	cfg.Policy = conductor.GlobalCacheAware
+	res, err := sim.Run(cfg, reqs)
+	require.NoError(t, err)
+	for i, want := range []string{"p0", "p1", "p2"} {
+		assert.Equal(t, want, res.Outcomes[i].Prefill, "request %d", i)
+	}
+	// At 1 s: A's 5 blocks on p0. From 2 s: blocks 1-4 on 3 instances,
+	// the unique last blocks on one each; the hot blocks are 1-4 (3
+	// requests each). The end: C's prefill, pulling nothing (p0 has not
+	// finished A when C starts), ends at 1.5 + 2.66 s.
+	one := []int{0, 5}
+	three := []int{0, 3, 0, 4}
+	assert.Equal(t, []sample{
+		{time.Second, one, 1, 1},
+		{2 * time.Second, three, 3, 3},
+		{3 * time.Second, three, 3, 3},
+		{4 * time.Second, three, 3, 3},
+		{ms(4160), three, 3, 3},
+	}, samples(res))
+	s := res.Summary()
+	assert.Equal(t, 3, s.ReplicasMax)
+	assert.InDelta(t, (1+3+3+3+3)/5.0, s.HotBlockReplicasMean, 1e-9)
+
+	cfg.Policy = conductor.LocalCacheAware
+	res, err = sim.Run(cfg, reqs)
+	require.NoError(t, err)
+	for i := range reqs {
+		assert.Equal(t, "p0", res.Outcomes[i].Prefill, "request %d", i)
+	}
+	// p0 runs A, then B and C from its cache (0.612 s each): the end is
+	// at 2.66 + 2 x 0.612 s.
+	assert.Equal(t, []sample{
+		{time.Second, one, 1, 1},
+		{2 * time.Second, []int{0, 7}, 1, 1},
+		{3 * time.Second, []int{0, 7}, 1, 1},
+		{ms(3884), []int{0, 7}, 1, 1},
+	}, samples(res))
+	s = res.Summary()
+	assert.Equal(t, 1, s.ReplicasMax)
+	assert.InDelta(t, 1, s.HotBlockReplicasMean, 1e-9)
+
+	// The coupled baseline has no index; a negative interval samples
+	// nothing.
+	cfg.Coupled = true
+	res, err = sim.Run(cfg, reqs)
+	require.NoError(t, err)
+	assert.Empty(t, res.Replicas)
+	assert.Zero(t, res.Summary().ReplicasMax)
+	cfg.Coupled, cfg.ReplicaInterval = false, -1
+	res, err = sim.Run(cfg, reqs)
+	require.NoError(t, err)
+	assert.Empty(t, res.Replicas)
+
+	_, err = sim.Run(sim.Config{HotBlocks: -1}, nil)
+	assert.ErrorContains(t, err, "Config.HotBlocks")
+}
+
+// On the trace, the global policy replicates the hot blocks more than the
+// local one, and the CSV and the plot come out.
+func TestReplicasTrace(t *testing.T) {
+	reqs := trace.Conversation()[:3000]
+	run := func(p conductor.Policy) *sim.Result {
+		res, err := sim.Run(sim.Config{Policy: p, Admission: conductor.RejectNone}, reqs)
+		require.NoError(t, err)
+		return res
+	}
+	g, l := run(conductor.GlobalCacheAware), run(conductor.LocalCacheAware)
+	last := g.Replicas[len(g.Replicas)-1]
+	assert.InDelta(t, g.Summary().SimulatedS, last.At.Seconds(), 1e-9, "the last sample is at the end")
+	for i, s := range g.Replicas[:len(g.Replicas)-1] {
+		assert.Equal(t, time.Duration(i+1)*time.Minute, s.At)
+		assert.Equal(t, 100, s.HotBlocks)
+		assert.GreaterOrEqual(t, float64(s.Max), s.HotMean)
+	}
+	t.Logf("hot-block replicas, mean over time: global %.2f, local %.2f",
+		g.Summary().HotBlockReplicasMean, l.Summary().HotBlockReplicasMean)
+	assert.Greater(t, g.Summary().HotBlockReplicasMean, l.Summary().HotBlockReplicasMean)
+
+	dir := t.TempDir()
+	csv := filepath.Join(dir, "replicas.csv")
+	require.NoError(t, g.WriteReplicasCSV(csv))
+	b, err := os.ReadFile(csv)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	require.Len(t, lines, len(g.Replicas)+1)
+	assert.Equal(t, strings.Join(sim.ReplicaColumns(g.ReplicasMax()), ","), lines[0])
+	assert.True(t, strings.HasPrefix(lines[1], "60,"), lines[1])
+	require.NoError(t, sim.PlotReplicas(filepath.Join(dir, "replicas.png"), g, l))
 }

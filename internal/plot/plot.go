@@ -9,12 +9,13 @@ import (
 	"image/png"
 	"io"
 	"math"
-	"os"
 	"strconv"
 
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/basicfont"
 	"golang.org/x/image/math/fixed"
+
+	"github.com/mooncake-go/mooncake/internal/fileout"
 )
 
 // Colours of the charts: a white background, black ink, a light grid and a
@@ -53,21 +54,8 @@ func NewCanvas(w, h int) *Canvas {
 func (c *Canvas) Encode(w io.Writer) error { return png.Encode(w, c.Img) }
 
 // Save writes the canvas as a PNG file at path.
-func (c *Canvas) Save(path string) (err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}()
-	bw := bufio.NewWriter(f)
-	if err := c.Encode(bw); err != nil {
-		return err
-	}
-	return bw.Flush()
+func (c *Canvas) Save(path string) error {
+	return fileout.Write(path, func(w *bufio.Writer) error { return c.Encode(w) })
 }
 
 // Set paints one pixel; points outside the canvas are ignored.

@@ -7,7 +7,6 @@ package table
 import (
 	"bufio"
 	"errors"
-	"os"
 
 	"github.com/apache/arrow/go/v17/arrow"
 	"github.com/apache/arrow/go/v17/arrow/array"
@@ -15,6 +14,8 @@ import (
 	"github.com/apache/arrow/go/v17/parquet"
 	"github.com/apache/arrow/go/v17/parquet/compress"
 	"github.com/apache/arrow/go/v17/parquet/pqarrow"
+
+	"github.com/mooncake-go/mooncake/internal/fileout"
 )
 
 // Column is one column of rows of type T.
@@ -85,31 +86,20 @@ func (t Table[T]) Record(rows []T) arrow.Record {
 
 // WriteParquet writes rows to a new zstd-compressed Parquet file at path,
 // one row each.
-func (t Table[T]) WriteParquet(path string, rows []T) (err error) {
+func (t Table[T]) WriteParquet(path string, rows []T) error {
 	rec := t.Record(rows)
 	defer rec.Release()
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil {
-			err = cerr
+	return fileout.Write(path, func(w *bufio.Writer) error {
+		// A bufio.Writer is no io.Closer, so the Parquet writer leaves the
+		// file to fileout.
+		props := parquet.NewWriterProperties(parquet.WithCompression(compress.Codecs.Zstd))
+		pw, err := pqarrow.NewFileWriter(rec.Schema(), w, props, pqarrow.DefaultWriterProps())
+		if err != nil {
+			return err
 		}
-	}()
-	// A bufio.Writer is no io.Closer, so the Parquet writer leaves the file
-	// to us.
-	bw := bufio.NewWriterSize(f, 1<<20)
-	props := parquet.NewWriterProperties(parquet.WithCompression(compress.Codecs.Zstd))
-	pw, err := pqarrow.NewFileWriter(rec.Schema(), bw, props, pqarrow.DefaultWriterProps())
-	if err != nil {
-		return err
-	}
-	if err := pw.Write(rec); err != nil {
-		return errors.Join(err, pw.Close())
-	}
-	if err := pw.Close(); err != nil {
-		return err
-	}
-	return bw.Flush()
+		if err := pw.Write(rec); err != nil {
+			return errors.Join(err, pw.Close())
+		}
+		return pw.Close()
+	})
 }
