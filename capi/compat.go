@@ -8,7 +8,6 @@ package main
 import "C"
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"math"
@@ -48,6 +47,29 @@ func teCode(err error) C.int {
 	return C.int(engine.CodeOf(err))
 }
 
+// teCall is the body of a Mooncake API export: f's result, or bad when f
+// panics.
+func teCall[T any](bad T, f func() T) (r T) {
+	defer func() {
+		if recovered(recover()) {
+			r = bad
+		}
+	}()
+	return f()
+}
+
+// teEngine is the body of a Mooncake API export on the engine h: f's
+// result under teCall, bad for a bad handle.
+func teEngine[T any](h C.uint64_t, bad T, f func(e *engineObj) T) T {
+	return teCall(bad, func() T {
+		e, err := engines.of(uint64(h))
+		if err != nil {
+			return bad
+		}
+		return f(e)
+	})
+}
+
 // forceTCP is Mooncake's MC_FORCE_TCP: no shared-memory shortcut.
 func forceTCP() bool {
 	switch strings.ToLower(os.Getenv("MC_FORCE_TCP")) {
@@ -58,309 +80,228 @@ func forceTCP() bool {
 }
 
 //export mcgoTeCreate
-func mcgoTeCreate(metadata, name, host *C.char, rpcPort C.uint64_t) (h C.uint64_t) {
-	defer func() {
-		if recovered(recover()) {
-			h = 0
+func mcgoTeCreate(metadata, name, host *C.char, rpcPort C.uint64_t) C.uint64_t {
+	return teCall(0, func() C.uint64_t {
+		if rpcPort > 65535 {
+			slog.Error("createTransferEngine: rpc_port out of range", "rpc_port", uint64(rpcPort))
+			return 0
 		}
-	}()
-	if rpcPort > 65535 {
-		slog.Error("createTransferEngine: rpc_port out of range", "rpc_port", uint64(rpcPort))
-		return 0
-	}
-	cfg := engine.Config{Metadata: cString(metadata), LocalServerName: cString(name), Host: cString(host), RPCPort: int(rpcPort)}
-	if forceTCP() {
-		cfg.Transport = "tcp"
-	}
-	e, err := engine.New(cfg)
-	if err != nil {
-		slog.Error("createTransferEngine failed", "err", err)
-		return 0
-	}
-	return C.uint64_t(newHandle(&engineObj{Engine: e, timeout: defaultTimeout, bufs: map[uintptr]*engine.Buffer{}}))
+		cfg := engine.Config{Metadata: cString(metadata), LocalServerName: cString(name), Host: cString(host), RPCPort: int(rpcPort)}
+		if forceTCP() {
+			cfg.Transport = "tcp"
+		}
+		e, err := engine.New(cfg)
+		if err != nil {
+			slog.Error("createTransferEngine failed", "err", err)
+			return 0
+		}
+		return C.uint64_t(newHandle(newEngineObj(e, defaultTimeout)))
+	})
 }
 
 //export mcgoTeDestroy
 func mcgoTeDestroy(h C.uint64_t) {
 	defer func() { recovered(recover()) }()
-	if _, err := engineOf(uint64(h)); err != nil {
-		return
-	}
-	if v, ok := releaseHandle(uint64(h)); ok {
-		_ = v.(*engineObj).close()
-	}
+	_ = engines.destroy(uint64(h))
 }
 
 //export mcgoTeCheck
-func mcgoTeCheck(h C.uint64_t) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
-		}
-	}()
-	_, err := engineOf(uint64(h))
-	return teCode(err)
+func mcgoTeCheck(h C.uint64_t) C.int {
+	return teEngine(h, teInvalid, func(*engineObj) C.int { return 0 })
 }
 
 //export mcgoTeLocalIPAndPort
-func mcgoTeLocalIPAndPort(h C.uint64_t, buf *C.char, n C.size_t) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
+func mcgoTeLocalIPAndPort(h C.uint64_t, buf *C.char, n C.size_t) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		if buf == nil {
+			return teInvalid
 		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return teCode(err)
-	}
-	if buf == nil {
-		return teInvalid
-	}
-	// As Mooncake (snprintf): truncated to fit, success all the same.
-	writeCString(unsafe.Pointer(buf), int(min(n, math.MaxInt32)), e.Name())
-	return 0
+		// As Mooncake (snprintf): truncated to fit, success all the same.
+		writeCString(unsafe.Pointer(buf), int(min(n, math.MaxInt32)), e.Name())
+		return 0
+	})
 }
 
 //export mcgoTeOpenSegment
-func mcgoTeOpenSegment(h C.uint64_t, name *C.char, noCache C.int) (id C.int32_t) {
-	defer func() {
-		if recovered(recover()) {
-			id = C.int32_t(teInvalid)
-		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || name == nil {
-		return C.int32_t(teInvalid)
-	}
-	var seg C.mc_segment_t
-	if noCache != 0 {
-		// Forget the cached descriptor (opening an open name only looks it
-		// up): the reopening below fetches the peer's current one.
-		ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
-		id, err := e.OpenSegment(ctx, C.GoString(name))
-		cancel()
-		if err == nil && id != engine.LocalSegment {
-			_ = e.CloseSegment(id)
-		}
-	}
-	if st := mcgoEngineOpenSegment(C.mc_engine_t(h), name, &seg, nil); st != C.MC_OK {
-		if st < -9000 {
+func mcgoTeOpenSegment(h C.uint64_t, name *C.char, noCache C.int) C.int32_t {
+	return teEngine(h, C.int32_t(teInvalid), func(e *engineObj) C.int32_t {
+		if name == nil {
 			return C.int32_t(teInvalid)
 		}
-		return C.int32_t(st)
-	}
-	if seg > math.MaxInt32 {
-		slog.Error("openSegment: segment id exceeds segment_id_t", "id", uint64(seg))
-		return C.int32_t(teInvalid)
-	}
-	return C.int32_t(seg)
+		if noCache != 0 {
+			// Forget the cached descriptor (opening an open name only looks it
+			// up): the reopening below fetches the peer's current one.
+			if id, err := e.openSegment(C.GoString(name)); err == nil && id != engine.LocalSegment {
+				_ = e.CloseSegment(id)
+			}
+		}
+		var seg C.mc_segment_t
+		if st := mcgoEngineOpenSegment(C.mc_engine_t(h), name, &seg, nil); st != C.MC_OK {
+			if st < -9000 {
+				return C.int32_t(teInvalid)
+			}
+			return C.int32_t(st)
+		}
+		if seg > math.MaxInt32 {
+			slog.Error("openSegment: segment id exceeds segment_id_t", "id", uint64(seg))
+			return C.int32_t(teInvalid)
+		}
+		return C.int32_t(seg)
+	})
 }
 
 //export mcgoTeCloseSegment
-func mcgoTeCloseSegment(h C.uint64_t, id C.int32_t) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
+func mcgoTeCloseSegment(h C.uint64_t, id C.int32_t) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		if id < 0 {
+			return teInvalid
 		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || id < 0 {
-		return teInvalid
-	}
-	return teCode(e.CloseSegment(engine.SegmentID(id)))
+		return teCode(e.CloseSegment(engine.SegmentID(id)))
+	})
 }
 
 //export mcgoTeRegister
-func mcgoTeRegister(h C.uint64_t, addr unsafe.Pointer, length C.size_t, location *C.char, remote C.int) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
+func mcgoTeRegister(h C.uint64_t, addr unsafe.Pointer, length C.size_t, location *C.char, remote C.int) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		if addr == nil {
+			return teInvalid
 		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || addr == nil {
-		return teInvalid
-	}
-	return teCode(e.RegisterMemory(uintptr(addr), uint64(length), cString(location), remote != 0))
+		return teCode(e.RegisterMemory(uintptr(addr), uint64(length), cString(location), remote != 0))
+	})
 }
 
 //export mcgoTeUnregister
-func mcgoTeUnregister(h C.uint64_t, addr unsafe.Pointer) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
+func mcgoTeUnregister(h C.uint64_t, addr unsafe.Pointer) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		if addr == nil {
+			return teInvalid
 		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || addr == nil {
-		return teInvalid
-	}
-	return teCode(e.UnregisterMemory(uintptr(addr)))
+		return teCode(e.UnregisterMemory(uintptr(addr)))
+	})
 }
 
 //export mcgoTeRegisterBatch
-func mcgoTeRegisterBatch(h C.uint64_t, list *C.buffer_entry_t, n C.size_t, location *C.char) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
-		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || n > maxCount || (list == nil && n > 0) {
-		return teInvalid
-	}
-	loc := cString(location)
-	for _, b := range unsafe.Slice(list, int(n)) {
-		if b.addr == nil {
+func mcgoTeRegisterBatch(h C.uint64_t, list *C.buffer_entry_t, n C.size_t, location *C.char) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		bs, err := arrayAt(list, n, "list", invalidArg)
+		if err != nil {
 			return teInvalid
 		}
-		if err := e.RegisterMemory(uintptr(b.addr), uint64(b.length), loc, true); err != nil {
-			return teCode(err)
+		loc := cString(location)
+		for _, b := range bs {
+			if b.addr == nil {
+				return teInvalid
+			}
+			if err := e.RegisterMemory(uintptr(b.addr), uint64(b.length), loc, true); err != nil {
+				return teCode(err)
+			}
 		}
-	}
-	return 0
+		return 0
+	})
 }
 
 //export mcgoTeUnregisterBatch
-func mcgoTeUnregisterBatch(h C.uint64_t, addrs *unsafe.Pointer, n C.size_t) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
+func mcgoTeUnregisterBatch(h C.uint64_t, addrs *unsafe.Pointer, n C.size_t) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		as, err := arrayAt(addrs, n, "addrs", invalidArg)
+		if err != nil {
+			return teInvalid
 		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || n > maxCount || (addrs == nil && n > 0) {
-		return teInvalid
-	}
-	for _, a := range unsafe.Slice(addrs, int(n)) {
-		if err := e.UnregisterMemory(uintptr(a)); err != nil {
-			return teCode(err)
+		for _, a := range as {
+			if err := e.UnregisterMemory(uintptr(a)); err != nil {
+				return teCode(err)
+			}
 		}
-	}
-	return 0
+		return 0
+	})
 }
 
 //export mcgoTeAllocateBatch
-func mcgoTeAllocateBatch(h C.uint64_t, size C.size_t) (id C.uint64_t) {
-	defer func() {
-		if recovered(recover()) {
-			id = math.MaxUint64
+func mcgoTeAllocateBatch(h C.uint64_t, size C.size_t) C.uint64_t {
+	const invalidBatch = math.MaxUint64 // INVALID_BATCH
+	return teEngine(h, invalidBatch, func(e *engineObj) C.uint64_t {
+		if size > math.MaxInt32 {
+			return invalidBatch
 		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || size > math.MaxInt32 {
-		return math.MaxUint64 // INVALID_BATCH
-	}
-	b, err := e.AllocateBatch(int(size))
-	if err != nil {
-		return math.MaxUint64
-	}
-	return C.uint64_t(b)
+		b, err := e.AllocateBatch(int(size))
+		if err != nil {
+			return invalidBatch
+		}
+		return C.uint64_t(b)
+	})
 }
 
 //export mcgoTeSubmit
-func mcgoTeSubmit(h C.uint64_t, b C.uint64_t, entries *C.struct_transfer_request, n C.size_t, name, msg *C.char, withNotify C.int) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
-		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || n > maxCount || (entries == nil && n > 0) {
-		return teInvalid
-	}
-	rs := make([]engine.Request, n)
-	for i, r := range unsafe.Slice(entries, int(n)) {
-		if r.opcode != C.OPCODE_READ && r.opcode != C.OPCODE_WRITE || r.target_id < 0 {
+func mcgoTeSubmit(h C.uint64_t, b C.uint64_t, entries *C.struct_transfer_request, n C.size_t, name, msg *C.char, withNotify C.int) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		in, err := arrayAt(entries, n, "entries", invalidArg)
+		if err != nil {
 			return teInvalid
 		}
-		// file_id is not read: callers built against older headers leave
-		// it as uninitialised padding.
-		rs[i] = engine.Request{Op: engine.Op(r.opcode), Local: uintptr(r.source), Segment: engine.SegmentID(r.target_id),
-			Remote: uint64(r.target_offset), Length: uint64(r.length)}
-	}
-	var opts []engine.SubmitOption
-	if withNotify != 0 {
-		opts = append(opts, engine.WithNotify(engine.Notify{Name: cString(name), Msg: cString(msg)}))
-	}
-	return teCode(e.Submit(engine.BatchID(b), rs, opts...))
+		rs := make([]engine.Request, n)
+		for i, r := range in {
+			if r.opcode != C.OPCODE_READ && r.opcode != C.OPCODE_WRITE || r.target_id < 0 {
+				return teInvalid
+			}
+			// file_id is not read: callers built against older headers leave
+			// it as uninitialised padding.
+			rs[i] = request(r.opcode, r.source, r.target_id, r.target_offset, r.length)
+		}
+		return teCode(e.submit(engine.BatchID(b), rs, withNotify, name, msg))
+	})
 }
 
 //export mcgoTeStatus
-func mcgoTeStatus(h C.uint64_t, b C.uint64_t, task C.size_t, out *C.struct_transfer_status) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
+func mcgoTeStatus(h C.uint64_t, b C.uint64_t, task C.size_t, out *C.struct_transfer_status) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		if out == nil || task > math.MaxInt32 {
+			return teInvalid
 		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil || out == nil || task > math.MaxInt32 {
-		return teInvalid
-	}
-	ts, err := e.TaskStatus(engine.BatchID(b), int(task))
-	if err != nil {
-		return teCode(err)
-	}
-	out.status = C.int(ts.Status)
-	out.transferred_bytes = C.uint64_t(ts.Transferred)
-	return 0
+		ts, err := e.TaskStatus(engine.BatchID(b), int(task))
+		if err != nil {
+			return teCode(err)
+		}
+		out.status = C.int(ts.Status)
+		out.transferred_bytes = C.uint64_t(ts.Transferred)
+		return 0
+	})
 }
 
 //export mcgoTeFreeBatch
-func mcgoTeFreeBatch(h C.uint64_t, b C.uint64_t) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
-		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return teInvalid
-	}
-	return teCode(e.FreeBatch(engine.BatchID(b)))
+func mcgoTeFreeBatch(h C.uint64_t, b C.uint64_t) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int { return teCode(e.FreeBatch(engine.BatchID(b))) })
 }
 
 //export mcgoTeGetNotifs
-func mcgoTeGetNotifs(h C.uint64_t, size *C.int) (out *C.notify_msg_t) {
-	defer func() {
-		if recovered(recover()) {
-			out = nil
+func mcgoTeGetNotifs(h C.uint64_t, size *C.int) *C.notify_msg_t {
+	return teCall(nil, func() *C.notify_msg_t {
+		if size != nil {
+			*size = 0
 		}
-	}()
-	if size != nil {
-		*size = 0
-	}
-	e, err := engineOf(uint64(h))
-	if err != nil || size == nil {
-		return nil
-	}
-	ns := e.Notifies()
-	if len(ns) == 0 {
-		return nil
-	}
-	if len(ns) > math.MaxInt32 {
-		ns = ns[:math.MaxInt32]
-	}
-	// Allocated with malloc, each string too, as freeNotifsMsgBuf frees.
-	arr := (*C.notify_msg_t)(C.calloc(C.size_t(len(ns)), C.sizeof_notify_msg_t))
-	dst := unsafe.Slice(arr, len(ns))
-	for i, n := range ns {
-		dst[i].name, dst[i].msg = cStrdup(n.Name), cStrdup(n.Msg)
-	}
-	*size = C.int(len(ns))
-	return arr
+		e, err := engines.of(uint64(h))
+		if err != nil || size == nil {
+			return nil
+		}
+		ns := e.Notifies()
+		if len(ns) == 0 {
+			return nil
+		}
+		if len(ns) > math.MaxInt32 {
+			ns = ns[:math.MaxInt32]
+		}
+		// Allocated with malloc, each string too, as freeNotifsMsgBuf frees.
+		arr, dst := cArray[C.notify_msg_t](len(ns))
+		for i, n := range ns {
+			dst[i].name, dst[i].msg = cStrdup(n.Name), cStrdup(n.Msg)
+		}
+		*size = C.int(len(ns))
+		return arr
+	})
 }
 
 //export mcgoTeGenNotify
-func mcgoTeGenNotify(h C.uint64_t, target C.uint64_t, name, msg *C.char) (rc C.int) {
-	defer func() {
-		if recovered(recover()) {
-			rc = teInvalid
-		}
-	}()
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return teInvalid
-	}
-	return teCode(e.notify(engine.SegmentID(target), engine.Notify{Name: cString(name), Msg: cString(msg)}))
+func mcgoTeGenNotify(h C.uint64_t, target C.uint64_t, name, msg *C.char) C.int {
+	return teEngine(h, teInvalid, func(e *engineObj) C.int {
+		return teCode(e.notify(engine.SegmentID(target), engine.Notify{Name: cString(name), Msg: cString(msg)}))
+	})
 }

@@ -31,8 +31,9 @@
 // through unsafe.Slice without copying; strings handed to C are C.malloc'd
 // and freed by the paired free function, or written into caller buffers.
 //
-// Every export defers a recover (call.catch): a panic becomes MC_ERR_PANIC
-// (-1 in the Mooncake API) and the host process carries on.
+// Every export runs its body under a recover (guard in mooncake.h, teCall
+// in the Mooncake API): a panic becomes MC_ERR_PANIC (-1 in the Mooncake
+// API) and the host process carries on.
 package main
 
 func main() {}

@@ -28,27 +28,27 @@ const maxMillis = math.MaxInt64 / 1_000_000
 const defaultTimeout = 30 * time.Second
 
 //export mcgoEngineCreate
-func mcgoEngineCreate(cfg *C.mc_engine_config_t, out *C.mc_engine_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	if out == nil {
-		return c.fail(nullArg("out"))
-	}
-	*out = 0
-	ec, err := engineConfig(cfg)
-	if err != nil {
-		return c.fail(err)
-	}
-	e, err := engine.New(ec)
-	if err != nil {
-		return c.fail(err)
-	}
-	timeout := ec.Timeout
-	if timeout == 0 {
-		timeout = defaultTimeout
-	}
-	*out = C.mc_engine_t(newHandle(&engineObj{Engine: e, timeout: timeout, bufs: map[uintptr]*engine.Buffer{}}))
-	return C.MC_OK
+func mcgoEngineCreate(cfg *C.mc_engine_config_t, out *C.mc_engine_t, cerr *C.mc_error_t) C.mc_status_t {
+	return guard(cerr, domainEngine, func() error {
+		if out == nil {
+			return nullArg("out")
+		}
+		*out = 0
+		ec, err := engineConfig(cfg)
+		if err != nil {
+			return err
+		}
+		e, err := engine.New(ec)
+		if err != nil {
+			return err
+		}
+		timeout := ec.Timeout
+		if timeout == 0 {
+			timeout = defaultTimeout
+		}
+		*out = C.mc_engine_t(newHandle(newEngineObj(e, timeout)))
+		return nil
+	})
 }
 
 // engineConfig reads a C engine config; NULL is the zero config.
@@ -61,12 +61,11 @@ func engineConfig(p *C.mc_engine_config_t) (engine.Config, error) {
 			p.struct_size, C.sizeof_mc_engine_config_t)
 	}
 	if p.reserved != 0 {
-		return engine.Config{}, &engine.Error{Code: engine.CodeInvalidArgument, Msg: "mc_engine_config_t.reserved must be 0"}
+		return engine.Config{}, invalidArg("mc_engine_config_t.reserved must be 0")
 	}
 	if p.timeout_ms > maxMillis || p.lanes > 64 || p.rpc_port > 65535 || p.data_port > 65535 {
-		return engine.Config{}, &engine.Error{Code: engine.CodeInvalidArgument,
-			Msg: fmt.Sprintf("mc_engine_config_t: lanes %d, rpc_port %d, data_port %d or timeout_ms %d out of range",
-				p.lanes, p.rpc_port, p.data_port, p.timeout_ms)}
+		return engine.Config{}, invalidArg("mc_engine_config_t: lanes %d, rpc_port %d, data_port %d or timeout_ms %d out of range",
+			p.lanes, p.rpc_port, p.data_port, p.timeout_ms)
 	}
 	return engine.Config{
 		Metadata:        cString(p.metadata),
@@ -84,28 +83,13 @@ func engineConfig(p *C.mc_engine_config_t) (engine.Config, error) {
 }
 
 //export mcgoEngineDestroy
-func mcgoEngineDestroy(h C.mc_engine_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	if _, err := engineOf(uint64(h)); err != nil {
-		return c.fail(err)
-	}
-	v, ok := releaseHandle(uint64(h))
-	if !ok { // another thread destroyed it first
-		return c.fail(abiErrorf(C.MC_ERR_INVALID_HANDLE, "engine handle %d: not a live handle", h))
-	}
-	return c.fail(v.(*engineObj).close())
+func mcgoEngineDestroy(h C.mc_engine_t, cerr *C.mc_error_t) C.mc_status_t {
+	return guard(cerr, domainEngine, func() error { return engines.destroy(uint64(h)) })
 }
 
 //export mcgoEngineName
-func mcgoEngineName(h C.mc_engine_t, buf *C.char, bufLen C.size_t, lenOut *C.size_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	return c.fail(writeOut(buf, bufLen, lenOut, e.Name()))
+func mcgoEngineName(h C.mc_engine_t, buf *C.char, bufLen C.size_t, lenOut *C.size_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error { return writeOut(buf, bufLen, lenOut, e.Name()) })
 }
 
 // writeOut is the len_out protocol of mooncake.h: write what fits of s,
@@ -126,315 +110,252 @@ func writeOut(buf *C.char, bufLen C.size_t, lenOut *C.size_t, s string) error {
 }
 
 //export mcgoEnginePorts
-func mcgoEnginePorts(h C.mc_engine_t, rpc, data *C.uint32_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if rpc != nil {
-		*rpc = C.uint32_t(e.RPCPort())
-	}
-	if data != nil {
-		*data = C.uint32_t(e.DataPort())
-	}
-	return C.MC_OK
+func mcgoEnginePorts(h C.mc_engine_t, rpc, data *C.uint32_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if rpc != nil {
+			*rpc = C.uint32_t(e.RPCPort())
+		}
+		if data != nil {
+			*data = C.uint32_t(e.DataPort())
+		}
+		return nil
+	})
 }
 
 //export mcgoEngineRegisterMemory
-func mcgoEngineRegisterMemory(h C.mc_engine_t, addr unsafe.Pointer, length C.uint64_t, location *C.char, remote C.int, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if addr == nil {
-		return c.fail(nullArg("addr"))
-	}
-	return c.fail(e.RegisterMemory(uintptr(addr), uint64(length), cString(location), remote != 0))
+func mcgoEngineRegisterMemory(h C.mc_engine_t, addr unsafe.Pointer, length C.uint64_t, location *C.char, remote C.int, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if addr == nil {
+			return nullArg("addr")
+		}
+		return e.RegisterMemory(uintptr(addr), uint64(length), cString(location), remote != 0)
+	})
 }
 
 //export mcgoEngineUnregisterMemory
-func mcgoEngineUnregisterMemory(h C.mc_engine_t, addr unsafe.Pointer, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if addr == nil {
-		return c.fail(nullArg("addr"))
-	}
-	return c.fail(e.UnregisterMemory(uintptr(addr)))
+func mcgoEngineUnregisterMemory(h C.mc_engine_t, addr unsafe.Pointer, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if addr == nil {
+			return nullArg("addr")
+		}
+		return e.UnregisterMemory(uintptr(addr))
+	})
 }
 
 //export mcgoEngineAllocateBuffer
-func mcgoEngineAllocateBuffer(h C.mc_engine_t, size C.uint64_t, location *C.char, addrOut *unsafe.Pointer, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if addrOut == nil {
-		return c.fail(nullArg("addr_out"))
-	}
-	*addrOut = nil
-	if size == 0 || size > math.MaxInt64 {
-		return c.fail(&engine.Error{Code: engine.CodeInvalidArgument, Msg: fmt.Sprintf("allocate buffer: size %d", size)})
-	}
-	b, err := e.AllocateBuffer(int(size), cString(location))
-	if err != nil {
-		return c.fail(err)
-	}
-	e.mu.Lock()
-	if e.bufs == nil { // destroyed meanwhile
+func mcgoEngineAllocateBuffer(h C.mc_engine_t, size C.uint64_t, location *C.char, addrOut *unsafe.Pointer, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if addrOut == nil {
+			return nullArg("addr_out")
+		}
+		*addrOut = nil
+		if size == 0 || size > math.MaxInt64 {
+			return invalidArg("allocate buffer: size %d", size)
+		}
+		b, err := e.AllocateBuffer(int(size), cString(location))
+		if err != nil {
+			return err
+		}
+		e.mu.Lock()
+		if e.bufs == nil { // destroyed meanwhile
+			e.mu.Unlock()
+			_ = b.Free()
+			return engine.ErrClosed
+		}
+		e.bufs[b.Addr()] = b
 		e.mu.Unlock()
-		_ = b.Free()
-		return c.fail(engine.ErrClosed)
-	}
-	e.bufs[b.Addr()] = b
-	e.mu.Unlock()
-	// The address of mmap'd memory, not Go memory: C may keep it.
-	*addrOut = unsafe.Pointer(unsafe.SliceData(b.Bytes()))
-	return C.MC_OK
+		// The address of mmap'd memory, not Go memory: C may keep it.
+		*addrOut = unsafe.Pointer(unsafe.SliceData(b.Bytes()))
+		return nil
+	})
 }
 
 //export mcgoEngineFreeBuffer
-func mcgoEngineFreeBuffer(h C.mc_engine_t, addr unsafe.Pointer, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	e.mu.Lock()
-	b, ok := e.bufs[uintptr(addr)]
-	delete(e.bufs, uintptr(addr))
-	e.mu.Unlock()
-	if !ok {
-		return c.fail(&engine.Error{Code: engine.CodeInvalidArgument,
-			Msg: fmt.Sprintf("free buffer %p: not allocated by mc_engine_allocate_buffer", addr)})
-	}
-	return c.fail(b.Free())
+func mcgoEngineFreeBuffer(h C.mc_engine_t, addr unsafe.Pointer, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		e.mu.Lock()
+		b, ok := e.bufs[uintptr(addr)]
+		delete(e.bufs, uintptr(addr))
+		e.mu.Unlock()
+		if !ok {
+			return invalidArg("free buffer %p: not allocated by mc_engine_allocate_buffer", addr)
+		}
+		return b.Free()
+	})
 }
 
 //export mcgoEngineOpenSegment
-func mcgoEngineOpenSegment(h C.mc_engine_t, name *C.char, out *C.mc_segment_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if name == nil {
-		return c.fail(nullArg("name"))
-	}
-	if out == nil {
-		return c.fail(nullArg("out"))
-	}
+func mcgoEngineOpenSegment(h C.mc_engine_t, name *C.char, out *C.mc_segment_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if name == nil {
+			return nullArg("name")
+		}
+		if out == nil {
+			return nullArg("out")
+		}
+		id, err := e.openSegment(C.GoString(name))
+		if err != nil {
+			return err
+		}
+		*out = C.mc_segment_t(id)
+		return nil
+	})
+}
+
+// openSegment opens the segment name within the engine's request timeout.
+func (e *engineObj) openSegment(name string) (engine.SegmentID, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 	defer cancel()
-	id, err := e.OpenSegment(ctx, C.GoString(name))
-	if err != nil {
-		return c.fail(err)
-	}
-	*out = C.mc_segment_t(id)
-	return C.MC_OK
+	return e.OpenSegment(ctx, name)
 }
 
 //export mcgoEngineCloseSegment
-func mcgoEngineCloseSegment(h C.mc_engine_t, seg C.mc_segment_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	return c.fail(e.CloseSegment(engine.SegmentID(seg)))
+func mcgoEngineCloseSegment(h C.mc_engine_t, seg C.mc_segment_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error { return e.CloseSegment(engine.SegmentID(seg)) })
 }
 
 //export mcgoEngineSegmentBuffers
-func mcgoEngineSegmentBuffers(h C.mc_engine_t, seg C.mc_segment_t, out *C.mc_buffer_desc_t, capacity C.size_t, countOut *C.size_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if out == nil && capacity > 0 {
-		return c.fail(nullArg("out"))
-	}
-	if capacity > maxCount {
-		capacity = maxCount
-	}
-	bufs, err := e.SegmentBuffers(engine.SegmentID(seg))
-	if err != nil {
-		return c.fail(err)
-	}
-	if countOut != nil {
-		*countOut = C.size_t(len(bufs))
-	}
-	if out != nil {
-		dst := unsafe.Slice(out, int(capacity))
-		for i := 0; i < len(bufs) && i < len(dst); i++ {
-			dst[i] = C.mc_buffer_desc_t{addr: C.uint64_t(bufs[i].Addr), length: C.uint64_t(bufs[i].Length)}
+func mcgoEngineSegmentBuffers(h C.mc_engine_t, seg C.mc_segment_t, out *C.mc_buffer_desc_t, capacity C.size_t, countOut *C.size_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if out == nil && capacity > 0 {
+			return nullArg("out")
 		}
-	}
-	if C.size_t(len(bufs)) > capacity {
-		return c.fail(abiErrorf(C.MC_ERR_BUFFER_TOO_SMALL, "segment %d has %d buffers, room for %d", seg, len(bufs), capacity))
-	}
-	return C.MC_OK
+		capacity = min(capacity, maxCount)
+		bufs, err := e.SegmentBuffers(engine.SegmentID(seg))
+		if err != nil {
+			return err
+		}
+		if countOut != nil {
+			*countOut = C.size_t(len(bufs))
+		}
+		if out != nil {
+			dst := unsafe.Slice(out, int(capacity))
+			for i := 0; i < len(bufs) && i < len(dst); i++ {
+				dst[i] = C.mc_buffer_desc_t{addr: C.uint64_t(bufs[i].Addr), length: C.uint64_t(bufs[i].Length)}
+			}
+		}
+		if C.size_t(len(bufs)) > capacity {
+			return abiErrorf(C.MC_ERR_BUFFER_TOO_SMALL, "segment %d has %d buffers, room for %d", seg, len(bufs), capacity)
+		}
+		return nil
+	})
 }
 
 //export mcgoEngineAllocateBatch
-func mcgoEngineAllocateBatch(h C.mc_engine_t, capacity C.uint32_t, out *C.mc_batch_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if out == nil {
-		return c.fail(nullArg("out"))
-	}
-	id, err := e.AllocateBatch(int(capacity))
-	if err != nil {
-		return c.fail(err)
-	}
-	*out = C.mc_batch_t(id)
-	return C.MC_OK
+func mcgoEngineAllocateBatch(h C.mc_engine_t, capacity C.uint32_t, out *C.mc_batch_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if out == nil {
+			return nullArg("out")
+		}
+		id, err := e.AllocateBatch(int(capacity))
+		if err != nil {
+			return err
+		}
+		*out = C.mc_batch_t(id)
+		return nil
+	})
 }
 
 //export mcgoEngineFreeBatch
-func mcgoEngineFreeBatch(h C.mc_engine_t, b C.mc_batch_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	return c.fail(e.FreeBatch(engine.BatchID(b)))
+func mcgoEngineFreeBatch(h C.mc_engine_t, b C.mc_batch_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error { return e.FreeBatch(engine.BatchID(b)) })
 }
 
 //export mcgoEngineSubmit
-func mcgoEngineSubmit(h C.mc_engine_t, b C.mc_batch_t, reqs *C.mc_request_t, count C.size_t, notifyName, notifyMsg *C.char, withNotify C.int, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	rs, err := requests(reqs, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	var opts []engine.SubmitOption
-	if withNotify != 0 {
-		if notifyName == nil || notifyMsg == nil {
-			return c.fail(nullArg("notify_name or notify_msg"))
+func mcgoEngineSubmit(h C.mc_engine_t, b C.mc_batch_t, reqs *C.mc_request_t, count C.size_t, notifyName, notifyMsg *C.char, withNotify C.int, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		in, err := arrayAt(reqs, count, "requests", invalidArg)
+		if err != nil {
+			return err
 		}
-		opts = append(opts, engine.WithNotify(engine.Notify{Name: C.GoString(notifyName), Msg: C.GoString(notifyMsg)}))
-	}
-	return c.fail(e.Submit(engine.BatchID(b), rs, opts...))
+		rs := make([]engine.Request, len(in))
+		for i, r := range in {
+			if r.opcode != C.MC_OP_READ && r.opcode != C.MC_OP_WRITE || r.reserved != 0 {
+				return invalidArg("request %d: opcode %d (want MC_OP_READ or MC_OP_WRITE), reserved %d (want 0)", i, r.opcode, r.reserved)
+			}
+			rs[i] = request(r.opcode, r.local, r.segment, r.remote_addr, r.length)
+		}
+		if withNotify != 0 && (notifyName == nil || notifyMsg == nil) {
+			return nullArg("notify_name or notify_msg")
+		}
+		return e.submit(engine.BatchID(b), rs, withNotify, notifyName, notifyMsg)
+	})
 }
 
-// requests converts a C array of requests.
-func requests(p *C.mc_request_t, count C.size_t) ([]engine.Request, error) {
-	if count > maxCount {
-		return nil, &engine.Error{Code: engine.CodeInvalidArgument, Msg: fmt.Sprintf("%d requests (at most %d)", count, maxCount)}
+// request is an engine request from the fields of a C one (mc_request_t,
+// struct transfer_request).
+func request[Op, Seg, N ~int32 | ~uint64](op Op, local unsafe.Pointer, seg Seg, remote, length N) engine.Request {
+	return engine.Request{Op: engine.Op(op), Local: uintptr(local), Segment: engine.SegmentID(seg), Remote: uint64(remote), Length: uint64(length)}
+}
+
+// submit submits rs to the batch b, with the notification name and msg
+// when withNotify is set (NULL strings are "").
+func (e *engineObj) submit(b engine.BatchID, rs []engine.Request, withNotify C.int, name, msg *C.char) error {
+	var opts []engine.SubmitOption
+	if withNotify != 0 {
+		opts = append(opts, engine.WithNotify(engine.Notify{Name: cString(name), Msg: cString(msg)}))
 	}
-	if count == 0 {
-		return nil, nil
-	}
-	if p == nil {
-		return nil, nullArg("requests")
-	}
-	in := unsafe.Slice(p, int(count))
-	rs := make([]engine.Request, len(in))
-	for i, r := range in {
-		if r.opcode != C.MC_OP_READ && r.opcode != C.MC_OP_WRITE || r.reserved != 0 {
-			return nil, &engine.Error{Code: engine.CodeInvalidArgument,
-				Msg: fmt.Sprintf("request %d: opcode %d (want MC_OP_READ or MC_OP_WRITE), reserved %d (want 0)", i, r.opcode, r.reserved)}
-		}
-		rs[i] = engine.Request{Op: engine.Op(r.opcode), Local: uintptr(r.local), Segment: engine.SegmentID(r.segment),
-			Remote: uint64(r.remote_addr), Length: uint64(r.length)}
-	}
-	return rs, nil
+	return e.Submit(b, rs, opts...)
 }
 
 //export mcgoEngineTaskStatus
-func mcgoEngineTaskStatus(h C.mc_engine_t, b C.mc_batch_t, task C.uint64_t, out *C.mc_transfer_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if out == nil {
-		return c.fail(nullArg("out"))
-	}
-	if task > math.MaxInt32 {
-		return c.fail(&engine.Error{Code: engine.CodeInvalidArgument, Msg: fmt.Sprintf("batch %d has no task %d", b, task)})
-	}
-	ts, err := e.TaskStatus(engine.BatchID(b), int(task))
-	if err != nil {
-		return c.fail(err)
-	}
-	*out = transferStatus(ts)
-	return C.MC_OK
+func mcgoEngineTaskStatus(h C.mc_engine_t, b C.mc_batch_t, task C.uint64_t, out *C.mc_transfer_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if out == nil {
+			return nullArg("out")
+		}
+		if task > math.MaxInt32 {
+			return invalidArg("batch %d has no task %d", b, task)
+		}
+		ts, err := e.TaskStatus(engine.BatchID(b), int(task))
+		if err != nil {
+			return err
+		}
+		*out = transferStatus(ts)
+		return nil
+	})
 }
 
 //export mcgoEngineBatchStatus
-func mcgoEngineBatchStatus(h C.mc_engine_t, b C.mc_batch_t, out *C.mc_transfer_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if out == nil {
-		return c.fail(nullArg("out"))
-	}
-	ts, err := e.BatchStatus(engine.BatchID(b))
-	if err != nil {
-		return c.fail(err)
-	}
-	*out = transferStatus(ts)
-	return C.MC_OK
+func mcgoEngineBatchStatus(h C.mc_engine_t, b C.mc_batch_t, out *C.mc_transfer_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if out == nil {
+			return nullArg("out")
+		}
+		ts, err := e.BatchStatus(engine.BatchID(b))
+		if err != nil {
+			return err
+		}
+		*out = transferStatus(ts)
+		return nil
+	})
 }
 
 //export mcgoEngineWait
-func mcgoEngineWait(h C.mc_engine_t, b C.mc_batch_t, timeoutMs C.int64_t, out *C.mc_transfer_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	ctx := context.Background()
-	if timeoutMs >= 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(min(int64(timeoutMs), math.MaxInt64/int64(time.Millisecond)))*time.Millisecond)
-		defer cancel()
-	}
-	ts, err := e.Wait(ctx, engine.BatchID(b))
-	if out != nil {
-		*out = transferStatus(ts)
-	}
-	switch {
-	case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		return c.fail(abiErrorf(C.MC_ERR_TIMED_OUT, "batch %d: not final after %d ms", b, timeoutMs))
-	case err != nil:
-		return c.fail(err)
-	case ts.Status == engine.Completed:
-		return C.MC_OK
-	case ts.Err != nil:
-		return c.fail(fmt.Errorf("batch %d %s: %w", b, ts.Status, ts.Err))
-	}
-	return c.fail(abiErrorf(C.MC_ERR_TRANSFER_FAILED, "batch %d: %s", b, ts.Status))
+func mcgoEngineWait(h C.mc_engine_t, b C.mc_batch_t, timeoutMs C.int64_t, out *C.mc_transfer_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		ctx := context.Background()
+		if timeoutMs >= 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(min(int64(timeoutMs), math.MaxInt64/int64(time.Millisecond)))*time.Millisecond)
+			defer cancel()
+		}
+		ts, err := e.Wait(ctx, engine.BatchID(b))
+		if out != nil {
+			*out = transferStatus(ts)
+		}
+		switch {
+		case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
+			return abiErrorf(C.MC_ERR_TIMED_OUT, "batch %d: not final after %d ms", b, timeoutMs)
+		case err != nil:
+			return err
+		case ts.Status == engine.Completed:
+			return nil
+		case ts.Err != nil:
+			return fmt.Errorf("batch %d %s: %w", b, ts.Status, ts.Err)
+		}
+		return abiErrorf(C.MC_ERR_TRANSFER_FAILED, "batch %d: %s", b, ts.Status)
+	})
 }
 
 // transferStatus converts a task or batch status for C.
@@ -450,24 +371,20 @@ func transferStatus(ts engine.TransferStatus) C.mc_transfer_status_t {
 }
 
 //export mcgoEngineSendNotify
-func mcgoEngineSendNotify(h C.mc_engine_t, seg C.mc_segment_t, name, msg *C.char, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if name == nil || msg == nil {
-		return c.fail(nullArg("name or msg"))
-	}
-	return c.fail(e.notify(engine.SegmentID(seg), engine.Notify{Name: C.GoString(name), Msg: C.GoString(msg)}))
+func mcgoEngineSendNotify(h C.mc_engine_t, seg C.mc_segment_t, name, msg *C.char, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if name == nil || msg == nil {
+			return nullArg("name or msg")
+		}
+		return e.notify(engine.SegmentID(seg), engine.Notify{Name: C.GoString(name), Msg: C.GoString(msg)})
+	})
 }
 
 // notify sends n to the engine serving an opened segment.
 func (e *engineObj) notify(seg engine.SegmentID, n engine.Notify) error {
 	target, ok := e.SegmentName(seg)
 	if !ok {
-		return &engine.Error{Code: engine.CodeInvalidArgument, Msg: fmt.Sprintf("notify segment %d: not open", seg)}
+		return invalidArg("notify segment %d: not open", seg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 	defer cancel()
@@ -475,29 +392,31 @@ func (e *engineObj) notify(seg engine.SegmentID, n engine.Notify) error {
 }
 
 //export mcgoEngineGetNotifies
-func mcgoEngineGetNotifies(h C.mc_engine_t, out **C.mc_notify_t, countOut *C.size_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainEngine)
-	defer c.catch(&st)
-	e, err := engineOf(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	if out == nil || countOut == nil {
-		return c.fail(nullArg("out or count_out"))
-	}
-	*out, *countOut = nil, 0
-	ns := e.Notifies()
-	if len(ns) == 0 {
-		return C.MC_OK
-	}
-	arr := (*C.mc_notify_t)(C.calloc(C.size_t(len(ns)), C.sizeof_mc_notify_t))
-	dst := unsafe.Slice(arr, len(ns))
-	for i, n := range ns {
-		dst[i].name, dst[i].name_len = cStrdup(n.Name), C.size_t(len(n.Name))
-		dst[i].msg, dst[i].msg_len = cStrdup(n.Msg), C.size_t(len(n.Msg))
-	}
-	*out, *countOut = arr, C.size_t(len(ns))
-	return C.MC_OK
+func mcgoEngineGetNotifies(h C.mc_engine_t, out **C.mc_notify_t, countOut *C.size_t, cerr *C.mc_error_t) C.mc_status_t {
+	return engineCall(h, cerr, func(e *engineObj) error {
+		if out == nil || countOut == nil {
+			return nullArg("out or count_out")
+		}
+		*out, *countOut = nil, 0
+		ns := e.Notifies()
+		if len(ns) == 0 {
+			return nil
+		}
+		arr, dst := cArray[C.mc_notify_t](len(ns))
+		for i, n := range ns {
+			dst[i].name, dst[i].name_len = cStrdup(n.Name), C.size_t(len(n.Name))
+			dst[i].msg, dst[i].msg_len = cStrdup(n.Msg), C.size_t(len(n.Msg))
+		}
+		*out, *countOut = arr, C.size_t(len(ns))
+		return nil
+	})
+}
+
+// cArray allocates n zeroed Ts with C.calloc and views them.
+func cArray[T any](n int) (*T, []T) {
+	var t T
+	p := (*T)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(t))))
+	return p, unsafe.Slice(p, n)
 }
 
 // cStrdup copies s into C.malloc'd memory, NUL-terminated.
@@ -505,4 +424,20 @@ func cStrdup(s string) *C.char {
 	p := C.malloc(C.size_t(len(s) + 1))
 	writeCString(p, len(s)+1, s)
 	return (*C.char)(p)
+}
+
+// arrayAt views count elements of the C array p, NULL only when count is 0
+// (what names it then). A count over maxCount is an error of invalid, as
+// "N what (at most M)".
+func arrayAt[T any](p *T, count C.size_t, what string, invalid func(string, ...any) error) ([]T, error) {
+	if count > maxCount {
+		return nil, invalid("%d %s (at most %d)", count, what, maxCount)
+	}
+	if count == 0 {
+		return nil, nil
+	}
+	if p == nil {
+		return nil, nullArg(what)
+	}
+	return unsafe.Slice(p, int(count)), nil
 }

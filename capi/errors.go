@@ -47,6 +47,25 @@ func nullArg(name string) error {
 	return abiErrorf(C.MC_ERR_NULL_ARGUMENT, "%s is NULL", name)
 }
 
+// invalidArg is an engine's INVALID_ARGUMENT.
+func invalidArg(format string, args ...any) error {
+	return &engine.Error{Code: engine.CodeInvalidArgument, Msg: fmt.Sprintf(format, args...)}
+}
+
+// invalidParams is a store's INVALID_PARAMS.
+func invalidParams(format string, args ...any) error {
+	return &storepb.Error{Code: storepb.InvalidParams, Msg: fmt.Sprintf(format, args...)}
+}
+
+// guard is the body of every mooncake.h export: it clears the caller's
+// error struct, runs f, reports f's error in the domain dom and turns a
+// panic into MC_ERR_PANIC.
+func guard(cerr *C.mc_error_t, dom C.int32_t, f func() error) (st C.mc_status_t) {
+	c := begin(cerr, dom)
+	defer c.catch(&st)
+	return c.fail(f())
+}
+
 // call is the bookkeeping of one export: where its error goes and which
 // code table it answers in.
 type call struct {
@@ -66,7 +85,7 @@ func begin(cerr *C.mc_error_t, dom C.int32_t) call {
 // panics counts recovered panics; the first one's stack goes to the log.
 var panics atomic.Int64
 
-// catch is deferred by every export: it turns a panic into MC_ERR_PANIC.
+// catch is deferred by guard: it turns a panic into MC_ERR_PANIC.
 func (c call) catch(st *C.mc_status_t) {
 	if r := recover(); r != nil {
 		*st = c.set(C.MC_ERR_PANIC, domainABI, fmt.Sprintf("internal panic (recovered): %v", r))

@@ -28,14 +28,9 @@ func newHandle(v any) uint64 {
 	return uint64(h)
 }
 
-// releaseHandle forgets h and returns what it named; only one caller of
-// several racing gets it.
-func releaseHandle(h uint64) (any, bool) {
-	v, ok := live.LoadAndDelete(h)
-	if ok {
-		cgo.Handle(h).Delete()
-	}
-	return v, ok
+// newEngineObj wraps e for C; timeout is the engine's request timeout.
+func newEngineObj(e *engine.Engine, timeout time.Duration) *engineObj {
+	return &engineObj{Engine: e, timeout: timeout, bufs: map[uintptr]*engine.Buffer{}}
 }
 
 // engineObj is an engine as C sees it.
@@ -66,7 +61,7 @@ type storeObj struct {
 // enterStore looks the store h up and marks a call in progress on it; the
 // caller defers leave. A store that closed meanwhile is INVALID_HANDLE.
 func enterStore(h uint64) (*storeObj, error) {
-	s, err := storeOf(h)
+	s, err := stores.of(h)
 	if err != nil {
 		return nil, err
 	}
@@ -103,28 +98,73 @@ func (s *storeObj) registered(b []byte) bool {
 	return false
 }
 
-func engineOf(h uint64) (*engineObj, error) {
-	v, ok := live.Load(h)
-	if !ok {
-		return nil, abiErrorf(C.MC_ERR_INVALID_HANDLE, "engine handle %d: not a live handle", h)
-	}
-	e, ok := v.(*engineObj)
-	if !ok {
-		return nil, abiErrorf(C.MC_ERR_INVALID_HANDLE, "engine handle %d: names a store, not an engine", h)
-	}
-	return e, nil
+// handleKind is one kind of object a handle names: engines or stores.
+type handleKind[T interface{ close() error }] struct {
+	name  string // "engine"
+	wrong string // what a handle of the other kind is: "a store, not an engine"
 }
 
-func storeOf(h uint64) (*storeObj, error) {
+var (
+	engines = handleKind[*engineObj]{name: "engine", wrong: "a store, not an engine"}
+	stores  = handleKind[*storeObj]{name: "store", wrong: "an engine, not a store"}
+)
+
+// of looks h up; a released, made-up or other kind of handle is
+// INVALID_HANDLE.
+func (k handleKind[T]) of(h uint64) (T, error) {
+	var zero T
 	v, ok := live.Load(h)
 	if !ok {
-		return nil, abiErrorf(C.MC_ERR_INVALID_HANDLE, "store handle %d: not a live handle", h)
+		return zero, k.notLive(h)
 	}
-	s, ok := v.(*storeObj)
+	t, ok := v.(T)
 	if !ok {
-		return nil, abiErrorf(C.MC_ERR_INVALID_HANDLE, "store handle %d: names an engine, not a store", h)
+		return zero, abiErrorf(C.MC_ERR_INVALID_HANDLE, "%s handle %d: names %s", k.name, h, k.wrong)
 	}
-	return s, nil
+	return t, nil
+}
+
+func (k handleKind[T]) notLive(h uint64) error {
+	return abiErrorf(C.MC_ERR_INVALID_HANDLE, "%s handle %d: not a live handle", k.name, h)
+}
+
+// destroy forgets h and closes what it named; of several calls racing to
+// destroy one handle, the others find it not live.
+func (k handleKind[T]) destroy(h uint64) error {
+	if _, err := k.of(h); err != nil {
+		return err
+	}
+	v, ok := live.LoadAndDelete(h)
+	if !ok {
+		return k.notLive(h)
+	}
+	cgo.Handle(h).Delete()
+	return v.(T).close()
+}
+
+// engineCall is the body of an engine export: f runs on the engine h under
+// guard.
+func engineCall(h C.mc_engine_t, cerr *C.mc_error_t, f func(e *engineObj) error) C.mc_status_t {
+	return guard(cerr, domainEngine, func() error {
+		e, err := engines.of(uint64(h))
+		if err != nil {
+			return err
+		}
+		return f(e)
+	})
+}
+
+// storeCall is the body of a store export: f runs on the store h under
+// guard, as a call in progress (enterStore).
+func storeCall(h C.mc_store_t, cerr *C.mc_error_t, f func(s *storeObj) error) C.mc_status_t {
+	return guard(cerr, domainStore, func() error {
+		s, err := enterStore(uint64(h))
+		if err != nil {
+			return err
+		}
+		defer s.leave()
+		return f(s)
+	})
 }
 
 // close frees the buffers left from mc_engine_allocate_buffer and closes

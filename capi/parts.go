@@ -61,59 +61,26 @@ func partsAt(parts *unsafe.Pointer, lens *C.uint64_t, counts *C.size_t, count C.
 
 //export mcgoStoreBatchPutFromParts
 func mcgoStoreBatchPutFromParts(h C.mc_store_t, keys **C.char, parts *unsafe.Pointer, partLens *C.uint64_t, partCounts *C.size_t,
-	count C.size_t, crc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	ks, err := keysAt(keys, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	ps, err := partsAt(parts, partLens, partCounts, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	rc, err := replicate(crc)
-	if err != nil {
-		return c.fail(err)
-	}
-	if len(ks) == 0 {
-		return C.MC_OK
-	}
-	return c.batchResult(ks, s.BatchPutFromParts(context.Background(), ks, ps, rc), codesOut)
+	count C.size_t, crc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		ps, err := partsAt(parts, partLens, partCounts, count)
+		if err != nil {
+			return nil, err
+		}
+		rc, err := replicate(crc)
+		return func(ctx context.Context) []error { return s.BatchPutFromParts(ctx, ks, ps, rc) }, err
+	})
 }
 
 //export mcgoStoreBatchGetIntoParts
 func mcgoStoreBatchGetIntoParts(h C.mc_store_t, keys **C.char, parts *unsafe.Pointer, partLens *C.uint64_t, partCounts *C.size_t,
-	count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	ks, err := keysAt(keys, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	ps, err := partsAt(parts, partLens, partCounts, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	if len(ks) == 0 {
-		return C.MC_OK
-	}
-	ns, errs := s.BatchGetIntoParts(context.Background(), ks, ps)
-	if lensOut != nil {
-		out := unsafe.Slice(lensOut, len(ks))
-		for i, n := range ns {
-			out[i] = C.uint64_t(n)
-		}
-	}
-	return c.batchResult(ks, errs, codesOut)
+	count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		ps, err := partsAt(parts, partLens, partCounts, count)
+		return func(ctx context.Context) []error {
+			ns, errs := s.BatchGetIntoParts(ctx, ks, ps)
+			lensResult(lensOut, ns)
+			return errs
+		}, err
+	})
 }

@@ -21,31 +21,27 @@ import (
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
-func invalidParams(format string, args ...any) error {
-	return &storepb.Error{Code: storepb.InvalidParams, Msg: fmt.Sprintf(format, args...)}
-}
-
 //export mcgoStoreCreate
-func mcgoStoreCreate(cfg *C.mc_store_config_t, out *C.mc_store_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	if cfg == nil {
-		return c.fail(nullArg("cfg"))
-	}
-	if out == nil {
-		return c.fail(nullArg("out"))
-	}
-	*out = 0
-	sc, err := storeConfig(cfg)
-	if err != nil {
-		return c.fail(err)
-	}
-	cl, err := client.New(context.Background(), sc)
-	if err != nil {
-		return c.fail(err)
-	}
-	*out = C.mc_store_t(newHandle(&storeObj{Client: cl, regs: map[uintptr]uintptr{}}))
-	return C.MC_OK
+func mcgoStoreCreate(cfg *C.mc_store_config_t, out *C.mc_store_t, cerr *C.mc_error_t) C.mc_status_t {
+	return guard(cerr, domainStore, func() error {
+		if cfg == nil {
+			return nullArg("cfg")
+		}
+		if out == nil {
+			return nullArg("out")
+		}
+		*out = 0
+		sc, err := storeConfig(cfg)
+		if err != nil {
+			return err
+		}
+		cl, err := client.New(context.Background(), sc)
+		if err != nil {
+			return err
+		}
+		*out = C.mc_store_t(newHandle(&storeObj{Client: cl, regs: map[uintptr]uintptr{}}))
+		return nil
+	})
 }
 
 // storeConfig reads a C store config.
@@ -73,7 +69,7 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, error) {
 		cfg.SegmentSize = client.NoSegment
 	}
 	if p.engine != 0 {
-		e, err := engineOf(uint64(p.engine))
+		e, err := engines.of(uint64(p.engine))
 		if err != nil {
 			return client.Config{}, err
 		}
@@ -105,31 +101,15 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, error) {
 }
 
 //export mcgoStoreClose
-func mcgoStoreClose(h C.mc_store_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	if _, err := storeOf(uint64(h)); err != nil {
-		return c.fail(err)
-	}
-	v, ok := releaseHandle(uint64(h))
-	if !ok {
-		return c.fail(abiErrorf(C.MC_ERR_INVALID_HANDLE, "store handle %d: not a live handle", h))
-	}
+func mcgoStoreClose(h C.mc_store_t, cerr *C.mc_error_t) C.mc_status_t {
 	// Calls in progress finish first: they may be copying from or into
 	// memory that closing frees.
-	return c.fail(v.(*storeObj).close())
+	return guard(cerr, domainStore, func() error { return stores.destroy(uint64(h)) })
 }
 
 //export mcgoStoreName
-func mcgoStoreName(h C.mc_store_t, buf *C.char, bufLen C.size_t, lenOut *C.size_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	return c.fail(writeOut(buf, bufLen, lenOut, s.SegmentName()))
+func mcgoStoreName(h C.mc_store_t, buf *C.char, bufLen C.size_t, lenOut *C.size_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error { return writeOut(buf, bufLen, lenOut, s.SegmentName()) })
 }
 
 // bytesAt views n bytes of C memory at p; NULL is only valid for n == 0.
@@ -147,50 +127,40 @@ func bytesAt(p unsafe.Pointer, n C.uint64_t, what string) ([]byte, error) {
 }
 
 //export mcgoStoreRegisterBuffer
-func mcgoStoreRegisterBuffer(h C.mc_store_t, addr unsafe.Pointer, length C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	if addr == nil {
-		return c.fail(nullArg("addr"))
-	}
-	b, err := bytesAt(addr, length, "addr")
-	if err != nil {
-		return c.fail(err)
-	}
-	if err := s.RegisterBuffer(b); err != nil {
-		return c.fail(err)
-	}
-	s.mu.Lock()
-	s.regs[uintptr(addr)] = uintptr(length)
-	s.mu.Unlock()
-	return C.MC_OK
+func mcgoStoreRegisterBuffer(h C.mc_store_t, addr unsafe.Pointer, length C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if addr == nil {
+			return nullArg("addr")
+		}
+		b, err := bytesAt(addr, length, "addr")
+		if err != nil {
+			return err
+		}
+		if err := s.RegisterBuffer(b); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.regs[uintptr(addr)] = uintptr(length)
+		s.mu.Unlock()
+		return nil
+	})
 }
 
 //export mcgoStoreUnregisterBuffer
-func mcgoStoreUnregisterBuffer(h C.mc_store_t, addr unsafe.Pointer, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	if addr == nil {
-		return c.fail(nullArg("addr"))
-	}
-	// The client finds a registration by its first byte.
-	if err := s.UnregisterBuffer(unsafe.Slice((*byte)(addr), 1)); err != nil {
-		return c.fail(err)
-	}
-	s.mu.Lock()
-	delete(s.regs, uintptr(addr))
-	s.mu.Unlock()
-	return C.MC_OK
+func mcgoStoreUnregisterBuffer(h C.mc_store_t, addr unsafe.Pointer, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if addr == nil {
+			return nullArg("addr")
+		}
+		// The client finds a registration by its first byte.
+		if err := s.UnregisterBuffer(unsafe.Slice((*byte)(addr), 1)); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		delete(s.regs, uintptr(addr))
+		s.mu.Unlock()
+		return nil
+	})
 }
 
 // replicate reads a C replicate config; NULL is nil (the store's default).
@@ -227,160 +197,155 @@ func replicate(p *C.mc_replicate_config_t) (*client.ReplicateConfig, error) {
 	return rc, nil
 }
 
-// put is the body of put, put_from and upsert.
+// put is the body of put, put_from and upsert; f is the client's method.
 func put(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C.uint64_t, crc *C.mc_replicate_config_t, cerr *C.mc_error_t,
-	f func(s *storeObj, ctx context.Context, key string, v []byte, rc *client.ReplicateConfig) error) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	if key == nil {
-		return c.fail(nullArg("key"))
-	}
-	v, err := bytesAt(value, length, "value")
-	if err != nil {
-		return c.fail(err)
-	}
-	rc, err := replicate(crc)
-	if err != nil {
-		return c.fail(err)
-	}
-	return c.fail(f(s, context.Background(), C.GoString(key), v, rc))
+	f func(s *storeObj, ctx context.Context, key string, v []byte, rc *client.ReplicateConfig) error) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if key == nil {
+			return nullArg("key")
+		}
+		v, err := bytesAt(value, length, "value")
+		if err != nil {
+			return err
+		}
+		rc, err := replicate(crc)
+		if err != nil {
+			return err
+		}
+		return f(s, context.Background(), C.GoString(key), v, rc)
+	})
 }
 
 //export mcgoStorePut
 func mcgoStorePut(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C.uint64_t, rc *C.mc_replicate_config_t, cerr *C.mc_error_t) C.mc_status_t {
-	return put(h, key, value, length, rc, cerr, func(s *storeObj, ctx context.Context, k string, v []byte, rc *client.ReplicateConfig) error {
-		return s.Put(ctx, k, v, rc)
-	})
+	return put(h, key, value, length, rc, cerr, (*storeObj).Put)
 }
 
 //export mcgoStorePutFrom
 func mcgoStorePutFrom(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C.uint64_t, rc *C.mc_replicate_config_t, cerr *C.mc_error_t) C.mc_status_t {
-	return put(h, key, value, length, rc, cerr, func(s *storeObj, ctx context.Context, k string, v []byte, rc *client.ReplicateConfig) error {
-		return s.PutFrom(ctx, k, v, rc)
-	})
+	return put(h, key, value, length, rc, cerr, (*storeObj).PutFrom)
 }
 
 //export mcgoStoreUpsert
 func mcgoStoreUpsert(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C.uint64_t, rc *C.mc_replicate_config_t, cerr *C.mc_error_t) C.mc_status_t {
-	return put(h, key, value, length, rc, cerr, func(s *storeObj, ctx context.Context, k string, v []byte, rc *client.ReplicateConfig) error {
-		return s.Upsert(ctx, k, v, rc)
-	})
+	return put(h, key, value, length, rc, cerr, (*storeObj).Upsert)
 }
 
 //export mcgoStoreGet
-func mcgoStoreGet(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	if key == nil {
-		return c.fail(nullArg("key"))
-	}
-	if lenOut == nil {
-		return c.fail(nullArg("len_out"))
-	}
-	*lenOut = 0
-	dst, err := bytesAt(buf, bufLen, "buf")
-	if err != nil {
-		return c.fail(err)
-	}
-	ctx, k := context.Background(), C.GoString(key)
-	if len(dst) > 0 {
-		n, err := s.GetInto(ctx, k, dst)
-		if err == nil {
-			*lenOut = C.uint64_t(n)
-			return C.MC_OK
+func mcgoStoreGet(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if key == nil {
+			return nullArg("key")
 		}
-		if !errors.Is(err, storepb.ErrInvalidParams) {
-			return c.fail(err)
+		if lenOut == nil {
+			return nullArg("len_out")
 		}
-	}
-	// An empty buffer, or one GetInto found too small: report the size.
-	size, err := s.Size(ctx, k)
-	if err != nil {
-		return c.fail(err)
-	}
-	*lenOut = C.uint64_t(size)
-	if size <= uint64(len(dst)) { // the failure was not the size
-		return c.fail(invalidParams("get %q into a buffer of %d bytes", k, len(dst)))
-	}
-	return c.fail(abiErrorf(C.MC_ERR_BUFFER_TOO_SMALL, "get %q: value of %d bytes, buffer of %d", k, size, len(dst)))
+		*lenOut = 0
+		dst, err := bytesAt(buf, bufLen, "buf")
+		if err != nil {
+			return err
+		}
+		ctx, k := context.Background(), C.GoString(key)
+		if len(dst) > 0 {
+			n, err := s.GetInto(ctx, k, dst)
+			if err == nil {
+				*lenOut = C.uint64_t(n)
+				return nil
+			}
+			if !errors.Is(err, storepb.ErrInvalidParams) {
+				return err
+			}
+		}
+		// An empty buffer, or one GetInto found too small: report the size.
+		size, err := s.Size(ctx, k)
+		if err != nil {
+			return err
+		}
+		*lenOut = C.uint64_t(size)
+		if size <= uint64(len(dst)) { // the failure was not the size
+			return invalidParams("get %q into a buffer of %d bytes", k, len(dst))
+		}
+		return abiErrorf(C.MC_ERR_BUFFER_TOO_SMALL, "get %q: value of %d bytes, buffer of %d", k, size, len(dst))
+	})
 }
 
 //export mcgoStoreGetInto
-func mcgoStoreGetInto(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	if key == nil {
-		return c.fail(nullArg("key"))
-	}
-	if buf == nil {
-		return c.fail(nullArg("buf"))
-	}
-	if lenOut != nil {
-		*lenOut = 0
-	}
-	dst, err := bytesAt(buf, bufLen, "buf")
-	if err != nil {
-		return c.fail(err)
-	}
-	n, err := s.GetInto(context.Background(), C.GoString(key), dst)
-	if err != nil {
-		return c.fail(err)
-	}
-	if lenOut != nil {
-		*lenOut = C.uint64_t(n)
-	}
-	return C.MC_OK
+func mcgoStoreGetInto(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if key == nil {
+			return nullArg("key")
+		}
+		if buf == nil {
+			return nullArg("buf")
+		}
+		if lenOut != nil {
+			*lenOut = 0
+		}
+		dst, err := bytesAt(buf, bufLen, "buf")
+		if err != nil {
+			return err
+		}
+		n, err := s.GetInto(context.Background(), C.GoString(key), dst)
+		if err != nil {
+			return err
+		}
+		if lenOut != nil {
+			*lenOut = C.uint64_t(n)
+		}
+		return nil
+	})
+}
+
+// keyCall is the body of a call on one key that writes a result to out
+// (zeroed first): key and out must not be NULL, named as what.
+func keyCall[T any](h C.mc_store_t, key *C.char, out *T, what string, cerr *C.mc_error_t, f func(s *storeObj, ctx context.Context, key string) (T, error)) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if key == nil || out == nil {
+			return nullArg(what)
+		}
+		var zero T
+		*out = zero
+		v, err := f(s, context.Background(), C.GoString(key))
+		if err != nil {
+			return err
+		}
+		*out = v
+		return nil
+	})
 }
 
 //export mcgoStoreGetSize
-func mcgoStoreGetSize(h C.mc_store_t, key *C.char, sizeOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
+func mcgoStoreGetSize(h C.mc_store_t, key *C.char, sizeOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
+	return keyCall(h, key, sizeOut, "key or size_out", cerr, func(s *storeObj, ctx context.Context, k string) (C.uint64_t, error) {
+		n, err := s.Size(ctx, k)
+		return C.uint64_t(n), err
+	})
+}
+
+//export mcgoStoreExist
+func mcgoStoreExist(h C.mc_store_t, key *C.char, existsOut *C.int32_t, cerr *C.mc_error_t) C.mc_status_t {
+	return keyCall(h, key, existsOut, "key or exists_out", cerr, func(s *storeObj, ctx context.Context, k string) (C.int32_t, error) {
+		ok, err := s.Exist(ctx, k)
+		return cBool(ok), err
+	})
+}
+
+// cBool is 1 for true, 0 for false.
+func cBool(b bool) C.int32_t {
+	if b {
+		return 1
 	}
-	defer s.leave()
-	if key == nil || sizeOut == nil {
-		return c.fail(nullArg("key or size_out"))
-	}
-	*sizeOut = 0
-	n, err := s.Size(context.Background(), C.GoString(key))
-	if err != nil {
-		return c.fail(err)
-	}
-	*sizeOut = C.uint64_t(n)
-	return C.MC_OK
+	return 0
 }
 
 // keysAt copies count C strings.
 func keysAt(p **C.char, count C.size_t) ([]string, error) {
-	if count > maxCount {
-		return nil, invalidParams("%d keys (at most %d)", count, maxCount)
+	cs, err := arrayAt(p, count, "keys", invalidParams)
+	if err != nil || len(cs) == 0 {
+		return nil, err
 	}
-	if count == 0 {
-		return nil, nil
-	}
-	if p == nil {
-		return nil, nullArg("keys")
-	}
-	ks := make([]string, count)
-	for i, k := range unsafe.Slice(p, int(count)) {
+	ks := make([]string, len(cs))
+	for i, k := range cs {
 		if k == nil {
 			return nil, nullArg(fmt.Sprintf("keys[%d]", i))
 		}
@@ -409,9 +374,28 @@ func buffersAt(p *unsafe.Pointer, lens *C.uint64_t, count C.size_t, what string)
 	return bs, nil
 }
 
-// batchResult writes per-key codes and returns the call's status: the
-// first failure's code, else MC_OK.
-func (c call) batchResult(keys []string, errs []error, codesOut *C.mc_status_t) C.mc_status_t {
+// batchCall is the body of a batch call on count keys: prepare reads the
+// call's other arguments and returns the operation, which runs unless the
+// batch is empty and returns an error per key; those go to codesOut and
+// the first fails the call (batchResult).
+func batchCall(h C.mc_store_t, keys **C.char, count C.size_t, codesOut *C.mc_status_t, cerr *C.mc_error_t,
+	prepare func(s *storeObj, ks []string) (op func(ctx context.Context) []error, err error)) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		ks, err := keysAt(keys, count)
+		if err != nil {
+			return err
+		}
+		op, err := prepare(s, ks)
+		if err != nil || len(ks) == 0 {
+			return err
+		}
+		return batchResult(ks, op(context.Background()), codesOut)
+	})
+}
+
+// batchResult writes per-key codes and returns the call's error: the
+// first failure, else nil.
+func batchResult(keys []string, errs []error, codesOut *C.mc_status_t) error {
 	var codes []C.mc_status_t
 	if codesOut != nil && len(keys) > 0 {
 		codes = unsafe.Slice(codesOut, len(keys))
@@ -428,192 +412,121 @@ func (c call) batchResult(keys []string, errs []error, codesOut *C.mc_status_t) 
 			first = fmt.Errorf("key %d (%q): %w", i, keys[i], err)
 		}
 	}
-	return c.fail(first)
+	return first
 }
 
-// batchPut is the body of the batch put forms.
+// lensResult writes the byte counts of a batch get to out, if not NULL.
+func lensResult(out *C.uint64_t, ns []int) {
+	if out != nil {
+		dst := unsafe.Slice(out, len(ns))
+		for i, n := range ns {
+			dst[i] = C.uint64_t(n)
+		}
+	}
+}
+
+// batchPut is the body of the batch put forms; f is the client's method.
 func batchPut(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, crc *C.mc_replicate_config_t,
 	codesOut *C.mc_status_t, cerr *C.mc_error_t, from bool,
-	f func(s *storeObj, ctx context.Context, ks []string, vs [][]byte, rc *client.ReplicateConfig) []error) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	ks, err := keysAt(keys, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	vs, err := buffersAt(values, lens, count, "values")
-	if err != nil {
-		return c.fail(err)
-	}
-	rc, err := replicate(crc)
-	if err != nil {
-		return c.fail(err)
-	}
-	if len(ks) == 0 {
-		return C.MC_OK
-	}
-	ctx := context.Background()
-	if !from {
-		return c.batchResult(ks, f(s, ctx, ks, vs, rc), codesOut)
-	}
-	// put_from takes registered memory only, as PutFrom: values outside
-	// every registered buffer fail alone, the rest go to the master as one
-	// batch.
-	errs := make([]error, len(ks))
-	var pk []string
-	var pv [][]byte
-	var idx []int
-	for i := range ks {
-		if len(vs[i]) > 0 && !s.registered(vs[i]) {
-			errs[i] = invalidParams("put_from %q: buffer is not registered", ks[i])
-			continue
+	f func(s *storeObj, ctx context.Context, ks []string, vs [][]byte, rc *client.ReplicateConfig) []error) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		vs, err := buffersAt(values, lens, count, "values")
+		if err != nil {
+			return nil, err
 		}
-		pk, pv, idx = append(pk, ks[i]), append(pv, vs[i]), append(idx, i)
-	}
-	if len(pk) > 0 {
-		for j, err := range f(s, ctx, pk, pv, rc) {
-			errs[idx[j]] = err
+		rc, err := replicate(crc)
+		if err != nil {
+			return nil, err
 		}
-	}
-	return c.batchResult(ks, errs, codesOut)
+		return func(ctx context.Context) []error {
+			if !from {
+				return f(s, ctx, ks, vs, rc)
+			}
+			// put_from takes registered memory only, as PutFrom: values
+			// outside every registered buffer fail alone, the rest go to the
+			// master as one batch.
+			errs := make([]error, len(ks))
+			var pk []string
+			var pv [][]byte
+			var idx []int
+			for i := range ks {
+				if len(vs[i]) > 0 && !s.registered(vs[i]) {
+					errs[i] = invalidParams("put_from %q: buffer is not registered", ks[i])
+					continue
+				}
+				pk, pv, idx = append(pk, ks[i]), append(pv, vs[i]), append(idx, i)
+			}
+			if len(pk) > 0 {
+				for j, err := range f(s, ctx, pk, pv, rc) {
+					errs[idx[j]] = err
+				}
+			}
+			return errs
+		}, nil
+	})
 }
 
 //export mcgoStoreBatchPut
 func mcgoStoreBatchPut(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, rc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
-	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, false, func(s *storeObj, ctx context.Context, ks []string, vs [][]byte, rc *client.ReplicateConfig) []error {
-		return s.BatchPut(ctx, ks, vs, rc)
-	})
+	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, false, (*storeObj).BatchPut)
 }
 
 //export mcgoStoreBatchPutFrom
 func mcgoStoreBatchPutFrom(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, rc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
-	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, true, func(s *storeObj, ctx context.Context, ks []string, vs [][]byte, rc *client.ReplicateConfig) []error {
-		return s.BatchPut(ctx, ks, vs, rc)
-	})
+	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, true, (*storeObj).BatchPut)
 }
 
 //export mcgoStoreBatchUpsert
 func mcgoStoreBatchUpsert(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, rc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
-	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, false, func(s *storeObj, ctx context.Context, ks []string, vs [][]byte, rc *client.ReplicateConfig) []error {
-		return s.BatchUpsert(ctx, ks, vs, rc)
-	})
+	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, false, (*storeObj).BatchUpsert)
 }
 
 //export mcgoStoreBatchGetInto
-func mcgoStoreBatchGetInto(h C.mc_store_t, keys **C.char, bufs *unsafe.Pointer, bufLens *C.uint64_t, count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	ks, err := keysAt(keys, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	dsts, err := buffersAt(bufs, bufLens, count, "bufs")
-	if err != nil {
-		return c.fail(err)
-	}
-	if len(ks) == 0 {
-		return C.MC_OK
-	}
-	ns, errs := s.BatchGetInto(context.Background(), ks, dsts)
-	if lensOut != nil {
-		out := unsafe.Slice(lensOut, len(ks))
-		for i, n := range ns {
-			out[i] = C.uint64_t(n)
-		}
-	}
-	return c.batchResult(ks, errs, codesOut)
-}
-
-//export mcgoStoreExist
-func mcgoStoreExist(h C.mc_store_t, key *C.char, existsOut *C.int32_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	if key == nil || existsOut == nil {
-		return c.fail(nullArg("key or exists_out"))
-	}
-	*existsOut = 0
-	ok, err := s.Exist(context.Background(), C.GoString(key))
-	if err != nil {
-		return c.fail(err)
-	}
-	if ok {
-		*existsOut = 1
-	}
-	return C.MC_OK
+func mcgoStoreBatchGetInto(h C.mc_store_t, keys **C.char, bufs *unsafe.Pointer, bufLens *C.uint64_t, count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		dsts, err := buffersAt(bufs, bufLens, count, "bufs")
+		return func(ctx context.Context) []error {
+			ns, errs := s.BatchGetInto(ctx, ks, dsts)
+			lensResult(lensOut, ns)
+			return errs
+		}, err
+	})
 }
 
 //export mcgoStoreBatchExist
-func mcgoStoreBatchExist(h C.mc_store_t, keys **C.char, count C.size_t, existsOut *C.int32_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	ks, err := keysAt(keys, count)
-	if err != nil {
-		return c.fail(err)
-	}
-	if len(ks) == 0 {
-		return C.MC_OK
-	}
-	if existsOut == nil {
-		return c.fail(nullArg("exists_out"))
-	}
-	ok, errs := s.BatchExist(context.Background(), ks)
-	out := unsafe.Slice(existsOut, len(ks))
-	for i := range out {
-		out[i] = 0
-		if ok[i] {
-			out[i] = 1
+func mcgoStoreBatchExist(h C.mc_store_t, keys **C.char, count C.size_t, existsOut *C.int32_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		if len(ks) > 0 && existsOut == nil {
+			return nil, nullArg("exists_out")
 		}
-	}
-	return c.batchResult(ks, errs, codesOut)
+		return func(ctx context.Context) []error {
+			ok, errs := s.BatchExist(ctx, ks)
+			out := unsafe.Slice(existsOut, len(ks))
+			for i := range out {
+				out[i] = cBool(ok[i])
+			}
+			return errs
+		}, nil
+	})
 }
 
 //export mcgoStoreRemove
-func mcgoStoreRemove(h C.mc_store_t, key *C.char, force C.int, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	if key == nil {
-		return c.fail(nullArg("key"))
-	}
-	return c.fail(s.Remove(context.Background(), C.GoString(key), force != 0))
+func mcgoStoreRemove(h C.mc_store_t, key *C.char, force C.int, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if key == nil {
+			return nullArg("key")
+		}
+		return s.Remove(context.Background(), C.GoString(key), force != 0)
+	})
 }
 
 //export mcgoStoreRemoveAll
-func mcgoStoreRemoveAll(h C.mc_store_t, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) (st C.mc_status_t) {
-	c := begin(cerr, domainStore)
-	defer c.catch(&st)
-	s, err := enterStore(uint64(h))
-	if err != nil {
-		return c.fail(err)
-	}
-	defer s.leave()
-	n, err := s.RemoveAll(context.Background(), force != 0)
-	if removedOut != nil {
-		*removedOut = C.uint64_t(n)
-	}
-	return c.fail(err)
+func mcgoStoreRemoveAll(h C.mc_store_t, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		n, err := s.RemoveAll(context.Background(), force != 0)
+		if removedOut != nil {
+			*removedOut = C.uint64_t(n)
+		}
+		return err
+	})
 }
