@@ -157,6 +157,9 @@ func (c *Client) distance(m *storepb.MemoryReplica) int {
 	return d + 2
 }
 
+// verifies reports whether reads of it are checked against its checksum.
+func (c *Client) verifies(it *getItem) bool { return it.sum != 0 && !c.cfg.NoChecksum }
+
 func (c *Client) getMany(ctx context.Context, items []*getItem) {
 	if err := c.enter(); err != nil {
 		for _, it := range items {
@@ -279,7 +282,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 	for _, it := range round {
 		it.err, it.got = nil, 0
 		m := it.reps[k]
-		verify := it.sum != 0 && !c.cfg.NoChecksum
+		verify := c.verifies(it)
 		if it.parts != nil {
 			for _, p := range it.partReads(m, verify) {
 				xs, pieces = append(xs, p.x), append(pieces, piece{it: it, x: p.x, off: int(p.off)})
@@ -316,7 +319,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			it.err = &storepb.Error{Code: storepb.LeaseExpired, Msg: quote(it.key) + ": the read outlived its lease"}
 			it.final = true
 		case it.err != nil:
-		case it.sum != 0 && !c.cfg.NoChecksum && nonZero(it.got) != it.sum:
+		case c.verifies(it) && nonZero(it.got) != it.sum:
 			it.err = &storepb.Error{Code: storepb.ChecksumMismatch,
 				Msg: fmt.Sprintf("%s: replica on %s", quote(it.key), it.reps[k].SegmentName)}
 		default:

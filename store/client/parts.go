@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
@@ -34,6 +33,18 @@ func (it *putItem) size() uint64 {
 	return uint64(len(it.value))
 }
 
+// checksum is the CRC-32C of the item's value as the master keeps it.
+func (it *putItem) checksum() uint32 {
+	if it.parts == nil {
+		return checksum(it.value)
+	}
+	var sum uint32
+	for _, p := range it.parts {
+		sum = crc32c.Update(sum, p)
+	}
+	return nonZero(sum)
+}
+
 // checkParts reports the first non-empty part of key's that is not in
 // registered memory.
 func (c *Client) checkParts(op, key string, parts [][]byte) error {
@@ -52,105 +63,18 @@ func (c *Client) checkParts(op, key string, parts [][]byte) error {
 // from where it is, with no copy into one buffer. Empty parts are allowed
 // as long as the whole value is not empty. Like Put it is write-once. It
 // returns one error per key.
-func (c *Client) BatchPutFromParts(ctx context.Context, keys []string, parts [][][]byte, rc *ReplicateConfig) (errs []error) {
-	if err := c.enter(); err != nil {
-		return fill(len(keys), err)
-	}
-	defer c.leave()
-	start := time.Now()
-	defer func() { c.met.observe("put", len(keys), start, func(i int) error { return errs[i] }) }()
-	errs = make([]error, len(keys))
-	fail := func(code storepb.Code, msg string) []error {
-		for i := range errs {
-			errs[i] = &storepb.Error{Code: code, Msg: msg}
-		}
-		return errs
-	}
+func (c *Client) BatchPutFromParts(ctx context.Context, keys []string, parts [][][]byte, rc *ReplicateConfig) []error {
+	var argErr error
 	if len(parts) != len(keys) {
-		return fail(storepb.InvalidParams, "keys and part lists differ in number")
+		argErr = &storepb.Error{Code: storepb.InvalidParams, Msg: "keys and part lists differ in number"}
 	}
-	if rc == nil {
-		rc = &c.cfg.Replicate
-	}
-	if err := rc.validate(); err != nil {
-		return fail(storepb.InvalidParams, err.Error())
-	}
-	items := make([]*putItem, len(keys))
-	var live []*putItem
-	for i, k := range keys {
+	return c.putItems(ctx, keys, argErr, func(i int) *putItem {
 		// A nil list still marks the item as one of parts.
-		ps := parts[i]
-		if ps == nil {
-			ps = [][]byte{}
+		if parts[i] == nil {
+			return &putItem{parts: [][]byte{}}
 		}
-		it := &putItem{key: k, parts: ps}
-		items[i] = it
-		switch {
-		case k == "":
-			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty key"}
-		case it.size() == 0:
-			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty value for " + quote(k)}
-		default:
-			if it.err = c.checkParts("put", k, ps); it.err != nil {
-				continue
-			}
-			if !c.cfg.NoChecksum {
-				var sum uint32
-				for _, p := range ps {
-					sum = crc32c.Update(sum, p)
-				}
-				it.sum = nonZero(sum)
-			}
-			live = append(live, it)
-		}
-	}
-	if len(live) > 0 {
-		c.start(ctx, live, rc.proto(), false)
-		c.writeParts(ctx, live)
-		c.end(ctx, live)
-	}
-	for i, it := range items {
-		errs[i] = it.err
-	}
-	return errs
-}
-
-// writeParts copies every started item's parts into its replicas: one
-// engine batch, a request per non-empty part and replica (plain copies for
-// replicas in this process). The parts are registered, so nothing is
-// staged.
-func (c *Client) writeParts(ctx context.Context, items []*putItem) {
-	var (
-		xs    []*xfer
-		owner []*putItem
-	)
-	for _, it := range items {
-		if it.err != nil {
-			continue
-		}
-		for _, r := range it.reps {
-			m := r.GetMemory()
-			if m == nil {
-				continue
-			}
-			off := uint64(0)
-			for _, p := range it.parts {
-				if len(p) == 0 {
-					continue
-				}
-				xs = append(xs, &xfer{op: engine.Write, local: p, seg: m.SegmentName, remote: m.BufferAddress + off})
-				owner = append(owner, it)
-				c.met.writeBytes.Add(float64(len(p)))
-				off += uint64(len(p))
-			}
-		}
-	}
-	c.run(ctx, xs, time.Time{})
-	for i, x := range xs {
-		if x.err != nil && owner[i].err == nil {
-			owner[i].err = x.err
-		}
-	}
+		return &putItem{parts: parts[i]}
+	}, rc, false)
 }
 
 // BatchGetIntoParts is BatchGetInto of values read into parts: the value

@@ -65,42 +65,53 @@ func (c *Client) BatchUpsert(ctx context.Context, keys []string, values [][]byte
 	return c.putMany(ctx, keys, values, rc, true)
 }
 
-func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig, upsert bool) (errs []error) {
+func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig, upsert bool) []error {
+	var argErr error
+	if len(values) != len(keys) {
+		argErr = &storepb.Error{Code: storepb.InvalidParams, Msg: "keys and values differ in number"}
+	}
+	return c.putItems(ctx, keys, argErr, func(i int) *putItem { return &putItem{value: values[i]} }, rc, upsert)
+}
+
+// putItems is the frame of every batch put: item(i) gives the value of
+// keys[i] (whole or in parts); the items that pass the checks are started,
+// written and ended together. argErr, when set, fails every key (the
+// arguments do not match). It returns one error per key.
+func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item func(i int) *putItem, rc *ReplicateConfig, upsert bool) (errs []error) {
 	if err := c.enter(); err != nil {
 		return fill(len(keys), err)
 	}
 	defer c.leave()
 	start := time.Now()
 	defer func() { c.met.observe("put", len(keys), start, func(i int) error { return errs[i] }) }()
-	errs = make([]error, len(keys))
-	if len(values) != len(keys) {
-		for i := range errs {
-			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: "keys and values differ in number"}
-		}
-		return errs
+	if argErr != nil {
+		return fill(len(keys), argErr)
 	}
 	if rc == nil {
 		rc = &c.cfg.Replicate
 	}
 	if err := rc.validate(); err != nil {
-		for i := range errs {
-			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()}
-		}
-		return errs
+		return fill(len(keys), &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()})
 	}
 	items := make([]*putItem, len(keys))
 	var live []*putItem
 	for i, k := range keys {
-		it := &putItem{key: k, value: values[i]}
+		it := item(i)
+		it.key = k
 		items[i] = it
 		switch {
 		case k == "":
 			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty key"}
-		case len(it.value) == 0:
+		case it.size() == 0:
 			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty value for " + quote(k)}
 		default:
+			if it.parts != nil {
+				if it.err = c.checkParts("put", k, it.parts); it.err != nil {
+					continue
+				}
+			}
 			if !c.cfg.NoChecksum {
-				it.sum = checksum(it.value)
+				it.sum = it.checksum()
 			}
 			live = append(live, it)
 		}
@@ -115,6 +126,7 @@ func (c *Client) putMany(ctx context.Context, keys []string, values [][]byte, rc
 		c.write(ctx, live)
 		c.end(ctx, live)
 	}
+	errs = make([]error, len(keys))
 	for i, it := range items {
 		errs[i] = it.err
 	}
@@ -187,6 +199,19 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 	}
 	for _, it := range items {
 		if it.err != nil {
+			continue
+		}
+		if it.parts != nil {
+			// Parts are registered (checkParts): written from where they
+			// are, each at its offset in the value.
+			off := 0
+			for _, p := range it.parts {
+				if len(p) > 0 {
+					add(it, p, off, true)
+					add(it, p, off, false)
+				}
+				off += len(p)
+			}
 			continue
 		}
 		// Replicas in this process take a plain copy from the caller's
