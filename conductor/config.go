@@ -35,25 +35,13 @@ const (
 var policyNames = []string{"global-cache-aware", "local-cache-aware", "load-balance", "random"}
 
 // String is the policy's name in flags and reports.
-func (p Policy) String() string {
-	if int(p) < len(policyNames) {
-		return policyNames[p]
-	}
-	return fmt.Sprintf("Policy(%d)", uint8(p))
-}
+func (p Policy) String() string { return enumString(p, policyNames, "Policy") }
 
 // Policies lists every policy, Mooncake's first.
 func Policies() []Policy { return []Policy{GlobalCacheAware, LocalCacheAware, LoadBalance, Random} }
 
 // ParsePolicy reads a policy name, as String writes it.
-func ParsePolicy(s string) (Policy, error) {
-	for i, n := range policyNames {
-		if strings.EqualFold(s, n) {
-			return Policy(i), nil
-		}
-	}
-	return 0, fmt.Errorf("%w: policy %q (want one of %s)", ErrInvalid, s, strings.Join(policyNames, ", "))
-}
+func ParsePolicy(s string) (Policy, error) { return parseEnum[Policy](s, policyNames, "policy") }
 
 // Admission is the scheduler's admission control.
 type Admission uint8
@@ -78,21 +66,29 @@ const (
 var admissionNames = []string{"predicted", "current-load", "none"}
 
 // String is the admission control's name in flags and reports.
-func (a Admission) String() string {
-	if int(a) < len(admissionNames) {
-		return admissionNames[a]
-	}
-	return fmt.Sprintf("Admission(%d)", uint8(a))
-}
+func (a Admission) String() string { return enumString(a, admissionNames, "Admission") }
 
 // ParseAdmission reads an admission control's name, as String writes it.
 func ParseAdmission(s string) (Admission, error) {
-	for i, n := range admissionNames {
+	return parseEnum[Admission](s, admissionNames, "admission")
+}
+
+// enumString is names[v], or typ(v) for a value without a name.
+func enumString[T ~uint8](v T, names []string, typ string) string {
+	if int(v) < len(names) {
+		return names[v]
+	}
+	return fmt.Sprintf("%s(%d)", typ, uint8(v))
+}
+
+// parseEnum reads one of names, in any case, as its index.
+func parseEnum[T ~uint8](s string, names []string, what string) (T, error) {
+	for i, n := range names {
 		if strings.EqualFold(s, n) {
-			return Admission(i), nil
+			return T(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: admission %q (want one of %s)", ErrInvalid, s, strings.Join(admissionNames, ", "))
+	return 0, fmt.Errorf("%w: %s %q (want one of %s)", ErrInvalid, what, s, strings.Join(names, ", "))
 }
 
 // Defaults of Config's zero fields.

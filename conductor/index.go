@@ -370,16 +370,6 @@ func (x *Index) Len(name string) int {
 // Blocks is the number of distinct blocks some holder has.
 func (x *Index) Blocks() int { return len(x.blocks) }
 
-// Range calls f for every block in the index with its number of holders,
-// in no particular order, until f returns false.
-func (x *Index) Range(f func(k uint64, holders int) bool) {
-	for k, e := range x.blocks {
-		if !f(k, int(e.n)) {
-			return
-		}
-	}
-}
-
 func (x *Index) node() *node {
 	n := x.spare
 	if n == nil {

@@ -239,6 +239,16 @@ func (m lruModel) longest(blocks []uint64) map[string]int {
 	return out
 }
 
+// randomPrompt is a chained-looking prompt: one of a few shared heads,
+// then fewer than tail blocks below blocks, no block twice in a row.
+func randomPrompt(rng *rand.Rand, tail, blocks int) []uint64 {
+	p := []uint64{uint64(rng.IntN(3))}
+	for range rng.IntN(tail) {
+		p = append(p, uint64(rng.IntN(blocks)))
+	}
+	return slices.Compact(p)
+}
+
 func TestIndexAgainstModel(t *testing.T) {
 	// Random inserts, deletes and holder churn over few blocks and small
 	// capacities, checked against the obvious model after every step.
@@ -250,14 +260,7 @@ func TestIndexAgainstModel(t *testing.T) {
 		require.NoError(t, x.AddHolder(h, capacity[h]))
 		m[h] = nil
 	}
-	prompt := func() []uint64 {
-		// Chained-looking: a few shared heads, then random blocks.
-		p := []uint64{uint64(rng.IntN(3))}
-		for range rng.IntN(6) {
-			p = append(p, uint64(rng.IntN(12)))
-		}
-		return slices.Compact(p)
-	}
+	prompt := func() []uint64 { return randomPrompt(rng, 6, 12) }
 	for step := range 5000 {
 		h := names[rng.IntN(len(names))]
 		p := prompt()

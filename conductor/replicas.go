@@ -16,10 +16,7 @@ func (s *Scheduler) ReplicaHistogram(dst []int) []int {
 	defer s.mu.Unlock()
 	h := dst[:0]
 	for _, e := range s.idx.blocks {
-		n := int(e.n)
-		if e.has(s.storeSlot) {
-			n--
-		}
+		n := s.replicas(e)
 		for len(h) <= n {
 			h = append(h, 0)
 		}

@@ -82,15 +82,13 @@ type prefillInst struct {
 	queue     []*flight
 	queued    time.Duration // predicted prefill time of the queue
 	headStart time.Duration // when the head began to run
-	removed   bool
 }
 
 // decodeInst is a decode instance and the requests assigned to it that
 // have not finished decoding, whether still in prefill or decoding.
 type decodeInst struct {
-	id      string
-	active  []*flight
-	removed bool
+	id     string
+	active []*flight
 }
 
 // flight is a scheduled request until DecodeDone.
@@ -176,12 +174,10 @@ func (s *Scheduler) Remove(id string) error {
 	}
 	delete(s.ids, id)
 	if i := slices.IndexFunc(s.prefill, func(p *prefillInst) bool { return p.id == id }); i >= 0 {
-		s.prefill[i].removed = true
 		s.prefill = slices.Delete(s.prefill, i, i+1)
 		s.idx.RemoveHolder(id)
 	}
 	if i := slices.IndexFunc(s.decode, func(d *decodeInst) bool { return d.id == id }); i >= 0 {
-		s.decode[i].removed = true
 		s.decode = slices.Delete(s.decode, i, i+1)
 	}
 	return nil
@@ -391,10 +387,15 @@ func (s *Scheduler) Longest(blocks []uint64) map[string]int {
 func (s *Scheduler) Replicas(k uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.idx.blocks[k]
-	if e == nil {
-		return 0
+	if e := s.idx.blocks[k]; e != nil {
+		return s.replicas(e)
 	}
+	return 0
+}
+
+// replicas is the number of prefill instances that hold e's block: its
+// holders but the store.
+func (s *Scheduler) replicas(e *entry) int {
 	n := int(e.n)
 	if e.has(s.storeSlot) {
 		n--

@@ -615,13 +615,7 @@ func TestSchedulerIndexAgainstIndex(t *testing.T) {
 		require.NoError(t, x.AddHolder(id, c))
 	}
 	require.NoError(t, x.AddHolder(conductor.StoreHolder, 0))
-	prompt := func() []uint64 {
-		p := []uint64{uint64(rng.IntN(3))}
-		for range rng.IntN(8) {
-			p = append(p, uint64(rng.IntN(16)))
-		}
-		return slices.Compact(p)
-	}
+	prompt := func() []uint64 { return randomPrompt(rng, 8, 16) }
 	for i := range 3000 {
 		p := prompt()
 		switch rng.IntN(8) {

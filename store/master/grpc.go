@@ -358,18 +358,16 @@ func (g *GRPCServer) WatchObjects(_ *storepb.WatchObjectsRequest, stream grpc.Se
 			return status.Error(codes.Unavailable, ErrWatchEnded.Error())
 		case ev = <-w.Events():
 		}
-		resp := &storepb.WatchObjectsResponse{}
-		for {
-			resp.Events = append(resp.Events, &storepb.ObjectEvent{Kind: ev.Kind, Key: ev.Key})
-			if len(resp.Events) == watchBatch {
-				break
-			}
+		// With what else has piled up.
+		resp := &storepb.WatchObjectsResponse{Events: []*storepb.ObjectEvent{{Kind: ev.Kind, Key: ev.Key}}}
+	more:
+		for len(resp.Events) < watchBatch {
 			select {
 			case ev = <-w.Events():
-				continue
+				resp.Events = append(resp.Events, &storepb.ObjectEvent{Kind: ev.Kind, Key: ev.Key})
 			default:
+				break more
 			}
-			break
 		}
 		if err := stream.Send(resp); err != nil {
 			return err
