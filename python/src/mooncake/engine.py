@@ -27,7 +27,7 @@ import ipaddress
 import json
 import socket
 import threading
-from ctypes import byref, c_uint64
+from ctypes import byref
 from typing import List, Optional
 
 import mooncake_go
@@ -266,21 +266,11 @@ class TransferEngine:
             return _code(e)
         except (ValueError, TypeError, OverflowError):
             return _ERR_INVALID_ARGUMENT
-        h = eng.handle
-        e = _lib._err()
-        b = c_uint64()
-        rc = lib.mc_engine_allocate_batch(h, n, byref(b), e)
-        if rc != 0:
-            return rc
-        if notify is None:
-            rc = lib.mc_engine_submit(h, b.value, arr._ptr, n, e)
-        else:
-            rc = lib.mc_engine_submit_with_notify(h, b.value, arr._ptr, n, _lib.cstr(notify.name),
-                                                  _lib.cstr(notify.msg), e)
-        if rc == 0:
-            rc = lib.mc_engine_wait(h, b.value, -1, None, e)
-        lib.mc_engine_free_batch(h, b.value, None)
-        return _clamp(rc)
+        try:
+            eng.transfer(arr, notify=None if notify is None else (notify.name, notify.msg))
+        except MooncakeError as e:
+            return _clamp(e.code)
+        return 0
 
     # -- asynchronous transfers ------------------------------------------
 

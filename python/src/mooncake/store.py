@@ -31,8 +31,6 @@ from typing import Dict, List, Optional
 
 import mooncake_go
 from mooncake_go import _lib, errors
-from mooncake_go._buffers import to_bytes_pointer
-from mooncake_go.store import _addr_of
 from mooncake_go.store import Replicate
 
 lib = _lib.lib
@@ -113,6 +111,18 @@ class BufferHandle(bytearray):
 
     def size(self) -> int:
         return len(self)
+
+
+def _joined(parts) -> bytes:
+    """The concatenation of parts (bytes-like), copying their bytes once."""
+    views = [memoryview(p) for p in parts]
+    return b"".join(v if v.c_contiguous else v.tobytes() for v in views)
+
+
+def _memory(addr: int, n: int):
+    """The n bytes at addr, uncopied (a ctypes array; b"" for none)."""
+    n = int(n)
+    return (ctypes.c_char * n).from_address(int(addr)) if n > 0 else b""
 
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgtp]?)(i?b?)?\s*$", re.IGNORECASE)
@@ -272,10 +282,10 @@ class MooncakeDistributedStore:
 
     def put_parts(self, key: str, *parts, config: Optional[ReplicateConfig] = None) -> int:
         """Stores the concatenation of parts as one object."""
-        return self.put(key, b"".join(bytes(memoryview(p)) for p in parts), config)
+        return self.put(key, _joined(parts), config)
 
     def upsert_parts(self, key: str, *parts, config: Optional[ReplicateConfig] = None) -> int:
-        return self.upsert(key, b"".join(bytes(memoryview(p)) for p in parts), config)
+        return self.upsert(key, _joined(parts), config)
 
     def put_batch(self, keys: List[str], values: List, config: Optional[ReplicateConfig] = None) -> int:
         """0 when every put succeeded, else the first failure's code."""
@@ -288,11 +298,8 @@ class MooncakeDistributedStore:
         if len(keys) != len(values):
             return [_INVALID_PARAMS] * len(keys)
         try:
-            st = self._s()
             fn = lib.mc_store_batch_upsert if upsert else lib.mc_store_batch_put
-            held = [to_bytes_pointer(v) for v in values]
-            addrs = [_addr_of(p) for p, _ in held]
-            return st._put_codes(fn, keys, addrs, [n for _, n in held], _rc(config))
+            return self._s()._put_values_codes(fn, keys, values, _rc(config))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
 
@@ -351,9 +358,8 @@ class MooncakeDistributedStore:
     def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
                                metadata_size: int, config: Optional[ReplicateConfig] = None) -> int:
         """Stores metadata then data as one object."""
-        meta = ctypes.string_at(int(metadata_buffer_ptr), int(metadata_size))
-        data = ctypes.string_at(int(buffer_ptr), int(size))
-        return self.put(key, meta + data, config)
+        value = b"".join((_memory(metadata_buffer_ptr, metadata_size), _memory(buffer_ptr, size)))
+        return self.put(key, value, config)
 
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         """Bytes read into buffer_ptr, or a negative code."""
@@ -365,19 +371,15 @@ class MooncakeDistributedStore:
     def batch_put_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int],
                        config: Optional[ReplicateConfig] = None) -> List[int]:
         """0 or a negative code per key."""
-        try:
-            return self._s()._put_codes(lib.mc_store_batch_put_from, keys, list(buffer_ptrs), list(sizes),
-                                        _rc(config))
-        except ValueError:
-            return [_INVALID_PARAMS] * len(keys)
-        except errors.MooncakeError as e:
-            return [_code(e)] * len(keys)
+        return self._batch_from(lib.mc_store_batch_put_from, keys, buffer_ptrs, sizes, config)
 
     def batch_upsert_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int],
                           config: Optional[ReplicateConfig] = None) -> List[int]:
+        return self._batch_from(lib.mc_store_batch_upsert, keys, buffer_ptrs, sizes, config)
+
+    def _batch_from(self, fn, keys, buffer_ptrs, sizes, config) -> List[int]:
         try:
-            return self._s()._put_codes(lib.mc_store_batch_upsert, keys, list(buffer_ptrs), list(sizes),
-                                        _rc(config))
+            return self._s()._put_codes(fn, keys, list(buffer_ptrs), list(sizes), _rc(config))
         except ValueError:
             return [_INVALID_PARAMS] * len(keys)
         except errors.MooncakeError as e:

@@ -286,13 +286,8 @@ def call(fn, *args) -> None:
         raise error_from(e)
 
 
-def call_code(fn, *args) -> int:
-    """Calls fn and returns its status instead of raising (compat layer)."""
-    return fn(*args, _err())
-
-
 def last_error() -> errors.MooncakeError:
-    """The error of this thread's last failed call_code."""
+    """The error of this thread's last failed call (given _err())."""
     return error_from(_err())
 
 

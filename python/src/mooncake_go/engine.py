@@ -18,13 +18,12 @@ from __future__ import annotations
 import ctypes
 import enum
 import sys
-import threading
 import weakref
 from array import array
 from ctypes import byref, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from . import _lib
+from . import _lib, errors
 from ._buffers import Buffer, address
 from .errors import MooncakeError, TransferFailed
 
@@ -226,7 +225,6 @@ class TransferEngine:
         _lib.call(lib.mc_engine_create, byref(cfg), byref(h))
         self.handle: int = h.value
         self._segments: dict = {}
-        self._lock = threading.Lock()
         # Destroys the handle if the object is dropped without close().
         self._finalizer = weakref.finalize(self, _destroy, self.handle)
 
@@ -303,7 +301,7 @@ class TransferEngine:
         e = _lib._err()
         arr = (_lib.BufferDesc * 8)()
         rc = lib.mc_engine_segment_buffers(self.handle, seg, arr, len(arr), byref(n), e)
-        if rc == -9004:
+        if rc == errors.BUFFER_TOO_SMALL:
             arr = (_lib.BufferDesc * n.value)()
             rc = lib.mc_engine_segment_buffers(self.handle, seg, arr, len(arr), byref(n), e)
         if rc != 0:

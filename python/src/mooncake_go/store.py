@@ -179,7 +179,7 @@ class Store:
             buf = ctypes.create_string_buffer(size)
             rc = lib.mc_store_get(self.handle, k, buf, size, byref(n), e)
             if rc == 0:
-                return buf.raw[: n.value]
+                return ctypes.string_at(buf, n.value)
             if rc != errors.BUFFER_TOO_SMALL:
                 raise _lib.error_from(e)
             size = n.value  # the value grew between the two calls: retry
@@ -229,6 +229,11 @@ class Store:
             raise _lib.last_error()
         return list(codes)
 
+    def _put_values_codes(self, fn, keys: Sequence[str], values: Sequence, replicate) -> List[int]:
+        """_put_codes of values in any memory (batch put and upsert)."""
+        held = [to_bytes_pointer(v) for v in values]  # keeps converted values alive over the call
+        return self._put_codes(fn, keys, [_addr_of(p) for p, _ in held], [n for _, n in held], replicate)
+
     def _get_into_codes(self, keys: Sequence[str], addrs, lengths) -> Tuple[List[int], List[int]]:
         n = len(keys)
         if len(addrs) != n or len(lengths) != n:
@@ -257,14 +262,10 @@ class Store:
 
     def batch_put(self, keys: Sequence[str], values: Sequence, replicate: Optional[Replicate] = None) -> List[Result]:
         """Puts values (any memory) under keys; None or the error per key."""
-        held = [to_bytes_pointer(v) for v in values]
-        addrs = [_addr_of(p) for p, _ in held]
-        return _results(self._put_codes(lib.mc_store_batch_put, keys, addrs, [n for _, n in held], replicate))
+        return _results(self._put_values_codes(lib.mc_store_batch_put, keys, values, replicate))
 
     def batch_upsert(self, keys: Sequence[str], values: Sequence, replicate: Optional[Replicate] = None) -> List[Result]:
-        held = [to_bytes_pointer(v) for v in values]
-        addrs = [_addr_of(p) for p, _ in held]
-        return _results(self._put_codes(lib.mc_store_batch_upsert, keys, addrs, [n for _, n in held], replicate))
+        return _results(self._put_values_codes(lib.mc_store_batch_upsert, keys, values, replicate))
 
     def batch_put_from(self, keys: Sequence[str], bufs: Sequence[Buffer], lengths: Optional[Sequence[int]] = None,
                        replicate: Optional[Replicate] = None) -> List[Result]:
