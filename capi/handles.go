@@ -9,7 +9,6 @@ import (
 	"runtime/cgo"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/client"
@@ -48,12 +47,10 @@ type engineObj struct {
 type storeObj struct {
 	*client.Client
 
-	mu   sync.Mutex
-	regs map[uintptr]uintptr // buffers registered through the ABI: start -> length
-
 	// ops is held for reading by every call in progress on the store and
-	// for writing by close, which so waits for them before it frees the
-	// staging buffer and the segment they may be copying from or into.
+	// for writing by close, so that a call racing close either finishes
+	// or answers INVALID_HANDLE (the client itself waits for the puts and
+	// gets in progress before it frees their memory).
 	ops    sync.RWMutex
 	closed bool // under ops
 }
@@ -82,20 +79,6 @@ func (s *storeObj) close() error {
 	defer s.ops.Unlock()
 	s.closed = true
 	return s.Client.Close()
-}
-
-// registered reports whether b lies within a buffer registered through
-// mc_store_register_buffer (what put_from requires).
-func (s *storeObj) registered(b []byte) bool {
-	a, n := uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for start, l := range s.regs {
-		if a >= start && a+n <= start+l {
-			return true
-		}
-	}
-	return false
 }
 
 // handleKind is one kind of object a handle names: engines or stores.

@@ -39,7 +39,7 @@ func mcgoStoreCreate(cfg *C.mc_store_config_t, out *C.mc_store_t, cerr *C.mc_err
 		if err != nil {
 			return err
 		}
-		*out = C.mc_store_t(newHandle(&storeObj{Client: cl, regs: map[uintptr]uintptr{}}))
+		*out = C.mc_store_t(newHandle(&storeObj{Client: cl}))
 		return nil
 	})
 }
@@ -136,13 +136,7 @@ func mcgoStoreRegisterBuffer(h C.mc_store_t, addr unsafe.Pointer, length C.uint6
 		if err != nil {
 			return err
 		}
-		if err := s.RegisterBuffer(b); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.regs[uintptr(addr)] = uintptr(length)
-		s.mu.Unlock()
-		return nil
+		return s.RegisterBuffer(b)
 	})
 }
 
@@ -153,13 +147,7 @@ func mcgoStoreUnregisterBuffer(h C.mc_store_t, addr unsafe.Pointer, cerr *C.mc_e
 			return nullArg("addr")
 		}
 		// The client finds a registration by its first byte.
-		if err := s.UnregisterBuffer(unsafe.Slice((*byte)(addr), 1)); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		delete(s.regs, uintptr(addr))
-		s.mu.Unlock()
-		return nil
+		return s.UnregisterBuffer(unsafe.Slice((*byte)(addr), 1))
 	})
 }
 
@@ -427,7 +415,7 @@ func lensResult(out *C.uint64_t, ns []int) {
 
 // batchPut is the body of the batch put forms; f is the client's method.
 func batchPut(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, crc *C.mc_replicate_config_t,
-	codesOut *C.mc_status_t, cerr *C.mc_error_t, from bool,
+	codesOut *C.mc_status_t, cerr *C.mc_error_t,
 	f func(s *storeObj, ctx context.Context, ks []string, vs [][]byte, rc *client.ReplicateConfig) []error) C.mc_status_t {
 	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
 		vs, err := buffersAt(values, lens, count, "values")
@@ -438,47 +426,23 @@ func batchPut(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uin
 		if err != nil {
 			return nil, err
 		}
-		return func(ctx context.Context) []error {
-			if !from {
-				return f(s, ctx, ks, vs, rc)
-			}
-			// put_from takes registered memory only, as PutFrom: values
-			// outside every registered buffer fail alone, the rest go to the
-			// master as one batch.
-			errs := make([]error, len(ks))
-			var pk []string
-			var pv [][]byte
-			var idx []int
-			for i := range ks {
-				if len(vs[i]) > 0 && !s.registered(vs[i]) {
-					errs[i] = invalidParams("put_from %q: buffer is not registered", ks[i])
-					continue
-				}
-				pk, pv, idx = append(pk, ks[i]), append(pv, vs[i]), append(idx, i)
-			}
-			if len(pk) > 0 {
-				for j, err := range f(s, ctx, pk, pv, rc) {
-					errs[idx[j]] = err
-				}
-			}
-			return errs
-		}, nil
+		return func(ctx context.Context) []error { return f(s, ctx, ks, vs, rc) }, nil
 	})
 }
 
 //export mcgoStoreBatchPut
 func mcgoStoreBatchPut(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, rc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
-	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, false, (*storeObj).BatchPut)
+	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, (*storeObj).BatchPut)
 }
 
 //export mcgoStoreBatchPutFrom
 func mcgoStoreBatchPutFrom(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, rc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
-	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, true, (*storeObj).BatchPut)
+	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, (*storeObj).BatchPutFrom)
 }
 
 //export mcgoStoreBatchUpsert
 func mcgoStoreBatchUpsert(h C.mc_store_t, keys **C.char, values *unsafe.Pointer, lens *C.uint64_t, count C.size_t, rc *C.mc_replicate_config_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
-	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, false, (*storeObj).BatchUpsert)
+	return batchPut(h, keys, values, lens, count, rc, codesOut, cerr, (*storeObj).BatchUpsert)
 }
 
 //export mcgoStoreBatchGetInto

@@ -21,6 +21,7 @@ type putItem struct {
 	key   string
 	value []byte
 	parts [][]byte // the value in pieces, when value is nil (parts.go)
+	from  bool     // value must be in registered memory (PutFrom)
 	sum   uint32
 	reps  []*storepb.Replica
 	err   error
@@ -41,10 +42,17 @@ func (c *Client) Put(ctx context.Context, key string, value []byte, rc *Replicat
 // PutFrom is Put of a value in registered memory (RegisterBuffer), which
 // is never staged; unregistered memory gives InvalidParams.
 func (c *Client) PutFrom(ctx context.Context, key string, value []byte, rc *ReplicateConfig) error {
-	if !c.registered(value) {
-		return &storepb.Error{Code: storepb.InvalidParams, Msg: "PutFrom: buffer is not registered"}
+	return c.BatchPutFrom(ctx, []string{key}, [][]byte{value}, rc)[0]
+}
+
+// BatchPutFrom is PutFrom of many objects: a value outside registered
+// memory fails alone (InvalidParams), the rest are put as by BatchPut.
+func (c *Client) BatchPutFrom(ctx context.Context, keys []string, values [][]byte, rc *ReplicateConfig) []error {
+	var argErr error
+	if len(values) != len(keys) {
+		argErr = &storepb.Error{Code: storepb.InvalidParams, Msg: "keys and values differ in number"}
 	}
-	return c.Put(ctx, key, value, rc)
+	return c.putItems(ctx, keys, argErr, func(i int) *putItem { return &putItem{value: values[i], from: true} }, rc, false)
 }
 
 // Upsert stores value under key, replacing an existing value once the new
@@ -105,10 +113,8 @@ func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item
 		case it.size() == 0:
 			it.err = &storepb.Error{Code: storepb.InvalidParams, Msg: "empty value for " + quote(k)}
 		default:
-			if it.parts != nil {
-				if it.err = c.checkParts("put", k, it.parts); it.err != nil {
-					continue
-				}
+			if it.err = c.checkRegistered(it); it.err != nil {
+				continue
 			}
 			if !c.cfg.NoChecksum {
 				it.sum = it.checksum()
@@ -131,6 +137,18 @@ func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item
 		errs[i] = it.err
 	}
 	return errs
+}
+
+// checkRegistered refuses an item whose memory must be registered and is
+// not: parts always, a whole value for PutFrom.
+func (c *Client) checkRegistered(it *putItem) error {
+	switch {
+	case it.parts != nil:
+		return c.checkParts("put", it.key, it.parts)
+	case it.from && !c.registered(it.value):
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: "PutFrom: buffer is not registered"}
+	}
+	return nil
 }
 
 // start asks the master where to write every item.
