@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -22,6 +21,7 @@ func main() {
 }
 
 func newRoot() *cobra.Command {
+	stopProfile := func() {}
 	root := &cobra.Command{
 		Use:           "mooncake",
 		Short:         "Mooncake in Go: KV-cache transfer engine, store and scheduler",
@@ -31,9 +31,11 @@ func newRoot() *cobra.Command {
 			if err := setupLogging(viper.GetString("log-level")); err != nil {
 				return err
 			}
-			return startProfile(cmd)
+			var err error
+			stopProfile, err = startProfile(cmd)
+			return err
 		},
-		PersistentPostRun: func(*cobra.Command, []string) { pprof.StopCPUProfile() },
+		PersistentPostRun: func(*cobra.Command, []string) { stopProfile() },
 	}
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error (env MC_LOG_LEVEL)")
 	root.PersistentFlags().String("cpuprofile", "", "write a CPU profile of this process to the file")
@@ -53,19 +55,16 @@ func setupLogging(level string) error {
 	return nil
 }
 
-// startProfile starts the CPU profile --cpuprofile asks for; the root's
-// PersistentPostRun stops it. A command with a --cpuprofile of its own
-// (bench te: it also profiles its target) handles the flag itself.
-func startProfile(cmd *cobra.Command) error {
+// startProfile starts the CPU profile --cpuprofile asks for and returns
+// what stops it (the root's PersistentPostRun). A command with a
+// --cpuprofile of its own (bench te: it also profiles its target) handles
+// the flag itself.
+func startProfile(cmd *cobra.Command) (stop func(), err error) {
 	path, _ := cmd.Flags().GetString("cpuprofile")
 	if path == "" || cmd.LocalNonPersistentFlags().Lookup("cpuprofile") != nil {
-		return nil
+		return func() {}, nil
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("--cpuprofile: %w", err)
-	}
-	return pprof.StartCPUProfile(f)
+	return startCPUProfile(path)
 }
 
 func newBenchCmd() *cobra.Command {

@@ -2,7 +2,6 @@ package router
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -129,9 +128,7 @@ func (r *Router) handleModels(w http.ResponseWriter, req *http.Request) {
 	}
 	var last *apiError
 	for _, in := range list {
-		ctx, cancel := context.WithTimeout(req.Context(), r.cfg.PrefillTimeout)
-		body, status, e := r.call(ctx, req.Context(), in, phaseModels, http.MethodGet, "/v1/models", nil, r.engineHeader(req, uuid.NewString()))
-		cancel()
+		body, status, e := r.call(req, uuid.NewString(), in, phaseModels, http.MethodGet, "/v1/models", nil)
 		if e == nil {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(status)

@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -122,11 +124,13 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, route string, s
 	return r.decode(w, req, din, in, id, kv, start)
 }
 
-// ticket releases a scheduled request's load exactly once per phase.
+// ticket releases a scheduled request's load exactly once per phase:
+// prefillDone when the prefill ends, finish (deferred) when the request
+// does.
 type ticket struct {
-	r                  *Router
-	id                 string
-	prefilled, decoded bool
+	r         *Router
+	id        string
+	prefilled bool
 }
 
 func (t *ticket) prefillDone() {
@@ -141,10 +145,6 @@ func (t *ticket) prefillDone() {
 
 func (t *ticket) finish() {
 	t.prefillDone()
-	if t.decoded {
-		return
-	}
-	t.decoded = true
 	t.r.schedMu.Lock()
 	t.r.sched.DecodeDone(t.r.now(), t.id)
 	t.r.schedMu.Unlock()
@@ -207,9 +207,9 @@ func parseCompletion(in *inference) *apiError {
 	if !ok {
 		return badParam("prompt", "prompt is required")
 	}
-	var text string
-	if json.Unmarshal(raw, &text) == nil {
-		return in.setTokenize("prompt", raw)
+	if isString(raw) {
+		in.setTokenize("prompt", raw)
+		return nil
 	}
 	var ids []int
 	if json.Unmarshal(raw, &ids) == nil {
@@ -226,8 +226,9 @@ func parseCompletion(in *inference) *apiError {
 	if len(batch) != 1 {
 		return badParam("prompt", "batches of %d prompts are not routed: send one request per prompt", len(batch))
 	}
-	if json.Unmarshal(batch[0], &text) == nil {
-		return in.setTokenize("prompt", batch[0])
+	if isString(batch[0]) {
+		in.setTokenize("prompt", batch[0])
+		return nil
 	}
 	if json.Unmarshal(batch[0], &ids) == nil && len(ids) > 0 {
 		in.ids = ids
@@ -240,14 +241,11 @@ func parseCompletion(in *inference) *apiError {
 // template, so the fields that shape the templated prompt go with them.
 func parseChat(in *inference) *apiError {
 	raw, ok := present(in.fields, "messages")
-	var msgs []json.RawMessage
-	if !ok || json.Unmarshal(raw, &msgs) != nil || len(msgs) == 0 {
+	if !ok || !isNonEmptyList(raw) {
 		return badParam("messages", "messages must be a non-empty list")
 	}
-	if e := in.setTokenize("messages", raw); e != nil {
-		return e
-	}
-	for _, k := range []string{"add_generation_prompt", "continue_final_message", "add_special_tokens",
+	in.setTokenize("messages", raw)
+	for _, k := range []string{"add_generation_prompt", "continue_final_message",
 		"chat_template", "chat_template_kwargs", "tools", "documents", "mm_processor_kwargs"} {
 		if v, ok := present(in.fields, k); ok {
 			in.tokenize[k] = v
@@ -256,14 +254,51 @@ func parseChat(in *inference) *apiError {
 	return nil
 }
 
-func (in *inference) setTokenize(key string, v json.RawMessage) *apiError {
+func (in *inference) setTokenize(key string, v json.RawMessage) {
 	in.tokenize = map[string]json.RawMessage{key: v}
 	for _, k := range []string{"model", "add_special_tokens"} {
 		if v, ok := present(in.fields, k); ok {
 			in.tokenize[k] = v
 		}
 	}
-	return nil
+}
+
+// encodeFields writes a request body as json.Marshal would, keys sorted,
+// but copies the values as they are: they are valid JSON already (they
+// were decoded from the client's body or written by the router), and
+// json.Marshal would scan every byte of the prompt again to compact it.
+func encodeFields(m map[string]json.RawMessage) []byte {
+	n := 2
+	for k, v := range m {
+		n += len(k) + len(v) + 8
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		key, _ := json.Marshal(k)
+		b = append(append(b, key...), ':')
+		if v := m[k]; len(v) > 0 {
+			b = append(b, v...)
+		} else {
+			b = append(b, "null"...)
+		}
+	}
+	return append(b, '}')
+}
+
+// isString and isNonEmptyList tell the type of a valid JSON value from its
+// first bytes, without decoding a prompt the router only passes on.
+func isString(v json.RawMessage) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) > 0 && v[0] == '"'
+}
+
+func isNonEmptyList(v json.RawMessage) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) > 2 && v[0] == '[' && len(bytes.TrimSpace(v[1:len(v)-1])) > 0
 }
 
 // present returns a field that is set and not null.
@@ -309,12 +344,10 @@ func (r *Router) tokens(req *http.Request, in *inference, id string) ([]int, *ap
 		prefill = append(prefill[k:], prefill[:k]...)
 	}
 	cands := append(prefill, decode...)
-	body, _ := json.Marshal(in.tokenize)
+	body := encodeFields(in.tokenize)
 	var last *apiError
 	for _, x := range cands[:min(len(cands), 3)] {
-		ctx, cancel := context.WithTimeout(req.Context(), r.cfg.PrefillTimeout)
-		b, _, e := r.call(ctx, req.Context(), x, phaseTokenize, http.MethodPost, "/tokenize", body, r.engineHeader(req, id))
-		cancel()
+		b, _, e := r.call(req, id, x, phaseTokenize, http.MethodPost, "/tokenize", body)
 		if e == nil {
 			var ans struct {
 				Tokens []int `json:"tokens"`
@@ -378,12 +411,10 @@ func (r *Router) prefill(req *http.Request, p Instance, in *inference, id string
 	}
 	kv, _ := json.Marshal(prefillParams{DoRemoteDecode: true, TransferID: id})
 	body["kv_transfer_params"] = kv
-	raw, _ := json.Marshal(body)
+	raw := encodeFields(body)
 
-	ctx, cancel := context.WithTimeout(req.Context(), r.cfg.PrefillTimeout)
-	defer cancel()
 	start := time.Now()
-	b, _, e := r.call(ctx, req.Context(), p, phasePrefill, http.MethodPost, enginePath(in.route), raw, r.engineHeader(req, id))
+	b, _, e := r.call(req, id, p, phasePrefill, http.MethodPost, enginePath(in.route), raw)
 	if e != nil {
 		return nil, e
 	}
@@ -406,7 +437,7 @@ func (r *Router) prefill(req *http.Request, p Instance, in *inference, id string
 func (r *Router) decode(w http.ResponseWriter, req *http.Request, d Instance, in *inference, id string, kv json.RawMessage, start time.Time) string {
 	body := maps.Clone(in.fields)
 	body["kv_transfer_params"] = kv
-	raw, _ := json.Marshal(body)
+	raw := encodeFields(body)
 
 	ctx, cancel := context.WithTimeout(req.Context(), r.cfg.DecodeTimeout)
 	defer cancel()
@@ -446,13 +477,13 @@ func (r *Router) decode(w http.ResponseWriter, req *http.Request, d Instance, in
 		case len(b) > defaultMaxResponseBytes:
 			return finishWith(w, r.engineBroken(d, phaseDecode, "answer over %d bytes", defaultMaxResponseBytes))
 		}
-		w.Header().Set("Content-Type", cmpStr(resp.Header.Get("Content-Type"), "application/json"))
+		w.Header().Set("Content-Type", cmp.Or(resp.Header.Get("Content-Type"), "application/json"))
 		w.WriteHeader(resp.StatusCode)
 		_, _ = w.Write(b)
 		return outcomeOK
 	}
 	timer.Reset(r.cfg.IdleTimeout)
-	w.Header().Set("Content-Type", cmpStr(resp.Header.Get("Content-Type"), "text/event-stream"))
+	w.Header().Set("Content-Type", cmp.Or(resp.Header.Get("Content-Type"), "text/event-stream"))
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
@@ -539,13 +570,6 @@ func finishWith(w http.ResponseWriter, e *apiError) string {
 	return e.outcome
 }
 
-func cmpStr(s, otherwise string) string {
-	if s != "" {
-		return s
-	}
-	return otherwise
-}
-
 // engineHeader is the header of a request to an engine: JSON, the
 // client's credentials (engines may run with --api-key) and the request
 // ID, the same for tokenize, prefill and decode so engine logs line up.
@@ -559,10 +583,14 @@ func (r *Router) engineHeader(req *http.Request, id string) http.Header {
 	return h
 }
 
-// call sends one request to an engine and reads its whole answer. ctx
-// bounds the call; client is the client's request context, which tells a
-// client that went away from an engine that timed out.
-func (r *Router) call(ctx, client context.Context, x Instance, phase, method, path string, body []byte, h http.Header) ([]byte, int, *apiError) {
+// call sends one request of the client's request creq, as request id, to
+// an engine and reads its whole answer: a call that should answer quickly
+// (tokenize, prefill, models), bounded by PrefillTimeout.
+func (r *Router) call(creq *http.Request, id string, x Instance, phase, method, path string, body []byte) ([]byte, int, *apiError) {
+	client := creq.Context()
+	limit := r.cfg.PrefillTimeout
+	ctx, cancel := context.WithTimeout(client, limit)
+	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -571,10 +599,7 @@ func (r *Router) call(ctx, client context.Context, x Instance, phase, method, pa
 	if err != nil {
 		return nil, 0, r.engineBroken(x, phase, "%v", err)
 	}
-	if h != nil {
-		req.Header = h
-	}
-	limit := r.cfg.PrefillTimeout
+	req.Header = r.engineHeader(creq, id)
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return nil, 0, r.engineFailure(ctx, client, x, phase, limit, err)

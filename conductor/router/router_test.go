@@ -186,3 +186,13 @@ func TestTokenizeFallsOverAndCredentialsPass(t *testing.T) {
 	assert.Equal(t, 2.0, h.metric(`mooncake_conductor_engine_errors_total{instance="p0",phase="tokenize"}`),
 		"p0 is asked first every other request")
 }
+
+// encodeFields writes what json.Marshal writes of compact values.
+func TestEncodeFields(t *testing.T) {
+	m := map[string]json.RawMessage{"prompt": json.RawMessage(`"a \"b\""`), "max_tokens": json.RawMessage(`1`),
+		"k\"ey": json.RawMessage(`{"x":[1,2]}`), "none": nil}
+	want, err := json.Marshal(m)
+	require.NoError(t, err)
+	assert.Equal(t, string(want), string(encodeFields(m)))
+	assert.Equal(t, "{}", string(encodeFields(nil)))
+}
