@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -108,15 +107,7 @@ func TestConductorCommand(t *testing.T) {
 	assert.Contains(t, string(b), `mooncake_conductor_requests_total{outcome="ok",route="completions"} 3`)
 	assert.Contains(t, string(b), "go_goroutines")
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "conductor exits 0 on SIGTERM")
-	case <-time.After(20 * time.Second):
-		t.Fatal("conductor did not stop on SIGTERM")
-	}
+	stopOnSIGTERM(t, cmd, "conductor")
 }
 
 // Bad instances and settings stop the command before it listens, naming

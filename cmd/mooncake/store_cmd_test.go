@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -33,15 +34,7 @@ func TestUpCommand(t *testing.T) {
 	require.True(t, bytes.Equal(want, got))
 	require.NoError(t, c.Close())
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "up exits 0 on SIGTERM")
-	case <-time.After(20 * time.Second):
-		t.Fatal("up did not stop on SIGTERM")
-	}
+	stopOnSIGTERM(t, cmd, "up")
 }
 
 // The main job end to end, scaled down: the replay runs, verifies every
@@ -61,5 +54,19 @@ func TestBenchTraceCommand(t *testing.T) {
 		st, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)
 		assert.Positive(t, st.Size())
+	}
+}
+
+// stopOnSIGTERM sends cmd SIGTERM and requires it to exit 0 within 20 s.
+func stopOnSIGTERM(t *testing.T, cmd *exec.Cmd, name string) {
+	t.Helper()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "%s exits 0 on SIGTERM", name)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s did not stop on SIGTERM", name)
 	}
 }
