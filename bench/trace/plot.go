@@ -9,16 +9,6 @@ import (
 	"github.com/mooncake-go/mooncake/internal/plot"
 )
 
-// Plot geometry, in pixels.
-const (
-	plotW, plotH = 1000, 720
-	marginL      = 70
-	marginR      = 20
-	panelH       = 270
-	topY         = 40  // top of the hit-ratio panel
-	bottomY      = 400 // top of the latency panel
-)
-
 // WritePlot draws rs as a PNG at path: above, the cumulative hit ratio
 // against the request index, actual and infinite-cache bound; below, the
 // latency of every BatchGet (grey dots, clipped at the 99.5th percentile)
@@ -28,7 +18,7 @@ func WritePlot(path string, rs []RequestResult) error {
 }
 
 func drawPlot(rs []RequestResult) *plot.Canvas {
-	c := plot.NewCanvas(plotW, plotH)
+	c := plot.NewCanvas(plot.Width, plot.TallHeight)
 	n := float64(max(len(rs), 1))
 
 	// Cumulative hit ratios.
@@ -47,8 +37,8 @@ func drawPlot(rs []RequestResult) *plot.Canvas {
 		infinite = append(infinite, [2]float64{float64(i), bound / blocks})
 		top = max(top, hits/blocks, bound/blocks)
 	}
-	p := plot.Panel{X0: marginL, Y0: topY, X1: plotW - marginR, Y1: topY + panelH,
-		XMax: n, YMax: plot.NiceCeil(max(top*1.1, 0.01))}
+	p := plot.Upper()
+	p.XMax, p.YMax = n, plot.NiceCeil(max(top*1.1, 0.01))
 	p.Axes(c, "cumulative hit ratio (blocks hit / blocks asked)", func(v float64) string {
 		return fmt.Sprintf("%g%%", math.Round(v*1000)/10)
 	})
@@ -71,7 +61,8 @@ func drawPlot(rs []RequestResult) *plot.Canvas {
 	if len(sorted) > 0 {
 		ceil = plot.NiceCeil(max(sorted[int(0.995*float64(len(sorted)-1))]*1.1, 1e-3))
 	}
-	q := plot.Panel{X0: marginL, Y0: bottomY, X1: plotW - marginR, Y1: bottomY + panelH, XMax: n, YMax: ceil}
+	q := plot.Lower()
+	q.XMax, q.YMax = n, ceil
 	q.Axes(c, "BatchGet latency (ms) by request", func(v float64) string { return fmt.Sprintf("%g", v) })
 	for _, pt := range lat {
 		x, y := q.PX(pt[0]), q.PY(min(pt[1], ceil))
@@ -97,6 +88,6 @@ func drawPlot(rs []RequestResult) *plot.Canvas {
 	q.Polyline(c, med, plot.Blue)
 	c.Legend(q.X0+10, q.Y0+16, []string{"each get", fmt.Sprintf("median per %d requests", window)},
 		[]color.RGBA{plot.LightGray, plot.Blue})
-	c.Text(plotW/2-60, plotH-12, "request index (trace order)", plot.Black)
+	c.Text(plot.Width/2-60, plot.TallHeight-12, "request index (trace order)", plot.Black)
 	return c
 }

@@ -15,12 +15,10 @@ import (
 // chunking, every iteration carries the decode tokens and a chunk of the
 // oldest waiting prompt, which stretches each iteration instead.
 type coupledNode struct {
-	id      string
-	cache   *lru // nil: no prefix caching
-	waiting []int
-	batch   []int
-	mem     int // tokens reserved: prompt + output of the batch and of the prompt in prefill
-	kv      int // tokens in the batch's KV caches now
+	id          string
+	cache       *lru // nil: no prefix caching
+	waiting     []int
+	decodeBatch // its mem also reserves the prompt in prefill
 
 	// The iteration in progress.
 	running  bool
@@ -153,22 +151,7 @@ func (s *state) runCoupled() error {
 	handle := func(e event) error {
 		n := nodes[e.inst]
 		if n.decoding {
-			kept := n.batch[:0]
-			for _, ri := range n.batch {
-				r := &s.reqs[ri]
-				r.longest.add(s.now-r.lastToken, r.decodeTokens())
-				r.lastToken = s.now
-				r.decoded++
-				n.kv++
-				if r.decoded < r.decodeTokens() {
-					kept = append(kept, ri)
-					continue
-				}
-				n.mem -= r.InputTokens + r.OutputTokens
-				n.kv -= r.InputTokens + r.decoded
-				r.Finish, r.done = s.now, true
-			}
-			n.batch = kept
+			n.token(s.reqs, s.now, nil)
 		}
 		if ri := n.prefill; ri >= 0 {
 			r := &s.reqs[ri]

@@ -44,17 +44,22 @@ func (c *lru) insert(blocks []uint64, evicted func(uint64)) {
 			c.pushFront(n)
 			continue
 		}
-		n := &lruNode{key: k}
+		// Full: the least recently used block leaves and its node
+		// carries k.
+		var n *lruNode
+		if c.capacity > 0 && len(c.nodes) >= c.capacity {
+			n = c.head.prev
+			c.unlink(n)
+			delete(c.nodes, n.key)
+			if evicted != nil {
+				evicted(n.key)
+			}
+		} else {
+			n = new(lruNode)
+		}
+		n.key = k
 		c.nodes[k] = n
 		c.pushFront(n)
-		if c.capacity > 0 && len(c.nodes) > c.capacity {
-			old := c.head.prev
-			c.unlink(old)
-			delete(c.nodes, old.key)
-			if evicted != nil {
-				evicted(old.key)
-			}
-		}
 	}
 }
 

@@ -9,16 +9,6 @@ import (
 	"github.com/mooncake-go/mooncake/internal/plot"
 )
 
-// Plot geometry, in pixels.
-const (
-	plotW, plotH = 1000, 720
-	marginL      = 70
-	marginR      = 20
-	panelH       = 270
-	topY         = 40  // top of the upper panel
-	bottomY      = 400 // top of the lower panel
-)
-
 func colours(n int) []color.RGBA {
 	out := make([]color.RGBA, n)
 	for i := range out {
@@ -42,7 +32,7 @@ func cdf(v []float64, ceil float64) [][2]float64 {
 // WritePlot draws the distributions of TTFT (above) and TBT (below) of
 // the admitted requests of one or more runs, as a PNG at path.
 func WritePlot(path string, rs ...*Result) error {
-	c := plot.NewCanvas(plotW, plotH)
+	c := plot.NewCanvas(plot.Width, plot.TallHeight)
 	names := make([]string, len(rs))
 	ttft := make([][]float64, len(rs))
 	tbt := make([][]float64, len(rs))
@@ -63,9 +53,11 @@ func WritePlot(path string, rs ...*Result) error {
 	}
 	ceilT := plot.NiceCeil(max(percentile(allTTFT, 0.99), 1e-3))
 	ceilB := plot.NiceCeil(max(percentile(allTBT, 0.99), 1e-3))
-	p := plot.Panel{X0: marginL, Y0: topY, X1: plotW - marginR, Y1: topY + panelH, XMax: ceilT, YMax: 1}
+	p := plot.Upper()
+	p.XMax, p.YMax = ceilT, 1
 	p.Axes(c, "CDF of TTFT (s), admitted requests", plot.Percent)
-	q := plot.Panel{X0: marginL, Y0: bottomY, X1: plotW - marginR, Y1: bottomY + panelH, XMax: ceilB, YMax: 1}
+	q := plot.Lower()
+	q.XMax, q.YMax = ceilB, 1
 	q.Axes(c, "CDF of TBT (ms): mean of the longest 10% of a request's token intervals", plot.Percent)
 	cols := colours(len(rs))
 	for i := range rs {
@@ -78,7 +70,7 @@ func WritePlot(path string, rs ...*Result) error {
 
 // PlotFig5 draws the mean TTFT of each policy as bars (Fig. 5).
 func PlotFig5(path string, rs []*Result) error {
-	c := plot.NewCanvas(plotW, 420)
+	c := plot.NewCanvas(plot.Width, plot.ShortHeight)
 	names := make([]string, len(rs))
 	vals := make([]float64, len(rs))
 	top := 0.0
@@ -87,8 +79,8 @@ func PlotFig5(path string, rs []*Result) error {
 		names[i], vals[i] = s.Policy, s.TTFTMeanS
 		top = max(top, vals[i])
 	}
-	p := plot.Panel{X0: marginL, Y0: 40, X1: plotW - marginR, Y1: 370, Categories: names,
-		YMax: plot.NiceCeil(max(top*1.15, 0.1))}
+	p := plot.Single()
+	p.Categories, p.YMax = names, plot.NiceCeil(max(top*1.15, 0.1))
 	p.Axes(c, "mean TTFT (s) by prefill policy", plot.Plain)
 	p.Bars(c, [][]float64{vals}, func(v float64) string { return fmt.Sprintf("%.2f", v) })
 	return c.Save(path)
@@ -98,14 +90,14 @@ func PlotFig5(path string, rs []*Result) error {
 // infinite-capacity bound dashed and the 3M-token local cache marked
 // (Fig. 9).
 func PlotFig9(path string, h HitCurve) error {
-	c := plot.NewCanvas(plotW, 420)
+	c := plot.NewCanvas(plot.Width, plot.ShortHeight)
 	pts := make([][2]float64, len(h.Capacities))
 	for i, cp := range h.Capacities {
 		pts[i] = [2]float64{float64(cp), h.Ratios[i]}
 	}
-	p := plot.Panel{X0: marginL, Y0: 40, X1: plotW - marginR, Y1: 370, LogX: true,
-		XMin: float64(h.Capacities[0]), XMax: float64(h.Capacities[len(h.Capacities)-1]),
-		YMax: plot.NiceCeil(max(h.Infinite*1.2, 0.01))}
+	p := plot.Single()
+	p.LogX, p.XMin, p.XMax = true, float64(h.Capacities[0]), float64(h.Capacities[len(h.Capacities)-1])
+	p.YMax = plot.NiceCeil(max(h.Infinite*1.2, 0.01))
 	p.Axes(c, "prefix-cache hit ratio vs LRU capacity (tokens)", plot.Percent)
 	p.HLine(c, h.Infinite, plot.Orange)
 	if x := float64(DefaultLocalTokens); x > p.XMin && x < p.XMax {
@@ -123,15 +115,15 @@ func PlotFig9(path string, h HitCurve) error {
 // PlotFig10 draws the hit ratio and the mean prefill GPU time of the
 // local- and global-cache runs side by side (Fig. 10).
 func PlotFig10(path string, local, global *Result) error {
-	c := plot.NewCanvas(plotW, plotH)
+	c := plot.NewCanvas(plot.Width, plot.TallHeight)
 	l, g := local.Summary(), global.Summary()
 	cats := []string{"local cache", "global cache"}
-	p := plot.Panel{X0: marginL, Y0: topY, X1: plotW - marginR, Y1: topY + panelH, Categories: cats,
-		YMax: plot.NiceCeil(max(l.CacheHitRatio, g.CacheHitRatio)*1.2 + 1e-3)}
+	p := plot.Upper()
+	p.Categories, p.YMax = cats, plot.NiceCeil(max(l.CacheHitRatio, g.CacheHitRatio)*1.2+1e-3)
 	p.Axes(c, "cache hit ratio", plot.Percent)
 	p.Bars(c, [][]float64{{l.CacheHitRatio, g.CacheHitRatio}}, plot.Percent)
-	q := plot.Panel{X0: marginL, Y0: bottomY, X1: plotW - marginR, Y1: bottomY + panelH, Categories: cats,
-		YMax: plot.NiceCeil(max(l.PrefillTimeMeanS, g.PrefillTimeMeanS)*1.2 + 1e-3)}
+	q := plot.Lower()
+	q.Categories, q.YMax = cats, plot.NiceCeil(max(l.PrefillTimeMeanS, g.PrefillTimeMeanS)*1.2+1e-3)
 	q.Axes(c, "mean prefill GPU time (s)", plot.Plain)
 	q.Bars(c, [][]float64{{l.PrefillTimeMeanS, g.PrefillTimeMeanS}}, func(v float64) string {
 		return fmt.Sprintf("%.3f", v)
@@ -142,9 +134,9 @@ func PlotFig10(path string, local, global *Result) error {
 // PlotFig1 draws the effective request ratio of each run against the TBT
 // threshold, on a log axis (Fig. 1).
 func PlotFig1(path string, names []string, rs []*Result, thresholds []time.Duration) error {
-	c := plot.NewCanvas(plotW, 420)
-	p := plot.Panel{X0: marginL, Y0: 40, X1: plotW - marginR, Y1: 370, LogX: true,
-		XMin: float64(thresholds[0]) / 1e6, XMax: float64(thresholds[len(thresholds)-1]) / 1e6, YMax: 1}
+	c := plot.NewCanvas(plot.Width, plot.ShortHeight)
+	p := plot.Single()
+	p.LogX, p.XMin, p.XMax, p.YMax = true, float64(thresholds[0])/1e6, float64(thresholds[len(thresholds)-1])/1e6, 1
 	p.Axes(c, "effective request ratio vs TBT threshold (ms), TTFT <= SLO", plot.Percent)
 	cols := colours(len(rs))
 	for i, r := range rs {
@@ -162,9 +154,9 @@ func PlotFig1(path string, names []string, rs []*Result, thresholds []time.Durat
 // first system's (Mooncake = 100%), against the TBT threshold on a log
 // axis: the paper's Fig. 1.
 func PlotCapacity(path string, names []string, c Capacity, target float64) error {
-	cv := plot.NewCanvas(plotW, 420)
-	p := plot.Panel{X0: marginL, Y0: 40, X1: plotW - marginR, Y1: 370, LogX: true,
-		XMin: float64(c.Thresholds[0]) / 1e6, XMax: float64(c.Thresholds[len(c.Thresholds)-1]) / 1e6, YMax: 1}
+	cv := plot.NewCanvas(plot.Width, plot.ShortHeight)
+	p := plot.Single()
+	p.LogX, p.XMin, p.XMax, p.YMax = true, float64(c.Thresholds[0])/1e6, float64(c.Thresholds[len(c.Thresholds)-1])/1e6, 1
 	p.Axes(cv, fmt.Sprintf("request capacity (highest load with >= %.0f%% effective) relative to %s, vs TBT threshold (ms)",
 		100*target, names[0]), plot.Percent)
 	cols := colours(len(names))
@@ -189,7 +181,7 @@ func PlotCapacity(path string, names []string, c Capacity, target float64) error
 // instance holds that two or more hold. Runs without samples (the coupled
 // baseline) are left out.
 func PlotReplicas(path string, rs ...*Result) error {
-	c := plot.NewCanvas(plotW, plotH)
+	c := plot.NewCanvas(plot.Width, plot.TallHeight)
 	var names []string
 	var hot, multi [][][2]float64
 	tMax, hotMax, multiMax := 1.0, 1.0, 0.01
@@ -216,11 +208,11 @@ func PlotReplicas(path string, rs ...*Result) error {
 		hotN = rs[0].Config.withDefaults().HotBlocks
 	}
 	xMax := plot.NiceCeil(tMax)
-	p := plot.Panel{X0: marginL, Y0: topY, X1: plotW - marginR, Y1: topY + panelH, XMax: xMax,
-		YMax: plot.NiceCeil(hotMax * 1.1)}
+	p := plot.Upper()
+	p.XMax, p.YMax = xMax, plot.NiceCeil(hotMax*1.1)
 	p.Axes(c, fmt.Sprintf("mean replicas of the %d most requested blocks vs simulated time (s)", hotN), plot.Plain)
-	q := plot.Panel{X0: marginL, Y0: bottomY, X1: plotW - marginR, Y1: bottomY + panelH, XMax: xMax,
-		YMax: min(plot.NiceCeil(multiMax*1.2), 1)}
+	q := plot.Lower()
+	q.XMax, q.YMax = xMax, min(plot.NiceCeil(multiMax*1.2), 1)
 	q.Axes(c, "share of cached blocks held by 2 or more prefill instances vs simulated time (s)", plot.Percent)
 	cols := colours(len(names))
 	for i := range names {

@@ -106,15 +106,15 @@ func mean(v []float64) float64 {
 	return sum / float64(len(v))
 }
 
-// percentile is the q-quantile of v by the nearest rank; 0 for none.
+// percentile is the q-quantile of v by the nearest rank; 0 for none. It
+// sorts v.
 func percentile(v []float64, q float64) float64 {
 	if len(v) == 0 {
 		return 0
 	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[min(max(i, 0), len(s)-1)]
+	slices.Sort(v)
+	i := int(math.Ceil(q*float64(len(v)))) - 1
+	return v[min(max(i, 0), len(v)-1)]
 }
 
 // WriteTable prints summaries as an aligned table, one run per row.

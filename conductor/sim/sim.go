@@ -254,12 +254,43 @@ type prefillNode struct {
 // requests whose KV cache has arrived wait until an iteration ends and
 // their cache fits in HBM, then get a token every iteration.
 type decodeNode struct {
-	id      string
-	batch   []int
+	id string
+	decodeBatch
 	waiting []int
 	running bool
-	mem     int // tokens reserved by the batch: prompt + output each
-	kv      int // tokens in the batch's KV caches now
+}
+
+// decodeBatch is a continuous batch of decoding requests, of a decode or a
+// coupled instance.
+type decodeBatch struct {
+	batch []int
+	mem   int // tokens reserved: prompt + output of each request
+	kv    int // tokens in the batch's KV caches now
+}
+
+// token ends an iteration of the batch at now: every request gets a token,
+// and those that have all theirs leave, done at now, each then passed to
+// finished (nil: none).
+func (b *decodeBatch) token(reqs []request, now time.Duration, finished func(*request)) {
+	kept := b.batch[:0]
+	for _, ri := range b.batch {
+		r := &reqs[ri]
+		r.longest.add(now-r.lastToken, r.decodeTokens())
+		r.lastToken = now
+		r.decoded++
+		b.kv++
+		if r.decoded < r.decodeTokens() {
+			kept = append(kept, ri)
+			continue
+		}
+		b.mem -= r.InputTokens + r.OutputTokens
+		b.kv -= r.InputTokens + r.decoded
+		r.Finish, r.done = now, true
+		if finished != nil {
+			finished(r)
+		}
+	}
+	b.batch = kept
 }
 
 // runDisaggregated replays the trace on prefill and decode pools that a
@@ -337,22 +368,7 @@ func (s *state) runDisaggregated() error {
 	iterate := func(di int, ended bool) {
 		d := decode[di]
 		if ended {
-			kept := d.batch[:0]
-			for _, ri := range d.batch {
-				r := &s.reqs[ri]
-				r.longest.add(s.now-r.lastToken, r.decodeTokens())
-				r.lastToken = s.now
-				r.decoded++
-				d.kv++
-				if r.decoded < r.decodeTokens() {
-					kept = append(kept, ri)
-					continue
-				}
-				d.mem -= r.InputTokens + r.OutputTokens
-				d.kv -= r.InputTokens + r.decoded
-				finish(r)
-			}
-			d.batch = kept
+			d.token(s.reqs, s.now, finish)
 		}
 		d.admit(s.reqs, sc.Decode.KVTokens)
 		d.running = len(d.batch) > 0

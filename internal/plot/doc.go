@@ -14,6 +14,10 @@
 //	c.Legend(p.X0+10, p.Y0+16, []string{"LRU"}, []color.RGBA{plot.Blue})
 //	err := c.Save("hits.png")
 //
+// The repository's figures share one layout: Width wide, with the Upper
+// and Lower panels of a TallHeight canvas or the Single one of a
+// ShortHeight canvas.
+//
 // The X axis is linear from 0 by default; LogX makes it logarithmic from
 // XMin, Categories puts one labelled slot per category for bar charts.
 package plot

@@ -135,6 +135,29 @@ func (c *Canvas) Legend(x, y int, names []string, cols []color.RGBA) {
 	}
 }
 
+// The layout of the repository's figures, in pixels: Width wide, either
+// two panels one above the other (Upper, Lower) on a canvas TallHeight
+// high, or one (Single) on a canvas ShortHeight high. Each panel leaves
+// room on its left for the Y labels, above for its title and below for
+// the X labels.
+const (
+	Width       = 1000
+	TallHeight  = 720
+	ShortHeight = 420
+	marginL     = 70
+	marginR     = 20
+)
+
+// Upper is the upper panel of a TallHeight figure, its data bounds to
+// fill in.
+func Upper() Panel { return Panel{X0: marginL, Y0: 40, X1: Width - marginR, Y1: 310} }
+
+// Lower is the lower panel of a TallHeight figure.
+func Lower() Panel { return Panel{X0: marginL, Y0: 400, X1: Width - marginR, Y1: 670} }
+
+// Single is the panel of a ShortHeight figure.
+func Single() Panel { return Panel{X0: marginL, Y0: 40, X1: Width - marginR, Y1: 370} }
+
 // Panel maps data coordinates to the pixel box X0..X1, Y0..Y1 (Y grows
 // downwards on the canvas, upwards in data).
 type Panel struct {
