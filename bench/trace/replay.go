@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mooncake-go/mooncake/internal/hist"
 )
 
 // Store is what the replay needs from a KV-cache store; keys are block keys.
@@ -510,18 +512,7 @@ func (rp *replay) summarize(n int, wall time.Duration) *Result {
 	if r.Seconds > 0 {
 		r.GBPerS = r.GB / r.Seconds
 	}
-	r.GetP50, r.GetP99 = quantile(gets, 0.5), quantile(gets, 0.99)
-	r.PutP50, r.PutP99 = quantile(puts, 0.5), quantile(puts, 0.99)
+	r.GetP50, r.GetP99 = hist.NearestRank(gets, 0.5), hist.NearestRank(gets, 0.99)
+	r.PutP50, r.PutP99 = hist.NearestRank(puts, 0.5), hist.NearestRank(puts, 0.99)
 	return r
-}
-
-// quantile returns the q-quantile of ds by nearest rank, zero when empty.
-// It sorts ds.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	rank := int(math.Ceil(q * float64(len(ds))))
-	return ds[min(max(rank, 1), len(ds))-1]
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -115,9 +114,7 @@ store is started for each run unless --master points at one.`,
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(med)
+				return writeJSON(out, med)
 			}
 			for _, s := range slices.Compact(skipped) {
 				fmt.Fprintln(out, "skipped", s)

@@ -1,10 +1,13 @@
 // Command mooncake is the one CLI of mooncake-go: the store's master and
 // storage nodes, the all-in-one store (up), the HTTP metadata server, and
-// the benchmarks (trace replay, store, transfer engine).
+// the Conductor and its simulator (conductor, sim), and the benchmarks
+// (trace replay, store, transfer engine).
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -74,4 +77,11 @@ func newBenchCmd() *cobra.Command {
 	}
 	c.AddCommand(newBenchTECmd(), newBenchTraceCmd(), newBenchStoreCmd())
 	return c
+}
+
+// writeJSON writes v as indented JSON, the --json output of every command.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -244,12 +243,6 @@ func writeReplicas(out io.Writer, sf *simFlags, prefix string, r *sim.Result) er
 	}
 	fmt.Fprintf(out, "replica samples: %s\n", path)
 	return nil
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 func newSimFig5Cmd(sf *simFlags) *cobra.Command {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mooncake-go/mooncake/internal/hist"
 	"github.com/mooncake-go/mooncake/internal/plot"
 )
 
@@ -51,8 +52,8 @@ func WritePlot(path string, rs ...*Result) error {
 		allTTFT = append(allTTFT, ttft[i]...)
 		allTBT = append(allTBT, tbt[i]...)
 	}
-	ceilT := plot.NiceCeil(max(percentile(allTTFT, 0.99), 1e-3))
-	ceilB := plot.NiceCeil(max(percentile(allTBT, 0.99), 1e-3))
+	ceilT := plot.NiceCeil(max(hist.NearestRank(allTTFT, 0.99), 1e-3))
+	ceilB := plot.NiceCeil(max(hist.NearestRank(allTBT, 0.99), 1e-3))
 	p := plot.Upper()
 	p.XMax, p.YMax = ceilT, 1
 	p.Axes(c, "CDF of TTFT (s), admitted requests", plot.Percent)

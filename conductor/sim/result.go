@@ -3,10 +3,10 @@ package sim
 import (
 	"fmt"
 	"io"
-	"math"
-	"slices"
 	"text/tabwriter"
 	"time"
+
+	"github.com/mooncake-go/mooncake/internal/hist"
 )
 
 // Summary is a replay in the numbers the paper reports; its JSON is what
@@ -77,8 +77,8 @@ func (r *Result) Summary() Summary {
 		s.TTFTMeanS = mean(ttft)
 		s.PrefillTimeMeanS = prefill / float64(n)
 	}
-	s.TTFTP90S = percentile(ttft, 0.9)
-	s.TBTP90MS = percentile(tbt, 0.9)
+	s.TTFTP90S = hist.NearestRank(ttft, 0.9)
+	s.TBTP90MS = hist.NearestRank(tbt, 0.9)
 	s.EffectiveRequestRatio = r.Effective(ttftSLO, tbtSLO)
 	return s
 }
@@ -104,17 +104,6 @@ func mean(v []float64) float64 {
 		sum += x
 	}
 	return sum / float64(len(v))
-}
-
-// percentile is the q-quantile of v by the nearest rank; 0 for none. It
-// sorts v.
-func percentile(v []float64, q float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	i := int(math.Ceil(q*float64(len(v)))) - 1
-	return v[min(max(i, 0), len(v)-1)]
 }
 
 // WriteTable prints summaries as an aligned table, one run per row.

@@ -41,3 +41,15 @@ func TestHistogramBuckets(t *testing.T) {
 		}
 	}
 }
+
+func TestNearestRank(t *testing.T) {
+	v := []float64{5, 1, 4, 2, 3}
+	for _, c := range []struct{ q, want float64 }{{0, 1}, {0.2, 1}, {0.21, 2}, {0.5, 3}, {0.9, 5}, {1, 5}} {
+		if got := NearestRank(v, c.q); got != c.want {
+			t.Errorf("q %v: %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := NearestRank([]int(nil), 0.5); got != 0 {
+		t.Errorf("no values: %v", got)
+	}
+}
