@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -209,6 +210,26 @@ func TestRegisteredBuffers(t *testing.T) {
 	assert.True(t, bytes.Equal(src, got))
 	require.NoError(t, b.UnregisterBuffer(src))
 	assert.Equal(t, storepb.InvalidParams, codeOf(b.PutFrom(ctx, "zc2", src, nil)))
+}
+
+// A registered Go buffer whose last outside reference is dropped stays
+// allocated while registered: the collector must not hand its memory to a
+// new buffer the engine would then see as an overlapping registration (or
+// worse, write into).
+func TestRegisteredBufferOutlivesCallerReference(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{})
+	a := newClient(t, m.Addr(), NoSegment)
+	const size = 1 << 20
+	for range 4 {
+		require.NoError(t, a.RegisterBuffer(make([]byte, size)))
+	}
+	for range 3 {
+		runtime.GC()
+	}
+	for i := range 16 {
+		require.NoError(t, a.RegisterBuffer(make([]byte, size)), "buffer %d", i)
+		runtime.GC()
+	}
 }
 
 func TestBatch(t *testing.T) {

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -141,10 +142,17 @@ func transferErr(format string, args ...any) error {
 }
 
 // registrations are caller buffers registered with the engine through
-// RegisterBuffer; Put and Get use them without staging.
+// RegisterBuffer; Put and Get use them without staging. Each keeps its
+// slice, so Go memory stays allocated while the engine may touch it even if
+// the caller drops its own reference.
 type registrations struct {
 	mu   sync.RWMutex
-	list [][2]uintptr // sorted [start, end)
+	list []registration // sorted by start
+}
+
+type registration struct {
+	start, end uintptr
+	buf        []byte
 }
 
 func (r *registrations) contains(b []byte) bool {
@@ -154,38 +162,33 @@ func (r *registrations) contains(b []byte) bool {
 	a := engine.AddrOf(b)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	i, _ := slices.BinarySearchFunc(r.list, a, func(e [2]uintptr, a uintptr) int {
+	i, _ := slices.BinarySearchFunc(r.list, a, func(e registration, a uintptr) int {
 		switch {
-		case e[1] <= a:
+		case e.end <= a:
 			return -1
-		case e[0] > a:
+		case e.start > a:
 			return 1
 		}
 		return 0
 	})
-	return i < len(r.list) && r.list[i][0] <= a && a+uintptr(len(b)) <= r.list[i][1]
+	return i < len(r.list) && r.list[i].start <= a && a+uintptr(len(b)) <= r.list[i].end
 }
 
-func (r *registrations) add(a, n uintptr) {
+func (r *registrations) add(b []byte) {
+	a := engine.AddrOf(b)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(r.list, a, func(e [2]uintptr, a uintptr) int {
-		switch {
-		case e[0] < a:
-			return -1
-		case e[0] > a:
-			return 1
-		}
-		return 0
+	i, _ := slices.BinarySearchFunc(r.list, a, func(e registration, a uintptr) int {
+		return cmp.Compare(e.start, a)
 	})
-	r.list = slices.Insert(r.list, i, [2]uintptr{a, a + n})
+	r.list = slices.Insert(r.list, i, registration{start: a, end: a + uintptr(len(b)), buf: b})
 }
 
 func (r *registrations) remove(a uintptr) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, e := range r.list {
-		if e[0] == a {
+		if e.start == a {
 			r.list = slices.Delete(r.list, i, i+1)
 			return true
 		}
@@ -197,7 +200,7 @@ func (r *registrations) unregisterAll(e *engine.Engine) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, x := range r.list {
-		_ = e.UnregisterMemory(x[0])
+		_ = e.UnregisterMemory(x.start)
 	}
 	r.list = nil
 }
@@ -205,8 +208,8 @@ func (r *registrations) unregisterAll(e *engine.Engine) {
 // RegisterBuffer registers b with the engine so that Put and GetInto move
 // bytes straight from and into it, without the staging copy (Mooncake's
 // register_buffer). b must stay allocated and must not move until
-// UnregisterBuffer: C memory, an mmap, or Go memory the caller keeps alive
-// (Go's collector does not move heap objects).
+// UnregisterBuffer: C memory, an mmap, or Go memory (the client holds b
+// until UnregisterBuffer, and Go's collector does not move heap objects).
 func (c *Client) RegisterBuffer(b []byte) error {
 	if len(b) == 0 {
 		return &storepb.Error{Code: storepb.InvalidParams, Msg: "register an empty buffer"}
@@ -214,7 +217,7 @@ func (c *Client) RegisterBuffer(b []byte) error {
 	if err := c.eng.RegisterMemory(engine.AddrOf(b), uint64(len(b)), "", false); err != nil {
 		return &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()}
 	}
-	c.regs.add(engine.AddrOf(b), uintptr(len(b)))
+	c.regs.add(b)
 	return nil
 }
 
