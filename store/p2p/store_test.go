@@ -508,10 +508,20 @@ func TestCloseCancels(t *testing.T) {
 	if err := seed.Register(ctx, "obj", data.addrs, data.sizes, mib, "", false); err != nil {
 		t.Fatal(err)
 	}
+	// The receiver's only worker holds after its first shard until that
+	// shard is published and Close has begun, so the fetch cannot finish
+	// before Close however the two goroutines are scheduled.
 	closed := make(chan error, 1)
-	var first sync.Once
-	recv.afterPublish = func([]int) {
-		first.Do(func() {
+	published := make(chan struct{})
+	var firstPublish, firstShard sync.Once
+	recv.afterPublish = func([]int) { firstPublish.Do(func() { close(published) }) }
+	recv.afterShard = func(int) {
+		firstShard.Do(func() {
+			select {
+			case <-published:
+			case <-time.After(10 * time.Second):
+				t.Error("first shard not published within 10 s")
+			}
 			go func() { closed <- recv.Close() }()
 			<-recv.ctx.Done() // Close has begun
 			if _, err := recv.List(context.Background(), ""); !errors.Is(err, ErrClosed) {
