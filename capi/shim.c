@@ -270,6 +270,11 @@ mc_status_t mc_store_remove_all(mc_store_t store, int force, uint64_t *removed_o
     return mcgoStoreRemoveAll(store, force, removed_out, err);
 }
 
+mc_status_t mc_store_remove_by_regex(mc_store_t store, const char *regex, int force, uint64_t *removed_out,
+                                     mc_error_t *err) {
+    return mcgoStoreRemoveByRegex(store, (char *)regex, force, removed_out, err);
+}
+
 mc_status_t mc_debug_panic(mc_error_t *err) { return mcgoDebugPanic(err); }
 
 mc_status_t mc_debug_live_handles(uint64_t *engines, uint64_t *stores, mc_error_t *err) {

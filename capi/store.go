@@ -488,9 +488,25 @@ func mcgoStoreRemove(h C.mc_store_t, key *C.char, force C.int, cerr *C.mc_error_
 func mcgoStoreRemoveAll(h C.mc_store_t, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
 	return storeCall(h, cerr, func(s *storeObj) error {
 		n, err := s.RemoveAll(context.Background(), force != 0)
-		if removedOut != nil {
-			*removedOut = C.uint64_t(n)
-		}
-		return err
+		return storeCount(removedOut, n, err)
 	})
+}
+
+//export mcgoStoreRemoveByRegex
+func mcgoStoreRemoveByRegex(h C.mc_store_t, regex *C.char, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if regex == nil {
+			return nullArg("regex")
+		}
+		n, err := s.RemoveByRegex(context.Background(), C.GoString(regex), force != 0)
+		return storeCount(removedOut, n, err)
+	})
+}
+
+// storeCount stores n in *out when out is not NULL and passes err on.
+func storeCount(out *C.uint64_t, n int, err error) error {
+	if out != nil {
+		*out = C.uint64_t(n)
+	}
+	return err
 }

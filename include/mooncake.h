@@ -92,9 +92,10 @@ extern "C" {
 #endif
 
 /* 1.0: the first release. 1.1: values made of parts
- * (mc_store_batch_put_from_parts, mc_store_batch_get_into_parts). */
+ * (mc_store_batch_put_from_parts, mc_store_batch_get_into_parts).
+ * 1.2: mc_store_remove_by_regex. */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 1
+#define MC_ABI_VERSION_MINOR 2
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -540,6 +541,13 @@ mc_status_t mc_store_remove(mc_store_t store, const char *key, int force, mc_err
 /* mc_store_remove_all removes every readable object (leased ones only with
  * force) and stores how many in *removed_out (may be NULL). */
 mc_status_t mc_store_remove_all(mc_store_t store, int force, uint64_t *removed_out, mc_error_t *err);
+
+/* mc_store_remove_by_regex (ABI 1.2) removes the readable objects whose key
+ * the RE2 pattern regex matches anywhere in it ("^prefix" for a prefix;
+ * leased ones only with force) and stores how many in *removed_out (may be
+ * NULL). A NULL, empty or invalid pattern is MC_STORE_ERR_INVALID_PARAMS. */
+mc_status_t mc_store_remove_by_regex(mc_store_t store, const char *regex, int force, uint64_t *removed_out,
+                                     mc_error_t *err);
 
 /* Values made of parts (ABI 1.1; Mooncake's batch_put_from_multi_buffers
  * and batch_get_into_multi_buffers). The value of keys[i] is the

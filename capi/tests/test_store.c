@@ -101,6 +101,30 @@ void test_store_basic(void) {
     CHECK_EQ(ex, 0);
     CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND, mc_store_get_size(s, key, &n, &E));
 
+    /* remove_by_regex: only the keys the pattern matches go */
+    char pfx[64], ka[96], kb[96], keep[96], pat[80];
+    unique_key(pfx, sizeof pfx, "rx");
+    snprintf(ka, sizeof ka, "%s-a", pfx);
+    snprintf(kb, sizeof kb, "%s-b", pfx);
+    snprintf(keep, sizeof keep, "x%s-a", pfx);
+    snprintf(pat, sizeof pat, "^%s-[ab]$", pfx);
+    CHECK_MC(MC_OK, mc_store_put(s, ka, val, 100, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_put(s, kb, val, 100, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_put(s, keep, val, 100, NULL, &E));
+    uint64_t rx = 99;
+    CHECK_MC(MC_OK, mc_store_remove_by_regex(s, pat, 0, &rx, &E));
+    CHECK_EQ(rx, 2);
+    CHECK_MC(MC_OK, mc_store_exist(s, ka, &ex, &E));
+    CHECK_EQ(ex, 0);
+    CHECK_MC(MC_OK, mc_store_exist(s, keep, &ex, &E));
+    CHECK_EQ(ex, 1);
+    CHECK_MC(MC_OK, mc_store_remove_by_regex(s, pat, 1, NULL, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_remove_by_regex(s, "(", 1, &rx, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_remove_by_regex(s, "", 1, &rx, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_remove_by_regex(s, NULL, 1, &rx, &E));
+    CHECK_MC(MC_OK, mc_store_exist(s, keep, &ex, &E));
+    CHECK_EQ(ex, 1);
+
     /* remove_all */
     char k3[96];
     unique_key(k3, sizeof k3, "all");

@@ -79,6 +79,7 @@ STORE = {
     "remove": ["key", "force"],
     "batch_remove": ["keys", "force"],
     "remove_all": ["force"],
+    "remove_by_regex": ["regex", "force"],
     "put_from": ["key", "buffer_ptr", "size", "config"],
     "upsert_from": ["key", "buffer_ptr", "size", "config"],
     "put_from_with_metadata": ["key", "buffer_ptr", "metadata_buffer_ptr", "size", "metadata_size", "config"],

@@ -290,6 +290,26 @@ def test_official_misc_calls(master, stores):
     assert s.unregister_buffer(reg.ctypes.data) == 0
 
 
+def test_remove_by_regex(master, stores):
+    """remove_by_regex: the number removed; leased objects only with force;
+    a bad pattern is a negative code (INVALID_PARAMS) and removes nothing."""
+    s = stores(setup7(master))
+    req = uid()
+    ours = [f"{req}/blk{i}" for i in range(3)]
+    other = f"x{req}/blk0"
+    for k in ours + [other]:
+        assert s.put(k, b"kv") == 0
+    assert s.remove_by_regex(f"^{req}/blk[01]$") == 2
+    assert s.batch_is_exist(ours + [other]) == [0, 0, 1, 1]
+    assert s.get(ours[2]) == b"kv"  # now leased
+    assert s.remove_by_regex(f"^{req}/", False) == 0
+    assert s.remove_by_regex(f"^{req}/", force=True) == 1
+    assert s.remove_by_regex("blk[") == -600
+    assert s.remove_by_regex("") == -600
+    assert s.is_exist(other) == 1
+    assert MooncakeDistributedStore().remove_by_regex(".") < 0  # not set up
+
+
 def test_not_set_up_and_closed(master):
     s = MooncakeDistributedStore()
     assert s.put("k", b"v") < 0 and s.get("k") == b"" and s.is_exist("k") == -1

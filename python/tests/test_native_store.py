@@ -41,6 +41,18 @@ def test_put_get_remove(store):
     assert isinstance(ei.value, LookupError)
 
 
+def test_remove_by_regex(store):
+    prefix = key("rx")
+    for i in range(4):
+        store.put(f"{prefix}/{i}", b"v")
+    store.put(f"keep-{prefix}/0", b"v")
+    assert store.remove_by_regex(f"^{prefix}/[0-2]$") == 3
+    assert [store.exists(f"{prefix}/{i}") for i in range(4)] == [False, False, False, True]
+    assert store.exists(f"keep-{prefix}/0")
+    with pytest.raises(errors.InvalidParams):
+        store.remove_by_regex("(")
+
+
 def test_large_value_and_kinds(store):
     np = numpy_or_skip()
     k = key()

@@ -277,6 +277,40 @@ func TestBatch(t *testing.T) {
 	assert.Equal(t, n-1, removed)
 }
 
+// RemoveByRegex removes what the pattern matches and nothing else, and a
+// reader's cached replica lists do not outlive the removal.
+func TestRemoveByRegex(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{})
+	a := newClient(t, m.Addr(), 16<<20)
+	ctx := ctxT(t)
+	keys := []string{"req7/blk0", "req7/blk1", "req70/blk0", "req8/blk0"}
+	for i, k := range keys {
+		require.NoError(t, a.Put(ctx, k, value(uint64(i), 1000), nil))
+	}
+	// Reads lease the objects and fill the lease cache.
+	for _, k := range keys {
+		_, err := a.Get(ctx, k)
+		require.NoError(t, err)
+	}
+	n, err := a.RemoveByRegex(ctx, "^req7/", false)
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "leased objects removed without force")
+	n, err = a.RemoveByRegex(ctx, "^req7/", true)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	for i, k := range keys {
+		got, err := a.Get(ctx, k)
+		if i < 2 {
+			assert.Equal(t, storepb.ObjectNotFound, codeOf(err), k)
+			continue
+		}
+		require.NoError(t, err, k)
+		assert.Equal(t, value(uint64(i), 1000), got, k)
+	}
+	_, err = a.RemoveByRegex(ctx, "req[", true)
+	assert.Equal(t, storepb.InvalidParams, codeOf(err))
+}
+
 func TestChecksumCatchesCorruption(t *testing.T) {
 	m := startMaster(t, master.ServiceConfig{})
 	a := newClient(t, m.Addr(), 16<<20)

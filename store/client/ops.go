@@ -101,12 +101,28 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 // RemoveAll removes every readable object (leased ones only with force)
 // and returns how many.
 func (c *Client) RemoveAll(ctx context.Context, force bool) (int, error) {
+	return c.removeMany(ctx, func(ctx context.Context, rpc storepb.MasterClient) (*storepb.RemoveAllResponse, error) {
+		return rpc.RemoveAll(ctx, &storepb.RemoveAllRequest{ClientId: c.id, Force: force})
+	})
+}
+
+// RemoveByRegex removes the readable objects whose key the RE2 pattern
+// expr matches anywhere in it ("^prefix" for a prefix; leased ones only
+// with force) and returns how many. A pattern that does not compile, or
+// an empty one, is INVALID_PARAMS.
+func (c *Client) RemoveByRegex(ctx context.Context, expr string, force bool) (int, error) {
+	return c.removeMany(ctx, func(ctx context.Context, rpc storepb.MasterClient) (*storepb.RemoveAllResponse, error) {
+		return rpc.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{ClientId: c.id, Regex: expr, Force: force})
+	})
+}
+
+func (c *Client) removeMany(ctx context.Context, call func(context.Context, storepb.MasterClient) (*storepb.RemoveAllResponse, error)) (int, error) {
 	if c.leases != nil {
 		c.leases.clear()
 	}
 	var resp *storepb.RemoveAllResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
-		resp, err = rpc.RemoveAll(ctx, &storepb.RemoveAllRequest{ClientId: c.id, Force: force})
+		resp, err = call(ctx, rpc)
 		return err
 	})
 	if err != nil {

@@ -277,6 +277,16 @@ func (g *GRPCServer) RemoveAll(_ context.Context, req *storepb.RemoveAllRequest)
 	return &storepb.RemoveAllResponse{Result: storepb.NewResult(nil), Removed: int64(n)}, nil
 }
 
+// RemoveByRegex removes the readable objects whose key matches a pattern
+// and says how many.
+func (g *GRPCServer) RemoveByRegex(_ context.Context, req *storepb.RemoveByRegexRequest) (*storepb.RemoveAllResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	n, err := g.svc.Load().RemoveByRegex(req.Regex, req.Force)
+	return &storepb.RemoveAllResponse{Result: storepb.NewResult(err), Removed: int64(n)}, nil
+}
+
 // MountSegment adds a client's segment to the pool.
 func (g *GRPCServer) MountSegment(_ context.Context, req *storepb.MountSegmentRequest) (*storepb.Result, error) {
 	if req == nil {

@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -383,6 +384,52 @@ func TestGRPCRemoveAll(t *testing.T) {
 	assert.Equal(t, 0, f.svc.Stats().Keys)
 }
 
+func TestGRPCRemoveByRegex(t *testing.T) {
+	f := newGRPCFixture(t)
+	f.mount(t)
+	for _, k := range []string{"blk/1", "blk/2", "blk/3", "other/blk/1", "keep"} {
+		f.put(t, k)
+	}
+	// A put in flight is not a readable object and stays.
+	ps, err := f.c.PutStart(f.ctx, &storepb.PutStartRequest{ClientId: "c1", Key: "blk/pending", ValueLength: 8})
+	require.NoError(t, err)
+	require.NoError(t, ps.Result.AsError())
+	// Lease "blk/1".
+	res, err := f.c.ExistKey(f.ctx, &storepb.KeyRequest{Key: "blk/1"})
+	require.NoError(t, err)
+	require.NoError(t, res.AsError())
+
+	tests := []struct {
+		name  string
+		regex string
+		force bool
+		want  int64
+		code  storepb.Code
+	}{
+		// The leased blk/1 survives an unforced removal.
+		{"prefix unforced", "^blk/", false, 2, storepb.OK},
+		{"prefix forced", "^blk/", true, 1, storepb.OK},
+		// Unanchored: matches anywhere in the key.
+		{"anywhere", "blk/[0-9]+$", true, 1, storepb.OK},
+		{"no match", "^nothing", true, 0, storepb.OK},
+		{"bad pattern", "blk/(", true, 0, storepb.InvalidParams},
+		{"empty pattern", "", true, 0, storepb.InvalidParams},
+		{"oversized pattern", strings.Repeat("a", MaxRegexLen+1), true, 0, storepb.InvalidParams},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := f.c.RemoveByRegex(f.ctx, &storepb.RemoveByRegexRequest{Regex: tt.regex, Force: tt.force})
+			require.NoError(t, err)
+			assert.Equal(t, tt.code, storepb.Code(r.Result.GetCode()), r.Result.GetMessage())
+			assert.Equal(t, tt.want, r.Removed)
+		})
+	}
+	ok, err := f.svc.ExistKey("keep")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, 1, f.svc.Stats().Keys) // keep
+}
+
 // A nil request cannot come off the wire, but an in-process caller can pass
 // one: it is the only gRPC status error the server returns.
 func TestGRPCNilRequest(t *testing.T) {
@@ -408,6 +455,7 @@ func TestGRPCNilRequest(t *testing.T) {
 		{"Remove", func() error { _, err := g.Remove(ctx, nil); return err }},
 		{"BatchRemove", func() error { _, err := g.BatchRemove(ctx, nil); return err }},
 		{"RemoveAll", func() error { _, err := g.RemoveAll(ctx, nil); return err }},
+		{"RemoveByRegex", func() error { _, err := g.RemoveByRegex(ctx, nil); return err }},
 		{"MountSegment", func() error { _, err := g.MountSegment(ctx, nil); return err }},
 		{"ReMountSegment", func() error { _, err := g.ReMountSegment(ctx, nil); return err }},
 		{"UnmountSegment", func() error { _, err := g.UnmountSegment(ctx, nil); return err }},

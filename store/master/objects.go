@@ -1,6 +1,7 @@
 package master
 
 import (
+	"regexp"
 	"slices"
 	"time"
 
@@ -405,13 +406,42 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 // RemoveAll removes every readable object, skipping leased ones unless
 // force, and returns how many it removed.
 func (s *Service) RemoveAll(force bool) int {
+	n, _ := s.removeMatching(func(string) bool { return true }, force)
+	return n
+}
+
+// MaxRegexLen bounds a RemoveByRegex pattern.
+const MaxRegexLen = 4096
+
+// RemoveByRegex removes the readable objects whose key the RE2 pattern
+// expr matches anywhere (an unanchored search: "^prefix" for a prefix),
+// skipping leased ones unless force, and returns how many it removed. An
+// empty pattern, which would match every key, is refused: that is
+// RemoveAll.
+func (s *Service) RemoveByRegex(expr string, force bool) (int, error) {
+	switch {
+	case expr == "":
+		return 0, storeErr(storepb.InvalidParams, "empty pattern (RemoveAll removes every object)")
+	case len(expr) > MaxRegexLen:
+		return 0, storeErr(storepb.InvalidParams, "pattern of %d bytes is longer than %d", len(expr), MaxRegexLen)
+	}
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		return 0, storeErr(storepb.InvalidParams, "pattern: %v", err)
+	}
+	return s.removeMatching(re.MatchString, force)
+}
+
+// removeMatching removes the readable objects whose key match accepts
+// (leased ones only with force) and waits for their journal records.
+func (s *Service) removeMatching(match func(key string) bool, force bool) (int, error) {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		now := s.now()
 		for key, o := range sh.objects {
-			if !o.complete() || (!force && o.lease.After(now)) {
+			if !o.complete() || (!force && o.lease.After(now)) || !match(key) {
 				continue
 			}
 			s.dropLocked(sh, key, o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_REMOVED)
@@ -419,8 +449,7 @@ func (s *Service) RemoveAll(force bool) int {
 		}
 		sh.mu.Unlock()
 	}
-	_ = s.durable(s.lastSeq())
-	return n
+	return n, s.durable(s.lastSeq())
 }
 
 // ReclaimPuts frees the space of puts in flight for longer than

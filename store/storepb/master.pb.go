@@ -1376,6 +1376,66 @@ func (x *RemoveAllRequest) GetForce() bool {
 	return false
 }
 
+type RemoveByRegexRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Regex         string                 `protobuf:"bytes,2,opt,name=regex,proto3" json:"regex,omitempty"`
+	Force         bool                   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveByRegexRequest) Reset() {
+	*x = RemoveByRegexRequest{}
+	mi := &file_master_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveByRegexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveByRegexRequest) ProtoMessage() {}
+
+func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
+func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RemoveByRegexRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *RemoveByRegexRequest) GetRegex() string {
+	if x != nil {
+		return x.Regex
+	}
+	return ""
+}
+
+func (x *RemoveByRegexRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 type RemoveAllResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
@@ -1386,7 +1446,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1458,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1471,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{19}
+	return file_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RemoveAllResponse) GetResult() *Result {
@@ -1445,7 +1505,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1517,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1530,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{20}
+	return file_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Segment) GetId() string {
@@ -1539,7 +1599,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1611,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1624,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{21}
+	return file_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MountSegmentRequest) GetClientId() string {
@@ -1591,7 +1651,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1663,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1676,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{22}
+	return file_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() string {
@@ -1643,7 +1703,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1715,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1728,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{23}
+	return file_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() string {
@@ -1694,7 +1754,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +1766,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +1779,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{24}
+	return file_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PingRequest) GetClientId() string {
@@ -1744,7 +1804,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1816,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1829,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{25}
+	return file_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PingResponse) GetResult() *Result {
@@ -1815,7 +1875,7 @@ type MoveTask struct {
 
 func (x *MoveTask) Reset() {
 	*x = MoveTask{}
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +1887,7 @@ func (x *MoveTask) String() string {
 func (*MoveTask) ProtoMessage() {}
 
 func (x *MoveTask) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +1900,7 @@ func (x *MoveTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTask.ProtoReflect.Descriptor instead.
 func (*MoveTask) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{26}
+	return file_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MoveTask) GetId() uint64 {
@@ -1882,7 +1942,7 @@ type MoveEndRequest struct {
 
 func (x *MoveEndRequest) Reset() {
 	*x = MoveEndRequest{}
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +1954,7 @@ func (x *MoveEndRequest) String() string {
 func (*MoveEndRequest) ProtoMessage() {}
 
 func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +1967,7 @@ func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveEndRequest.ProtoReflect.Descriptor instead.
 func (*MoveEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{27}
+	return file_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MoveEndRequest) GetClientId() string {
@@ -1939,7 +1999,7 @@ type WatchObjectsRequest struct {
 
 func (x *WatchObjectsRequest) Reset() {
 	*x = WatchObjectsRequest{}
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2011,7 @@ func (x *WatchObjectsRequest) String() string {
 func (*WatchObjectsRequest) ProtoMessage() {}
 
 func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2024,7 @@ func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsRequest.ProtoReflect.Descriptor instead.
 func (*WatchObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{28}
+	return file_master_proto_rawDescGZIP(), []int{29}
 }
 
 type ObjectEvent struct {
@@ -1977,7 +2037,7 @@ type ObjectEvent struct {
 
 func (x *ObjectEvent) Reset() {
 	*x = ObjectEvent{}
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2049,7 @@ func (x *ObjectEvent) String() string {
 func (*ObjectEvent) ProtoMessage() {}
 
 func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2062,7 @@ func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectEvent.ProtoReflect.Descriptor instead.
 func (*ObjectEvent) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{29}
+	return file_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ObjectEvent) GetKind() ObjectEventKind {
@@ -2032,7 +2092,7 @@ type WatchObjectsResponse struct {
 
 func (x *WatchObjectsResponse) Reset() {
 	*x = WatchObjectsResponse{}
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2104,7 @@ func (x *WatchObjectsResponse) String() string {
 func (*WatchObjectsResponse) ProtoMessage() {}
 
 func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2117,7 @@ func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsResponse.ProtoReflect.Descriptor instead.
 func (*WatchObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{30}
+	return file_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchObjectsResponse) GetEvents() []*ObjectEvent {
@@ -2153,7 +2213,11 @@ const file_master_proto_rawDesc = "" +
 	"\x05force\x18\x03 \x01(\bR\x05force\"E\n" +
 	"\x10RemoveAllRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x14\n" +
-	"\x05force\x18\x02 \x01(\bR\x05force\"`\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"_\n" +
+	"\x14RemoveByRegexRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x14\n" +
+	"\x05regex\x18\x02 \x01(\tR\x05regex\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\"`\n" +
 	"\x11RemoveAllResponse\x121\n" +
 	"\x06result\x18\x01 \x01(\v2\x19.mooncake.store.v1.ResultR\x06result\x12\x18\n" +
 	"\aremoved\x18\x02 \x01(\x03R\aremoved\"\xec\x01\n" +
@@ -2217,7 +2281,7 @@ const file_master_proto_rawDesc = "" +
 	"\x1bOBJECT_EVENT_KIND_UNDEFINED\x10\x00\x12\x19\n" +
 	"\x15OBJECT_EVENT_KIND_PUT\x10\x01\x12\x1d\n" +
 	"\x19OBJECT_EVENT_KIND_REMOVED\x10\x02\x12\x1d\n" +
-	"\x19OBJECT_EVENT_KIND_EVICTED\x10\x032\x87\x0e\n" +
+	"\x19OBJECT_EVENT_KIND_EVICTED\x10\x032\xe7\x0e\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".mooncake.store.v1.PutStartRequest\x1a#.mooncake.store.v1.PutStartResponse\x12E\n" +
 	"\x06PutEnd\x12 .mooncake.store.v1.PutEndRequest\x1a\x19.mooncake.store.v1.Result\x12E\n" +
@@ -2233,7 +2297,8 @@ const file_master_proto_rawDesc = "" +
 	"\rBatchExistKey\x12\".mooncake.store.v1.BatchKeyRequest\x1a\x1e.mooncake.store.v1.BatchResult\x12E\n" +
 	"\x06Remove\x12 .mooncake.store.v1.RemoveRequest\x1a\x19.mooncake.store.v1.Result\x12T\n" +
 	"\vBatchRemove\x12%.mooncake.store.v1.BatchRemoveRequest\x1a\x1e.mooncake.store.v1.BatchResult\x12V\n" +
-	"\tRemoveAll\x12#.mooncake.store.v1.RemoveAllRequest\x1a$.mooncake.store.v1.RemoveAllResponse\x12Q\n" +
+	"\tRemoveAll\x12#.mooncake.store.v1.RemoveAllRequest\x1a$.mooncake.store.v1.RemoveAllResponse\x12^\n" +
+	"\rRemoveByRegex\x12'.mooncake.store.v1.RemoveByRegexRequest\x1a$.mooncake.store.v1.RemoveAllResponse\x12Q\n" +
 	"\fMountSegment\x12&.mooncake.store.v1.MountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12U\n" +
 	"\x0eReMountSegment\x12(.mooncake.store.v1.ReMountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12U\n" +
 	"\x0eUnmountSegment\x12(.mooncake.store.v1.UnmountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12G\n" +
@@ -2254,7 +2319,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_master_proto_goTypes = []any{
 	(Medium)(0),                         // 0: mooncake.store.v1.Medium
 	(ReplicaStatus)(0),                  // 1: mooncake.store.v1.ReplicaStatus
@@ -2279,18 +2344,19 @@ var file_master_proto_goTypes = []any{
 	(*RemoveRequest)(nil),               // 20: mooncake.store.v1.RemoveRequest
 	(*BatchRemoveRequest)(nil),          // 21: mooncake.store.v1.BatchRemoveRequest
 	(*RemoveAllRequest)(nil),            // 22: mooncake.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 23: mooncake.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 24: mooncake.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 25: mooncake.store.v1.MountSegmentRequest
-	(*ReMountSegmentRequest)(nil),       // 26: mooncake.store.v1.ReMountSegmentRequest
-	(*UnmountSegmentRequest)(nil),       // 27: mooncake.store.v1.UnmountSegmentRequest
-	(*PingRequest)(nil),                 // 28: mooncake.store.v1.PingRequest
-	(*PingResponse)(nil),                // 29: mooncake.store.v1.PingResponse
-	(*MoveTask)(nil),                    // 30: mooncake.store.v1.MoveTask
-	(*MoveEndRequest)(nil),              // 31: mooncake.store.v1.MoveEndRequest
-	(*WatchObjectsRequest)(nil),         // 32: mooncake.store.v1.WatchObjectsRequest
-	(*ObjectEvent)(nil),                 // 33: mooncake.store.v1.ObjectEvent
-	(*WatchObjectsResponse)(nil),        // 34: mooncake.store.v1.WatchObjectsResponse
+	(*RemoveByRegexRequest)(nil),        // 23: mooncake.store.v1.RemoveByRegexRequest
+	(*RemoveAllResponse)(nil),           // 24: mooncake.store.v1.RemoveAllResponse
+	(*Segment)(nil),                     // 25: mooncake.store.v1.Segment
+	(*MountSegmentRequest)(nil),         // 26: mooncake.store.v1.MountSegmentRequest
+	(*ReMountSegmentRequest)(nil),       // 27: mooncake.store.v1.ReMountSegmentRequest
+	(*UnmountSegmentRequest)(nil),       // 28: mooncake.store.v1.UnmountSegmentRequest
+	(*PingRequest)(nil),                 // 29: mooncake.store.v1.PingRequest
+	(*PingResponse)(nil),                // 30: mooncake.store.v1.PingResponse
+	(*MoveTask)(nil),                    // 31: mooncake.store.v1.MoveTask
+	(*MoveEndRequest)(nil),              // 32: mooncake.store.v1.MoveEndRequest
+	(*WatchObjectsRequest)(nil),         // 33: mooncake.store.v1.WatchObjectsRequest
+	(*ObjectEvent)(nil),                 // 34: mooncake.store.v1.ObjectEvent
+	(*WatchObjectsResponse)(nil),        // 35: mooncake.store.v1.WatchObjectsResponse
 }
 var file_master_proto_depIdxs = []int32{
 	4,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
@@ -2309,15 +2375,15 @@ var file_master_proto_depIdxs = []int32{
 	18, // 13: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
 	4,  // 14: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
 	0,  // 15: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
-	24, // 16: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
-	24, // 17: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
+	25, // 16: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
+	25, // 17: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
 	4,  // 18: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
 	2,  // 19: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
-	30, // 20: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
+	31, // 20: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
 	7,  // 21: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
 	7,  // 22: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
 	3,  // 23: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
-	33, // 24: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
+	34, // 24: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
 	10, // 25: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
 	14, // 26: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
 	16, // 27: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
@@ -2333,35 +2399,37 @@ var file_master_proto_depIdxs = []int32{
 	20, // 37: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
 	21, // 38: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
 	22, // 39: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
-	25, // 40: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
-	26, // 41: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
-	27, // 42: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
-	28, // 43: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
-	31, // 44: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
-	32, // 45: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
-	11, // 46: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
-	4,  // 47: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
-	4,  // 48: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
-	13, // 49: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	5,  // 50: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
-	5,  // 51: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
-	11, // 52: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
-	13, // 53: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	18, // 54: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
-	19, // 55: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
-	4,  // 56: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
-	5,  // 57: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
-	4,  // 58: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
-	5,  // 59: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
-	23, // 60: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
-	4,  // 61: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 62: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 63: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
-	29, // 64: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
-	4,  // 65: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
-	34, // 66: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
-	46, // [46:67] is the sub-list for method output_type
-	25, // [25:46] is the sub-list for method input_type
+	23, // 40: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
+	26, // 41: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
+	27, // 42: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
+	28, // 43: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
+	29, // 44: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
+	32, // 45: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
+	33, // 46: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
+	11, // 47: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
+	4,  // 48: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
+	4,  // 49: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
+	13, // 50: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	5,  // 51: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
+	5,  // 52: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
+	11, // 53: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
+	13, // 54: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	18, // 55: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
+	19, // 56: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
+	4,  // 57: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
+	5,  // 58: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
+	4,  // 59: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
+	5,  // 60: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
+	24, // 61: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
+	24, // 62: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
+	4,  // 63: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 64: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 65: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
+	30, // 66: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
+	4,  // 67: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
+	35, // 68: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
+	47, // [47:69] is the sub-list for method output_type
+	25, // [25:47] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2382,7 +2450,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

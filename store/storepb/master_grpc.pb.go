@@ -40,6 +40,7 @@ const (
 	Master_Remove_FullMethodName              = "/mooncake.store.v1.Master/Remove"
 	Master_BatchRemove_FullMethodName         = "/mooncake.store.v1.Master/BatchRemove"
 	Master_RemoveAll_FullMethodName           = "/mooncake.store.v1.Master/RemoveAll"
+	Master_RemoveByRegex_FullMethodName       = "/mooncake.store.v1.Master/RemoveByRegex"
 	Master_MountSegment_FullMethodName        = "/mooncake.store.v1.Master/MountSegment"
 	Master_ReMountSegment_FullMethodName      = "/mooncake.store.v1.Master/ReMountSegment"
 	Master_UnmountSegment_FullMethodName      = "/mooncake.store.v1.Master/UnmountSegment"
@@ -73,6 +74,9 @@ type MasterClient interface {
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*Result, error)
 	BatchRemove(ctx context.Context, in *BatchRemoveRequest, opts ...grpc.CallOption) (*BatchResult, error)
 	RemoveAll(ctx context.Context, in *RemoveAllRequest, opts ...grpc.CallOption) (*RemoveAllResponse, error)
+	// RemoveByRegex is RemoveAll of the keys an RE2 pattern matches
+	// anywhere in them (an unanchored search, as Mooncake's).
+	RemoveByRegex(ctx context.Context, in *RemoveByRegexRequest, opts ...grpc.CallOption) (*RemoveAllResponse, error)
 	// Segments: a client contributes memory to the pool.
 	MountSegment(ctx context.Context, in *MountSegmentRequest, opts ...grpc.CallOption) (*Result, error)
 	ReMountSegment(ctx context.Context, in *ReMountSegmentRequest, opts ...grpc.CallOption) (*Result, error)
@@ -250,6 +254,16 @@ func (c *masterClient) RemoveAll(ctx context.Context, in *RemoveAllRequest, opts
 	return out, nil
 }
 
+func (c *masterClient) RemoveByRegex(ctx context.Context, in *RemoveByRegexRequest, opts ...grpc.CallOption) (*RemoveAllResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveAllResponse)
+	err := c.cc.Invoke(ctx, Master_RemoveByRegex_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) MountSegment(ctx context.Context, in *MountSegmentRequest, opts ...grpc.CallOption) (*Result, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Result)
@@ -344,6 +358,9 @@ type MasterServer interface {
 	Remove(context.Context, *RemoveRequest) (*Result, error)
 	BatchRemove(context.Context, *BatchRemoveRequest) (*BatchResult, error)
 	RemoveAll(context.Context, *RemoveAllRequest) (*RemoveAllResponse, error)
+	// RemoveByRegex is RemoveAll of the keys an RE2 pattern matches
+	// anywhere in them (an unanchored search, as Mooncake's).
+	RemoveByRegex(context.Context, *RemoveByRegexRequest) (*RemoveAllResponse, error)
 	// Segments: a client contributes memory to the pool.
 	MountSegment(context.Context, *MountSegmentRequest) (*Result, error)
 	ReMountSegment(context.Context, *ReMountSegmentRequest) (*Result, error)
@@ -415,6 +432,9 @@ func (UnimplementedMasterServer) BatchRemove(context.Context, *BatchRemoveReques
 }
 func (UnimplementedMasterServer) RemoveAll(context.Context, *RemoveAllRequest) (*RemoveAllResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveAll not implemented")
+}
+func (UnimplementedMasterServer) RemoveByRegex(context.Context, *RemoveByRegexRequest) (*RemoveAllResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveByRegex not implemented")
 }
 func (UnimplementedMasterServer) MountSegment(context.Context, *MountSegmentRequest) (*Result, error) {
 	return nil, status.Error(codes.Unimplemented, "method MountSegment not implemented")
@@ -725,6 +745,24 @@ func _Master_RemoveAll_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_RemoveByRegex_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveByRegexRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).RemoveByRegex(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_RemoveByRegex_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).RemoveByRegex(ctx, req.(*RemoveByRegexRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_MountSegment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(MountSegmentRequest)
 	if err := dec(in); err != nil {
@@ -892,6 +930,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveAll",
 			Handler:    _Master_RemoveAll_Handler,
+		},
+		{
+			MethodName: "RemoveByRegex",
+			Handler:    _Master_RemoveByRegex_Handler,
 		},
 		{
 			MethodName: "MountSegment",

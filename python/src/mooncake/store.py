@@ -461,6 +461,15 @@ class MooncakeDistributedStore:
         except errors.MooncakeError as e:
             return _code(e)
 
+    def remove_by_regex(self, regex: str, force: bool = False) -> int:
+        """Removes the objects whose key the pattern matches (an RE2
+        search, so "^prefix" for a prefix); the number removed, or a
+        negative code."""
+        try:
+            return self._s().remove_by_regex(regex, force)
+        except errors.MooncakeError as e:
+            return _code(e)
+
     def _s(self) -> "mooncake_go.Store":
         if self._store is None:
             raise errors.InvalidHandle(errors.INVALID_HANDLE, errors.DOMAIN_ABI, "INVALID_HANDLE",

@@ -34,7 +34,7 @@ from ctypes import (
 from . import errors
 
 ABI_VERSION_MAJOR = 1
-ABI_VERSION_MINOR = 1  # 1.1: values made of parts
+ABI_VERSION_MINOR = 2  # 1.1: values made of parts; 1.2: mc_store_remove_by_regex
 LIBRARY_NAME = "libmooncake.so"
 
 # Transfer states (MC_TRANSFER_*), numbered as Mooncake's STATUS_*.
@@ -171,6 +171,7 @@ _SIGNATURES = {
     "mc_store_batch_exist": (c_int32, [c_uint64, _CPP, c_size_t, _I32P, _I32P]),
     "mc_store_remove": (c_int32, [c_uint64, c_char_p, c_int]),
     "mc_store_remove_all": (c_int32, [c_uint64, c_int, _U64P]),
+    "mc_store_remove_by_regex": (c_int32, [c_uint64, c_char_p, c_int, _U64P]),
     "mc_debug_panic": (c_int32, []),
     "mc_debug_live_handles": (c_int32, [_U64P, _U64P]),
 }

@@ -211,6 +211,15 @@ class Store:
         _lib.call(lib.mc_store_remove_all, self.handle, int(force), byref(out))
         return out.value
 
+    def remove_by_regex(self, regex: str, force: bool = False) -> int:
+        """Removes the readable objects whose key the RE2 pattern matches
+        anywhere in it ("^prefix" for a prefix); returns how many. Leased
+        objects go only with force; an empty or invalid pattern raises
+        InvalidParams."""
+        out = c_uint64()
+        _lib.call(lib.mc_store_remove_by_regex, self.handle, _lib.cstr(regex), int(force), byref(out))
+        return out.value
+
     # -- batches ---------------------------------------------------------
     # The *_codes helpers return raw status codes (the compat layer's
     # currency); the public batch methods turn them into results.
