@@ -266,6 +266,11 @@ mc_status_t mc_store_remove(mc_store_t store, const char *key, int force, mc_err
     return mcgoStoreRemove(store, (char *)key, force, err);
 }
 
+mc_status_t mc_store_batch_remove(mc_store_t store, const char *const *keys, size_t count, int force,
+                                  mc_status_t *codes_out, mc_error_t *err) {
+    return mcgoStoreBatchRemove(store, (char **)keys, count, force, codes_out, err);
+}
+
 mc_status_t mc_store_remove_all(mc_store_t store, int force, uint64_t *removed_out, mc_error_t *err) {
     return mcgoStoreRemoveAll(store, force, removed_out, err);
 }

@@ -484,6 +484,13 @@ func mcgoStoreRemove(h C.mc_store_t, key *C.char, force C.int, cerr *C.mc_error_
 	})
 }
 
+//export mcgoStoreBatchRemove
+func mcgoStoreBatchRemove(h C.mc_store_t, keys **C.char, count C.size_t, force C.int, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		return func(ctx context.Context) []error { return s.BatchRemove(ctx, ks, force != 0) }, nil
+	})
+}
+
 //export mcgoStoreRemoveAll
 func mcgoStoreRemoveAll(h C.mc_store_t, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
 	return storeCall(h, cerr, func(s *storeObj) error {

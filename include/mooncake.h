@@ -93,7 +93,7 @@ extern "C" {
 
 /* 1.0: the first release. 1.1: values made of parts
  * (mc_store_batch_put_from_parts, mc_store_batch_get_into_parts).
- * 1.2: mc_store_remove_by_regex. */
+ * 1.2: mc_store_remove_by_regex, mc_store_batch_remove. */
 #define MC_ABI_VERSION_MAJOR 1
 #define MC_ABI_VERSION_MINOR 2
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
@@ -537,6 +537,12 @@ mc_status_t mc_store_batch_exist(mc_store_t store, const char *const *keys, size
 /* mc_store_remove deletes key. A leased object (recently read) gives
  * MC_STORE_ERR_OBJECT_HAS_LEASE unless force != 0. */
 mc_status_t mc_store_remove(mc_store_t store, const char *key, int force, mc_error_t *err);
+
+/* mc_store_batch_remove (ABI 1.2) is mc_store_remove of count keys in one
+ * master round trip; codes_out (count entries, may be NULL) gets each key's
+ * code, and the call returns the first failure. */
+mc_status_t mc_store_batch_remove(mc_store_t store, const char *const *keys, size_t count, int force,
+                                  mc_status_t *codes_out, mc_error_t *err);
 
 /* mc_store_remove_all removes every readable object (leased ones only with
  * force) and stores how many in *removed_out (may be NULL). */

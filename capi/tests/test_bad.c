@@ -68,6 +68,7 @@ static void every_store_call(mc_store_t h, mc_status_t want) {
     CHECK_MC(want, mc_store_remove(h, "k", 1, &E));
     CHECK_MC(want, mc_store_remove_all(h, 1, &u, &E));
     CHECK_MC(want, mc_store_remove_by_regex(h, "k", 1, &u, &E));
+    CHECK_MC(want, mc_store_batch_remove(h, keys, 1, 1, codes, &E));
 }
 
 void test_bad_handles(void) {

@@ -119,6 +119,16 @@ void test_store_basic(void) {
     CHECK_MC(MC_OK, mc_store_exist(s, keep, &ex, &E));
     CHECK_EQ(ex, 1);
     CHECK_MC(MC_OK, mc_store_remove_by_regex(s, pat, 1, NULL, &E));
+    /* batch_remove: one code per key, the first failure returned */
+    const char *bkeys[] = {keep, ka};
+    mc_status_t bcodes[2] = {-1, -1};
+    CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND, mc_store_batch_remove(s, bkeys, 2, 1, bcodes, &E));
+    CHECK_EQ(bcodes[0], MC_OK);
+    CHECK_EQ(bcodes[1], MC_STORE_ERR_OBJECT_NOT_FOUND);
+    CHECK_MC(MC_OK, mc_store_exist(s, keep, &ex, &E));
+    CHECK_EQ(ex, 0);
+    CHECK_MC(MC_OK, mc_store_put(s, keep, val, 100, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_batch_remove(s, bkeys, 0, 1, NULL, &E));
     CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_remove_by_regex(s, "(", 1, &rx, &E));
     CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_remove_by_regex(s, "", 1, &rx, &E));
     CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_remove_by_regex(s, NULL, 1, &rx, &E));

@@ -269,6 +269,7 @@ def test_official_misc_calls(master, stores):
     assert s.upsert_batch(keys, [b"4", b"5", b"6"]) == 0
     assert s.get_batch(keys) == [b"4", b"5", b"6"]
     assert s.batch_remove(keys, force=True) == [0, 0, 0]
+    assert s.batch_remove([keys[0], ""], True) == [-704, -600]  # gone; empty key
     assert s.batch_is_exist(keys) == [0, 0, 0]
     rc = ReplicateConfig()
     rc.with_soft_pin = True

@@ -51,6 +51,8 @@ def test_remove_by_regex(store):
     assert store.exists(f"keep-{prefix}/0")
     with pytest.raises(errors.InvalidParams):
         store.remove_by_regex("(")
+    res = store.batch_remove([f"{prefix}/3", f"{prefix}/0"], force=True)
+    assert res[0] is None and isinstance(res[1], errors.ObjectNotFound)
 
 
 def test_large_value_and_kinds(store):

@@ -452,7 +452,11 @@ class MooncakeDistributedStore:
             return _code(e)
 
     def batch_remove(self, keys: List[str], force: bool = False) -> List[int]:
-        return [self.remove(k, force) for k in keys]
+        """0 or a negative code per key."""
+        try:
+            return self._s()._remove_codes(keys, force)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
 
     def remove_all(self, force: bool = False) -> int:
         """Number of objects removed, or a negative code."""

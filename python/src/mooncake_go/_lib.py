@@ -34,7 +34,7 @@ from ctypes import (
 from . import errors
 
 ABI_VERSION_MAJOR = 1
-ABI_VERSION_MINOR = 2  # 1.1: values made of parts; 1.2: mc_store_remove_by_regex
+ABI_VERSION_MINOR = 2  # 1.1: values made of parts; 1.2: remove by regex, batch remove
 LIBRARY_NAME = "libmooncake.so"
 
 # Transfer states (MC_TRANSFER_*), numbered as Mooncake's STATUS_*.
@@ -169,6 +169,7 @@ _SIGNATURES = {
     "mc_store_batch_get_into_parts": (c_int32, [c_uint64, _CPP, _VPP, _U64P, _SZP, c_size_t, _U64P, _I32P]),
     "mc_store_exist": (c_int32, [c_uint64, c_char_p, _I32P]),
     "mc_store_batch_exist": (c_int32, [c_uint64, _CPP, c_size_t, _I32P, _I32P]),
+    "mc_store_batch_remove": (c_int32, [c_uint64, _CPP, c_size_t, c_int, _I32P]),
     "mc_store_remove": (c_int32, [c_uint64, c_char_p, c_int]),
     "mc_store_remove_all": (c_int32, [c_uint64, c_int, _U64P]),
     "mc_store_remove_by_regex": (c_int32, [c_uint64, c_char_p, c_int, _U64P]),

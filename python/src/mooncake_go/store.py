@@ -351,6 +351,21 @@ class Store:
         codes, outs = self._parts_codes(True, keys, addrs, lens)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
+    def _remove_codes(self, keys: Sequence[str], force: bool) -> List[int]:
+        n = len(keys)
+        if n == 0:
+            return []
+        codes = (c_int32 * n)()
+        rc = lib.mc_store_batch_remove(self.handle, _keys(keys), n, int(force), codes, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(codes)
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> List[Result]:
+        """remove of many keys in one master round trip; None or the error
+        per key."""
+        return _results(self._remove_codes(keys, force))
+
     def batch_exists(self, keys: Sequence[str]) -> List[bool]:
         """Whether each key is readable (a refused key raises)."""
         ex, codes = self._exist_codes(keys)
