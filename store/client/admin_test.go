@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/store/master"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -73,4 +76,52 @@ func TestMasterAdminEndpoints(t *testing.T) {
 	assert.Equal(t, "leader", strings.TrimSpace(body))
 	_, body = httpGet(t, base+"/leader")
 	assert.Equal(t, m.Addr(), strings.TrimSpace(body))
+}
+
+// metricSum adds up the samples of the named counters in a Prometheus text
+// exposition.
+func metricSum(t *testing.T, body string, names ...string) float64 {
+	t.Helper()
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && slices.Contains(names, f[0]) {
+			v, err := strconv.ParseFloat(f[1], 64)
+			require.NoError(t, err, line)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// Reading a value into a buffer too small, asking its size, and reading it
+// again (what a C or Python get of unknown size does) asks the master once:
+// the size and the second read come from the lease the first lookup took.
+func TestSizeWithinLeaseAsksMasterOnce(t *testing.T) {
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	a := newClient(t, m.Addr(), 8<<20)
+	b := newClient(t, m.Addr(), NoSegment)
+	ctx := ctxT(t)
+	want := value(3, 64<<10)
+	require.NoError(t, a.Put(ctx, "big", want, nil))
+	lookups := func() float64 {
+		_, body := httpGet(t, "http://"+m.AdminAddr()+"/metrics")
+		return metricSum(t, body, "master_get_replica_list_requests_total", "master_batch_get_replica_list_requests_total")
+	}
+	before := lookups()
+	_, err = b.GetInto(ctx, "big", make([]byte, 4096))
+	require.ErrorIs(t, err, storepb.ErrInvalidParams)
+	n, err := b.Size(ctx, "big")
+	require.NoError(t, err)
+	require.Equal(t, uint64(len(want)), n)
+	dst := make([]byte, n)
+	got, err := b.GetInto(ctx, "big", dst)
+	require.NoError(t, err)
+	require.Equal(t, want, dst[:got])
+	assert.Equal(t, before+1, lookups())
+	// Without a lease held, Size asks (and its answer is the master's).
+	_, err = b.Size(ctx, "missing")
+	assert.ErrorIs(t, err, storepb.ErrObjectNotFound)
 }

@@ -57,7 +57,14 @@ func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error
 }
 
 // Size returns the length of key's value; like Get it leases the object.
+// Within a lease this client holds (a Get or a GetInto that found its
+// buffer too small took one) it answers without asking the master.
 func (c *Client) Size(ctx context.Context, key string) (uint64, error) {
+	if c.leases != nil {
+		if e := c.leases.get(key, time.Now()); e != nil {
+			return e.length, nil
+		}
+	}
 	var resp *storepb.GetReplicaListResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.GetReplicaList(ctx, &storepb.KeyRequest{ClientId: c.id, Key: key})
