@@ -127,6 +127,8 @@ func runNode(cmd *cobra.Command, _ []string) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 		slog.Info("node HTTP server", "addr", ln.Addr().String())
+		// On stdout too, for whoever started it with port 0.
+		fmt.Fprintln(cmd.OutOrStdout(), "node http addr="+ln.Addr().String())
 	}
 	slog.Info("node serving", "segment", c.SegmentName(), "bytes", seg, "master", cfg.Master, "ssd", c.SSDPath())
 	fmt.Fprintln(cmd.OutOrStdout(), cluster.ReadyLine(c.SegmentName()))

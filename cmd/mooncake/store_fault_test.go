@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -61,10 +60,14 @@ func startProc(t *testing.T, cmd *exec.Cmd, prefix string) string {
 				break
 			}
 		}
+		close(line) // found, or the process closed its stdout (exited)
 		_, _ = io.Copy(io.Discard, out)
 	}()
 	select {
-	case l := <-line:
+	case l, ok := <-line:
+		if !ok {
+			t.Fatalf("%v: exited before printing a %q line", cmd.Args, prefix)
+		}
 		return l
 	case <-time.After(60 * time.Second):
 		t.Fatalf("%v: no %q line after 60s", cmd.Args, prefix)
@@ -298,14 +301,6 @@ func TestLeaderKilledDuringLoad(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // A node started with a config file and Mooncake's environment names.
 func TestNodeConfigSources(t *testing.T) {
 	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
@@ -315,18 +310,19 @@ func TestNodeConfigSources(t *testing.T) {
 	conf := dir + "/node.json"
 	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(
 		`{"master_server_address": %q, "global_segment_size": "32MB", "local_hostname": "127.0.0.1"}`, m.Addr())), 0o600))
-	port := freePort(t)
 	cmd := selfCommand(t, "node")
+	// HTTP port 0: the node picks one and says which (a port chosen here
+	// could be taken before the node binds it).
 	cmd.Env = append(cmd.Env, "MOONCAKE_CONFIG_PATH="+conf, "MOONCAKE_LOCAL_BUFFER_SIZE=4MiB",
 		"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH="+dir, "MC_NODE_SSD_SIZE=8MiB",
-		"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER=true", fmt.Sprintf("MOONCAKE_CLIENT_HTTP_PORT=%d", port))
-	startProc(t, cmd, "node ready segment=127.0.0.1:")
+		"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER=true", "MOONCAKE_CLIENT_HTTP_PORT=0")
+	httpAddr := strings.TrimPrefix(startProc(t, cmd, "node http addr=127.0.0.1:"), "node http addr=")
 	st := m.Service().Stats()
 	assert.Equal(t, uint64(32e6), st.Capacity)
 	assert.Equal(t, uint64(8<<20), st.DiskCapacity, "the SSD tier from MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
 	// Its HTTP server: health and the engine's metrics.
 	for path, want := range map[string]string{"/health": `"status":"ok"`, "/metrics": "mooncake_transfer_read_bytes 0"} {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+		resp, err := http.Get("http://" + httpAddr + path)
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
