@@ -105,13 +105,18 @@ func (s *Service) startSeq(clientID, key string, length uint64, cfg *storepb.Rep
 		return reps, seq, err
 	}
 	if s.fitsAnywhere(length) {
-		s.evict(true)
-		if s.j != nil {
-			// Evicted space comes back once the drops are durable.
-			_ = s.durable(s.j.last())
-		}
-		if reps, seq, err = s.tryStart(clientID, key, length, n, cfg, upsert); err != errNoSpace {
-			return reps, seq, err
+		for range 3 {
+			ran := s.evictForPut()
+			if s.j != nil {
+				// Evicted space comes back once the drops are durable.
+				_ = s.durable(s.j.last())
+			}
+			if reps, seq, err = s.tryStart(clientID, key, length, n, cfg, upsert); err != errNoSpace {
+				return reps, seq, err
+			}
+			if ran {
+				break
+			}
 		}
 		s.needEvict.Store(true)
 	}

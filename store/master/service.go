@@ -175,6 +175,11 @@ type Service struct {
 	// needEvict is set by a failed allocation and makes the next Evict run
 	// even below the watermark, as Mooncake's need_mem_eviction_.
 	needEvict atomic.Bool
+	// evictMu serializes evictions; putEvictions counts those puts asked
+	// for, and evictBuf is their candidate list, kept between them.
+	evictMu      sync.Mutex
+	putEvictions atomic.Uint64
+	evictBuf     []candidate
 
 	// Moves (SSD spills and promotions) in flight, by id; under segMu.
 	tasks     map[uint64]*moveTask

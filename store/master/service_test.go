@@ -56,7 +56,7 @@ func seg(id string, base, size uint64) *storepb.Segment {
 func mem(r *storepb.Replica) *storepb.MemoryReplica { return r.GetMemory() }
 
 // put is PutStart + PutEnd.
-func put(t *testing.T, s *Service, client, key string, n uint64, cfg *storepb.ReplicateConfig) []*storepb.Replica {
+func put(t testing.TB, s *Service, client, key string, n uint64, cfg *storepb.ReplicateConfig) []*storepb.Replica {
 	t.Helper()
 	reps, err := s.PutStart(client, key, n, cfg)
 	require.NoError(t, err)

@@ -331,12 +331,14 @@ func (s *Service) evictDisk(now time.Time) {
 		return
 	}
 	target := float64(used) - (s.cfg.EvictionHighWatermark-s.cfg.EvictionRatio)*float64(capacity)
-	cands := s.candidates(now, func(o *object) bool { return diskEvictable(o, now) })
+	order := s.candidates(now, func(o *object) bool { return diskEvictable(o, now) }, diskBytes, target)
+	defer order.release()
 	var freed float64
-	for _, c := range cands {
+	for i := range order.len() {
 		if freed >= target {
 			return
 		}
+		c := order.at(i)
 		c.sh.mu.Lock()
 		if c.sh.objects[c.key] == c.o && diskEvictable(c.o, now) {
 			gone := c.o.take(true)
@@ -353,6 +355,17 @@ func (s *Service) evictDisk(now time.Time) {
 		}
 		c.sh.mu.Unlock()
 	}
+}
+
+// diskBytes is what evicting o's SSD copies frees.
+func diskBytes(o *object) uint64 {
+	var n uint64
+	for _, r := range o.replicas {
+		if r.onDisk() {
+			n += r.size
+		}
+	}
+	return n
 }
 
 func diskEvictable(o *object, now time.Time) bool {

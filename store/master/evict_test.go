@@ -1,0 +1,192 @@
+package master
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// selectSmallest leaves the k smallest leases in front, whatever the mix
+// of distinct and equal leases.
+func TestSelectSmallest(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for trial := range 500 {
+		n := r.IntN(3000)
+		spread := []int64{1, 3, 100, 1 << 40}[trial%4] // 1: all equal
+		c := make([]candidate, n)
+		for i := range c {
+			c[i] = candidate{lease: r.Int64N(spread), bytes: uint64(i)}
+		}
+		want := slices.Clone(c)
+		slices.SortFunc(want, byLease)
+		k := 0
+		if n > 0 {
+			k = r.IntN(n + 1)
+		}
+		selectSmallest(c, k)
+		// A permutation of the input...
+		ids := make([]uint64, n)
+		for i, x := range c {
+			ids[i] = x.bytes
+		}
+		slices.Sort(ids)
+		for i, id := range ids {
+			require.Equal(t, uint64(i), id, "trial %d: not a permutation", trial)
+		}
+		// ...whose front holds the k smallest.
+		if k > 0 && k < n {
+			front := slices.MaxFunc(c[:k], byLease).lease
+			back := slices.MinFunc(c[k:], byLease).lease
+			require.LessOrEqual(t, front, back, "trial %d: n=%d k=%d", trial, n, k)
+		}
+		front := slices.Clone(c[:k])
+		slices.SortFunc(front, byLease)
+		for i := range front {
+			require.Equal(t, want[i].lease, front[i].lease, "trial %d", trial)
+		}
+	}
+}
+
+// In a pool of many objects put in shuffled order, eviction takes exactly
+// the least recently leased ones, however far the sorted front reaches.
+func TestEvictionOrderAtScale(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	const n, size = 20000, 1024
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	for i := range n {
+		clk.Advance(time.Microsecond)
+		put(t, s, "c1", fmt.Sprint("k", i), size, nil)
+	}
+	// Lease a shuffled half again: those become the newest, in that order.
+	order := rand.New(rand.NewPCG(3, 4)).Perm(n)
+	clk.Advance(2 * DefaultLeaseTTL) // every put's lease is over
+	for _, i := range order[:n/2] {
+		clk.Advance(time.Microsecond)
+		_, _, _, _, err := s.GetReplicaList(fmt.Sprint("k", i))
+		require.NoError(t, err)
+	}
+	clk.Advance(2 * DefaultLeaseTTL)
+	// LRU order: the unleased half by put time, then the leased half in
+	// the order of their reads.
+	unread := slices.Clone(order[n/2:])
+	slices.Sort(unread)
+	lru := append(unread, order[:n/2]...)
+
+	// Full pool: eviction frees 15% (used - 0.90 + 0.05), 3000 objects,
+	// the least recently leased.
+	freed := s.Evict()
+	require.Equal(t, uint64(3*n*size/20), freed)
+	gone := int(freed / size)
+	for rank, i := range lru {
+		_, ok := s.shardOf(fmt.Sprint("k", i)).objects[fmt.Sprint("k", i)]
+		require.Equal(t, rank >= gone, ok, "rank %d (k%d)", rank, i)
+	}
+	// Below the watermark only a forced eviction runs: 5% more, the next
+	// oldest.
+	assert.Zero(t, s.Evict())
+	s.needEvict.Store(true)
+	require.Equal(t, uint64(n*size/20), s.Evict())
+	gone += n / 20
+	for rank, i := range lru {
+		_, ok := s.shardOf(fmt.Sprint("k", i)).objects[fmt.Sprint("k", i)]
+		require.Equal(t, rank >= gone, ok, "rank %d (k%d)", rank, i)
+	}
+}
+
+// When the oldest objects are soft-pinned, the first pass walks past the
+// sorted front to the unpinned ones and still takes them oldest first.
+func TestEvictionWalksPastSortedFront(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	const soft, plain, size = 3000, 1000, 1024
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, (soft+plain)*size)))
+	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: 3_600_000}
+	for i := range soft {
+		clk.Advance(time.Microsecond)
+		put(t, s, "c1", fmt.Sprint("s", i), size, pin)
+	}
+	keys := rand.New(rand.NewPCG(5, 6)).Perm(plain) // put in shuffled order
+	for _, i := range keys {
+		clk.Advance(time.Microsecond)
+		put(t, s, "c1", fmt.Sprint("p", i), size, nil)
+	}
+	clk.Advance(2 * DefaultLeaseTTL)
+	// 15% of the pool is 600 objects; the sorted front (2x600+64) holds
+	// only soft-pinned ones.
+	require.Equal(t, uint64(600*size), s.Evict())
+	for rank, i := range keys {
+		_, ok := s.shardOf(fmt.Sprint("p", i)).objects[fmt.Sprint("p", i)]
+		require.Equal(t, rank >= 600, ok, "rank %d (p%d)", rank, i)
+	}
+	assert.Equal(t, soft+plain-600, s.Stats().Keys)
+}
+
+// Puts racing into a full pool all succeed: evictions run one at a time,
+// and a put that waited for another's eviction uses the room it made.
+func TestConcurrentPutsIntoFullPool(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	const n, size = 1000, 1024
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	for i := range n {
+		clk.Advance(time.Microsecond)
+		put(t, s, "c1", fmt.Sprint("old", i), size, nil)
+	}
+	clk.Advance(2 * DefaultLeaseTTL)
+	var wg sync.WaitGroup
+	errs := make([]error, 64)
+	for g := range errs {
+		wg.Go(func() {
+			_, err := s.PutStart("c1", fmt.Sprint("new", g), size, nil)
+			if err == nil {
+				err = s.PutEnd("c1", fmt.Sprint("new", g), 7)
+			}
+			errs[g] = err
+		})
+	}
+	wg.Wait()
+	for g, err := range errs {
+		require.NoError(t, err, "put %d", g)
+	}
+	// One eviction of 10% of the pool (used - 0.90 + 0.05 from full, or
+	// more when several ran) made the room; never all of it.
+	assert.Greater(t, s.Stats().Keys, n/2)
+}
+
+// BenchmarkEvict is one forced eviction pass (5% of the pool) over a pool
+// of N 1 KiB objects, refilled between passes.
+func BenchmarkEvict(b *testing.B) {
+	for _, n := range []int{20_000, 200_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			clk := newFakeClock()
+			s, err := NewService(ServiceConfig{Now: clk.Now, Seed: 1})
+			require.NoError(b, err)
+			require.NoError(b, s.MountSegment("c1", seg("1", 0, uint64(n)*1024)))
+			next := 0
+			fill := func(count int) {
+				for range count {
+					put(b, s, "c1", fmt.Sprint("k", next), 1024, nil)
+					next++
+					clk.Advance(time.Microsecond)
+				}
+			}
+			fill(n)
+			clk.Advance(2 * DefaultLeaseTTL)
+			b.ResetTimer()
+			for b.Loop() {
+				s.needEvict.Store(true)
+				freed := s.Evict()
+				b.StopTimer()
+				fill(int(freed / 1024))
+				clk.Advance(2 * DefaultLeaseTTL)
+				b.StartTimer()
+			}
+		})
+	}
+}
