@@ -79,12 +79,21 @@ func (s *Service) evictLockedAll(force bool) uint64 {
 	ratio := s.cfg.EvictionRatio * float64(capacity)
 	target := max(ratio, float64(used)-high+ratio)
 
-	order := s.candidates(now, func(o *object) bool { return evictable(o, now, force) }, dramBytes, target)
+	freed := s.evictFromCache(now, force, target)
+	if float64(freed) >= target {
+		return freed
+	}
+	order := s.candidates(now, func(o *object) bool { return evictable(o, now, force) }, dramBytes, target,
+		&s.evictBuf, evictFronts)
 	defer order.release()
-	var freed uint64
 	for pass := range 2 {
 		for i := range order.len() {
 			if float64(freed) >= target {
+				if pass == 0 {
+					// The cache is empty (evictFromCache used it up), so
+					// the buffer it shares with the scan was free.
+					s.evictCache, s.evictCacheAt = order.keep(i), now
+				}
 				return freed
 			}
 			c := order.at(i)
@@ -118,15 +127,53 @@ func dramBytes(o *object) uint64 {
 	return n
 }
 
+// evictFronts is how many evictions' worth of the oldest objects a scan of
+// the pool sorts; what one eviction leaves of that front serves the next
+// ones for up to evictCacheTTL, so a pool of N objects is scanned once per
+// few evictions, not once per eviction.
+const (
+	evictFronts   = 4
+	evictCacheTTL = time.Second
+)
+
+// evictFromCache takes the oldest objects that the last scan sorted and the
+// evictions since have left, skipping any touched since (its lease moved:
+// it is no longer that old) and soft-pinned ones, until target is freed or
+// the front runs out. Objects outside the front are newer than all in it,
+// so this order is the order a fresh scan would give. evictMu is held.
+func (s *Service) evictFromCache(now time.Time, force bool, target float64) uint64 {
+	if now.Sub(s.evictCacheAt) > evictCacheTTL {
+		clear(s.evictCache)
+		s.evictCache = nil
+	}
+	var freed uint64
+	i := 0
+	for ; i < len(s.evictCache) && float64(freed) < target; i++ {
+		c := &s.evictCache[i]
+		if c.soft {
+			continue
+		}
+		c.sh.mu.Lock()
+		if c.sh.objects[c.key] == c.o && c.o.lease.UnixNano() == c.lease && evictable(c.o, now, force) {
+			freed += s.evictLocked(c.sh, c.key, c.o, force)
+		}
+		c.sh.mu.Unlock()
+	}
+	clear(s.evictCache[:i])
+	s.evictCache = s.evictCache[i:]
+	return freed
+}
+
 // evictOrder is the objects an eviction may take, least recently leased
-// first. Only the front expected to cover the eviction's target is sorted
-// up front; the rest is sorted if a walk gets there. An eviction pass over
-// a pool of N objects thus costs a scan and O(N) selection instead of an
+// first. Only the front expected to cover a few evictions is sorted up
+// front; the rest is sorted if a walk gets there. An eviction pass over a
+// pool of N objects thus costs a scan and O(N) selection instead of an
 // O(N log N) sort.
 type evictOrder struct {
-	s      *Service
+	buf    *[]candidate // where the buffer goes back
 	c      []candidate
 	sorted int // c[:sorted] are the smallest leases, in order
+	kept   int // c[kept:sorted] stay as the Service's evictCache; -1: none
 }
 
 func (e *evictOrder) len() int { return len(e.c) }
@@ -139,20 +186,36 @@ func (e *evictOrder) at(i int) *candidate {
 	return &e.c[i]
 }
 
-// release hands the candidate buffer back for the next eviction (evictMu
-// is held), without the pointers it held.
+// keep returns the sorted front from i on, which release then leaves in
+// place for the next evictions (see evictFromCache).
+func (e *evictOrder) keep(i int) []candidate {
+	if i >= e.sorted {
+		return nil
+	}
+	e.kept = i
+	return e.c[i:e.sorted]
+}
+
+// release hands the candidate buffer back for the next scan (evictMu is
+// held), without the pointers it held except the kept front.
 func (e *evictOrder) release() {
-	clear(e.c)
-	e.s.evictBuf = e.c[:0]
+	if e.kept < 0 {
+		clear(e.c)
+	} else {
+		clear(e.c[:e.kept])
+		clear(e.c[e.sorted:])
+	}
+	*e.buf = e.c[:0]
 }
 
 func byLease(a, b candidate) int { return cmp.Compare(a.lease, b.lease) }
 
 // candidates lists the objects ok accepts in an evictOrder whose sorted
-// front is expected to free target bytes (bytesOf tells what each frees).
-// evictMu is held: the list reuses the Service's buffer.
-func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(*object) uint64, target float64) *evictOrder {
-	cands := s.evictBuf[:0]
+// front is expected to free target bytes fronts times over (bytesOf tells
+// what each frees). evictMu is held: the list reuses *buf.
+func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(*object) uint64, target float64,
+	buf *[]candidate, fronts int) *evictOrder {
+	cands := (*buf)[:0]
 	var total uint64
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -167,17 +230,17 @@ func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(
 		}
 		sh.mu.Unlock()
 	}
-	e := &evictOrder{s: s, c: cands}
+	e := &evictOrder{buf: buf, c: cands, kept: -1}
 	if len(cands) == 0 {
 		return e
 	}
-	// Twice the objects of an average size the target needs, and some:
-	// rechecks fail and soft pins are skipped; a walk past the front sorts
-	// the rest.
+	// The objects of an average size fronts targets need, one target more
+	// and some: rechecks fail and soft pins are skipped; a walk past the
+	// front sorts the rest.
 	avg := float64(total) / float64(len(cands))
 	k := len(cands)
 	if avg > 0 {
-		k = min(len(cands), 2*int(target/avg)+64)
+		k = min(len(cands), (fronts+1)*int(target/avg)+64)
 	}
 	selectSmallest(cands, k)
 	slices.SortFunc(cands[:k], byLease)

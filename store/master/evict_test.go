@@ -101,6 +101,55 @@ func TestEvictionOrderAtScale(t *testing.T) {
 	}
 }
 
+// Evictions after the first take the oldest objects from what the first
+// scan sorted, without a scan, and skip one touched since: it is no longer
+// among the oldest. The order stays exact LRU.
+func TestEvictionCacheSkipsTouched(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{LeaseTTL: 100 * time.Millisecond})
+	const n, size = 2000, 1024
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	lru := rand.New(rand.NewPCG(7, 8)).Perm(n)
+	for _, i := range lru {
+		clk.Advance(time.Microsecond)
+		put(t, s, "c1", fmt.Sprint("k", i), size, nil)
+	}
+	clk.Advance(time.Millisecond)
+	gone := func(rank int) bool {
+		_, ok := s.shardOf(fmt.Sprint("k", lru[rank])).objects[fmt.Sprint("k", lru[rank])]
+		return !ok
+	}
+	// 15%: 300 objects; the scan keeps a sorted front for the next ones.
+	require.Equal(t, uint64(300*size), s.Evict())
+	require.NotEmpty(t, s.evictCache)
+	// Touch the oldest survivor; its lease ends before the next eviction.
+	touched := lru[300]
+	_, _, _, _, err := s.GetReplicaList(fmt.Sprint("k", touched))
+	require.NoError(t, err)
+	clk.Advance(200 * time.Millisecond)
+	cached := len(s.evictCache)
+	s.needEvict.Store(true)
+	require.Equal(t, uint64(100*size), s.Evict()) // forced, 5%
+	assert.Less(t, len(s.evictCache), cached, "the second eviction used the sorted front")
+	for rank := range n {
+		switch {
+		case rank == 300:
+			assert.False(t, gone(rank), "the touched object was evicted")
+		case rank <= 400:
+			assert.True(t, gone(rank), "rank %d survived", rank)
+		default:
+			assert.False(t, gone(rank), "rank %d evicted", rank)
+		}
+	}
+	// Past evictCacheTTL the front is dropped and a scan starts afresh.
+	clk.Advance(evictCacheTTL + time.Millisecond)
+	s.needEvict.Store(true)
+	require.Equal(t, uint64(100*size), s.Evict())
+	for rank := 401; rank <= 500; rank++ {
+		assert.True(t, gone(rank), "rank %d survived", rank)
+	}
+	assert.False(t, gone(501))
+}
+
 // When the oldest objects are soft-pinned, the first pass walks past the
 // sorted front to the unpinned ones and still takes them oldest first.
 func TestEvictionWalksPastSortedFront(t *testing.T) {
@@ -159,34 +208,39 @@ func TestConcurrentPutsIntoFullPool(t *testing.T) {
 	assert.Greater(t, s.Stats().Keys, n/2)
 }
 
-// BenchmarkEvict is one forced eviction pass (5% of the pool) over a pool
-// of N 1 KiB objects, refilled between passes.
+// BenchmarkEvict is one forced eviction (5% of the pool) in a pool of N
+// 1 KiB objects, refilled between evictions: "scan" with the last scan's
+// sorted front expired (every eviction scans), "steady" back to back as
+// under a put load (most evictions take from the front the last scan
+// sorted).
 func BenchmarkEvict(b *testing.B) {
 	for _, n := range []int{20_000, 200_000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			clk := newFakeClock()
-			s, err := NewService(ServiceConfig{Now: clk.Now, Seed: 1})
-			require.NoError(b, err)
-			require.NoError(b, s.MountSegment("c1", seg("1", 0, uint64(n)*1024)))
-			next := 0
-			fill := func(count int) {
-				for range count {
-					put(b, s, "c1", fmt.Sprint("k", next), 1024, nil)
-					next++
-					clk.Advance(time.Microsecond)
+		for _, mode := range []string{"scan", "steady"} {
+			b.Run(fmt.Sprintf("%d/%s", n, mode), func(b *testing.B) {
+				clk := newFakeClock()
+				s, err := NewService(ServiceConfig{Now: clk.Now, Seed: 1})
+				require.NoError(b, err)
+				require.NoError(b, s.MountSegment("c1", seg("1", 0, uint64(n)*1024)))
+				next := 0
+				fill := func(count int) {
+					for range count {
+						put(b, s, "c1", fmt.Sprint("k", next), 1024, nil)
+						next++
+						clk.Advance(time.Microsecond)
+					}
 				}
-			}
-			fill(n)
-			clk.Advance(2 * DefaultLeaseTTL)
-			b.ResetTimer()
-			for b.Loop() {
-				s.needEvict.Store(true)
-				freed := s.Evict()
-				b.StopTimer()
-				fill(int(freed / 1024))
-				clk.Advance(2 * DefaultLeaseTTL)
-				b.StartTimer()
-			}
-		})
+				fill(n)
+				for b.Loop() {
+					if mode == "scan" {
+						clk.Advance(evictCacheTTL + time.Millisecond)
+					}
+					s.needEvict.Store(true)
+					freed := s.Evict()
+					b.StopTimer()
+					fill(int(freed / 1024))
+					b.StartTimer()
+				}
+			})
+		}
 	}
 }

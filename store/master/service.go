@@ -176,10 +176,15 @@ type Service struct {
 	// even below the watermark, as Mooncake's need_mem_eviction_.
 	needEvict atomic.Bool
 	// evictMu serializes evictions; putEvictions counts those puts asked
-	// for, and evictBuf is their candidate list, kept between them.
+	// for. evictBuf and diskEvictBuf are their candidate lists (DRAM, SSD),
+	// kept between them; evictCache is what the last DRAM scan sorted and
+	// no eviction has taken yet (see evictFromCache), part of evictBuf.
 	evictMu      sync.Mutex
 	putEvictions atomic.Uint64
 	evictBuf     []candidate
+	diskEvictBuf []candidate
+	evictCache   []candidate
+	evictCacheAt time.Time
 
 	// Moves (SSD spills and promotions) in flight, by id; under segMu.
 	tasks     map[uint64]*moveTask

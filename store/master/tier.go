@@ -331,7 +331,7 @@ func (s *Service) evictDisk(now time.Time) {
 		return
 	}
 	target := float64(used) - (s.cfg.EvictionHighWatermark-s.cfg.EvictionRatio)*float64(capacity)
-	order := s.candidates(now, func(o *object) bool { return diskEvictable(o, now) }, diskBytes, target)
+	order := s.candidates(now, func(o *object) bool { return diskEvictable(o, now) }, diskBytes, target, &s.diskEvictBuf, 1)
 	defer order.release()
 	var freed float64
 	for i := range order.len() {
