@@ -14,7 +14,6 @@ type candidate struct {
 	key   string
 	o     *object
 	lease int64 // o.lease in Unix nanoseconds: the eviction order
-	bytes uint64
 	soft  bool
 }
 
@@ -36,24 +35,34 @@ func (s *Service) evict(force bool) uint64 {
 }
 
 // evictForPut is the eviction of a put that found no room. Evictions run
-// one at a time (two would each free the target); a put that waited while
-// another put's eviction ran gets false, without evicting, and retries its
-// allocation in the room that one made.
-func (s *Service) evictForPut() (ran bool) {
-	gen := s.putEvictions.Load()
+// one at a time (two would each free the target). Unless always, a put that
+// waited while another eviction freed space gets false, without evicting,
+// and retries its allocation in the room that one made.
+func (s *Service) evictForPut(always bool) (ran bool) {
+	gen := s.evictions.Load()
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
-	if s.putEvictions.Load() != gen {
+	if !always && s.evictions.Load() != gen {
 		return false
 	}
 	s.evictLockedAll(true)
-	s.putEvictions.Add(1)
 	return true
 }
 
 // evictLockedAll is evict with evictMu held.
-func (s *Service) evictLockedAll(force bool) uint64 {
+func (s *Service) evictLockedAll(force bool) (freed uint64) {
+	defer func() {
+		if freed > 0 {
+			s.evictions.Add(1)
+		}
+	}()
 	now := s.now()
+	if now.Sub(s.evictCacheAt) > evictCacheTTL && s.evictBuf != nil {
+		// Idle (or a put load that slowed down): let go of the front and
+		// of the buffer, which a pool's worth of candidates made large.
+		clear(s.evictCache)
+		s.evictCache, s.evictBuf = nil, nil
+	}
 	s.evictDisk(now)
 	s.segMu.Lock()
 	kept := s.deferred[:0]
@@ -79,7 +88,7 @@ func (s *Service) evictLockedAll(force bool) uint64 {
 	ratio := s.cfg.EvictionRatio * float64(capacity)
 	target := max(ratio, float64(used)-high+ratio)
 
-	freed := s.evictFromCache(now, force, target)
+	freed = s.evictFromCache(now, force, target)
 	if float64(freed) >= target {
 		return freed
 	}
@@ -117,10 +126,13 @@ func evictable(o *object, now time.Time, force bool) bool {
 }
 
 // dramBytes is what evicting o frees in DRAM, at most.
-func dramBytes(o *object) uint64 {
+func dramBytes(o *object) uint64 { return bytesOn(o, false) }
+
+// bytesOn is the size of o's replicas on SSD (disk) or in DRAM.
+func bytesOn(o *object, disk bool) uint64 {
 	var n uint64
 	for _, r := range o.replicas {
-		if !r.onDisk() {
+		if r.onDisk() == disk {
 			n += r.size
 		}
 	}
@@ -139,29 +151,49 @@ const (
 // evictFromCache takes the oldest objects that the last scan sorted and the
 // evictions since have left, skipping any touched since (its lease moved:
 // it is no longer that old) and soft-pinned ones, until target is freed or
-// the front runs out. Objects outside the front are newer than all in it,
-// so this order is the order a fresh scan would give. evictMu is held.
+// the front runs out. Objects outside the front were newer than all in it,
+// so this is the order a fresh scan would give, but for an object with an
+// older lease that became evictable since the scan (an upsert revoked, or
+// for a forced eviction after an unforced scan, a move in flight): it waits
+// for the next scan, within evictCacheTTL. evictMu is held.
 func (s *Service) evictFromCache(now time.Time, force bool, target float64) uint64 {
 	if now.Sub(s.evictCacheAt) > evictCacheTTL {
 		clear(s.evictCache)
 		s.evictCache = nil
 	}
 	var freed uint64
+	var pinned []int // entries passed over for a running soft pin: they stay
 	i := 0
 	for ; i < len(s.evictCache) && float64(freed) < target; i++ {
 		c := &s.evictCache[i]
-		if c.soft {
-			continue
-		}
 		c.sh.mu.Lock()
-		if c.sh.objects[c.key] == c.o && c.o.lease.UnixNano() == c.lease && evictable(c.o, now, force) {
+		switch {
+		case c.sh.objects[c.key] != c.o || c.o.lease.UnixNano() != c.lease || !evictable(c.o, now, force):
+			// Gone, touched, or not evictable now: a later scan puts it
+			// where it belongs.
+		case c.o.softPinUntil.After(now):
+			pinned = append(pinned, i)
+		default:
 			freed += s.evictLocked(c.sh, c.key, c.o, force)
 		}
 		c.sh.mu.Unlock()
 	}
-	clear(s.evictCache[:i])
-	s.evictCache = s.evictCache[i:]
+	j := keepBefore(s.evictCache, i, pinned)
+	clear(s.evictCache[:j])
+	s.evictCache = s.evictCache[j:]
 	return freed
+}
+
+// keepBefore moves the entries at the indices in ret (increasing, all below
+// i) to just before i, in order, and returns where they start: c[j:] is
+// what a walk that stopped at i leaves, with the entries it kept.
+func keepBefore(c []candidate, i int, ret []int) (j int) {
+	j = i
+	for k := len(ret) - 1; k >= 0; k-- {
+		j--
+		c[j] = c[ret[k]]
+	}
+	return j
 }
 
 // evictOrder is the objects an eviction may take, least recently leased
@@ -186,14 +218,19 @@ func (e *evictOrder) at(i int) *candidate {
 	return &e.c[i]
 }
 
-// keep returns the sorted front from i on, which release then leaves in
-// place for the next evictions (see evictFromCache).
+// keep returns what a first pass that stopped at i leaves of the sorted
+// front: the soft-pinned objects it passed over (their pins may end first),
+// then the front from i on. release leaves it in place for the next
+// evictions (see evictFromCache).
 func (e *evictOrder) keep(i int) []candidate {
-	if i >= e.sorted {
-		return nil
+	var soft []int
+	for k := range i {
+		if e.c[k].soft {
+			soft = append(soft, k)
+		}
 	}
-	e.kept = i
-	return e.c[i:e.sorted]
+	e.kept = keepBefore(e.c, i, soft)
+	return e.c[e.kept:e.sorted]
 }
 
 // release hands the candidate buffer back for the next scan (evictMu is
@@ -222,9 +259,8 @@ func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(
 		sh.mu.Lock()
 		for key, o := range sh.objects {
 			if ok(o) {
-				b := bytesOf(o)
-				total += b
-				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease.UnixNano(), bytes: b,
+				total += bytesOf(o)
+				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease.UnixNano(),
 					soft: o.softPinUntil.After(now)})
 			}
 		}
@@ -242,7 +278,9 @@ func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(
 	if avg > 0 {
 		k = min(len(cands), (fronts+1)*int(target/avg)+64)
 	}
-	selectSmallest(cands, k)
+	if k < len(cands) {
+		selectSmallest(cands, k)
+	}
 	slices.SortFunc(cands[:k], byLease)
 	e.sorted = k
 	return e

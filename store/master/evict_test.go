@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestSelectSmallest(t *testing.T) {
 		spread := []int64{1, 3, 100, 1 << 40}[trial%4] // 1: all equal
 		c := make([]candidate, n)
 		for i := range c {
-			c[i] = candidate{lease: r.Int64N(spread), bytes: uint64(i)}
+			c[i] = candidate{lease: r.Int64N(spread), key: strconv.Itoa(i)}
 		}
 		want := slices.Clone(c)
 		slices.SortFunc(want, byLease)
@@ -33,13 +34,13 @@ func TestSelectSmallest(t *testing.T) {
 		}
 		selectSmallest(c, k)
 		// A permutation of the input...
-		ids := make([]uint64, n)
+		ids := make([]int, n)
 		for i, x := range c {
-			ids[i] = x.bytes
+			ids[i], _ = strconv.Atoi(x.key)
 		}
 		slices.Sort(ids)
 		for i, id := range ids {
-			require.Equal(t, uint64(i), id, "trial %d: not a permutation", trial)
+			require.Equal(t, i, id, "trial %d: not a permutation", trial)
 		}
 		// ...whose front holds the k smallest.
 		if k > 0 && k < n {
@@ -140,14 +141,53 @@ func TestEvictionCacheSkipsTouched(t *testing.T) {
 			assert.False(t, gone(rank), "rank %d evicted", rank)
 		}
 	}
+	assert.True(t, s.evictCacheAt.Before(clk.Now()), "the second eviction scanned")
 	// Past evictCacheTTL the front is dropped and a scan starts afresh.
 	clk.Advance(evictCacheTTL + time.Millisecond)
 	s.needEvict.Store(true)
 	require.Equal(t, uint64(100*size), s.Evict())
+	assert.Equal(t, clk.Now(), s.evictCacheAt, "no scan after the front expired")
 	for rank := 401; rank <= 500; rank++ {
 		assert.True(t, gone(rank), "rank %d survived", rank)
 	}
 	assert.False(t, gone(501))
+}
+
+// Soft-pinned objects an eviction passed over stay in the sorted front:
+// once their pins end they are the oldest, and the next eviction takes
+// them first without a scan.
+func TestEvictionCacheKeepsSoftPinned(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{LeaseTTL: 100 * time.Millisecond})
+	const pinned, n, size = 100, 2000, 1024
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: 150}
+	for i := range n {
+		clk.Advance(time.Microsecond)
+		cfg := pin
+		if i >= pinned {
+			cfg = nil
+		}
+		put(t, s, "c1", fmt.Sprint("k", i), size, cfg)
+	}
+	clk.Advance(time.Millisecond)
+	exists := func(i int) bool {
+		_, ok := s.shardOf(fmt.Sprint("k", i)).objects[fmt.Sprint("k", i)]
+		return ok
+	}
+	// 15%: the 300 oldest unpinned objects.
+	require.Equal(t, uint64(300*size), s.Evict())
+	scanned := s.evictCacheAt
+	for i := range n {
+		require.Equal(t, i < pinned || i >= pinned+300, exists(i), "k%d", i)
+	}
+	// The pins end; the next eviction (5%) takes the formerly pinned.
+	clk.Advance(200 * time.Millisecond)
+	s.needEvict.Store(true)
+	require.Equal(t, uint64(100*size), s.Evict())
+	assert.Equal(t, scanned, s.evictCacheAt, "the second eviction scanned")
+	for i := range n {
+		require.Equal(t, i >= pinned+300, exists(i), "k%d", i)
+	}
 }
 
 // When the oldest objects are soft-pinned, the first pass walks past the
@@ -167,8 +207,8 @@ func TestEvictionWalksPastSortedFront(t *testing.T) {
 		put(t, s, "c1", fmt.Sprint("p", i), size, nil)
 	}
 	clk.Advance(2 * DefaultLeaseTTL)
-	// 15% of the pool is 600 objects; the sorted front (2x600+64) holds
-	// only soft-pinned ones.
+	// 15% of the pool is 600 objects; the sorted front ((4+1)x600+64)
+	// holds 64 plain objects: the walk goes past it for the rest.
 	require.Equal(t, uint64(600*size), s.Evict())
 	for rank, i := range keys {
 		_, ok := s.shardOf(fmt.Sprint("p", i)).objects[fmt.Sprint("p", i)]
@@ -206,6 +246,29 @@ func TestConcurrentPutsIntoFullPool(t *testing.T) {
 	// One eviction of 10% of the pool (used - 0.90 + 0.05 from full, or
 	// more when several ran) made the room; never all of it.
 	assert.Greater(t, s.Stats().Keys, n/2)
+}
+
+// Large puts racing into a full pool all succeed too, though one eviction
+// makes room for only one or two of them: a put that found its room taken
+// by the puts that waited with it evicts in its turn.
+func TestConcurrentLargePutsIntoFullPool(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	const n, size, big = 25000, 1024, 1000 * 1024
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	for i := range n {
+		clk.Advance(time.Microsecond)
+		put(t, s, "c1", fmt.Sprint("old", i), size, nil)
+	}
+	clk.Advance(2 * DefaultLeaseTTL)
+	var wg sync.WaitGroup
+	errs := make([]error, 16)
+	for g := range errs {
+		wg.Go(func() { _, errs[g] = s.PutStart("c1", fmt.Sprint("big", g), big, nil) })
+	}
+	wg.Wait()
+	for g, err := range errs {
+		require.NoError(t, err, "put %d", g)
+	}
 }
 
 // BenchmarkEvict is one forced eviction (5% of the pool) in a pool of N

@@ -105,8 +105,10 @@ func (s *Service) startSeq(clientID, key string, length uint64, cfg *storepb.Rep
 		return reps, seq, err
 	}
 	if s.fitsAnywhere(length) {
-		for range 3 {
-			ran := s.evictForPut()
+		// The first try may find that another eviction made room while
+		// it waited; the second evicts in any case.
+		for try := range 2 {
+			ran := s.evictForPut(try > 0)
 			if s.j != nil {
 				// Evicted space comes back once the drops are durable.
 				_ = s.durable(s.j.last())

@@ -358,15 +358,7 @@ func (s *Service) evictDisk(now time.Time) {
 }
 
 // diskBytes is what evicting o's SSD copies frees.
-func diskBytes(o *object) uint64 {
-	var n uint64
-	for _, r := range o.replicas {
-		if r.onDisk() {
-			n += r.size
-		}
-	}
-	return n
-}
+func diskBytes(o *object) uint64 { return bytesOn(o, true) }
 
 func diskEvictable(o *object, now time.Time) bool {
 	return o.complete() && o.pending == nil && o.moving == nil && !o.hardPin && !o.lease.After(now) &&
