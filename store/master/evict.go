@@ -34,28 +34,34 @@ func (s *Service) evict(force bool) uint64 {
 	return s.evictLockedAll(force)
 }
 
-// evictForPut is the eviction of a put that found no room. Evictions run
-// one at a time (two would each free the target). Unless always, a put that
-// waited while another eviction freed space gets false, without evicting,
-// and retries its allocation in the room that one made.
-func (s *Service) evictForPut(always bool) (ran bool) {
-	gen := s.evictions.Load()
+// startEvicting is tryStart for a put that found no room: it evicts and
+// tries again until the put fits, nothing is left to evict, or it has
+// evicted a pool's worth (puts that need no eviction kept taking the room).
+// Evictions run one at a time (two would each free the target), and the put
+// allocates before it lets the next one in, so puts waiting to evict do not
+// take each other's room: the first thing a put does once in is try again,
+// in the room the eviction before it made.
+func (s *Service) startEvicting(clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
-	if !always && s.evictions.Load() != gen {
-		return false
+	for range int(1/max(s.cfg.EvictionRatio, 0.01)) + 2 {
+		reps, seq, err := s.tryStart(clientID, key, length, n, cfg, upsert)
+		if err != errNoSpace {
+			return reps, seq, err
+		}
+		if s.evictLockedAll(true) == 0 {
+			return nil, 0, errNoSpace
+		}
+		if s.j != nil {
+			// Evicted space comes back once the drops are durable.
+			_ = s.durable(s.j.last())
+		}
 	}
-	s.evictLockedAll(true)
-	return true
+	return nil, 0, errNoSpace
 }
 
 // evictLockedAll is evict with evictMu held.
-func (s *Service) evictLockedAll(force bool) (freed uint64) {
-	defer func() {
-		if freed > 0 {
-			s.evictions.Add(1)
-		}
-	}()
+func (s *Service) evictLockedAll(force bool) uint64 {
 	now := s.now()
 	if now.Sub(s.evictCacheAt) > evictCacheTTL && s.evictBuf != nil {
 		// Idle (or a put load that slowed down): let go of the front and
@@ -88,7 +94,7 @@ func (s *Service) evictLockedAll(force bool) (freed uint64) {
 	ratio := s.cfg.EvictionRatio * float64(capacity)
 	target := max(ratio, float64(used)-high+ratio)
 
-	freed = s.evictFromCache(now, force, target)
+	freed := s.evictFromCache(now, force, target)
 	if float64(freed) >= target {
 		return freed
 	}

@@ -249,8 +249,8 @@ func TestConcurrentPutsIntoFullPool(t *testing.T) {
 }
 
 // Large puts racing into a full pool all succeed too, though one eviction
-// makes room for only one or two of them: a put that found its room taken
-// by the puts that waited with it evicts in its turn.
+// makes room for only one or two of them: a put evicts and allocates before
+// the next put may evict, and evicts again if the room went to another.
 func TestConcurrentLargePutsIntoFullPool(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
 	const n, size, big = 25000, 1024, 1000 * 1024

@@ -273,8 +273,8 @@ func (g *GRPCServer) RemoveAll(_ context.Context, req *storepb.RemoveAllRequest)
 	if req == nil {
 		return nil, errNilRequest
 	}
-	n := g.svc.Load().RemoveAll(req.Force)
-	return &storepb.RemoveAllResponse{Result: storepb.NewResult(nil), Removed: int64(n)}, nil
+	n, err := g.svc.Load().removeAll(req.Force)
+	return &storepb.RemoveAllResponse{Result: storepb.NewResult(err), Removed: int64(n)}, nil
 }
 
 // RemoveByRegex removes the readable objects whose key matches a pattern

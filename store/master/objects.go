@@ -105,20 +105,8 @@ func (s *Service) startSeq(clientID, key string, length uint64, cfg *storepb.Rep
 		return reps, seq, err
 	}
 	if s.fitsAnywhere(length) {
-		// The first try may find that another eviction made room while
-		// it waited; the second evicts in any case.
-		for try := range 2 {
-			ran := s.evictForPut(try > 0)
-			if s.j != nil {
-				// Evicted space comes back once the drops are durable.
-				_ = s.durable(s.j.last())
-			}
-			if reps, seq, err = s.tryStart(clientID, key, length, n, cfg, upsert); err != errNoSpace {
-				return reps, seq, err
-			}
-			if ran {
-				break
-			}
+		if reps, seq, err = s.startEvicting(clientID, key, length, n, cfg, upsert); err != errNoSpace {
+			return reps, seq, err
 		}
 		s.needEvict.Store(true)
 	}
@@ -413,8 +401,14 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 // RemoveAll removes every readable object, skipping leased ones unless
 // force, and returns how many it removed.
 func (s *Service) RemoveAll(force bool) int {
-	n, _ := s.removeMatching(func(string) bool { return true }, force)
+	n, _ := s.removeAll(force)
 	return n
+}
+
+// removeAll is RemoveAll with the journal's error: the removals happened
+// here, but a new leader may not know of them.
+func (s *Service) removeAll(force bool) (int, error) {
+	return s.removeMatching(func(string) bool { return true }, force)
 }
 
 // MaxRegexLen bounds a RemoveByRegex pattern.

@@ -175,13 +175,11 @@ type Service struct {
 	// needEvict is set by a failed allocation and makes the next Evict run
 	// even below the watermark, as Mooncake's need_mem_eviction_.
 	needEvict atomic.Bool
-	// evictMu serializes evictions; evictions counts those that freed
-	// space. evictBuf and diskEvictBuf are their candidate lists (DRAM,
-	// SSD), kept between them; evictCache is what the last DRAM scan (at
-	// evictCacheAt) sorted and no eviction has taken yet (see
-	// evictFromCache), part of evictBuf.
+	// evictMu serializes evictions. evictBuf and diskEvictBuf are their
+	// candidate lists (DRAM, SSD), kept between them; evictCache is what
+	// the last DRAM scan (at evictCacheAt) sorted and no eviction has taken
+	// yet (see evictFromCache), part of evictBuf.
 	evictMu      sync.Mutex
-	evictions    atomic.Uint64
 	evictBuf     []candidate
 	diskEvictBuf []candidate
 	evictCache   []candidate
