@@ -98,6 +98,10 @@ func (s *Service) evictLockedAll(force bool) uint64 {
 	if float64(freed) >= target {
 		return freed
 	}
+	// The scan reuses the buffer the front lives in; what is left of the
+	// front (pinned objects) it finds again.
+	clear(s.evictCache)
+	s.evictCache = nil
 	order := s.candidates(now, func(o *object) bool { return evictable(o, now, force) }, dramBytes, target,
 		&s.evictBuf, evictFronts)
 	defer order.release()
@@ -105,8 +109,6 @@ func (s *Service) evictLockedAll(force bool) uint64 {
 		for i := range order.len() {
 			if float64(freed) >= target {
 				if pass == 0 {
-					// The cache is empty (evictFromCache used it up), so
-					// the buffer it shares with the scan was free.
 					s.evictCache, s.evictCacheAt = order.keep(i), now
 				}
 				return freed

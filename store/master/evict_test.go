@@ -190,6 +190,44 @@ func TestEvictionCacheKeepsSoftPinned(t *testing.T) {
 	}
 }
 
+// An eviction whose front runs out with pinned objects left in it scans,
+// and its scan reuses the buffer the front lived in: the front must go
+// with it, even when that eviction ends in its second pass (nothing but
+// pinned objects to take).
+func TestEvictionFrontDroppedWhenScanReusesBuffer(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	const pinned, n, size = 1000, 2000, 1024
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: 3_600_000}
+	for i := range n {
+		clk.Advance(time.Microsecond)
+		cfg := pin
+		if i >= pinned {
+			cfg = nil
+		}
+		put(t, s, "c1", fmt.Sprint("k", i), size, cfg)
+	}
+	clk.Advance(time.Millisecond)
+	// 15%: 300 unpinned objects; the front keeps the pinned ones.
+	require.Equal(t, uint64(300*size), s.Evict())
+	require.NotEmpty(t, s.evictCache)
+	// Lease every unpinned object left: the next eviction finds nothing in
+	// the front, scans, and takes pinned objects in its second pass.
+	for i := pinned + 300; i < n; i++ {
+		_, _, _, _, err := s.GetReplicaList(fmt.Sprint("k", i))
+		require.NoError(t, err)
+	}
+	clk.Advance(time.Millisecond)
+	for range 3 {
+		s.needEvict.Store(true)
+		require.Equal(t, uint64(n*size/20), s.Evict())
+	}
+	for i := range n {
+		_, ok := s.shardOf(fmt.Sprint("k", i)).objects[fmt.Sprint("k", i)]
+		require.Equal(t, i >= 300 && (i < pinned || i >= pinned+300), ok, "k%d", i)
+	}
+}
+
 // When the oldest objects are soft-pinned, the first pass walks past the
 // sorted front to the unpinned ones and still takes them oldest first.
 func TestEvictionWalksPastSortedFront(t *testing.T) {
