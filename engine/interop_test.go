@@ -35,6 +35,7 @@ import (
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 )
 
 const (
@@ -751,10 +752,7 @@ func (x *interop) testProbe(t *testing.T) {
 	require.Zero(t, r.RC, "official send_probe of our engine")
 
 	// A probe of a port nobody serves fails rather than hangs.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := nettest.RefusedAddr(t)
 	if x.p2p { // a P2P name is the address itself
 		err := x.ours.Probe(ctx, dead)
 		require.Error(t, err)

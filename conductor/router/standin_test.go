@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -21,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 )
 
 // Faults a stand-in engine can be told to show on its completion routes.
@@ -621,9 +621,5 @@ func (h *harness) metric(series string) float64 {
 
 // deadPort is a loopback address nothing listens on: dialing it is refused.
 func deadPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return "http://" + addr
+	return "http://" + nettest.RefusedAddr(t)
 }

@@ -2,7 +2,6 @@ package metadata
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/internal/etcdtest"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 )
 
 func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
@@ -90,14 +90,11 @@ func TestOpenEtcdUnreachable(t *testing.T) {
 		t.Skip("waits for the 5 s dial timeout")
 	}
 	t.Parallel()
-	// A port nobody listens on: take one, then free it.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	// A port nobody listens on.
+	addr := nettest.RefusedAddr(t)
 
 	start := time.Now()
-	_, err = OpenEtcd([]string{addr})
+	_, err := OpenEtcd([]string{addr})
 	require.ErrorContains(t, err, "unreachable")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), 3*etcdDialTimeout)

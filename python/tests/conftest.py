@@ -61,7 +61,7 @@ class Cluster:
 def start_cluster(mooncake_bin: Path, *args: str, timeout: float = 60) -> Cluster:
     """Starts ``mooncake up`` and waits for its "ready" line."""
     cmd = [str(mooncake_bin), "up", "--rpc_port", "0", "--metrics_port", "-1",
-           "--etcd", f"127.0.0.1:{free_port()}", *args]
+           "--etcd", "127.0.0.1:0", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list = []
     master = None

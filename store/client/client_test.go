@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"runtime"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 	"github.com/mooncake-go/mooncake/store/master"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -474,10 +474,7 @@ func TestMasterDownGivesRPCError(t *testing.T) {
 // TestNewFailsCleanly: a client whose master does not answer gives up with
 // an error (no panic) and stops the engine it started.
 func TestNewFailsCleanly(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // nothing listens there now
+	addr := nettest.RefusedAddr(t) // nothing listens there
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	c, err := New(ctx, Config{Master: addr, SegmentSize: 1 << 20, LocalBufferSize: 1 << 20,
