@@ -157,23 +157,8 @@ func TestEvictionCacheSkipsTouched(t *testing.T) {
 // once their pins end they are the oldest, and the next eviction takes
 // them first without a scan.
 func TestEvictionCacheKeepsSoftPinned(t *testing.T) {
-	s, clk := newTestService(t, ServiceConfig{LeaseTTL: 100 * time.Millisecond})
 	const pinned, n, size = 100, 2000, 1024
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
-	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: 150}
-	for i := range n {
-		clk.Advance(time.Microsecond)
-		cfg := pin
-		if i >= pinned {
-			cfg = nil
-		}
-		put(t, s, "c1", fmt.Sprint("k", i), size, cfg)
-	}
-	clk.Advance(time.Millisecond)
-	exists := func(i int) bool {
-		_, ok := s.shardOf(fmt.Sprint("k", i)).objects[fmt.Sprint("k", i)]
-		return ok
-	}
+	s, clk, exists := pinnedPool(t, ServiceConfig{LeaseTTL: 100 * time.Millisecond}, pinned, n, 150)
 	// 15%: the 300 oldest unpinned objects.
 	require.Equal(t, uint64(300*size), s.Evict())
 	scanned := s.evictCacheAt
@@ -195,19 +180,8 @@ func TestEvictionCacheKeepsSoftPinned(t *testing.T) {
 // with it, even when that eviction ends in its second pass (nothing but
 // pinned objects to take).
 func TestEvictionFrontDroppedWhenScanReusesBuffer(t *testing.T) {
-	s, clk := newTestService(t, ServiceConfig{})
 	const pinned, n, size = 1000, 2000, 1024
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
-	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: 3_600_000}
-	for i := range n {
-		clk.Advance(time.Microsecond)
-		cfg := pin
-		if i >= pinned {
-			cfg = nil
-		}
-		put(t, s, "c1", fmt.Sprint("k", i), size, cfg)
-	}
-	clk.Advance(time.Millisecond)
+	s, clk, exists := pinnedPool(t, ServiceConfig{}, pinned, n, 3_600_000)
 	// 15%: 300 unpinned objects; the front keeps the pinned ones.
 	require.Equal(t, uint64(300*size), s.Evict())
 	require.NotEmpty(t, s.evictCache)
@@ -223,8 +197,30 @@ func TestEvictionFrontDroppedWhenScanReusesBuffer(t *testing.T) {
 		require.Equal(t, uint64(n*size/20), s.Evict())
 	}
 	for i := range n {
+		require.Equal(t, i >= 300 && (i < pinned || i >= pinned+300), exists(i), "k%d", i)
+	}
+}
+
+// pinnedPool is a full pool of n 1 KiB objects k0..k<n-1>, oldest first, the
+// first pinned of them soft-pinned for pinMs; exists(i) says whether k<i> is
+// still there.
+func pinnedPool(t *testing.T, cfg ServiceConfig, pinned, n int, pinMs int64) (*Service, *fakeClock, func(int) bool) {
+	t.Helper()
+	s, clk := newTestService(t, cfg)
+	require.NoError(t, s.MountSegment("c1", seg("1", 0, uint64(n)*1024)))
+	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: pinMs}
+	for i := range n {
+		clk.Advance(time.Microsecond)
+		rc := pin
+		if i >= pinned {
+			rc = nil
+		}
+		put(t, s, "c1", fmt.Sprint("k", i), 1024, rc)
+	}
+	clk.Advance(time.Millisecond)
+	return s, clk, func(i int) bool {
 		_, ok := s.shardOf(fmt.Sprint("k", i)).objects[fmt.Sprint("k", i)]
-		require.Equal(t, i >= 300 && (i < pinned || i >= pinned+300), ok, "k%d", i)
+		return ok
 	}
 }
 
