@@ -1,6 +1,7 @@
 package conductor
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -188,27 +189,13 @@ func (c Config) Validate() error {
 
 // withDefaults fills the zero fields.
 func (c Config) withDefaults() Config {
-	if c.TTFTSLO == 0 {
-		c.TTFTSLO = DefaultTTFTSLO
-	}
-	if c.TBTSLO == 0 {
-		c.TBTSLO = DefaultTBTSLO
-	}
-	if c.Prefill == (PrefillModel{}) {
-		c.Prefill = DefaultPrefill
-	}
-	if c.Decode == (DecodeModel{}) {
-		c.Decode = DefaultDecode
-	}
-	if c.BlockBytes == 0 {
-		c.BlockBytes = DefaultBlockBytes
-	}
-	if c.Bandwidth == 0 {
-		c.Bandwidth = DefaultBandwidth
-	}
-	if c.DefaultOutput == 0 {
-		c.DefaultOutput = DefaultOutput
-	}
+	c.TTFTSLO = cmp.Or(c.TTFTSLO, DefaultTTFTSLO)
+	c.TBTSLO = cmp.Or(c.TBTSLO, DefaultTBTSLO)
+	c.Prefill = cmp.Or(c.Prefill, DefaultPrefill)
+	c.Decode = cmp.Or(c.Decode, DefaultDecode)
+	c.BlockBytes = cmp.Or(c.BlockBytes, DefaultBlockBytes)
+	c.Bandwidth = cmp.Or(c.Bandwidth, DefaultBandwidth)
+	c.DefaultOutput = cmp.Or(c.DefaultOutput, DefaultOutput)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net"
@@ -87,30 +88,16 @@ func (c *Config) Validate() error {
 
 // withDefaults fills zero fields from the environment and defaults.
 func (c Config) withDefaults() Config {
-	if c.Metadata == "" {
-		c.Metadata = metadata.P2PHandshake
-	}
-	if c.Transport == "" {
-		c.Transport = "auto"
-	}
-	if c.Secret == "" {
-		c.Secret = os.Getenv("MC_TE_SECRET")
-	}
+	c.Metadata = cmp.Or(c.Metadata, metadata.P2PHandshake)
+	c.Transport = cmp.Or(c.Transport, "auto")
+	c.Secret = cmp.Or(c.Secret, os.Getenv("MC_TE_SECRET"))
 	if c.Host == "" {
 		c.Host = defaultHost(c.LocalServerName)
 	}
-	if c.Lanes == 0 {
-		c.Lanes = envInt("MC_TCP_LANES_PER_PEER", 4)
-	}
-	if c.SliceSize == 0 {
-		c.SliceSize = 128 << 10
-	}
-	if c.Timeout == 0 {
-		c.Timeout = time.Duration(envInt("MC_TRANSFER_TIMEOUT", 30)) * time.Second
-	}
-	if c.MaxRetries == 0 {
-		c.MaxRetries = 3
-	}
+	c.Lanes = cmp.Or(c.Lanes, envInt("MC_TCP_LANES_PER_PEER", 4))
+	c.SliceSize = cmp.Or(c.SliceSize, 128<<10)
+	c.Timeout = cmp.Or(c.Timeout, time.Duration(envInt("MC_TRANSFER_TIMEOUT", 30))*time.Second)
+	c.MaxRetries = cmp.Or(c.MaxRetries, 3)
 	if os.Getenv("MC_TCP_PROTO") == "1" {
 		c.TCPv1 = true
 	}

@@ -1,6 +1,7 @@
 package te
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,21 +68,11 @@ type Options struct {
 const MaxDefaultBuffer = 1 << 30
 
 func (o Options) withDefaults() Options {
-	if o.Transport == "" {
-		o.Transport = "tcp"
-	}
-	if o.BlockSize == 0 {
-		o.BlockSize = 1 << 20
-	}
-	if o.BatchSize == 0 {
-		o.BatchSize = 64
-	}
-	if o.Threads == 0 {
-		o.Threads = 1
-	}
-	if o.Duration == 0 {
-		o.Duration = 5 * time.Second
-	}
+	o.Transport = cmp.Or(o.Transport, "tcp")
+	o.BlockSize = cmp.Or(o.BlockSize, 1<<20)
+	o.BatchSize = cmp.Or(o.BatchSize, 64)
+	o.Threads = cmp.Or(o.Threads, 1)
+	o.Duration = cmp.Or(o.Duration, 5*time.Second)
 	if o.BufferSize == 0 {
 		batch := o.BatchSize * o.BlockSize
 		o.BufferSize = max(min(o.Threads*batch, MaxDefaultBuffer), batch)
@@ -93,15 +84,11 @@ func (o Options) withDefaults() Options {
 			o.Lanes = v
 		}
 	}
-	if o.Repeat == 0 {
-		o.Repeat = 3
-	}
+	o.Repeat = cmp.Or(o.Repeat, 3)
 	if o.Launcher == nil {
 		o.Launcher = InProcess{Logger: o.Logger}
 	}
-	if o.MemcpySpan == 0 {
-		o.MemcpySpan = max(MemcpySpan, o.BufferSize)
-	}
+	o.MemcpySpan = cmp.Or(o.MemcpySpan, max(MemcpySpan, o.BufferSize))
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,18 +96,10 @@ func (o Options) withDefaults() Options {
 	if o.MaxRequests > 0 && o.MaxRequests < len(o.Trace) {
 		o.Trace = o.Trace[:o.MaxRequests]
 	}
-	if o.Concurrency == 0 {
-		o.Concurrency = DefaultConcurrency
-	}
-	if o.BlockBytes == 0 {
-		o.BlockBytes = DefaultBlockBytes
-	}
-	if o.KeyPrefix == "" {
-		o.KeyPrefix = DefaultKeyPrefix
-	}
-	if o.ProgressEvery == 0 {
-		o.ProgressEvery = DefaultProgressEvery
-	}
+	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
+	o.BlockBytes = cmp.Or(o.BlockBytes, DefaultBlockBytes)
+	o.KeyPrefix = cmp.Or(o.KeyPrefix, DefaultKeyPrefix)
+	o.ProgressEvery = cmp.Or(o.ProgressEvery, DefaultProgressEvery)
 	return o
 }
 

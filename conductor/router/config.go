@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -93,21 +94,11 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.PrefillTimeout == 0 {
-		c.PrefillTimeout = DefaultPrefillTimeout
-	}
-	if c.DecodeTimeout == 0 {
-		c.DecodeTimeout = DefaultDecodeTimeout
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.PrefillTimeout = cmp.Or(c.PrefillTimeout, DefaultPrefillTimeout)
+	c.DecodeTimeout = cmp.Or(c.DecodeTimeout, DefaultDecodeTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -112,30 +113,14 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Prefill == 0 {
-		c.Prefill = DefaultPrefill
-	}
-	if c.Decode == 0 {
-		c.Decode = DefaultDecode
-	}
-	if c.LocalTokens == 0 {
-		c.LocalTokens = DefaultLocalTokens
-	}
-	if c.RateScale == 0 {
-		c.RateScale = 1
-	}
-	if c.TTFTSLO == 0 {
-		c.TTFTSLO = conductor.DefaultTTFTSLO
-	}
-	if c.TBTSLO == 0 {
-		c.TBTSLO = conductor.DefaultTBTSLO
-	}
-	if c.ReplicaInterval == 0 {
-		c.ReplicaInterval = DefaultReplicaInterval
-	}
-	if c.HotBlocks == 0 {
-		c.HotBlocks = DefaultHotBlocks
-	}
+	c.Prefill = cmp.Or(c.Prefill, DefaultPrefill)
+	c.Decode = cmp.Or(c.Decode, DefaultDecode)
+	c.LocalTokens = cmp.Or(c.LocalTokens, DefaultLocalTokens)
+	c.RateScale = cmp.Or(c.RateScale, 1)
+	c.TTFTSLO = cmp.Or(c.TTFTSLO, conductor.DefaultTTFTSLO)
+	c.TBTSLO = cmp.Or(c.TBTSLO, conductor.DefaultTBTSLO)
+	c.ReplicaInterval = cmp.Or(c.ReplicaInterval, DefaultReplicaInterval)
+	c.HotBlocks = cmp.Or(c.HotBlocks, DefaultHotBlocks)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -72,30 +73,13 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.ClusterID == "" {
-		cfg.ClusterID = os.Getenv("MC_STORE_CLUSTER_ID")
-		if cfg.ClusterID == "" {
-			cfg.ClusterID = DefaultClusterID
-		}
-	}
-	if cfg.SegmentSize == 0 {
-		cfg.SegmentSize = DefaultSegmentSize
-	}
-	if cfg.LocalBufferSize == 0 {
-		cfg.LocalBufferSize = DefaultLocalBufferSize
-	}
-	if cfg.RPCTimeout == 0 {
-		cfg.RPCTimeout = DefaultRPCTimeout
-	}
-	if cfg.PingInterval == 0 {
-		cfg.PingInterval = DefaultPingInterval
-	}
-	if cfg.ID == "" {
-		cfg.ID = uuid.NewString()
-	}
-	if cfg.LeaseCache == 0 {
-		cfg.LeaseCache = 1 << 16
-	}
+	cfg.ClusterID = cmp.Or(cfg.ClusterID, os.Getenv("MC_STORE_CLUSTER_ID"), DefaultClusterID)
+	cfg.SegmentSize = cmp.Or(cfg.SegmentSize, DefaultSegmentSize)
+	cfg.LocalBufferSize = cmp.Or(cfg.LocalBufferSize, DefaultLocalBufferSize)
+	cfg.RPCTimeout = cmp.Or(cfg.RPCTimeout, DefaultRPCTimeout)
+	cfg.PingInterval = cmp.Or(cfg.PingInterval, DefaultPingInterval)
+	cfg.ID = cmp.Or(cfg.ID, uuid.NewString())
+	cfg.LeaseCache = cmp.Or(cfg.LeaseCache, 1<<16)
 	c = &Client{cfg: cfg, id: cfg.ID, eng: cfg.Engine, log: slog.Default().With("client", cfg.ID)}
 	// undo's steps go through self: the failing return has already set c
 	// to nil.

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,9 +84,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Service.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Listen == "" {
-		cfg.Listen = DefaultListen
-	}
+	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -94,12 +93,8 @@ func Start(cfg ServerConfig) (*Server, error) {
 		if len(h.Etcd) == 0 {
 			return nil, errors.New("master: HA needs etcd endpoints")
 		}
-		if h.ClusterID == "" {
-			h.ClusterID = "mooncake_cluster"
-		}
-		if h.SnapshotEvery == 0 {
-			h.SnapshotEvery = 100000
-		}
+		h.ClusterID = cmp.Or(h.ClusterID, "mooncake_cluster")
+		h.SnapshotEvery = cmp.Or(h.SnapshotEvery, 100000)
 		cli, err := clientv3.New(clientv3.Config{Endpoints: h.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return nil, fmt.Errorf("master: etcd %v: %w", h.Etcd, err)

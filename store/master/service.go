@@ -1,6 +1,7 @@
 package master
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,34 +119,19 @@ func (c ServiceConfig) Validate() error {
 }
 
 func (c ServiceConfig) withDefaults() ServiceConfig {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.LeaseTTL, DefaultLeaseTTL)
-	def(&c.SoftPinTTL, DefaultSoftPinTTL)
-	def(&c.ClientTTL, DefaultClientTTL)
-	def(&c.PutStartDiscardTimeout, DefaultPutStartDiscardTimeout)
-	def(&c.PutStartReleaseTimeout, DefaultPutStartReleaseTimeout)
-	if c.EvictionHighWatermark == 0 {
-		c.EvictionHighWatermark = DefaultEvictionHighWatermark
-	}
-	if c.EvictionRatio == 0 {
-		c.EvictionRatio = DefaultEvictionRatio
-	}
-	if c.Shards == 0 {
-		c.Shards = DefaultShards
-	}
-	if c.Strategy == "" {
-		c.Strategy = StrategyRandom
-	}
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	c.SoftPinTTL = cmp.Or(c.SoftPinTTL, DefaultSoftPinTTL)
+	c.ClientTTL = cmp.Or(c.ClientTTL, DefaultClientTTL)
+	c.PutStartDiscardTimeout = cmp.Or(c.PutStartDiscardTimeout, DefaultPutStartDiscardTimeout)
+	c.PutStartReleaseTimeout = cmp.Or(c.PutStartReleaseTimeout, DefaultPutStartReleaseTimeout)
+	c.EvictionHighWatermark = cmp.Or(c.EvictionHighWatermark, DefaultEvictionHighWatermark)
+	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)
+	c.Shards = cmp.Or(c.Shards, DefaultShards)
+	c.Strategy = cmp.Or(c.Strategy, StrategyRandom)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.Seed == 0 {
-		c.Seed = rand.Uint64()
-	}
+	c.Seed = cmp.Or(c.Seed, rand.Uint64())
 	return c
 }
 
