@@ -58,6 +58,24 @@ func (f *simFlags) outPath(name string) (string, error) {
 	return filepath.Join(f.outDir, name), nil
 }
 
+// writeOut writes the file name of --out with write and tells out
+// "label: path", and " (note)" when there is one; without --out it does
+// nothing.
+func (f *simFlags) writeOut(out io.Writer, name, label string, write func(path string) error, note ...string) error {
+	path, err := f.outPath(name)
+	if err != nil || path == "" {
+		return err
+	}
+	if err := write(path); err != nil {
+		return err
+	}
+	if len(note) > 0 {
+		path += " (" + note[0] + ")"
+	}
+	fmt.Fprintf(out, "%s: %s\n", label, path)
+	return nil
+}
+
 func newSimCmd() *cobra.Command {
 	sf := &simFlags{}
 	var policies, admission string
@@ -131,31 +149,20 @@ The subcommands regenerate the paper's figures (FAST'25 Figs. 1, 5, 9, 10).`,
 				return nil
 			}
 			for _, r := range results {
-				pq, err := sf.outPath("sim-" + r.Config.Name() + ".parquet")
-				if err != nil {
+				if err := sf.writeOut(out, "sim-"+r.Config.Name()+".parquet", "per-request results", r.WriteParquet); err != nil {
 					return err
 				}
-				if err := r.WriteParquet(pq); err != nil {
-					return err
-				}
-				fmt.Fprintf(out, "per-request results: %s\n", pq)
 				if err := writeReplicas(out, sf, "sim", r); err != nil {
 					return err
 				}
 			}
-			png, _ := sf.outPath("sim.png")
-			if err := sim.WritePlot(png, results...); err != nil {
+			if err := sf.writeOut(out, "sim.png", "plot", func(png string) error { return sim.WritePlot(png, results...) }); err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "plot: %s\n", png)
-			if slices.ContainsFunc(results, func(r *sim.Result) bool { return len(r.Replicas) > 0 }) {
-				png, _ = sf.outPath("sim-replicas.png")
-				if err := sim.PlotReplicas(png, results...); err != nil {
-					return err
-				}
-				fmt.Fprintf(out, "replicas plot: %s\n", png)
+			if !slices.ContainsFunc(results, func(r *sim.Result) bool { return len(r.Replicas) > 0 }) {
+				return nil
 			}
-			return nil
+			return sf.writeOut(out, "sim-replicas.png", "replicas plot", func(png string) error { return sim.PlotReplicas(png, results...) })
 		},
 	}
 	pf := c.PersistentFlags()
@@ -234,15 +241,7 @@ func writeReplicas(out io.Writer, sf *simFlags, prefix string, r *sim.Result) er
 	if len(r.Replicas) == 0 {
 		return nil
 	}
-	path, err := sf.outPath(prefix + "-" + r.Config.Name() + "-replicas.csv")
-	if err != nil || path == "" {
-		return err
-	}
-	if err := r.WriteReplicasCSV(path); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "replica samples: %s\n", path)
-	return nil
+	return sf.writeOut(out, prefix+"-"+r.Config.Name()+"-replicas.csv", "replica samples", r.WriteReplicasCSV)
 }
 
 func newSimFig5Cmd(sf *simFlags) *cobra.Command {
@@ -297,26 +296,15 @@ func reportRuns(out io.Writer, sf *simFlags, fig string, rs []*sim.Result,
 		return nil
 	}
 	for _, r := range rs {
-		pq, err := sf.outPath(fig + "-" + r.Config.Name() + ".parquet")
-		if err != nil {
-			return err
-		}
-		if err := r.WriteParquet(pq); err != nil {
+		if err := sf.writeOut(io.Discard, fig+"-"+r.Config.Name()+".parquet", "", r.WriteParquet); err != nil {
 			return err
 		}
 		if err := writeReplicas(io.Discard, sf, fig, r); err != nil {
 			return err
 		}
 	}
-	png, err := sf.outPath(fig + ".png")
-	if err != nil {
-		return err
-	}
-	if err := draw(png, rs); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "plot: %s (per-request results: %s-*.parquet)\n", png, filepath.Join(sf.outDir, fig))
-	return nil
+	return sf.writeOut(out, fig+".png", "plot", func(png string) error { return draw(png, rs) },
+		"per-request results: "+filepath.Join(sf.outDir, fig)+"-*.parquet")
 }
 
 func newSimFig9Cmd(sf *simFlags) *cobra.Command {
@@ -352,15 +340,7 @@ Writes fig9.png to --out.`,
 			fmt.Fprintf(out, "    infinite         %5.1f%%\n", 100*h.Infinite)
 			at := h.At(sim.DefaultLocalTokens)
 			fmt.Fprintf(out, "at 3M tokens: %.1f%% (%.0f%% of the bound)\n", 100*at, 100*at/h.Infinite)
-			png, err := sf.outPath("fig9.png")
-			if err != nil || png == "" {
-				return err
-			}
-			if err := sim.PlotFig9(png, h); err != nil {
-				return err
-			}
-			fmt.Fprintf(out, "plot: %s\n", png)
-			return nil
+			return sf.writeOut(out, "fig9.png", "plot", func(png string) error { return sim.PlotFig9(png, h) })
 		},
 	}
 }
@@ -533,13 +513,7 @@ func runCapacity(cmd *cobra.Command, sf *simFlags, reqs []trace.Request, rates [
 		}
 		fmt.Fprintln(out)
 	}
-	png, err := sf.outPath("fig1-capacity.png")
-	if err != nil || png == "" {
-		return err
-	}
-	if err := sim.PlotCapacity(png, sim.Fig1Names, c, target); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "plot: %s\n", png)
-	return nil
+	return sf.writeOut(out, "fig1-capacity.png", "plot", func(png string) error {
+		return sim.PlotCapacity(png, sim.Fig1Names, c, target)
+	})
 }
