@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from ctypes import (
     POINTER,
     Structure,
@@ -30,6 +31,7 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
+from typing import TypeVar
 
 from . import errors
 
@@ -286,6 +288,36 @@ def call(fn, *args) -> None:
     e = _err()
     if fn(*args, e) != 0:
         raise error_from(e)
+
+
+_O = TypeVar("_O", bound="Owned")
+
+
+class Owned:
+    """An object that owns a library handle: close() releases it with the
+    release function (mc_engine_destroy, mc_store_close), or the collector
+    does if the object is dropped unclosed. A context manager."""
+
+    def _own(self, handle: int, release) -> None:
+        self.handle: int = handle
+        self._release = release
+        self._finalizer = weakref.finalize(self, release, handle, None)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Releases the handle. Idempotent."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            call(self._release, self.handle)
+
+    def __enter__(self: _O) -> _O:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def last_error() -> errors.MooncakeError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import enum
 import sys
-import weakref
 from array import array
 from ctypes import byref, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -170,11 +169,7 @@ class SharedBuffer:
         return self.size
 
 
-def _destroy(handle: int) -> None:
-    lib.mc_engine_destroy(handle, None)
-
-
-class TransferEngine:
+class TransferEngine(_lib.Owned):
     """An engine: its listeners, registered memory, opened segments and
     batches. Every argument is optional; zero/None means the library's
     default (shown in brackets).
@@ -223,10 +218,8 @@ class TransferEngine:
         cfg.slice_size, cfg.timeout_ms, cfg.max_retries = slice_size, timeout_ms, max_retries
         h = c_uint64()
         _lib.call(lib.mc_engine_create, byref(cfg), byref(h))
-        self.handle: int = h.value
+        self._own(h.value, lib.mc_engine_destroy)
         self._segments: dict = {}
-        # Destroys the handle if the object is dropped without close().
-        self._finalizer = weakref.finalize(self, _destroy, self.handle)
 
     # -- identity --------------------------------------------------------
 
@@ -406,22 +399,10 @@ class TransferEngine:
 
     # -- lifecycle -------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
     def close(self) -> None:
         """Stops the engine (in-flight transfers fail). Idempotent.
         Registered memory stays the caller's."""
-        if self._finalizer.alive:
-            self._finalizer.detach()
-            _lib.call(lib.mc_engine_destroy, self.handle)
-
-    def __enter__(self) -> "TransferEngine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().close()
 
     def __repr__(self) -> str:
         if self.closed:

@@ -21,7 +21,6 @@ from many threads at once.
 from __future__ import annotations
 
 import ctypes
-import weakref
 from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
@@ -73,11 +72,7 @@ def _keys(keys: Sequence[str]):
     return (c_char_p * max(len(keys), 1))(*[_lib.cstr(k) for k in keys])
 
 
-def _close(handle: int) -> None:
-    lib.mc_store_close(handle, None)
-
-
-class Store:
+class Store(_lib.Owned):
     """A store client connected to the master at ``master``
     (``"host:port"``, or ``"etcd://h1:2379;h2:2379"`` to follow the HA
     leader). Zero/None arguments mean the library's default [in brackets].
@@ -127,9 +122,8 @@ class Store:
         cfg.no_checksum = 0 if checksum else 1
         h = c_uint64()
         _lib.call(lib.mc_store_create, byref(cfg), byref(h))
-        self.handle: int = h.value
+        self._own(h.value, lib.mc_store_close)
         self._engine = engine  # kept alive: it must outlive the store
-        self._finalizer = weakref.finalize(self, _close, self.handle)
 
     @property
     def name(self) -> str:
@@ -376,21 +370,9 @@ class Store:
 
     # -- lifecycle -------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
     def close(self) -> None:
         """Leaves the pool (this client's replicas go with it). Idempotent."""
-        if self._finalizer.alive:
-            self._finalizer.detach()
-            _lib.call(lib.mc_store_close, self.handle)
-
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().close()
 
     def __repr__(self) -> str:
         return "<Store closed>" if self.closed else f"<Store {self.name}>"
