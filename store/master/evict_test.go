@@ -202,8 +202,8 @@ func TestEvictionFrontDroppedWhenScanReusesBuffer(t *testing.T) {
 }
 
 // pinnedPool is a full pool of n 1 KiB objects k0..k<n-1>, oldest first, the
-// first pinned of them soft-pinned for pinMs; exists(i) says whether k<i> is
-// still there.
+// first pinned of them soft-pinned for pinMs, none of them leased;
+// exists(i) says whether k<i> is still there.
 func pinnedPool(t *testing.T, cfg ServiceConfig, pinned, n int, pinMs int64) (*Service, *fakeClock, func(int) bool) {
 	t.Helper()
 	s, clk := newTestService(t, cfg)
@@ -254,14 +254,8 @@ func TestEvictionWalksPastSortedFront(t *testing.T) {
 // Puts racing into a full pool all succeed: evictions run one at a time,
 // and a put that waited for another's eviction uses the room it made.
 func TestConcurrentPutsIntoFullPool(t *testing.T) {
-	s, clk := newTestService(t, ServiceConfig{})
 	const n, size = 1000, 1024
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
-	for i := range n {
-		clk.Advance(time.Microsecond)
-		put(t, s, "c1", fmt.Sprint("old", i), size, nil)
-	}
-	clk.Advance(2 * DefaultLeaseTTL)
+	s, _, _ := pinnedPool(t, ServiceConfig{}, 0, n, 0)
 	var wg sync.WaitGroup
 	errs := make([]error, 64)
 	for g := range errs {
@@ -286,14 +280,8 @@ func TestConcurrentPutsIntoFullPool(t *testing.T) {
 // makes room for only one or two of them: a put evicts and allocates before
 // the next put may evict, and evicts again if the room went to another.
 func TestConcurrentLargePutsIntoFullPool(t *testing.T) {
-	s, clk := newTestService(t, ServiceConfig{})
-	const n, size, big = 25000, 1024, 1000 * 1024
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
-	for i := range n {
-		clk.Advance(time.Microsecond)
-		put(t, s, "c1", fmt.Sprint("old", i), size, nil)
-	}
-	clk.Advance(2 * DefaultLeaseTTL)
+	const n, big = 25000, 1000 * 1024
+	s, _, _ := pinnedPool(t, ServiceConfig{}, 0, n, 0)
 	var wg sync.WaitGroup
 	errs := make([]error, 16)
 	for g := range errs {
