@@ -13,7 +13,6 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 GO=${GO:-go}
 venv=.venv-py
-wheels=build/py-wheel
 
 $GO build -o bin/mooncake ./cmd/mooncake
 
@@ -22,14 +21,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
 
-# pip wheel runs setup.py's build step: go build -buildmode=c-shared ./capi.
-rm -rf "$wheels"
-"$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" ./python
-whl=$(ls "$wheels"/mooncake_go-*.whl)
-case "$whl" in
-  *-py3-none-linux_*.whl) ;;
-  *) echo "test-python: $whl is not a py3-none-<platform> wheel" >&2; exit 1 ;;
-esac
+whl=$(bash scripts/build-wheel.sh "$venv/bin/python")
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$whl"
 
 # Run from outside the source tree so that the installed package is tested.
