@@ -93,9 +93,12 @@ extern "C" {
 
 /* 1.0: the first release. 1.1: values made of parts
  * (mc_store_batch_put_from_parts, mc_store_batch_get_into_parts).
- * 1.2: mc_store_remove_by_regex, mc_store_batch_remove. */
+ * 1.2: mc_store_remove_by_regex, mc_store_batch_remove.
+ * 1.3: ranged reads (mc_store_batch_get_ranges), get sessions
+ * (mc_store_batch_get_session_start/_end), replica descriptors
+ * (mc_store_get_replicas). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 2
+#define MC_ABI_VERSION_MINOR 3
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -586,6 +589,72 @@ mc_status_t mc_store_batch_put_from_parts(mc_store_t store, const char *const *k
 mc_status_t mc_store_batch_get_into_parts(mc_store_t store, const char *const *keys, void *const *parts,
                                           const uint64_t *part_lens, const size_t *part_counts, size_t count,
                                           uint64_t *lens_out, mc_status_t *codes_out, mc_error_t *err);
+
+/* ------------------------------------------------------------------------
+ * Ranged reads, get sessions, replica descriptors (ABI 1.3)
+ * ------------------------------------------------------------------------ */
+
+/* mc_store_batch_get_ranges reads pieces of values (Mooncake's
+ * batch_get_into_multi_buffer_ranges): for keys[i], range_counts[i]
+ * ranges, given in flat arrays key by key as the parts above. Range j
+ * reads lens[j] bytes of the value, from byte src_offsets[j] on, into
+ * bufs[j] (registered memory is read into directly, other memory through
+ * the local buffer). A range that reaches past the end of its value fails
+ * its key with MC_STORE_ERR_INVALID_PARAMS and nothing of that key is
+ * read. The pieces are not checked against the object's checksum (it
+ * covers the whole value). lens_out (may be NULL) receives the bytes read
+ * per key (the sum of its ranges' lengths; 0 on failure). Per-key status
+ * and the return value are as for the other batch forms. */
+mc_status_t mc_store_batch_get_ranges(mc_store_t store, const char *const *keys, void *const *bufs,
+                                      const uint64_t *lens, const uint64_t *src_offsets,
+                                      const size_t *range_counts, size_t count, uint64_t *lens_out,
+                                      mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_batch_get_session_start looks up the replicas of count keys in
+ * one master round trip and keeps them, for the lease the master grants
+ * with them, so that the reads that follow (ranged reads layer by layer,
+ * say) go straight to the replicas. codes_out receives MC_OK or why a key
+ * is not readable (MC_STORE_ERR_OBJECT_NOT_FOUND, ...). A session needs
+ * no end to be correct: past its lease, reads look the key up again. */
+mc_status_t mc_store_batch_get_session_start(mc_store_t store, const char *const *keys, size_t count,
+                                             mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_batch_get_session_end forgets what
+ * mc_store_batch_get_session_start kept for keys (a local call). */
+mc_status_t mc_store_batch_get_session_end(mc_store_t store, const char *const *keys, size_t count,
+                                           mc_error_t *err);
+
+/* Where a replica lives (mc_replica_desc_t.kind). */
+enum {
+    MC_REPLICA_MEMORY = 0,     /* DRAM of a client's segment */
+    MC_REPLICA_DISK = 1,       /* a file (file_path) */
+    MC_REPLICA_LOCAL_DISK = 2  /* the SSD tier of the client named segment_name */
+};
+
+/* MC_REPLICA_NAME_SIZE bounds the strings of mc_replica_desc_t (NUL
+ * included; longer ones are cut). */
+#define MC_REPLICA_NAME_SIZE 256
+
+/* mc_replica_desc_t describes one replica of an object (Mooncake's
+ * ReplicaDescriptor). status is Mooncake's ReplicaStatus: 0 undefined,
+ * 1 initialized, 2 processing, 3 complete, 4 removed, 5 failed. */
+typedef struct mc_replica_desc {
+    int32_t kind;      /* MC_REPLICA_* */
+    int32_t status;
+    uint64_t buffer_address; /* memory kinds: address in the segment owner */
+    uint64_t size;           /* bytes the replica holds */
+    char segment_name[MC_REPLICA_NAME_SIZE];
+    char transport_endpoint[MC_REPLICA_NAME_SIZE]; /* host:port of its engine */
+    char file_path[MC_REPLICA_NAME_SIZE];          /* MC_REPLICA_DISK only */
+} mc_replica_desc_t;
+
+/* mc_store_get_replicas stores the replicas of key (every one the master
+ * lists, in any state and on any tier) in out[0 .. cap) and their number
+ * in *count_out. More than cap: MC_ERR_BUFFER_TOO_SMALL, with *count_out
+ * the number needed and out filled up to cap. A missing key is
+ * MC_STORE_ERR_OBJECT_NOT_FOUND. Like a get, the lookup grants a lease. */
+mc_status_t mc_store_get_replicas(mc_store_t store, const char *key, mc_replica_desc_t *out, size_t cap,
+                                  size_t *count_out, mc_error_t *err);
 
 /* ------------------------------------------------------------------------
  * Diagnostics

@@ -389,6 +389,78 @@ void test_store_threads(void) {
 /* Values made of parts (ABI 1.1): put from several registered buffers per
  * key, read whole or into another layout of parts; guards between parts
  * stay untouched; unregistered parts and short layouts are refused. */
+/* ABI 1.3: ranged reads, get sessions and replica descriptors. The value
+ * holds the pattern of seed 41 (byte i is pattern(i, 41)), so the bytes a
+ * range at src reads are checked against pattern(src + j, 41). */
+static int range_holds(const uint8_t *dst, uint64_t src, uint64_t n) {
+    for (uint64_t j = 0; j < n; j++)
+        if (dst[j] != pattern(src + j, 41)) return 0;
+    return 1;
+}
+
+static void store_ranges(mc_store_t s) {
+    CHECK((mc_abi_version() & 0xffff) >= 3);
+    char kb[2][96];
+    unique_key(kb[0], sizeof kb[0], "ranges");
+    unique_key(kb[1], sizeof kb[1], "ranges-missing");
+    const char *keys[2] = {kb[0], kb[1]};
+    uint64_t vlen = 300000;
+    uint8_t *val = malloc(vlen), *dst = malloc(65536);
+    fill(val, 0, vlen, 41);
+    CHECK_MC(MC_OK, mc_store_put(s, kb[0], val, vlen, NULL, &E));
+
+    /* session start: the present key is readable, the other is not */
+    mc_status_t codes[2] = {-1, -1};
+    CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND, mc_store_batch_get_session_start(s, keys, 2, codes, &E));
+    CHECK_EQ(codes[0], MC_OK);
+    CHECK_EQ(codes[1], MC_STORE_ERR_OBJECT_NOT_FOUND);
+
+    /* three ranges of key 0 (one ending at the value's end), one of key 1 */
+    memset(dst, 0xee, 65536);
+    void *bufs[4] = {dst, dst + 1000, dst + 20000, dst + 60000};
+    uint64_t lens[4] = {10, 4096, 1000, 8};
+    uint64_t srcs[4] = {0, 123457, vlen - 1000, 0};
+    size_t counts[2] = {3, 1};
+    uint64_t got[2] = {77, 77};
+    CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND,
+             mc_store_batch_get_ranges(s, keys, bufs, lens, srcs, counts, 2, got, codes, &E));
+    CHECK_EQ(codes[0], MC_OK);
+    CHECK_EQ(got[0], 10 + 4096 + 1000);
+    CHECK_EQ(codes[1], MC_STORE_ERR_OBJECT_NOT_FOUND);
+    CHECK_EQ(got[1], 0);
+    for (int j = 0; j < 3; j++) CHECK(range_holds(bufs[j], srcs[j], lens[j]));
+    CHECK_EQ(dst[10], 0xee); /* nothing past a range */
+    CHECK_EQ(dst[60000], 0xee); /* nor for the failed key */
+    /* a range past the end fails the key */
+    uint64_t past = vlen - 5;
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_get_ranges(s, keys, bufs, lens, &past, counts + 1, 1, got, codes, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_get_ranges(s, keys, bufs, lens, NULL, counts, 1, got, codes, &E));
+    CHECK_MC(MC_OK, mc_store_batch_get_ranges(s, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_batch_get_session_end(s, keys, 2, &E));
+
+    /* replicas: one, complete, in memory of this store's segment */
+    mc_replica_desc_t reps[2];
+    size_t nrep = 0;
+    char name[128];
+    CHECK_MC(MC_OK, mc_store_get_replicas(s, kb[0], reps, 2, &nrep, &E));
+    CHECK_EQ(nrep, 1);
+    CHECK_EQ(reps[0].kind, MC_REPLICA_MEMORY);
+    CHECK_EQ(reps[0].status, 3);
+    CHECK_EQ(reps[0].size, vlen);
+    CHECK(reps[0].buffer_address != 0);
+    CHECK_MC(MC_OK, mc_store_name(s, name, sizeof name, NULL, &E));
+    CHECK(reps[0].segment_name[0] != 0 && reps[0].transport_endpoint[0] != 0);
+    CHECK_MC(MC_ERR_BUFFER_TOO_SMALL, mc_store_get_replicas(s, kb[0], NULL, 0, &nrep, &E));
+    CHECK_EQ(nrep, 1);
+    CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND, mc_store_get_replicas(s, kb[1], reps, 2, &nrep, &E));
+    CHECK_EQ(nrep, 0);
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_get_replicas(s, NULL, reps, 2, &nrep, &E));
+
+    CHECK_MC(MC_OK, mc_store_remove(s, kb[0], 1, &E));
+    free(val);
+    free(dst);
+}
+
 void test_store_parts(void) {
     CHECK((mc_abi_version() & 0xffff) >= 1);
     mc_store_t s = 0;
@@ -504,6 +576,7 @@ void test_store_parts(void) {
 
     for (int i = 0; i < 3; i++) CHECK_MC(MC_OK, mc_store_remove(s, keys[i], 1, &E));
     CHECK_MC(MC_OK, mc_store_remove(s, fresh[0], 1, &E));
+    store_ranges(s);
     CHECK_MC(MC_OK, mc_store_close(s, &E));
     CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_batch_get_into_parts(s, keys, into, ilens, icounts, 3, NULL, NULL, &E));
     free(src);

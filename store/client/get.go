@@ -20,6 +20,7 @@ type getItem struct {
 	key    string
 	dst    []byte   // where the value goes
 	parts  [][]byte // or where its pieces go, in order (parts.go)
+	ranges []Range  // or which pieces of the value to read, and where (ranges.go)
 	alloc  bool     // the caller gave no buffer: allocate dst
 	length uint64
 	sum    uint32                   // the master's checksum of the value; 0: none
@@ -198,7 +199,7 @@ func (c *Client) getMany(ctx context.Context, items []*getItem) {
 	for _, it := range live {
 		if it.cached && !it.done {
 			c.leases.drop(it.key)
-			*it = getItem{key: it.key, dst: it.dst, parts: it.parts, alloc: it.alloc}
+			*it = getItem{key: it.key, dst: it.dst, parts: it.parts, ranges: it.ranges, alloc: it.alloc}
 			again = append(again, it)
 		}
 	}
@@ -214,6 +215,10 @@ func (c *Client) readAll(ctx context.Context, live []*getItem) {
 		switch {
 		case it.err != nil:
 			it.final = true
+		case it.ranges != nil:
+			if it.err = it.checkRanges(); it.err != nil {
+				it.final = true
+			}
 		case it.alloc && uint64(len(it.dst)) < it.length:
 			it.dst = make([]byte, it.length)
 		case it.room() < it.length:
@@ -244,7 +249,8 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 	type piece struct {
 		it     *getItem
 		x      *xfer
-		staged []byte // copy into it.dst[off:] afterwards
+		staged []byte // copy into into afterwards
+		into   []byte
 		off    int
 	}
 	var (
@@ -266,7 +272,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		for _, p := range pieces {
 			if p.staged != nil {
 				if p.x.err == nil {
-					copy(p.it.dst[p.off:], p.staged)
+					copy(p.into, p.staged)
 				}
 				c.stage.release(p.staged)
 			}
@@ -279,37 +285,51 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		}
 		xs, pieces = xs[:0], pieces[:0]
 	}
-	for _, it := range round {
-		it.err, it.got = nil, 0
-		m := it.reps[k]
-		verify := c.verifies(it)
-		if it.parts != nil {
-			for _, p := range it.partReads(m, verify) {
-				xs, pieces = append(xs, p.x), append(pieces, piece{it: it, x: p.x, off: int(p.off)})
-			}
-			continue
-		}
-		dst := it.dst[:it.length]
+	// read adds the read of len(dst) bytes at remote: straight into dst
+	// where the engine can reach it, else through the staging buffer.
+	read := func(it *getItem, m *storepb.MemoryReplica, dst []byte, remote uint64, off int, verify bool) {
 		if m.SegmentName == c.name || c.registered(dst) {
-			x := &xfer{op: engine.Read, local: dst, seg: m.SegmentName, remote: m.BufferAddress, crc: verify}
-			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x})
-			continue
+			x := &xfer{op: engine.Read, local: dst, seg: m.SegmentName, remote: remote, crc: verify}
+			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, off: off})
+			return
 		}
-		for off := uint64(0); off < it.length; {
-			n := min(it.length-off, c.stage.max())
+		for o := uint64(0); o < uint64(len(dst)); {
+			n := min(uint64(len(dst))-o, c.stage.max())
 			buf, ok := c.stage.tryAcquire(n)
 			if !ok {
 				flush()
 				var err error
 				if buf, err = c.stage.acquire(ctx, n); err != nil {
 					it.err = &storepb.Error{Code: storepb.TransferFail, Msg: err.Error()}
-					break
+					return
 				}
 			}
-			x := &xfer{op: engine.Read, local: buf, seg: m.SegmentName, remote: m.BufferAddress + off, crc: verify}
-			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, staged: buf, off: int(off)})
-			off += n
+			x := &xfer{op: engine.Read, local: buf, seg: m.SegmentName, remote: remote + o, crc: verify}
+			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, staged: buf, into: dst[o:], off: off + int(o)})
+			o += n
 		}
+	}
+	for _, it := range round {
+		it.err, it.got = nil, 0
+		m := it.reps[k]
+		verify := c.verifies(it)
+		if it.ranges != nil {
+			// A piece of a value cannot be checked against the checksum
+			// of the whole.
+			for _, r := range it.ranges {
+				if len(r.Dst) > 0 {
+					read(it, m, r.Dst, m.BufferAddress+r.Src, 0, false)
+				}
+			}
+			continue
+		}
+		if it.parts != nil {
+			for _, p := range it.partReads(m, verify) {
+				xs, pieces = append(xs, p.x), append(pieces, piece{it: it, x: p.x, off: int(p.off)})
+			}
+			continue
+		}
+		read(it, m, it.dst[:it.length], m.BufferAddress, 0, verify)
 	}
 	flush()
 	now := time.Now()
@@ -319,7 +339,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			it.err = &storepb.Error{Code: storepb.LeaseExpired, Msg: quote(it.key) + ": the read outlived its lease"}
 			it.final = true
 		case it.err != nil:
-		case c.verifies(it) && nonZero(it.got) != it.sum:
+		case it.ranges == nil && c.verifies(it) && nonZero(it.got) != it.sum:
 			it.err = &storepb.Error{Code: storepb.ChecksumMismatch,
 				Msg: fmt.Sprintf("%s: replica on %s", quote(it.key), it.reps[k].SegmentName)}
 		default:

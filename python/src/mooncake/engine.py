@@ -98,6 +98,8 @@ def _host_of(local_hostname: str) -> Optional[str]:
 class TransferEngine:
     """Mooncake's ``mooncake.engine.TransferEngine`` over mooncake-go."""
 
+    TransferOpcode = TransferOpcode  # also reachable from the class, as the official one's
+
     def __init__(self):
         self._engine: Optional[mooncake_go.TransferEngine] = None
         self._managed = {}  # addr -> SharedBuffer

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import logging
+import os
 import re
 from typing import Dict, List, Optional
 
@@ -34,6 +36,7 @@ from mooncake_go import _lib, errors
 from mooncake_go.store import Replicate
 
 lib = _lib.lib
+log = logging.getLogger("mooncake.store")
 
 # Mooncake's ErrorCode values the compat layer returns itself.
 _INTERNAL = -1
@@ -72,6 +75,9 @@ class ReplicateConfig:
         self.preferred_nof_segments: List[str] = []
         self.group_ids = None
         self.data_type = 0
+        # Put-session ids of the official config (its put sessions pass
+        # them); accepted and not used: puts here are whole.
+        self.session_ids: List[str] = []
 
     @property
     def with_soft_pin(self) -> bool:
@@ -465,12 +471,12 @@ class MooncakeDistributedStore:
         except errors.MooncakeError as e:
             return _code(e)
 
-    def remove_by_regex(self, regex: str, force: bool = False) -> int:
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """Removes the objects whose key the pattern matches (an RE2
         search, so "^prefix" for a prefix); the number removed, or a
         negative code."""
         try:
-            return self._s().remove_by_regex(regex, force)
+            return self._s().remove_by_regex(regex_pattern, force)
         except errors.MooncakeError as e:
             return _code(e)
 
@@ -482,3 +488,292 @@ class MooncakeDistributedStore:
 
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "BufferHandle"]
+
+
+# -- the rest of the official surface (see _store_ext) ----------------------
+
+from . import _store_ext as _x  # noqa: E402
+from ._store_ext import (  # noqa: E402,F401
+    Descriptor, DiskDescriptor, MemoryDescriptor, MooncakeHostMemAllocator, ObjectDataType, ReplicaDescriptor,
+    ReplicaStatus, TaskStatus, TaskType, bind_to_numa_node,
+)
+
+# The official module exports the enum members at module level too; where
+# two enums share a name (PROCESSING, FAILED) the task status wins, as there.
+for _e in (ObjectDataType, ReplicaStatus, TaskStatus, TaskType):
+    globals().update(_e.__members__)
+del _e
+
+
+def _tensor_value(tensor) -> bytes:
+    """The stored form of a tensor: its header, then its bytes."""
+    view, _keep = _x.tensor_bytes(tensor)
+    return b"".join((_x.tensor_header(tensor), view))
+
+
+def _tp_shards(tensor, tp_size: int, split_dim: int) -> list:
+    """tensor cut along split_dim into tp_size shards as torch.chunk cuts
+    (ceil-sized, the last ones shorter or absent), each contiguous."""
+    n = int(tensor.shape[split_dim])
+    step = -(-n // tp_size) if n else 0
+    out = []
+    for r in range(tp_size):
+        lo, hi = min(r * step, n), min((r + 1) * step, n)
+        idx = [slice(None)] * len(tensor.shape)
+        idx[split_dim] = slice(lo, hi)
+        out.append(tensor[tuple(idx)])
+    return out
+
+
+def _tp_key(key: str, rank: int, tp_size: int) -> str:
+    return key if tp_size <= 1 else f"{key}_tp_{rank}"
+
+
+class _StoreExt:
+    """MooncakeDistributedStore's methods beyond the bytes API."""
+
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """SGLang's standalone-storage mode. The official dummy client
+        borrows the memory of a real client process (mooncake_client) at
+        server_address; mooncake-go has no such process, so this becomes an
+        ordinary client that contributes no segment (the storage nodes of
+        ``mooncake up`` hold the data) with a local buffer of
+        local_buffer_size. Its master is MOONCAKE_MASTER when set, else
+        server_address. 0 on success."""
+        master = os.environ.get("MOONCAKE_MASTER") or server_address
+        meta = os.environ.get("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")
+        host = os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "")
+        return self._setup(host, meta, -1, max(int(local_buffer_size), 0), "tcp", "", master)
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """size bytes of host memory, registered with this store (0 on
+        failure); they stay until the store closes."""
+        if self._store is None:
+            return 0
+        if getattr(self, "_pool", None) is None:
+            self._pool = MooncakeHostMemAllocator()
+        p = self._pool.alloc(size)
+        if p and self.register_buffer(p, size) != 0:
+            self._pool.free(p)
+            return 0
+        return p
+
+    def get_offload_rpc_read_count(self) -> int:
+        """Reads served by offload RPCs: none here (SSD reads go through
+        the engine)."""
+        return 0
+
+    # -- replicas, sessions, ranges --------------------------------------
+
+    def get_replica_desc(self, key: str) -> List[ReplicaDescriptor]:
+        """The replicas of key ([] when it is missing or on error)."""
+        try:
+            return [ReplicaDescriptor(d) for d in self._s().replicas(key)]
+        except errors.MooncakeError:
+            return []
+
+    def batch_get_replica_desc(self, keys: List[str]) -> Dict[str, List[ReplicaDescriptor]]:
+        return {k: self.get_replica_desc(k) for k in keys}
+
+    def batch_get_session_start(self, keys: List[str]) -> List[int]:
+        """Looks the keys up once and keeps their replicas for the ranged
+        reads that follow; 0 or a negative code per key."""
+        try:
+            return self._s()._session_start_codes(keys)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+
+    def batch_get_session_end(self, keys: List[str]) -> int:
+        try:
+            self._s().get_session_end(keys)
+            return 0
+        except errors.MooncakeError as e:
+            return _code(e)
+
+    def batch_get_into_multi_buffer_ranges(self, keys: List[str], all_buffer_ptrs: List[List[int]],
+                                           all_sizes: List[List[int]], all_src_offsets: List[List[int]]) -> List[int]:
+        """For keys[i], reads all_sizes[i][j] bytes from offset
+        all_src_offsets[i][j] of its value into all_buffer_ptrs[i][j];
+        bytes read (the sum of the sizes) or a negative code per key. Keys
+        without a session are looked up as any get."""
+        try:
+            codes, outs = self._s()._ranges_codes(keys, all_buffer_ptrs, all_sizes, all_src_offsets)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+        except (ValueError, TypeError, OverflowError):
+            return [_INVALID_PARAMS] * len(keys)
+        return [n if c == 0 else c for c, n in zip(codes, outs)]
+
+    def get_into_ranges(self, buffer_ptrs: List[int], all_keys: List[List[str]],
+                        all_dst_offsets: List[List[List[int]]], all_src_offsets: List[List[List[int]]],
+                        all_sizes: List[List[List[int]]]) -> List[List[List[int]]]:
+        """For buffer i and its key j, reads all_sizes[i][j][k] bytes from
+        offset all_src_offsets[i][j][k] of the value into buffer_ptrs[i] +
+        all_dst_offsets[i][j][k]; the bytes read or a negative code per
+        range, in the same nesting."""
+        keys, ptrs, sizes, srcs, shape = [], [], [], [], []
+        try:
+            for i, base in enumerate(buffer_ptrs):
+                row = []
+                for j, key in enumerate(all_keys[i]):
+                    dsts, ss, ns = all_dst_offsets[i][j], all_src_offsets[i][j], all_sizes[i][j]
+                    keys.append(key)
+                    ptrs.append([int(base) + int(d) for d in dsts])
+                    srcs.append(list(ss))
+                    sizes.append(list(ns))
+                    row.append(len(ns))
+                shape.append(row)
+            codes, _ = self._s()._ranges_codes(keys, ptrs, sizes, srcs)
+        except errors.MooncakeError as e:
+            return [[[_code(e)] * n for n in row] for row in shape] if shape else []
+        except (ValueError, TypeError, OverflowError, IndexError):
+            return [[[_INVALID_PARAMS] * len(s) for s in row] for row in all_sizes]
+        out, f = [], 0
+        for row in shape:
+            r = []
+            for n in row:
+                c = codes[f]
+                r.append([int(x) if c == 0 else c for x in sizes[f]])
+                f += 1
+            out.append(r)
+        return out
+
+    # -- tensors ---------------------------------------------------------
+    # Tensors are stored as the official store stores them (_store_ext's
+    # header, then the bytes); reads return torch tensors when torch is
+    # importable, numpy arrays otherwise, None for a missing or malformed
+    # value.
+
+    def _put_tensor(self, key, tensor, config, upsert: bool) -> int:
+        try:
+            value = _tensor_value(tensor)
+        except (ValueError, TypeError) as e:
+            log.error("put tensor %r: %s", key, e)
+            return _INVALID_PARAMS
+        return self.upsert(key, value, config) if upsert else self.put(key, value, config)
+
+    def put_tensor(self, key: str, tensor) -> int:
+        return self._put_tensor(key, tensor, None, False)
+
+    def upsert_tensor(self, key: str, tensor) -> int:
+        return self._put_tensor(key, tensor, None, True)
+
+    def pub_tensor(self, key: str, tensor, config: Optional[ReplicateConfig] = None) -> int:
+        return self._put_tensor(key, tensor, config, False)
+
+    def upsert_pub_tensor(self, key: str, tensor, config: Optional[ReplicateConfig] = None) -> int:
+        return self._put_tensor(key, tensor, config, True)
+
+    def batch_put_tensor(self, keys: List[str], tensors_list: List) -> List[int]:
+        return [self._put_tensor(k, t, None, False) for k, t in zip(keys, tensors_list)]
+
+    def batch_upsert_tensor(self, keys: List[str], tensors_list: List) -> List[int]:
+        return [self._put_tensor(k, t, None, True) for k, t in zip(keys, tensors_list)]
+
+    def batch_pub_tensor(self, keys: List[str], tensors_list: List,
+                         config: Optional[ReplicateConfig] = None) -> List[int]:
+        return [self._put_tensor(k, t, config, False) for k, t in zip(keys, tensors_list)]
+
+    def batch_upsert_pub_tensor(self, keys: List[str], tensors_list: List,
+                                config: Optional[ReplicateConfig] = None) -> List[int]:
+        return [self._put_tensor(k, t, config, True) for k, t in zip(keys, tensors_list)]
+
+    def put_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Stores size bytes at buffer_ptr, already laid out as a stored
+        tensor (header, then data: what get_tensor_into leaves there)."""
+        return self.put_from(key, buffer_ptr, size)
+
+    def upsert_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
+        return self.upsert_from(key, buffer_ptr, size)
+
+    def batch_put_tensor_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int]) -> List[int]:
+        return self.batch_put_from(keys, buffer_ptrs, sizes)
+
+    def batch_upsert_tensor_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int]) -> List[int]:
+        return self.batch_upsert_from(keys, buffer_ptrs, sizes)
+
+    def get_tensor(self, key: str):
+        h = self.get_buffer(key)
+        return self._as_tensor(key, h) if h else None
+
+    def batch_get_tensor(self, keys: List[str]) -> List:
+        return [self.get_tensor(k) for k in keys]
+
+    @staticmethod
+    def _as_tensor(key, buf):
+        meta = _x.parse_header(buf)
+        if meta is None:
+            log.error("get tensor %r: the value is not a stored tensor", key)
+            return None
+        return _x.make_tensor(buf, *meta)
+
+    def get_tensor_into(self, key: str, buffer_ptr: int, size: int):
+        """Reads the stored tensor into the buffer (header included) and
+        returns a tensor over the buffer's data part; None on failure."""
+        n = self.get_into(key, buffer_ptr, size)
+        return self._as_tensor(key, _x_memory(buffer_ptr, n)) if n > 0 else None
+
+    def batch_get_tensor_into(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int]) -> List:
+        ns = self.batch_get_into(keys, buffer_ptrs, sizes)
+        return [self._as_tensor(k, _x_memory(p, n)) if n > 0 else None for k, p, n in zip(keys, buffer_ptrs, ns)]
+
+    # Tensor parallelism: a tensor cut along split_dim into tp_size shards
+    # stored as "<key>_tp_<rank>" (the key itself when tp_size is 1).
+
+    def _put_tp(self, key, tensor, config, tp_size, split_dim, upsert=False) -> int:
+        tp_size = int(tp_size)
+        if tp_size < 1 or not -len(tensor.shape) <= int(split_dim) < len(tensor.shape):
+            return _INVALID_PARAMS
+        for r, shard in enumerate(_tp_shards(tensor, tp_size, int(split_dim))):
+            rc = self._put_tensor(_tp_key(key, r, tp_size), shard, config, upsert)
+            if rc != 0:
+                return rc
+        return 0
+
+    def put_tensor_with_tp(self, key: str, tensor, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> int:
+        """Stores every shard of tensor (tp_rank is not used: all ranks'
+        shards are written)."""
+        return self._put_tp(key, tensor, None, tp_size, split_dim)
+
+    def pub_tensor_with_tp(self, key: str, tensor, config: Optional[ReplicateConfig] = None, tp_rank: int = 0,
+                           tp_size: int = 1, split_dim: int = 0) -> int:
+        return self._put_tp(key, tensor, config, tp_size, split_dim)
+
+    def batch_put_tensor_with_tp(self, base_keys: List[str], tensors_list: List, tp_rank: int = 0, tp_size: int = 1,
+                                 split_dim: int = 0) -> List[int]:
+        return [self._put_tp(k, t, None, tp_size, split_dim) for k, t in zip(base_keys, tensors_list)]
+
+    def batch_pub_tensor_with_tp(self, base_keys: List[str], tensors_list: List,
+                                 config: Optional[ReplicateConfig] = None, tp_rank: int = 0, tp_size: int = 1,
+                                 split_dim: int = 0) -> List[int]:
+        return [self._put_tp(k, t, config, tp_size, split_dim) for k, t in zip(base_keys, tensors_list)]
+
+    def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0):
+        """The shard of rank tp_rank (the whole tensor when tp_size is 1)."""
+        return self.get_tensor(_tp_key(key, int(tp_rank), int(tp_size)))
+
+    def batch_get_tensor_with_tp(self, base_keys: List[str], tp_rank: int = 0, tp_size: int = 1) -> List:
+        return [self.get_tensor(_tp_key(k, int(tp_rank), int(tp_size))) for k in base_keys]
+
+    def get_tensor_with_tp_into(self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0, tp_size: int = 1,
+                                split_dim: int = 0):
+        return self.get_tensor_into(_tp_key(key, int(tp_rank), int(tp_size)), buffer_ptr, size)
+
+    def batch_get_tensor_with_tp_into(self, base_keys: List[str], buffer_ptrs: List[int], sizes: List[int],
+                                      tp_rank: int = 0, tp_size: int = 1) -> List:
+        keys = [_tp_key(k, int(tp_rank), int(tp_size)) for k in base_keys]
+        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
+
+
+def _x_memory(addr: int, n: int):
+    """A writable ctypes view of n bytes at addr (tensors share it)."""
+    return (ctypes.c_char * int(n)).from_address(int(addr))
+
+
+for _name, _fn in vars(_StoreExt).items():
+    if not _name.startswith("__"):
+        setattr(MooncakeDistributedStore, _name, _fn)
+del _name, _fn
+
+__all__ += ["Descriptor", "DiskDescriptor", "MemoryDescriptor", "MooncakeHostMemAllocator", "ObjectDataType",
+            "ReplicaDescriptor", "ReplicaStatus", "TaskStatus", "TaskType", "bind_to_numa_node"]

@@ -27,6 +27,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from . import _lib, errors
 from ._buffers import Buffer, address, to_bytes_pointer
+from ._ext import REPLICA_DISK, REPLICA_LOCAL_DISK, REPLICA_MEMORY, ReplicaDesc, ext
 from .engine import TransferEngine
 
 lib = _lib.lib
@@ -344,6 +345,101 @@ class Store(_lib.Owned):
         addrs, lens = _resolve_parts(parts, sizes, writable=True)
         codes, outs = self._parts_codes(True, keys, addrs, lens)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
+
+    # -- ranged reads, get sessions, replicas (ABI 1.3) ------------------
+
+    def _ranges_codes(self, keys: Sequence[str], addr_lists, size_lists, src_lists) -> Tuple[List[int], List[int]]:
+        """(codes, bytes read) of a ranged get: for keys[i], size_lists[i][j]
+        bytes from offset src_lists[i][j] of its value into
+        addr_lists[i][j]. A key whose three lists differ in length gets
+        INVALID_PARAMS without being sent."""
+        n = len(keys)
+        if len(addr_lists) != n or len(size_lists) != n or len(src_lists) != n:
+            raise ValueError("keys, buffer lists, size lists and offset lists differ in number")
+        codes, outs = [0] * n, [0] * n
+        send = []
+        for i in range(n):
+            if len(addr_lists[i]) != len(size_lists[i]) or len(src_lists[i]) != len(size_lists[i]):
+                codes[i] = _INVALID_PARAMS
+            else:
+                send.append(i)
+        if not send:
+            return codes, outs
+        flat_a = [int(a) for i in send for a in addr_lists[i]]
+        flat_n = [int(x) for i in send for x in size_lists[i]]
+        flat_s = [int(x) for i in send for x in src_lists[i]]
+        m, total = len(send), len(flat_a)
+        if any(x < 0 for x in flat_n) or any(x < 0 for x in flat_s):
+            raise ValueError("negative size or offset")
+        ptrs = (c_void_p * max(total, 1))(*flat_a)
+        lens = (c_uint64 * max(total, 1))(*flat_n)
+        srcs = (c_uint64 * max(total, 1))(*flat_s)
+        counts = (c_size_t * m)(*[len(addr_lists[i]) for i in send])
+        cs, got = (c_int32 * m)(), (c_uint64 * m)()
+        rc = ext.mc_store_batch_get_ranges(self.handle, _keys([keys[i] for i in send]), ptrs, lens, srcs, counts, m,
+                                           got, cs, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        for j, i in enumerate(send):
+            codes[i], outs[i] = cs[j], got[j]
+        return codes, outs
+
+    def batch_get_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Tuple[int, Buffer]]]) -> List[Result]:
+        """Reads pieces of values: ``ranges[i]`` is a list of
+        ``(offset in the value, buffer)`` for ``keys[i]``; each buffer is
+        filled with the value's bytes from that offset. Bytes read or the
+        error per key (a range past the value's end: InvalidParams)."""
+        addrs, lens, srcs = [], [], []
+        for rs in ranges:
+            pairs = [(int(off), address(b, None, writable=True)) for off, b in rs]
+            srcs.append([off for off, _ in pairs])
+            addrs.append([a for _, (a, _) in pairs])
+            lens.append([n for _, (_, n) in pairs])
+        codes, outs = self._ranges_codes(keys, addrs, lens, srcs)
+        return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
+
+    def _session_start_codes(self, keys: Sequence[str]) -> List[int]:
+        n = len(keys)
+        if n == 0:
+            return []
+        codes = (c_int32 * n)()
+        rc = ext.mc_store_batch_get_session_start(self.handle, _keys(keys), n, codes, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(codes)
+
+    def get_session_start(self, keys: Sequence[str]) -> List[Result]:
+        """Looks the replicas of keys up once and keeps them for their
+        lease, for the reads that follow; None or the error per key."""
+        return _results(self._session_start_codes(keys))
+
+    def get_session_end(self, keys: Sequence[str]) -> None:
+        """Forgets what get_session_start kept for keys."""
+        if keys:
+            _lib.call(ext.mc_store_batch_get_session_end, self.handle, _keys(keys), len(keys))
+
+    def replicas(self, key: str) -> List[dict]:
+        """Every replica of key the master lists: dicts with kind
+        ("memory", "disk" or "local_disk"), status (Mooncake's
+        ReplicaStatus number), buffer_address, size, segment_name,
+        transport_endpoint and file_path."""
+        k = _lib.cstr(key)
+        cap = 4
+        while True:
+            out = (ReplicaDesc * cap)()
+            n = c_size_t()
+            e = _lib._err()
+            rc = ext.mc_store_get_replicas(self.handle, k, out, cap, byref(n), e)
+            if rc == errors.BUFFER_TOO_SMALL:
+                cap = n.value
+                continue
+            if rc != 0:
+                raise _lib.error_from(e)
+            kinds = {REPLICA_MEMORY: "memory", REPLICA_DISK: "disk", REPLICA_LOCAL_DISK: "local_disk"}
+            return [dict(kind=kinds.get(d.kind, "memory"), status=d.status, buffer_address=d.buffer_address,
+                         size=d.size, segment_name=d.segment_name.decode(errors="replace"),
+                         transport_endpoint=d.transport_endpoint.decode(errors="replace"),
+                         file_path=d.file_path.decode(errors="replace")) for d in out[:n.value]]
 
     def _remove_codes(self, keys: Sequence[str], force: bool) -> List[int]:
         n = len(keys)

@@ -1,0 +1,142 @@
+package main
+
+/*
+#include "mooncake.h"
+*/
+import "C"
+
+import (
+	"context"
+	"unsafe"
+
+	"github.com/mooncake-go/mooncake/store/client"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Ranged reads, get sessions and replica descriptors (ABI 1.3):
+// mc_store_batch_get_ranges, mc_store_batch_get_session_start/_end and
+// mc_store_get_replicas. The public wrappers are in store_ext.c.
+
+// rangesAt views the ranges of count keys: the buffers, lengths and
+// counts as partsAt reads them, with a source offset per buffer.
+func rangesAt(bufs *unsafe.Pointer, lens, srcs *C.uint64_t, counts *C.size_t, count C.size_t) ([][]client.Range, error) {
+	dsts, err := partsAt(bufs, lens, counts, count)
+	if err != nil {
+		return nil, err
+	}
+	total := 0
+	for _, ds := range dsts {
+		total += len(ds)
+	}
+	if total > 0 && srcs == nil {
+		return nil, nullArg("src_offsets")
+	}
+	var flat []C.uint64_t
+	if total > 0 {
+		flat = unsafe.Slice(srcs, total)
+	}
+	out := make([][]client.Range, len(dsts))
+	j := 0
+	for i, ds := range dsts {
+		rs := make([]client.Range, len(ds))
+		for k, d := range ds {
+			rs[k] = client.Range{Src: uint64(flat[j]), Dst: d}
+			j++
+		}
+		out[i] = rs
+	}
+	return out, nil
+}
+
+//export mcgoStoreBatchGetRanges
+func mcgoStoreBatchGetRanges(h C.mc_store_t, keys **C.char, bufs *unsafe.Pointer, lens *C.uint64_t, srcOffsets *C.uint64_t,
+	rangeCounts *C.size_t, count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		rs, err := rangesAt(bufs, lens, srcOffsets, rangeCounts, count)
+		return func(ctx context.Context) []error {
+			ns, errs := s.BatchGetRanges(ctx, ks, rs)
+			lensResult(lensOut, ns)
+			return errs
+		}, err
+	})
+}
+
+//export mcgoStoreBatchGetSessionStart
+func mcgoStoreBatchGetSessionStart(h C.mc_store_t, keys **C.char, count C.size_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		return func(ctx context.Context) []error { return s.StartGetSession(ctx, ks) }, nil
+	})
+}
+
+//export mcgoStoreBatchGetSessionEnd
+func mcgoStoreBatchGetSessionEnd(h C.mc_store_t, keys **C.char, count C.size_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		ks, err := keysAt(keys, count)
+		if err != nil {
+			return err
+		}
+		s.EndGetSession(ks)
+		return nil
+	})
+}
+
+//export mcgoStoreGetReplicas
+func mcgoStoreGetReplicas(h C.mc_store_t, key *C.char, out *C.mc_replica_desc_t, capacity C.size_t, countOut *C.size_t, cerr *C.mc_error_t) C.mc_status_t {
+	return storeCall(h, cerr, func(s *storeObj) error {
+		if key == nil || countOut == nil {
+			return nullArg("key or count_out")
+		}
+		*countOut = 0
+		if capacity > 0 && out == nil {
+			return nullArg("out")
+		}
+		k := C.GoString(key)
+		reps, errs := s.BatchReplicas(context.Background(), []string{k})
+		if errs[0] != nil {
+			return errs[0]
+		}
+		*countOut = C.size_t(len(reps[0]))
+		var dst []C.mc_replica_desc_t
+		if capacity > 0 {
+			dst = unsafe.Slice(out, int(min(capacity, C.size_t(len(reps[0])))))
+		}
+		for i := range dst {
+			replicaDesc(&dst[i], reps[0][i])
+		}
+		if len(reps[0]) > len(dst) {
+			return abiErrorf(C.MC_ERR_BUFFER_TOO_SMALL, "%q has %d replicas, room for %d", k, len(reps[0]), capacity)
+		}
+		return nil
+	})
+}
+
+// replicaDesc fills d from r.
+func replicaDesc(d *C.mc_replica_desc_t, r *storepb.Replica) {
+	*d = C.mc_replica_desc_t{status: C.int32_t(r.Status)}
+	switch {
+	case r.GetMemory() != nil:
+		m := r.GetMemory()
+		d.kind = C.MC_REPLICA_MEMORY
+		if m.Medium == storepb.Medium_MEDIUM_DISK {
+			d.kind = C.MC_REPLICA_LOCAL_DISK
+		}
+		d.buffer_address, d.size = C.uint64_t(m.BufferAddress), C.uint64_t(m.Size)
+		setName(d.segment_name[:], m.SegmentName)
+		setName(d.transport_endpoint[:], m.TransportEndpoint)
+	case r.GetDisk() != nil:
+		dk := r.GetDisk()
+		d.kind, d.size = C.MC_REPLICA_DISK, C.uint64_t(dk.Size)
+		setName(d.segment_name[:], dk.SegmentName)
+		setName(d.transport_endpoint[:], dk.TransportEndpoint)
+		setName(d.file_path[:], dk.Path)
+	}
+}
+
+// setName copies s into a fixed C array, cut to fit and NUL-terminated.
+func setName(dst []C.char, s string) {
+	n := min(len(s), len(dst)-1)
+	for i := 0; i < n; i++ {
+		dst[i] = C.char(s[i])
+	}
+	dst[n] = 0
+}

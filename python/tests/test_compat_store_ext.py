@@ -1,0 +1,178 @@
+"""The official mooncake.store calls beyond the bytes API, against a real
+store: SGLang's standalone mode (setup_dummy, MooncakeHostMemAllocator),
+its MooncakeDirectLinker (get sessions, ranged multi-buffer gets), vLLM's
+replica descriptors, LMCache's bind_to_numa_node, ranged gets and the
+tensor helpers (over numpy; torch where installed)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import uuid
+
+import pytest
+
+import mooncake.store as ms
+from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator, ReplicaStatus, ReplicateConfig
+
+from conftest import LOCAL_BUFFER, SEGMENT, numpy_or_skip
+
+
+@pytest.fixture
+def store(master):
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", SEGMENT, LOCAL_BUFFER, "tcp", "", master) == 0
+    yield s
+    assert s.close() == 0
+
+
+def uid() -> str:
+    return uuid.uuid4().hex
+
+
+def pattern(n: int, seed: int) -> bytes:
+    return bytes((i * 131 + seed) & 0xFF for i in range(n))
+
+
+def test_sglang_standalone_setup_dummy(master, store, monkeypatch):
+    """SGLang's standalone storage: setup_dummy, then buffers from
+    MooncakeHostMemAllocator registered and used for zero-copy puts and
+    gets; the data is held by the other (real) client's segment."""
+    monkeypatch.setenv("MOONCAKE_MASTER", master)
+    d = MooncakeDistributedStore()
+    assert d.setup_dummy(64 << 20, 16 << 20, "127.0.0.1:50052") == 0
+    try:
+        alloc = MooncakeHostMemAllocator()
+        n = 1 << 20
+        p, q = alloc.alloc(n), alloc.alloc(n)
+        assert p and q and p % 4096 == 0
+        assert d.register_buffer(p, n) == 0 and d.register_buffer(q, n) == 0
+        ctypes.memmove(p, pattern(n, 3), n)
+        key = uid()
+        assert d.batch_put_from([key], [p], [n]) == [0]
+        assert d.batch_get_into([key], [q], [n]) == [n]
+        assert ctypes.string_at(q, n) == pattern(n, 3)
+        # the real client reads it too: one pool
+        assert store.get(key) == pattern(n, 3)
+        assert d.unregister_buffer(p) == 0 and d.unregister_buffer(q) == 0
+        assert alloc.free(p) == 0 and alloc.free(q) == 0
+        assert alloc.free(p) == -1  # twice
+        assert alloc.alloc(0) == 0
+    finally:
+        assert d.close() == 0
+
+
+def test_sglang_direct_linker_ranges(store):
+    """MooncakeDirectLinker: session start, one ranged multi-buffer get per
+    layer, session end."""
+    layers, page = 4, 4096
+    keys = [uid(), uid()]
+    values = [pattern(layers * page, 10 + i) for i in range(2)]
+    for k, v in zip(keys, values):
+        assert store.put(k, v) == 0
+    buf = ctypes.create_string_buffer(2 * layers * page)
+    base = ctypes.addressof(buf)
+    assert store.register_buffer(base, len(buf)) == 0
+    missing = uid()
+    assert store.batch_get_session_start(keys + [missing]) == [0, 0, -704]
+    for layer in range(layers):
+        ptrs = [[base + (i * layers + layer) * page] for i in range(2)]
+        got = store.batch_get_into_multi_buffer_ranges(keys, ptrs, [[page], [page]], [[layer * page], [layer * page]])
+        assert got == [page, page]
+    assert store.batch_get_session_end(keys + [missing]) == 0
+    for i in range(2):
+        assert buf.raw[i * layers * page:(i + 1) * layers * page] == values[i]
+    # several ranges of one key, one past the end, mismatched lists
+    got = store.batch_get_into_multi_buffer_ranges(
+        [keys[0], keys[1], keys[0]], [[base, base + 100], [base + 200], [base]],
+        [[10, 20], [layers * page], [1]], [[5, 1000], [1], [0, 1]])
+    assert got == [30, -600, -600]
+    assert buf.raw[:10] == values[0][5:15] and buf.raw[100:120] == values[0][1000:1020]
+    assert store.unregister_buffer(base) == 0
+
+
+def test_get_into_ranges(store):
+    k1, k2 = uid(), uid()
+    v1, v2 = pattern(5000, 1), pattern(3000, 2)
+    assert store.put(k1, v1) == 0 and store.put(k2, v2) == 0
+    buf = ctypes.create_string_buffer(10000)
+    base = ctypes.addressof(buf)
+    out = store.get_into_ranges([base], [[k1, k2, uid()]], [[[0, 100], [1000], [2000]]],
+                                [[[10, 4990], [2999], [0]]], [[[50, 10], [1], [5]]])
+    assert out == [[[50, 10], [1], [-704]]]
+    assert buf.raw[:50] == v1[10:60] and buf.raw[100:110] == v1[4990:] and buf.raw[1000:1001] == v2[2999:]
+
+
+def test_replica_desc(master, store):
+    """vLLM's tier logging: batch_get_replica_desc per key."""
+    other = MooncakeDistributedStore()
+    assert other.setup("127.0.0.1", "P2PHANDSHAKE", SEGMENT, LOCAL_BUFFER, "tcp", "", master) == 0
+    try:
+        key = uid()
+        rc = ReplicateConfig()
+        rc.replica_num = 2
+        assert store.put(key, b"x" * 1000, rc) == 0
+        descs = other.batch_get_replica_desc([key, "absent-" + uid()])
+        reps = descs[key]
+        assert len(reps) == 2
+        for r in reps:
+            assert r.is_memory_replica() and not r.is_disk_replica() and not r.is_local_disk_replica()
+            assert r.status == ReplicaStatus.COMPLETE
+            d = r.get_memory_descriptor().buffer_descriptor
+            assert d.size == 1000 and d.buffer_address and d.transport_endpoint
+        assert len({r.segment_name for r in reps}) == 2  # distinct segments
+        assert list(descs.values())[1] == []
+    finally:
+        assert other.close() == 0
+
+
+def test_bind_to_numa_node_and_enums():
+    assert ms.bind_to_numa_node(0) is None
+    assert ms.bind_to_numa_node(4096) is None  # no such node: a warning
+    assert ms.COMPLETE == ReplicaStatus.COMPLETE == 3
+    assert ms.PROCESSING == ms.TaskStatus.PROCESSING == 1  # the task status wins, as officially
+    assert ms.KVCACHE == 1 and ms.REPLICA_MOVE == 1
+    assert ReplicateConfig().session_ids == []
+
+
+def test_tensor_helpers(store):
+    """put_tensor/get_tensor store the official layout: a 40-byte header
+    (int32 dtype, int32 ndim, int64 shape[4]) then the bytes."""
+    np = numpy_or_skip()
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    key = uid()
+    assert store.put_tensor(key, a) == 0
+    raw = store.get(key)
+    assert struct.unpack_from("<ii4q", raw) == (0, 3, 2, 3, 4, 0)
+    assert raw[40:] == a.tobytes()
+    b = store.get_tensor(key)
+    assert tuple(b.shape) == (2, 3, 4) and np.asarray(b).tobytes() == a.tobytes()
+    assert store.get_tensor(uid()) is None
+    assert store.put(uid(), b"short") == 0
+    # batches, upsert, pub with a config
+    keys = [uid(), uid()]
+    ts = [np.ones((5,), dtype=np.int64), np.zeros((2, 2), dtype=np.uint8)]
+    assert store.batch_put_tensor(keys, ts) == [0, 0]
+    got = store.batch_get_tensor(keys)
+    assert [np.asarray(g).tobytes() for g in got] == [t.tobytes() for t in ts]
+    assert store.upsert_tensor(keys[0], np.full((3,), 7, dtype=np.int16)) == 0
+    assert np.asarray(store.get_tensor(keys[0])).tolist() == [7, 7, 7]
+    assert store.pub_tensor(uid(), a, ReplicateConfig()) == 0
+    assert store.put_tensor(uid(), np.zeros((1, 1, 1, 1, 1), dtype=np.float32)) == -600  # 5 dims
+    # into a buffer, and back out of it
+    buf = ctypes.create_string_buffer(4096)
+    t = store.get_tensor_into(key, ctypes.addressof(buf), len(buf))
+    assert np.asarray(t).tobytes() == a.tobytes()
+    assert store.register_buffer(ctypes.addressof(buf), len(buf)) == 0
+    k2 = uid()
+    assert store.put_tensor_from(k2, ctypes.addressof(buf), 40 + a.nbytes) == 0
+    assert np.asarray(store.get_tensor(k2)).tobytes() == a.tobytes()
+    assert store.unregister_buffer(ctypes.addressof(buf)) == 0
+    # tensor parallelism: shards as torch.chunk cuts them, under key_tp_<rank>
+    base = uid()
+    m = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
+    assert store.put_tensor_with_tp(base, m, tp_size=4, split_dim=0) == 0
+    shards = [np.asarray(store.get_tensor_with_tp(base, tp_rank=r, tp_size=4)) for r in range(4)]
+    assert [s.shape[0] for s in shards] == [3, 3, 3, 1]
+    assert np.concatenate(shards).tobytes() == m.tobytes()
+    assert np.asarray(store.get_tensor_with_tp(key)).tobytes() == a.tobytes()  # tp_size 1: the key itself
