@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
-	"github.com/mooncake-go/mooncake/engine/transport/shm"
 	"github.com/mooncake-go/mooncake/engine/transport/tcp"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
@@ -257,10 +256,17 @@ func (e *Engine) via(seg *segment) string {
 	switch {
 	case seg == nil:
 		return "local"
-	case seg.shm != nil && !seg.stale.Load():
+	case e.viaShm(seg):
 		return "shm"
 	}
 	return "tcp"
+}
+
+// viaShm reports whether slices to seg go through shared memory: the peer
+// is on this host and reachable that way, or Transport "shm" allows
+// nothing else.
+func (e *Engine) viaShm(seg *segment) bool {
+	return seg.shm != nil && (!seg.stale.Load() || e.cfg.Transport == "shm")
 }
 
 // cut cuts a task into slices (of SliceSize; the tail absorbs a remainder
@@ -287,25 +293,12 @@ func (e *Engine) cut(t *task, r Request, deadline time.Time) []*transport.Slice 
 }
 
 // route sends a slice down the best path to seg: shared memory when the
-// peer is on this host, TCP otherwise or when shared memory gives up.
+// peer is on this host, TCP otherwise or when shared memory is out of
+// reach. A slice the same-host view misses waits for a refresh of the view
+// (refresh.go).
 func (e *Engine) route(seg *segment, s *transport.Slice) {
-	if seg.shm != nil && !seg.stale.Load() {
-		e.shm.Submit(seg.shm, s, func(s *transport.Slice) {
-			if seg.stale.CompareAndSwap(false, true) {
-				e.log.Info("same-host path stale, falling back to TCP", "segment", seg.name)
-			}
-			if seg.tcpPeer == nil || e.cfg.Transport == "shm" {
-				s.Done(s, fmt.Errorf("%w: %v", transport.ErrPeer, shm.ErrStale))
-				return
-			}
-			// Never block a copy worker on a TCP queue. The worker runs
-			// before Close waits on e.wg, so this Add is ordered before it.
-			e.wg.Add(1)
-			go func() {
-				defer e.wg.Done()
-				seg.tcpPeer.Submit(s)
-			}()
-		})
+	if e.viaShm(seg) {
+		e.shm.Submit(seg.shm, s, seg.miss)
 		return
 	}
 	seg.tcpPeer.Submit(s)

@@ -42,6 +42,18 @@
 // small Submit to an idle peer is sent by the calling goroutine on one
 // connection, and Wait reads its answers itself: no goroutine hand-offs.
 //
+// A peer's memory changes while it is open: frameworks register more as
+// they grow, free buffers and allocate new ones. The same-host path works
+// from a view of the peer's descriptor, which it checks before each copy
+// against the peer's control counter (moved by every unregistration). A
+// slice outside the view, or met with a moved counter, is not failed: the
+// engine asks the peer for its current descriptor over the handshake
+// socket, swaps the view (mapping new memfd buffers, unmapping freed ones
+// once no copy uses them) and tries again; only a range the fresh view
+// still lacks fails, as the peer itself would refuse it. Refreshes of one
+// segment are coalesced and spaced (one in flight, one per 20 ms), run off
+// the copy workers, and never hold up transfers to other peers.
+//
 // WithChecksum has the engine take the CRC-32C of every request's bytes:
 // each slice is summed as it lands, on the goroutine that moved it, and the
 // sums are combined per task (TransferStatus.Checksum), so verifying a read

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/shm"
 	"github.com/mooncake-go/mooncake/engine/transport/tcp"
 )
@@ -52,19 +53,24 @@ type Engine struct {
 	closing atomic.Bool
 	closeMu sync.RWMutex // held for reading by calls in progress
 	closed  bool
-	wg      sync.WaitGroup // notify senders, TCP fall-backs
+	wg      sync.WaitGroup // notify senders, TCP fall-backs, view refreshes
+	// ctx ends when Close starts: view refreshes in progress give up.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // segment is an opened peer.
 type segment struct {
 	id      SegmentID
 	name    string
-	desc    *metadata.SegmentDesc
+	desc    atomic.Pointer[metadata.SegmentDesc] // as opened or last refreshed
 	rpcAddr string
-	tcp     []string    // data addresses
-	tcpPeer *tcp.Peer   // their lanes, nil without a TCP address
-	shm     *shm.Peer   // same-host path, nil if none
-	stale   atomic.Bool // shm path gave up; TCP from now on
+	tcp     []string                      // data addresses
+	tcpPeer *tcp.Peer                     // their lanes, nil without a TCP address
+	shm     *shm.Peer                     // same-host path, nil if none
+	stale   atomic.Bool                   // shm path unavailable; TCP from now on
+	refresh viewRefresh                   // of the shm view, after misses
+	miss    func(*transport.Slice, error) // e.missed for this segment
 }
 
 // maxNotifies bounds undelivered notifications kept for GetNotifies.
@@ -89,6 +95,7 @@ func New(cfg Config) (e *Engine, err error) {
 		batches:   map[BatchID]*batch{},
 		nextBatch: 1,
 	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
 	// Undo whatever was started if a later step fails (through a copy:
 	// the failing return has already set e to nil).
 	started := e
@@ -179,6 +186,7 @@ func (e *Engine) Close() error {
 	if !e.closing.CompareAndSwap(false, true) {
 		return nil
 	}
+	e.cancel()
 	// Fail in-flight work first: a Submit blocked on a full peer queue
 	// returns at once instead of holding Close up until its deadline.
 	e.tcp.Close()
@@ -200,6 +208,7 @@ func (e *Engine) Close() error {
 
 // shutdown releases everything in reverse order of New.
 func (e *Engine) shutdown() {
+	e.cancel()
 	if e.tcp != nil {
 		e.tcp.Close()
 	}
@@ -277,6 +286,13 @@ func (e *Engine) republish() error {
 
 // descriptor is this engine's segment descriptor as peers see it.
 func (e *Engine) descriptor() *metadata.SegmentDesc {
+	// The control counter is read before the regions are listed, and
+	// UnregisterMemory moves it after removing a region: a peer holding a
+	// view of this descriptor sees it stale once a listed region is gone.
+	var gen uint64
+	if e.ctrl != nil {
+		gen = e.ctrl.Generation()
+	}
 	d := &metadata.SegmentDesc{
 		Name:            e.name,
 		Protocol:        json.RawMessage(`"tcp"`),
@@ -302,7 +318,7 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 	}
 	if e.ctrl != nil && e.hostID != "" {
 		d.Local = &metadata.LocalInfo{HostID: e.hostID, PID: os.Getpid(), StartTime: e.start,
-			ControlFD: e.ctrl.FD(), Shared: shared}
+			ControlFD: e.ctrl.FD(), Generation: &gen, Shared: shared}
 	}
 	return d
 }
@@ -380,27 +396,24 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 
 func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 	seg := &segment{name: name}
+	seg.miss = func(s *transport.Slice, err error) { e.missed(seg, s, err) }
 	var host string
+	var desc *metadata.SegmentDesc
 	if e.meta == nil {
 		h, _, err := net.SplitHostPort(name)
 		if err != nil {
 			return nil, errorf(CodeInvalidArgument, "open segment %q: P2PHANDSHAKE names are host:port", name)
 		}
 		host, seg.rpcAddr = h, name
-		mine, _ := json.Marshal(e.descriptor())
-		reply, err := metadata.Call(ctx, name, metadata.TypeMetadata, mine, e.secret)
-		if err != nil {
-			return nil, &Error{CodeSocket, fmt.Sprintf("open segment %s: %v", name, err)}
-		}
-		if seg.desc, err = metadata.ParseSegmentDesc(reply); err != nil {
-			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
+		if desc, err = e.askDescriptor(ctx, "open segment "+name, name); err != nil {
+			return nil, err
 		}
 	} else {
 		raw, err := e.meta.Get(ctx, metadata.SegmentKey(name))
 		if err != nil {
 			return nil, &Error{CodeMetadata, fmt.Sprintf("open segment %s: %v", name, err)}
 		}
-		if seg.desc, err = metadata.ParseSegmentDesc(raw); err != nil {
+		if desc, err = metadata.ParseSegmentDesc(raw); err != nil {
 			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
 		}
 		raw, err = e.meta.Get(ctx, metadata.RPCMetaKey(name))
@@ -413,21 +426,15 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 		}
 		host, seg.rpcAddr = rpc.IPOrHostName, net.JoinHostPort(rpc.IPOrHostName, strconv.Itoa(rpc.RPCPort))
 	}
+	seg.desc.Store(desc)
 	// Data goes to the host the descriptor names, else the handshake host.
-	if seg.desc.TCPDataHost != "" {
-		host = seg.desc.TCPDataHost
+	if desc.TCPDataHost != "" {
+		host = desc.TCPDataHost
 	}
-	if seg.desc.TCPDataPort > 0 {
-		seg.tcp = []string{net.JoinHostPort(host, strconv.Itoa(seg.desc.TCPDataPort))}
+	if desc.TCPDataPort > 0 {
+		seg.tcp = []string{net.JoinHostPort(host, strconv.Itoa(desc.TCPDataPort))}
 	}
-	if l := seg.desc.Local; l != nil && e.shm != nil && l.HostID == e.hostID {
-		info := shm.PeerInfo{PID: l.PID, StartTime: l.StartTime, ControlFD: l.ControlFD}
-		for _, b := range l.Shared {
-			info.Shared = append(info.Shared, shm.Shared{Addr: b.Addr, Length: b.Length, FD: b.FD})
-		}
-		for _, b := range seg.desc.Buffers {
-			info.Regions = append(info.Regions, shm.Region{Addr: b.Addr, Length: b.Length})
-		}
+	if info, ok := e.shmInfo(desc); ok {
 		p, err := shm.Open(info)
 		if err != nil {
 			e.log.Info("same-host path unavailable, using TCP", "segment", name, "err", err)
@@ -450,6 +457,38 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 		return nil, errorf(CodeEndpoint, "open segment %s: descriptor offers no TCP data port", name)
 	}
 	return seg, nil
+}
+
+// askDescriptor asks the engine at rpcAddr for its current descriptor over
+// the handshake socket; what names the operation in errors.
+func (e *Engine) askDescriptor(ctx context.Context, what, rpcAddr string) (*metadata.SegmentDesc, error) {
+	mine, _ := json.Marshal(e.descriptor())
+	reply, err := metadata.Call(ctx, rpcAddr, metadata.TypeMetadata, mine, e.secret)
+	if err != nil {
+		return nil, &Error{CodeSocket, fmt.Sprintf("%s: %v", what, err)}
+	}
+	desc, err := metadata.ParseSegmentDesc(reply)
+	if err != nil {
+		return nil, &Error{CodeMalformedJSON, fmt.Sprintf("%s: %v", what, err)}
+	}
+	return desc, nil
+}
+
+// shmInfo returns what the same-host path needs of a descriptor, if the
+// peer is on this host and this engine has that path.
+func (e *Engine) shmInfo(desc *metadata.SegmentDesc) (shm.PeerInfo, bool) {
+	l := desc.Local
+	if l == nil || e.shm == nil || l.HostID != e.hostID {
+		return shm.PeerInfo{}, false
+	}
+	info := shm.PeerInfo{PID: l.PID, StartTime: l.StartTime, ControlFD: l.ControlFD, Generation: l.Generation}
+	for _, b := range l.Shared {
+		info.Shared = append(info.Shared, shm.Shared{Addr: b.Addr, Length: b.Length, FD: b.FD})
+	}
+	for _, b := range desc.Buffers {
+		info.Regions = append(info.Regions, shm.Region{Addr: b.Addr, Length: b.Length})
+	}
+	return info, true
 }
 
 // CloseSegment forgets an opened segment; its lanes close.
@@ -498,7 +537,8 @@ func (e *Engine) SegmentName(id SegmentID) (string, bool) {
 }
 
 // SegmentBuffers lists the buffers an opened segment published when it was
-// opened (Mooncake's get_first_buffer_address reads the first).
+// opened or its view last refreshed (Mooncake's get_first_buffer_address
+// reads the first).
 func (e *Engine) SegmentBuffers(id SegmentID) ([]metadata.Buffer, error) {
 	if id == LocalSegment {
 		return e.descriptor().Buffers, nil
@@ -507,7 +547,7 @@ func (e *Engine) SegmentBuffers(id SegmentID) ([]metadata.Buffer, error) {
 	if s == nil {
 		return nil, errorf(CodeInvalidArgument, "segment %d: not open", id)
 	}
-	return s.desc.Buffers, nil
+	return s.desc.Load().Buffers, nil
 }
 
 // Probe checks that the engine serving segment name answers.

@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 // The test binary doubles as a target process for tests that kill or stop
@@ -55,17 +59,63 @@ func runTarget() int {
 		return 1
 	}
 	json.NewEncoder(os.Stdout).Encode(targetInfo{Name: e.Name(), Addr: uint64(buf.Addr()), Len: buf.Len(), Anon: uint64(engine.AddrOf(anon))})
-	// Commands on stdin, until it closes: "unregister" drops the anonymous
-	// region and answers "ok".
+	// Commands on stdin, until it closes, each answered with one line:
+	//   unregister        drops the anonymous region -> ok
+	//   alloc N           AllocateBuffer(N) -> its address
+	//   register N        maps N anonymous bytes and registers them -> address
+	//   free ADDR         frees or unregisters what alloc/register made -> ok
+	//   sum ADDR N        CRC-32C of the target's own bytes there -> hex
+	// Freed anonymous memory stays mapped, so an initiator that wrote into
+	// it through a stale view would be caught by sum.
+	bufs := map[uint64]*engine.Buffer{}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		if in.Text() == "unregister" {
-			if err := e.UnregisterMemory(engine.AddrOf(anon)); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			fmt.Println("ok")
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
 		}
+		answer, err := targetCommand(e, bufs, anon, f)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, in.Text()+":", err)
+			return 1
+		}
+		fmt.Println(answer)
 	}
 	return 0
+}
+
+func targetCommand(e *engine.Engine, bufs map[uint64]*engine.Buffer, anon []byte, f []string) (string, error) {
+	arg := func(i int) uint64 {
+		if i >= len(f) {
+			return 0
+		}
+		v, _ := strconv.ParseUint(f[i], 0, 64)
+		return v
+	}
+	switch f[0] {
+	case "unregister":
+		return "ok", e.UnregisterMemory(engine.AddrOf(anon))
+	case "alloc":
+		b, err := e.AllocateBuffer(int(arg(1)), "cpu:0")
+		if err != nil {
+			return "", err
+		}
+		bufs[uint64(b.Addr())] = b
+		return fmt.Sprintf("%#x", b.Addr()), nil
+	case "register":
+		m, err := unix.Mmap(-1, 0, int(arg(1)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%#x", engine.AddrOf(m)), e.RegisterMemory(engine.AddrOf(m), uint64(len(m)), "cpu:0", true)
+	case "free":
+		if b := bufs[arg(1)]; b != nil {
+			delete(bufs, arg(1))
+			return "ok", b.Free()
+		}
+		return "ok", e.UnregisterMemory(uintptr(arg(1)))
+	case "sum":
+		return fmt.Sprintf("%#x", crc32c.Checksum(transport.Bytes(uintptr(arg(1)), arg(2)))), nil
+	}
+	return "", fmt.Errorf("unknown command")
 }

@@ -16,6 +16,9 @@ type metrics struct {
 	latency  *prometheus.HistogramVec // op, transport
 	served   func(op transport.Op, n uint64, err error)
 	notifies prometheus.Counter
+	// refreshes counts the descriptor requests that refreshed a
+	// same-host view after a miss.
+	refreshes prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,6 +40,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "mooncake_te_notifications_received_total",
 			Help: "Notifications received on the handshake socket.",
 		}),
+		refreshes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mooncake_te_segment_refreshes_total",
+			Help: "Descriptor requests that refreshed a peer's same-host view after a miss.",
+		}),
 	}
 	servedBytes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mooncake_te_served_bytes_total",
@@ -54,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		servedBytes.WithLabelValues(op.String()).Add(float64(n))
 	}
 	if reg != nil {
-		reg.MustRegister(m.bytes, m.requests, m.latency, m.notifies, servedBytes, servedFail)
+		reg.MustRegister(m.bytes, m.requests, m.latency, m.notifies, m.refreshes, servedBytes, servedFail)
 	}
 	return m
 }

@@ -43,7 +43,8 @@ func TestSameHostPaths(t *testing.T) {
 	}
 
 	require.Equal(t, "ok", tp.command(t, "unregister"))
-	// Transport "shm" has no TCP to fall back to: the stale view fails.
+	// The view refreshed after the unregistration no longer covers the
+	// range, and Transport "shm" has no TCP to ask the target itself.
 	st := transfer(t, init, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: info.Anon, Length: 64}})
 	require.Equal(t, engine.Failed, st.Status)
 

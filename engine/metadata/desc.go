@@ -79,6 +79,10 @@ type LocalInfo struct {
 	// ControlFD is a one-page memfd whose counter moves whenever this
 	// process unregisters memory, so peers drop stale mappings.
 	ControlFD int `json:"control_fd"`
+	// Generation is the counter of the control page, read before the
+	// buffers were listed: a peer's view of them is current while the
+	// counter still holds it. Absent from older descriptors.
+	Generation *uint64 `json:"generation,omitempty"`
 	// Shared lists the registered buffers backed by a memfd: a peer maps
 	// /proc/<pid>/fd/<fd> once and copies with plain memcpy.
 	Shared []SharedBuffer `json:"shared,omitempty"`

@@ -3,14 +3,18 @@
 // with memmove; any other registered memory is reached with
 // process_vm_readv/process_vm_writev, one syscall per slice.
 //
-// A peer publishes its pid, start time and a control page (a one-page memfd
-// holding a generation counter it bumps on every unregistration). The
-// initiator checks the counter before each copy: once it moves, mapped views
-// may be stale and the peer is reported Stale, so the engine falls back to
-// TCP, whose server validates every range itself.
+// A peer publishes its pid, start time, a control page (a one-page memfd
+// holding a generation counter it bumps on every unregistration) and the
+// generation its descriptor was taken at. The initiator checks the counter
+// before each copy: once it has moved past the view's generation, mapped
+// views may be stale and Copy reports ErrStale; a range outside the view is
+// ErrOutside. Either way the engine re-reads the peer's descriptor and
+// hands it to Update, which swaps the view once no copy uses the old one
+// and only then unmaps what the peer no longer publishes.
 package shm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -30,6 +34,11 @@ import (
 // ErrStale: the peer unregistered memory since it was opened; reopen it or
 // use another transport.
 var ErrStale = errors.New("shm: peer memory changed since open")
+
+// ErrOutside: the range is not inside the memory the view knows of. It
+// wraps transport.ErrRejected; the peer may have registered the range
+// since the view was taken, so the engine refreshes the view and retries.
+var ErrOutside = fmt.Errorf("%w: outside the peer's published memory", transport.ErrRejected)
 
 // ErrUnavailable: the peer cannot be reached through shared memory (other
 // host, other pid namespace, no permission, exited).
@@ -99,6 +108,11 @@ func genPtr(mem []byte) *atomic.Uint64 { return (*atomic.Uint64)(unsafe.Pointer(
 // Bump tells peers that registered memory changed.
 func (c *Control) Bump() { genPtr(c.mem).Add(1) }
 
+// Generation is the current counter. A descriptor reads it before listing
+// the regions, so a view built from the descriptor is stale exactly when
+// the counter has moved on since.
+func (c *Control) Generation() uint64 { return genPtr(c.mem).Load() }
+
 // Close releases the page.
 func (c *Control) Close() {
 	unix.Munmap(c.mem)
@@ -119,27 +133,39 @@ type PeerInfo struct {
 	PID       int
 	StartTime uint64
 	ControlFD int
-	Shared    []Shared
+	// Generation is the control counter the peer read before listing its
+	// memory; nil (a peer that does not publish it) means the counter as
+	// Open or Update finds it.
+	Generation *uint64
+	Shared     []Shared
 	// Regions are all the ranges the peer lets others touch; a slice
-	// outside them is rejected without a syscall.
+	// outside them is refused without a syscall.
 	Regions []Region
 }
 
+// view is one mapped memfd buffer of the peer; dev and ino identify the
+// file, so a new buffer behind a reused descriptor number (and perhaps the
+// same address) is never taken for the old one.
 type view struct {
-	addr uint64
-	mem  []byte
+	addr     uint64
+	mem      []byte
+	dev, ino uint64
 }
 
-// Peer is an opened same-host peer.
+// Peer is an opened same-host peer. Copies hold mu for reading while they
+// use the views; Update and Close take it for writing, so a mapping is
+// never unmapped under a copy.
 type Peer struct {
-	pid     int
-	pidfd   int
-	ctrl    []byte
+	pid   int
+	start uint64
+	pidfd int
+	ctrl  []byte
+	self  bool
+
+	mu      sync.RWMutex
 	gen     uint64
 	views   []view // sorted by addr
 	regions []Region
-	self    bool
-	closeMu sync.RWMutex
 	closed  bool
 }
 
@@ -147,7 +173,7 @@ type Peer struct {
 // its control page and shared buffers. A peer that is this very process is
 // reached with plain copies.
 func Open(info PeerInfo) (*Peer, error) {
-	p := &Peer{pid: info.PID, pidfd: -1, regions: slices.Clone(info.Regions), self: info.PID == os.Getpid()}
+	p := &Peer{pid: info.PID, start: info.StartTime, pidfd: -1, self: info.PID == os.Getpid()}
 	fail := func(err error) (*Peer, error) {
 		p.release()
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -162,59 +188,143 @@ func Open(info PeerInfo) (*Peer, error) {
 	if st, err := StartTime(info.PID); err != nil || st != info.StartTime {
 		return fail(fmt.Errorf("pid %d is not the published process", info.PID))
 	}
-	if p.ctrl, err = mapFD(info.PID, info.ControlFD, uint64(os.Getpagesize()), "mooncake-control"); err != nil {
+	if p.ctrl, _, err = mapFD(info.PID, info.ControlFD, uint64(os.Getpagesize()), "mooncake-control"); err != nil {
 		return fail(err)
 	}
-	p.gen = genPtr(p.ctrl).Load()
-	for _, s := range info.Shared {
-		mem, err := mapFD(info.PID, s.FD, s.Length, "mooncake-buffer")
-		if err != nil {
-			return fail(err)
-		}
-		p.views = append(p.views, view{addr: s.Addr, mem: mem})
+	if p.views, err = p.mapViews(info.Shared, nil); err != nil {
+		return fail(err)
 	}
-	slices.SortFunc(p.views, func(a, b view) int {
-		if a.addr < b.addr {
-			return -1
-		}
-		return 1
-	})
-	if err := p.alive(); err != nil {
+	p.gen, p.regions = p.generation(info), slices.Clone(info.Regions)
+	if err := p.running(); err != nil {
 		return fail(err)
 	}
 	return p, nil
 }
 
+func (p *Peer) generation(info PeerInfo) uint64 {
+	if info.Generation != nil {
+		return *info.Generation
+	}
+	return genPtr(p.ctrl).Load()
+}
+
+// mapViews maps the shared buffers of info, sorted by address, reusing
+// the mappings of old that show the same file at the same place.
+func (p *Peer) mapViews(shared []Shared, old []view) (vs []view, err error) {
+	defer func() {
+		if err != nil {
+			unmapNew(vs, old)
+			vs = nil
+		}
+	}()
+	for _, s := range shared {
+		path := fmt.Sprintf("/proc/%d/fd/%d", p.pid, s.FD)
+		var st unix.Stat_t
+		if i := slices.IndexFunc(old, func(v view) bool {
+			return v.addr == s.Addr && uint64(len(v.mem)) == s.Length
+		}); i >= 0 && unix.Stat(path, &st) == nil && st.Dev == old[i].dev && st.Ino == old[i].ino {
+			vs = append(vs, old[i])
+			continue
+		}
+		mem, st, err := mapFD(p.pid, s.FD, s.Length, "mooncake-buffer")
+		if err != nil {
+			return vs, err
+		}
+		vs = append(vs, view{addr: s.Addr, mem: mem, dev: st.Dev, ino: st.Ino})
+	}
+	slices.SortFunc(vs, func(a, b view) int { return cmp.Compare(a.addr, b.addr) })
+	return vs, nil
+}
+
+// unmapNew unmaps the views of vs that are not in keep.
+func unmapNew(vs, keep []view) {
+	for _, v := range vs {
+		if !slices.ContainsFunc(keep, func(k view) bool { return unsafe.SliceData(k.mem) == unsafe.SliceData(v.mem) }) {
+			unix.Munmap(v.mem)
+		}
+	}
+}
+
+// Update replaces the view with what the peer published in info (its
+// descriptor re-read after a miss or a move of the control counter). New
+// buffers are mapped before the swap; buffers the peer no longer publishes
+// are unmapped after it, once no copy uses them. The peer must be the
+// process that was opened: a restarted peer is ErrUnavailable.
+func (p *Peer) Update(info PeerInfo) error {
+	if info.PID != p.pid || info.StartTime != p.start {
+		return fmt.Errorf("%w: segment is now served by pid %d, not %d", ErrUnavailable, info.PID, p.pid)
+	}
+	p.mu.RLock()
+	old, closed := p.views, p.closed
+	p.mu.RUnlock()
+	if closed {
+		return transport.ErrClosed
+	}
+	// Only Update replaces views and the engine runs one Update per peer
+	// at a time, so old stays the current set until the swap below.
+	vs, err := p.mapViews(info.Shared, old)
+	if err != nil {
+		if genPtr(p.ctrl).Load() != p.generation(info) {
+			// The peer freed a buffer since it described it: look again.
+			return fmt.Errorf("%w: %v", ErrStale, err)
+		}
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		unmapNew(vs, old)
+		return transport.ErrClosed
+	}
+	p.views, p.regions, p.gen = vs, slices.Clone(info.Regions), p.generation(info)
+	p.mu.Unlock()
+	unmapNew(old, vs)
+	return nil
+}
+
+// Covers reports whether the current view holds [addr, addr+n).
+func (p *Peer) Covers(addr, n uint64) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.find(addr, n) != nil || p.allowed(addr, n)
+}
+
 // mapFD maps another process's memfd through /proc, after checking that
-// the descriptor still names the memfd we expect and is large enough.
-func mapFD(pid, fd int, length uint64, name string) ([]byte, error) {
+// the descriptor still names the memfd we expect and is large enough. It
+// returns the mapping and the file's stat.
+func mapFD(pid, fd int, length uint64, name string) (mem []byte, st unix.Stat_t, err error) {
 	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
 	target, err := os.Readlink(path)
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	if !strings.HasPrefix(target, "/memfd:"+name) {
-		return nil, fmt.Errorf("%s is %q, not a %s memfd", path, target, name)
+		return nil, st, fmt.Errorf("%s is %q, not a %s memfd", path, target, name)
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	defer f.Close()
-	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	if uint64(st.Size) < length {
-		return nil, fmt.Errorf("%s holds %d bytes, want %d", path, st.Size, length)
+		return nil, st, fmt.Errorf("%s holds %d bytes, want %d", path, st.Size, length)
 	}
-	return unix.Mmap(int(f.Fd()), 0, int(length), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err = unix.Mmap(int(f.Fd()), 0, int(length), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	return mem, st, err
 }
 
+// alive checks that the view is current and the peer still runs.
 func (p *Peer) alive() error {
 	if genPtr(p.ctrl).Load() != p.gen {
 		return ErrStale
 	}
+	return p.running()
+}
+
+func (p *Peer) running() error {
 	if p.self {
 		return nil
 	}
@@ -235,8 +345,8 @@ func (p *Peer) alive() error {
 
 // Copy performs s synchronously. It does not call s.Done.
 func (p *Peer) Copy(s *transport.Slice) error {
-	p.closeMu.RLock()
-	defer p.closeMu.RUnlock()
+	p.mu.RLock()
+	defer p.mu.RUnlock()
 	if p.closed {
 		return transport.ErrClosed
 	}
@@ -250,7 +360,7 @@ func (p *Peer) Copy(s *transport.Slice) error {
 		return nil
 	}
 	if !p.allowed(s.Remote, s.Length) {
-		return fmt.Errorf("%w: %#x+%d is not inside the peer's registered memory", transport.ErrRejected, s.Remote, s.Length)
+		return fmt.Errorf("%w: %#x+%d", ErrOutside, s.Remote, s.Length)
 	}
 	if p.self {
 		copyDir(s.Op, local, transport.Bytes(uintptr(s.Remote), s.Length))
@@ -328,8 +438,8 @@ func (p *Peer) vm(s *transport.Slice, local []byte) error {
 
 // Close unmaps the peer's memory, waiting for copies in progress.
 func (p *Peer) Close() {
-	p.closeMu.Lock()
-	defer p.closeMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.closed {
 		return
 	}
@@ -359,13 +469,17 @@ type Pool struct {
 	wg   sync.WaitGroup
 	once sync.Once
 	quit chan struct{}
+	// mu orders Submit against Close: a slice is either queued before Close
+	// drains the queue or failed by Submit, never left in the queue.
+	mu     sync.RWMutex
+	closed bool
 }
 
 type job struct {
 	p *Peer
 	s *transport.Slice
-	// fallback gets the slice when the shared path cannot serve it.
-	fallback func(*transport.Slice)
+	// miss gets the slice, with the reason, when the view cannot serve it.
+	miss func(*transport.Slice, error)
 }
 
 // NewPool starts workers (0 means GOMAXPROCS).
@@ -384,11 +498,19 @@ func NewPool(workers int) *Pool {
 // Name implements transport.Transport.
 func (pl *Pool) Name() string { return "shm" }
 
-// Submit queues s for copying to or from p. When the peer turns out stale
-// or unreachable, fallback receives s instead (with s.Done not yet called).
-func (pl *Pool) Submit(p *Peer, s *transport.Slice, fallback func(*transport.Slice)) {
+// Submit queues s for copying to or from p. When the view turns out stale
+// (ErrStale), does not cover the range (ErrOutside) or the peer cannot be
+// reached this way (ErrUnavailable), miss receives s and the error instead,
+// with s.Done not yet called; miss must not block.
+func (pl *Pool) Submit(p *Peer, s *transport.Slice, miss func(*transport.Slice, error)) {
+	pl.mu.RLock()
+	defer pl.mu.RUnlock()
+	if pl.closed {
+		s.Done(s, transport.ErrClosed)
+		return
+	}
 	select {
-	case pl.work <- job{p, s, fallback}:
+	case pl.work <- job{p, s, miss}:
 	case <-pl.quit:
 		s.Done(s, transport.ErrClosed)
 	}
@@ -400,8 +522,8 @@ func (pl *Pool) run() {
 		select {
 		case j := <-pl.work:
 			err := j.p.Copy(j.s)
-			if (errors.Is(err, ErrStale) || errors.Is(err, ErrUnavailable)) && j.fallback != nil {
-				j.fallback(j.s)
+			if j.miss != nil && (errors.Is(err, ErrStale) || errors.Is(err, ErrOutside) || errors.Is(err, ErrUnavailable)) {
+				j.miss(j.s, err)
 				continue
 			}
 			j.s.Done(j.s, err)
@@ -411,9 +533,15 @@ func (pl *Pool) run() {
 	}
 }
 
-// Close stops the workers; queued copies fail with transport.ErrClosed.
+// Close stops the workers; queued copies fail with transport.ErrClosed, and
+// so do later Submits.
 func (pl *Pool) Close() error {
 	pl.once.Do(func() { close(pl.quit) })
+	// Submits blocked on a full queue leave through quit; then no Submit is
+	// in progress and none starts.
+	pl.mu.Lock()
+	pl.closed = true
+	pl.mu.Unlock()
 	pl.wg.Wait()
 	for {
 		select {
