@@ -97,8 +97,8 @@ typedef struct peer {
     uint64_t len;
 } peer_t;
 
-/* peer_start runs a peer in mode "native", "native-auto" or "compat" and
- * waits for its READY line. */
+/* peer_start runs a peer in mode "native", "native-auto", "compat" or
+ * "compat-auto" and waits for its READY line. */
 int peer_start(peer_t *p, const char *mode);
 /* peer_cmd sends one command line and reads one reply line into reply. */
 int peer_cmd(peer_t *p, char *reply, size_t n, const char *fmt, ...);
@@ -118,6 +118,7 @@ void test_native_loopback_and_local(void);
 void test_nixl_sequence(void);
 void test_trtllm_sequence(void);
 void test_compat_cross_api(void);
+void test_compat_register_after_open(void);
 void test_bad_handles(void);
 void test_bad_arguments(void);
 void test_use_after_destroy(void);

@@ -45,6 +45,7 @@ static const struct {
     {"nixl_sequence", test_nixl_sequence, 0},
     {"trtllm_sequence", test_trtllm_sequence, 0},
     {"compat_cross_api", test_compat_cross_api, 0},
+    {"compat_register_after_open", test_compat_register_after_open, 0},
     {"bad_handles", test_bad_handles, 0},
     {"bad_arguments", test_bad_arguments, 0},
     {"use_after_destroy", test_use_after_destroy, 0},

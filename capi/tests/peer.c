@@ -1,8 +1,9 @@
 /* The remote side of two-process tests. The parent runs this binary with
  * "--peer MODE"; the peer starts an engine ("native": mooncake.h over TCP,
  * "native-auto": mooncake.h with the default transport, "compat":
- * Mooncake's transfer_engine_c.h with MC_FORCE_TCP=1), registers a buffer
- * filled with pattern 0 and prints
+ * Mooncake's transfer_engine_c.h with MC_FORCE_TCP=1, "compat-auto": the
+ * same with the default transport, shared memory to this host), registers
+ * a buffer filled with pattern 0 and prints
  *
  *   READY <segment name> <buffer address> <buffer length>
  *
@@ -13,6 +14,9 @@
  *   NOTIFS                 take received notifications -> N <count>,
  *                          then one "<name>\t<msg>" line each
  *   NOTIFY seg name msg    open segment seg, send it (name, msg) -> OK | ERR <code>
+ *   ALLOC len              register one more buffer of len bytes -> OK <address>
+ *   XCHECK addr len seed   check such a buffer (offsets from its start) -> OK | BAD <offset>
+ *   XFREE addr             unregister and free such a buffer -> OK | ERR <code>
  *   QUIT                   unregister, destroy, exit 0 if all went well
  *
  * The parent process cannot fork a copy of itself with a Go runtime in
@@ -42,6 +46,7 @@ int peer_start(peer_t *p, const char *mode) {
     if (env == NULL) return -1;
     memcpy(env, environ, n * sizeof *env);
     if (strcmp(mode, "compat") == 0) env[n++] = "MC_FORCE_TCP=1";
+    /* compat-auto: the parent's own MC_FORCE_TCP, if any, goes on. */
     char *argv[] = {"capi_test", "--peer", (char *)mode, NULL};
     if (pipe(in) || pipe(out)) {
         free(env);
@@ -109,6 +114,36 @@ static int compat;
 static mc_engine_t eng;
 static transfer_engine_t te;
 
+/* Buffers registered by ALLOC, freed by XFREE or at exit. */
+static void *extra[16];
+
+static int peer_alloc(unsigned long long len, void **out) {
+    size_t i = 0;
+    while (i < sizeof extra / sizeof extra[0] && extra[i]) i++;
+    if (i == sizeof extra / sizeof extra[0] || posix_memalign(&extra[i], 4096, len)) return -1;
+    memset(extra[i], 0, len);
+    int st = compat ? registerLocalMemory(te, extra[i], len, "*", 1)
+                    : mc_engine_register_memory(eng, extra[i], len, "cpu:0", 1, NULL);
+    if (st != 0) {
+        free(extra[i]);
+        extra[i] = NULL;
+        return st;
+    }
+    *out = extra[i];
+    return 0;
+}
+
+static int peer_free(void *p) {
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        if (extra[i] != p || p == NULL) continue;
+        int st = compat ? unregisterLocalMemory(te, p) : mc_engine_unregister_memory(eng, p, NULL);
+        free(p);
+        extra[i] = NULL;
+        return st;
+    }
+    return -1;
+}
+
 static int peer_notify(const char *seg, const char *name, const char *msg) {
     if (compat) {
         segment_id_t id = openSegment(te, seg);
@@ -143,7 +178,7 @@ static void peer_notifs(void) {
 }
 
 int peer_main(const char *mode) {
-    compat = strcmp(mode, "compat") == 0;
+    compat = strncmp(mode, "compat", 6) == 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     void *buf = NULL;
     if (posix_memalign(&buf, 4096, PEER_LEN)) return 2;
@@ -179,6 +214,25 @@ int peer_main(const char *mode) {
                 printf("OK\n");
             else
                 printf("BAD %lld\n", bad);
+        } else if (sscanf(line, "ALLOC %llu", &len) == 1) {
+            void *p = NULL;
+            int st = peer_alloc(len, &p);
+            if (st == 0)
+                printf("OK %llx\n", (unsigned long long)(uintptr_t)p);
+            else
+                printf("ERR %d\n", st);
+        } else if (sscanf(line, "XCHECK %llx %llu %u", &off, &len, &seed) == 3) {
+            long long bad = check_pattern((void *)(uintptr_t)off, 0, len, seed);
+            if (bad < 0)
+                printf("OK\n");
+            else
+                printf("BAD %lld\n", bad);
+        } else if (sscanf(line, "XFREE %llx", &off) == 1) {
+            int st = peer_free((void *)(uintptr_t)off);
+            if (st == 0)
+                printf("OK\n");
+            else
+                printf("ERR %d\n", st);
         } else if (strncmp(line, "NOTIFS", 6) == 0) {
             peer_notifs();
         } else if (sscanf(line, "NOTIFY %255s %255s %255s", a, b, c) == 3) {
@@ -193,6 +247,8 @@ int peer_main(const char *mode) {
             printf("ERR unknown command\n");
         }
     }
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
+        if (extra[i] && peer_free(extra[i]) != 0) rc = 6;
     if (compat) {
         if (unregisterLocalMemory(te, buf) != 0) rc = 6;
         destroyTransferEngine(te);

@@ -303,3 +303,73 @@ void test_compat_cross_api(void) {
     free(m1);
     free(m2);
 }
+
+/* NIXL's mooncake_backend_test (and TensorRT-LLM, vLLM growing their KV
+ * cache): the remote agent registers more memory after this agent opened
+ * it, and this agent writes into the new memory with a notification. Both
+ * agents run without MC_FORCE_TCP, so the bytes go through shared memory,
+ * whose view of the peer must follow its registrations; then the peer
+ * frees the buffer and registers another, which must be reached too. */
+void test_compat_register_after_open(void) {
+    peer_t peer;
+    REQUIRE(peer_start(&peer, "compat-auto") == 0);
+    char reply[256];
+    transfer_engine_t te = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    REQUIRE(te != NULL);
+    size_t len = 1u << 20;
+    uint8_t *mem = NULL;
+    REQUIRE(posix_memalign((void **)&mem, 4096, len) == 0);
+    CHECK_EQ(registerLocalMemory(te, mem, len, "*", 1), 0);
+    segment_id_t seg = openSegment(te, peer.name);
+    REQUIRE(seg > 0);
+
+    /* a transfer into the memory the peer had at the open */
+    fill(mem, 0, 65536, 50);
+    batch_id_t b = allocateBatchID(te, 16);
+    struct transfer_request w = {.opcode = OPCODE_WRITE, .source = mem, .target_id = seg,
+                                 .target_offset = peer.addr, .length = 65536};
+    CHECK_EQ(submitTransfer(te, b, &w, 1), 0);
+    CHECK(wait_tasks(te, b, 1, NULL));
+    CHECK_EQ(freeBatchID(te, b), 0);
+    CHECK(peer_cmd(&peer, reply, sizeof reply, "CHECK 0 65536 50") == 0);
+    CHECK(strcmp(reply, "OK") == 0);
+
+    char agent[] = "nixl-agent-0";
+    for (int round = 0; round < 2; round++) {
+        /* registerMem on the remote agent, after loadRemoteConnInfo here */
+        unsigned long long more = 0;
+        REQUIRE(peer_cmd(&peer, reply, sizeof reply, "ALLOC %zu", len) == 0);
+        REQUIRE(sscanf(reply, "OK %llx", &more) == 1);
+        fill(mem, 0, len, 51 + round);
+        char note[32];
+        snprintf(note, sizeof note, "after-register-%d", round);
+        notify_msg_t nm = {agent, note};
+        b = allocateBatchID(te, 16);
+        w = (struct transfer_request){.opcode = OPCODE_WRITE, .source = mem, .target_id = seg,
+                                      .target_offset = more, .length = len};
+        CHECK_EQ(submitTransferWithNotify(te, b, &w, 1, nm), 0);
+        CHECK(wait_tasks(te, b, 1, NULL));
+        CHECK_EQ(freeBatchID(te, b), 0);
+        CHECK(peer_cmd(&peer, reply, sizeof reply, "XCHECK %llx %zu %d", more, len, 51 + round) == 0);
+        CHECK(strcmp(reply, "OK") == 0);
+        CHECK(peer_has(&peer, agent, note));
+        /* and read back with a plain submitTransfer */
+        memset(mem, 0, len);
+        b = allocateBatchID(te, 16);
+        struct transfer_request r = {.opcode = OPCODE_READ, .source = mem, .target_id = seg,
+                                     .target_offset = more, .length = len};
+        CHECK_EQ(submitTransfer(te, b, &r, 1), 0);
+        CHECK(wait_tasks(te, b, 1, NULL));
+        CHECK_EQ(freeBatchID(te, b), 0);
+        CHECK_EQ(check_pattern(mem, 0, len, 51 + round), -1);
+        /* deregisterMem on the remote agent: the next round registers anew */
+        CHECK(peer_cmd(&peer, reply, sizeof reply, "XFREE %llx", more) == 0);
+        CHECK(strcmp(reply, "OK") == 0);
+    }
+
+    CHECK_EQ(unregisterLocalMemory(te, mem), 0);
+    CHECK_EQ(closeSegment(te, seg), 0);
+    destroyTransferEngine(te);
+    CHECK_EQ(peer_stop(&peer), 0);
+    free(mem);
+}
