@@ -36,7 +36,7 @@ change to etcd so that a standby taking over loses no completed put.`,
 	f := c.Flags()
 	f.Int("rpc_port", 50051, "gRPC port")
 	f.String("rpc_address", "0.0.0.0", "gRPC address; under HA also what clients are told to dial (use a reachable one)")
-	f.Int("metrics_port", 9003, "admin HTTP port (/metrics, /health, /role, /leader); 0 picks one, -1 disables")
+	f.Int("metrics_port", 9003, "admin HTTP port (/metrics, /health, /role, /leader, /get_all_segments, /query_key, ...); 0 picks one, -1 disables")
 	f.String("metrics_host", "0.0.0.0", "admin HTTP address")
 	f.Float64("eviction_ratio", master.DefaultEvictionRatio, "share of capacity one eviction round frees")
 	f.Float64("eviction_high_watermark_ratio", master.DefaultEvictionHighWatermark, "usage above which eviction starts")

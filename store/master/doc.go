@@ -30,8 +30,11 @@
 //     watcher never slows the master: one that falls behind is dropped
 //     and watches again from a new snapshot.
 //   - Server (server.go): a running master — the service, its background
-//     loop, gRPC, the admin HTTP server (metrics.go: /metrics with
-//     Mooncake's master metric names, /health, /role, /leader) and HA.
+//     loop, gRPC, the admin HTTP server (admin.go, metrics.go: /metrics
+//     with Mooncake's master metric names, /health, /role, /leader, and
+//     Mooncake's inspection endpoints /get_all_segments, /query_segment,
+//     /get_segments_detail, /get_all_keys, /query_key, /batch_query_keys)
+//     and HA.
 //   - HA (journal.go, etcdjournal.go, with store/ha): the leader holds
 //     mooncake-store/<cluster>/master_view under an etcd lease; standbys
 //     answer Unavailable. Every durable change is journaled to etcd in

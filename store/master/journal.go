@@ -226,9 +226,7 @@ func (s *Service) restore(st *state) error {
 		if err != nil {
 			return fmt.Errorf("master: restore segment %s: %w", id, err)
 		}
-		seg := m.Segment
-		sg := &segment{id: id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId,
-			base: seg.Base, size: seg.Size, client: m.ClientId, alloc: a, idx: len(s.segList), medium: seg.Medium}
+		sg := newSegment(m.ClientId, m.Segment, a, len(s.segList))
 		s.segs[id] = sg
 		s.segList = append(s.segList, sg)
 		if sg.medium == storepb.Medium_MEDIUM_DISK {

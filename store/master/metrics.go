@@ -2,15 +2,12 @@ package master
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"path"
 	"strings"
 	"sync"
 	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -194,36 +191,4 @@ func outcome(resp any) (items, failed int) {
 		one(v.Result)
 	}
 	return items, failed
-}
-
-// adminHandler serves the master's HTTP endpoints, as Mooncake's admin
-// server on --metrics_port: /metrics (Prometheus), /health, /role, /leader.
-func (s *Server) adminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	role := func() string {
-		if s.Leading() {
-			return "leader"
-		}
-		return "standby"
-	}
-	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		body := map[string]any{"status": "ok", "role": role(), "term": s.Term()}
-		if svc := s.Service(); svc != nil && s.Leading() {
-			st := svc.Stats()
-			body["keys"], body["segments"], body["clients"] = st.Keys, st.Segments, st.Clients
-			body["capacity_bytes"], body["allocated_bytes"] = st.Capacity, st.Used
-		}
-		_ = json.NewEncoder(w).Encode(body)
-	})
-	mux.HandleFunc("/role", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(role() + "\n")) })
-	mux.HandleFunc("/leader", func(w http.ResponseWriter, r *http.Request) {
-		if s.Leading() {
-			_, _ = w.Write([]byte(s.Addr() + "\n"))
-			return
-		}
-		http.Error(w, "not the leader", http.StatusServiceUnavailable)
-	})
-	return mux
 }

@@ -11,6 +11,7 @@ import (
 // segment is one mounted DRAM segment and the allocator of its offsets.
 type segment struct {
 	id, name, endpoint, hostID string
+	protocol                   string // "tcp"; the admin server reports it
 	base, size                 uint64
 	medium                     storepb.Medium // DISK: an SSD tier, for spills only
 	client                     string
@@ -104,10 +105,7 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 	if err != nil {
 		return 0, storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
 	}
-	sg := &segment{
-		id: seg.Id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId,
-		base: seg.Base, size: seg.Size, client: clientID, alloc: a, idx: len(s.segList), medium: seg.Medium,
-	}
+	sg := newSegment(clientID, seg, a, len(s.segList))
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
 	if sg.medium == storepb.Medium_MEDIUM_DISK {
@@ -120,6 +118,15 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 	}
 	return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
 		ClientId: clientID, Segment: seg}}}), nil
+}
+
+// newSegment is seg, mounted by clientID at position idx of segList, with
+// its allocator a.
+func newSegment(clientID string, seg *storepb.Segment, a *Allocator, idx int) *segment {
+	return &segment{
+		id: seg.Id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId, protocol: seg.Protocol,
+		base: seg.Base, size: seg.Size, client: clientID, alloc: a, idx: idx, medium: seg.Medium,
+	}
 }
 
 // touchLocked records that clientID is alive, registering it if new.
