@@ -59,7 +59,8 @@ address with --no-ha).`,
 			defer stop()
 			cl, err := cluster.Start(ctx, cfg)
 			if err != nil {
-				return err
+				// Start has stopped whatever it had started.
+				return fmt.Errorf("up: %w", err)
 			}
 			defer cl.Close()
 			out := cmd.OutOrStdout()

@@ -79,9 +79,22 @@ type Cluster struct {
 	NodeSegments []string
 }
 
+// AddrInUseError is a Start that found one of its addresses held by
+// another socket. errors.Is(err, syscall.EADDRINUSE) holds for it.
+type AddrInUseError struct {
+	What string // "etcd client", "master rpc" or "master metrics"
+	Addr string
+}
+
+func (e *AddrInUseError) Error() string { return e.What + " address " + e.Addr + " in use" }
+
+// Unwrap is the errno, so callers need not know this type.
+func (e *AddrInUseError) Unwrap() error { return syscall.EADDRINUSE }
+
 // Start starts the cluster and returns once every node has mounted its
-// segment. A failure halfway stops what started.
-func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
+// segment. A failure at any step stops what the steps before it started
+// (nodes, masters, etcd and its temporary directory) before Start returns.
+func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if cfg.Masters == 0 {
 		cfg.Masters = 1
 	}
@@ -108,63 +121,101 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c = &Cluster{cfg: cfg}
+	// c, not the named result: a failing return sets that to nil before
+	// the deferred Close runs.
+	c := &Cluster{cfg: cfg}
 	defer func() {
 		if err != nil {
 			_ = c.Close()
 		}
 	}()
 	if !cfg.NoHA {
-		dir := cfg.Dir
-		if dir == "" {
-			if c.tmp, err = os.MkdirTemp("", "mooncake-etcd-"); err != nil {
-				return nil, err
-			}
-			dir = c.tmp
-		}
-		var opts []embedetcd.Option
-		if !cfg.EtcdFsync {
-			opts = append(opts, embedetcd.NoFsync())
-		}
-		if c.etcd, err = embedetcd.Start(dir, cfg.Etcd, opts...); err != nil {
+		if err := c.startEtcd(); err != nil {
 			return nil, err
 		}
 	}
 	for i := range cfg.Masters {
-		sc := master.ServerConfig{Service: cfg.Service, Listen: "127.0.0.1:0", Logger: cfg.Logger}
-		if i == 0 {
-			sc.Listen, sc.Admin = cfg.MasterListen, cfg.Admin
-		} else if cfg.Admin != "" {
-			sc.Admin = "127.0.0.1:0"
-		}
-		if !cfg.NoHA {
-			sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}}
-		}
-		m, err := master.Start(sc)
-		if err != nil {
+		if err := c.startMaster(i); err != nil {
 			return nil, err
 		}
-		c.Masters = append(c.Masters, m)
 	}
 	if err := c.waitLeader(ctx); err != nil {
 		return nil, err
 	}
-	for range cfg.Nodes {
-		if len(cfg.NodeCommand) > 0 {
-			if err := c.startProc(ctx); err != nil {
-				return nil, err
-			}
-			continue
+	for i := range cfg.Nodes {
+		if err := c.startNode(ctx, i); err != nil {
+			return nil, fmt.Errorf("cluster: node %d: %w", i, err)
 		}
-		n, err := client.New(ctx, client.Config{Master: c.MasterURL(), SegmentSize: cfg.NodeSegment,
-			LocalBufferSize: 16 << 20, EngineConfig: cfg.Engine})
-		if err != nil {
-			return nil, err
-		}
-		c.Nodes = append(c.Nodes, n)
-		c.NodeSegments = append(c.NodeSegments, n.SegmentName())
 	}
 	return c, nil
+}
+
+func (c *Cluster) startEtcd() error {
+	dir := c.cfg.Dir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "mooncake-etcd-")
+		if err != nil {
+			return fmt.Errorf("cluster: etcd data directory: %w", err)
+		}
+		c.tmp, dir = tmp, tmp
+	}
+	var opts []embedetcd.Option
+	if !c.cfg.EtcdFsync {
+		opts = append(opts, embedetcd.NoFsync())
+	}
+	e, err := embedetcd.Start(dir, c.cfg.Etcd, opts...)
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		// The peer address takes a free port; only the client's can be held.
+		return &AddrInUseError{What: "etcd client", Addr: c.cfg.Etcd}
+	case err != nil:
+		return fmt.Errorf("cluster: %w", err)
+	}
+	c.etcd = e
+	return nil
+}
+
+// startMaster starts master i. The first takes the configured addresses,
+// the others free ports.
+func (c *Cluster) startMaster(i int) error {
+	sc := master.ServerConfig{Service: c.cfg.Service, Listen: "127.0.0.1:0", Logger: c.cfg.Logger}
+	if i == 0 {
+		sc.Listen, sc.Admin = c.cfg.MasterListen, c.cfg.Admin
+	} else if c.cfg.Admin != "" {
+		sc.Admin = "127.0.0.1:0"
+	}
+	if !c.cfg.NoHA {
+		sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}}
+	}
+	m, err := master.Start(sc)
+	var le *master.ListenError
+	switch {
+	case errors.As(err, &le) && errors.Is(err, syscall.EADDRINUSE):
+		what := "master rpc"
+		if le.Listener == "admin" {
+			what = "master metrics" // the admin server, on Mooncake's --metrics_port
+		}
+		return &AddrInUseError{What: what, Addr: le.Addr}
+	case err != nil:
+		return fmt.Errorf("cluster: master %d: %w", i, err)
+	}
+	c.Masters = append(c.Masters, m)
+	return nil
+}
+
+// startNode starts node i, in this process or as a child.
+func (c *Cluster) startNode(ctx context.Context, i int) error {
+	if len(c.cfg.NodeCommand) > 0 {
+		return c.startProc(ctx)
+	}
+	n, err := client.New(ctx, client.Config{Master: c.MasterURL(), SegmentSize: c.cfg.NodeSegment,
+		LocalBufferSize: 16 << 20, EngineConfig: c.cfg.Engine})
+	if err != nil {
+		return err
+	}
+	c.Nodes = append(c.Nodes, n)
+	c.NodeSegments = append(c.NodeSegments, n.SegmentName())
+	return nil
 }
 
 func (c *Cluster) waitLeader(ctx context.Context) error {
@@ -200,8 +251,9 @@ func (c *Cluster) startProc(ctx context.Context) error {
 		return err
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("cluster: start node: %w", err)
+		return fmt.Errorf("start %s: %w", c.cfg.NodeCommand[0], err)
 	}
+	// Close stops (and waits for) every process from here on.
 	c.procs = append(c.procs, cmd)
 	ready := make(chan string, 1)
 	go func() {
@@ -212,16 +264,21 @@ func (c *Cluster) startProc(ctx context.Context) error {
 				break
 			}
 		}
+		// Closed without a ready line: the node exited (its stdout with it).
+		close(ready)
 		_, _ = io.Copy(io.Discard, out)
 	}()
 	select {
-	case seg := <-ready:
+	case seg, ok := <-ready:
+		if !ok {
+			return fmt.Errorf("process %d exited before it was ready (its stderr says why)", cmd.Process.Pid)
+		}
 		c.NodeSegments = append(c.NodeSegments, seg)
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(time.Minute):
-		return errors.New("cluster: node not ready after a minute")
+		return errors.New("not ready after a minute")
 	}
 }
 

@@ -29,7 +29,8 @@ type ServerConfig struct {
 	// it leads, journaling every durable change to etcd.
 	HA *HAConfig
 	// Admin is the address of the HTTP admin server (/metrics, /health,
-	// /role, /leader), Mooncake's --metrics_port. Zero: none.
+	// /role, /leader, /get_all_segments, /query_key, ...: admin.go),
+	// Mooncake's --metrics_port. Zero: none.
 	Admin string
 	// Logger receives the server's logs. Zero: slog.Default().
 	Logger *slog.Logger
@@ -79,6 +80,20 @@ type Server struct {
 	once   sync.Once
 }
 
+// ListenError is a Start that could not listen on one of its addresses;
+// errors.Is(err, syscall.EADDRINUSE) tells an address another socket holds.
+type ListenError struct {
+	Listener string // "rpc" (ServerConfig.Listen) or "admin" (ServerConfig.Admin)
+	Addr     string
+	Err      error
+}
+
+func (e *ListenError) Error() string {
+	return fmt.Sprintf("master: %s listen %s: %v", e.Listener, e.Addr, e.Err)
+}
+
+func (e *ListenError) Unwrap() error { return e.Err }
+
 // Start starts a master serving on cfg.Listen.
 func Start(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Service.Validate(); err != nil {
@@ -104,7 +119,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		s.closeEtcd()
-		return nil, fmt.Errorf("master: listen %s: %w", cfg.Listen, err)
+		return nil, &ListenError{Listener: "rpc", Addr: cfg.Listen, Err: err}
 	}
 	s.lis = lis
 	s.api = NewGRPCServer(nil)
@@ -116,7 +131,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			_ = lis.Close()
 			s.closeEtcd()
-			return nil, fmt.Errorf("master: admin listen %s: %w", cfg.Admin, err)
+			return nil, &ListenError{Listener: "admin", Addr: cfg.Admin, Err: err}
 		}
 		s.admin = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
 		s.wg.Go(func() { _ = s.admin.Serve(s.adminLn) })
@@ -129,6 +144,10 @@ func Start(cfg ServerConfig) (*Server, error) {
 		if err != nil {
 			cancel()
 			_ = lis.Close()
+			if s.admin != nil {
+				_ = s.admin.Close()
+			}
+			s.wg.Wait()
 			return nil, err
 		}
 		s.lead(svc)
