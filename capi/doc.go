@@ -1,10 +1,19 @@
-// Command capi is libmooncake.so, the C ABI of the Transfer Engine and the
-// Mooncake Store client. Build it with
+// Command capi is the Go half of libmooncake.so, the C ABI of the Transfer
+// Engine and the Mooncake Store client. Build the library with
 //
-//	go build -buildmode=c-shared -o build/libmooncake.so ./capi
+//	bash scripts/build-capi.sh build
 //
-// (scripts/build-capi.sh does, deletes cgo's generated header and links
-// libtransfer_engine.so to it, the name Mooncake's consumers load).
+// which writes two files that are one library, to be installed side by side,
+// and links libtransfer_engine.so (the name Mooncake's consumers load) to
+// the first:
+//
+//   - libmooncake.so, the public library: a small C library (shim.c and the
+//     other C files that call the Go exports, loader.c, and one forwarder
+//     per Go export that capi/internal/shimgen generates from the header cgo
+//     writes) whose dynamic symbols are exactly the functions of the two
+//     headers below;
+//   - libmooncake_go.so, this package built with -buildmode=c-shared, which
+//     exports the mcgo* functions and nothing else.
 //
 // Two C APIs come out of it:
 //
@@ -21,7 +30,41 @@
 // shim.c defines every public C function and calls a Go export (mcgo*) with
 // plain C types: the public names keep their const qualifiers and void*
 // handles, and the C compiler checks both headers against the Go exports.
-// This package is the only place with //export.
+// This package is the only place with //export. A new export needs no step
+// by hand: its forwarder is generated. The build fails when libmooncake.so
+// does not define exactly the functions include/*.h declare, or when an
+// export's failure value (below) cannot be told from its C type.
+//
+// # Loading, and fork
+//
+// A Go runtime starts its threads when its library is loaded, and fork()
+// copies only the thread that forks: in the child the runtime is dead and a
+// call into it hangs. Hosts fork: vLLM's workers (fork is its default start
+// method on CPU), Python programs with multiprocessing, C servers that
+// preload and fork. So libmooncake.so has no runtime of its own; the first
+// call that needs Go loads libmooncake_go.so from the directory of
+// libmooncake.so (or of the file it links to), once per process
+// (pthread_once), and resolves the exports. From then on a forwarder is one
+// load, a compare and a jump through the resolved pointer. What holds:
+//
+//   - a process may load the library (link it, dlopen it, import the Python
+//     package) and call the functions that need no Go (mc_abi_version,
+//     mc_status_name, the free functions), then fork: every process that
+//     then calls starts its own runtime, parent and children alike;
+//   - after a fork that follows a call that needed Go, the child cannot use
+//     the library, and no call there hangs: every one fails at once, a
+//     mooncake.h call with MC_ERR_PANIC and a message saying that the
+//     process was forked after the runtime started, a Mooncake API call with
+//     its failure value (-1, NULL, INVALID_BATCH; nothing for void ones)
+//     and, the first time, that message on stderr. Handles from the parent
+//     are of no use there. The child is seen by a pthread_atfork handler,
+//     and, where two copies of libmooncake.so share one libmooncake_go.so,
+//     by the pid the Go library recorded when it was loaded (loaded_pid.c);
+//     a child made by a raw fork system call, which runs no atfork
+//     handlers, is not seen;
+//   - one process has one Go runtime: both names of the library are one
+//     file, and even two copies of libmooncake.so load the one
+//     libmooncake_go.so beside them. Never dlclose either file.
 //
 // Go values never leave Go. An engine or store is an entry of the live
 // table (handles.go) under the number cgo.NewHandle gave it; C holds the

@@ -1,8 +1,17 @@
-// The public C functions of libmooncake.so. Each one calls a Go export
-// (mcgo*, declared in _cgo_export.h) with plain C types: the public names
-// keep their const qualifiers, Mooncake's void* engine becomes the handle
-// number it carries, and the compiler checks both public headers against
-// the Go side. Functions that need no Go live here entirely.
+//go:build ignore
+
+/* The public C functions of libmooncake.so. Not part of the Go build (the
+ * constraint above): scripts/build-capi.sh compiles this file, loader.c and
+ * the forwarders it generates into libmooncake.so, which loads the Go
+ * library (libmooncake_go.so) at the first call that needs Go.
+ *
+ * Each function calls a Go export (mcgo*, declared in _cgo_export.h; in
+ * libmooncake.so that name is a forwarder that loads the Go library and
+ * calls through) with plain C types: the public names keep
+ * their const qualifiers, Mooncake's void* engine becomes the handle number
+ * it carries, and the compiler checks both public headers against the Go
+ * side. Functions that need no Go live here entirely, and work in any
+ * process. */
 
 #include <stdlib.h>
 #include <string.h>

@@ -63,10 +63,23 @@
  * is the same library under Mooncake's name (a symbolic link, so loading
  * both names still loads one file; never install it as a separate copy
  * beside libmooncake.so); transfer_engine_c.h is its Mooncake-compatible
- * API, and handles of the two APIs live in one table. The library installs
- * Go's signal handlers when loaded; handlers the host installs later must
- * use SA_ONSTACK. It logs to stderr at MC_LOG_LEVEL (debug, info, warn,
- * error; default warn).
+ * API, and handles of the two APIs live in one table. libmooncake.so comes
+ * with libmooncake_go.so, installed beside it: the Go runtime, which
+ * libmooncake.so loads at the first call that needs it (every call but
+ * mc_abi_version, mc_status_name and the free functions), not when it is
+ * loaded itself. The library then installs Go's signal handlers; handlers
+ * the host installs later must use SA_ONSTACK. It logs to stderr at
+ * MC_LOG_LEVEL (debug, info, warn, error; default warn).
+ *
+ * Fork. A process may load the library and fork before that first call:
+ * each process that then calls starts a runtime of its own, parent and
+ * children alike. A runtime does not survive fork(), so in the child of a
+ * fork that follows the first call the library cannot work: every call
+ * that needs the runtime fails at once (it does not hang) with
+ * MC_ERR_PANIC and a message that says the process was forked; handles of
+ * the parent mean nothing there. The Mooncake API's calls return their
+ * failure value (-1, NULL, INVALID_BATCH) and the first one says why on
+ * stderr. Fork before the first call, or start children with exec.
  *
  * VERSIONING
  *
@@ -124,7 +137,7 @@ enum {
     /* The ABI's own codes, returned by engine and store functions alike. */
     MC_ERR_INVALID_HANDLE = -9001,   /* 0, destroyed, foreign or unknown handle */
     MC_ERR_NULL_ARGUMENT = -9002,    /* a required pointer argument is NULL */
-    MC_ERR_PANIC = -9003,            /* internal panic, recovered */
+    MC_ERR_PANIC = -9003,            /* internal panic, recovered; or forked after use (see Fork) */
     MC_ERR_BUFFER_TOO_SMALL = -9004, /* output did not fit; see *len_out */
     MC_ERR_TIMED_OUT = -9005,        /* mc_engine_wait: timeout before final */
     MC_ERR_STRUCT_SIZE = -9006,      /* struct_size smaller than version 1's */

@@ -1,19 +1,22 @@
 """Build step of the mooncake-go Python package.
 
-The package is pure Python over one shared library, libmooncake.so, which
-is the Go C ABI (../capi) built with -buildmode=c-shared. This file adds
-that build to setuptools:
+The package is pure Python over one shared library, the Go C ABI
+(../capi), which is two files that go together: libmooncake.so, the public
+library (a small C library), and libmooncake_go.so beside it, the Go
+library (-buildmode=c-shared) that libmooncake.so loads at its first call,
+so that a process may load the package and fork before using it. This file
+adds that build to setuptools:
 
-  * build_py compiles the library with the local Go toolchain
-    (scripts/build-capi.sh of the repository, or go build -buildmode=c-shared
-    ./capi) or copies a prebuilt one named by MOONCAKE_GO_LIBRARY, into the
-    package directory;
+  * build_py compiles the two with the local Go toolchain and C compiler
+    (scripts/build-capi.sh of the repository) or copies a prebuilt pair,
+    named by MOONCAKE_GO_LIBRARY, into the package directory;
   * the distribution says it has native code, so bdist_wheel writes a
     platform wheel; the tag is py3-none-<platform> because the library is
     loaded with ctypes and does not depend on the Python version.
 
 Environment:
-  MOONCAKE_GO_LIBRARY  path of a prebuilt libmooncake.so to bundle (no Go needed)
+  MOONCAKE_GO_LIBRARY  path of a prebuilt libmooncake.so to bundle, with the
+                       libmooncake_go.so beside it (no Go needed)
   MOONCAKE_GO_ROOT     root of the mooncake-go module (default: found by
                        walking up from this file to a go.mod of the module)
   GO                   the go command (default: go)
@@ -35,6 +38,7 @@ except ImportError:  # older setuptools: the wheel package's
 
 MODULE = "module github.com/mooncake-go/mooncake"
 LIBRARY = "libmooncake.so"
+GO_LIBRARY = "libmooncake_go.so"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -56,16 +60,30 @@ def module_root():
         d = parent
 
 
-def build_library(dest):
-    """Writes libmooncake.so to dest: a prebuilt copy or a fresh Go build."""
+def prebuilt_pair(path):
+    """The prebuilt libmooncake.so at path and its Go library: beside it, or
+    beside the file it links to (where libmooncake.so looks)."""
+    for d in (os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.realpath(path))):
+        go_library = os.path.join(d, GO_LIBRARY)
+        if os.path.isfile(go_library):
+            return path, go_library
+    sys.exit(f"mooncake-go: MOONCAKE_GO_LIBRARY={path} has no {GO_LIBRARY} beside it (build-capi.sh builds both)")
+
+
+def build_library(pkg):
+    """Writes libmooncake.so and libmooncake_go.so to the directory pkg: a
+    prebuilt pair or a fresh build."""
     prebuilt = os.environ.get("MOONCAKE_GO_LIBRARY")
     if prebuilt:
-        shutil.copyfile(prebuilt, dest)
+        shared, go_library = prebuilt_pair(prebuilt)
+        shutil.copyfile(shared, os.path.join(pkg, LIBRARY))
+        shutil.copyfile(go_library, os.path.join(pkg, GO_LIBRARY))
         return
     root = module_root()
-    if root is None or not os.path.isdir(os.path.join(root, "capi")):
+    script = root and os.path.join(root, "scripts", "build-capi.sh")
+    if not script or not os.path.isfile(script):
         sys.exit(
-            "mooncake-go: cannot find the Go sources (../capi) to build "
+            "mooncake-go: cannot find the sources (../capi, scripts/build-capi.sh) to build "
             f"{LIBRARY}; build from a checkout of the repository, set "
             "MOONCAKE_GO_ROOT to one, or set MOONCAKE_GO_LIBRARY to a prebuilt library"
         )
@@ -73,29 +91,25 @@ def build_library(dest):
     if shutil.which(go) is None:
         sys.exit(f"mooncake-go: building {LIBRARY} needs the Go toolchain ('{go}' not found)")
     env = dict(os.environ, CGO_ENABLED="1")
-    # cgo writes a generated header beside the library; build in a scratch
-    # directory so that only the library is bundled (include/mooncake.h is
-    # the hand-written contract).
+    # Built in a scratch directory, from which only the two libraries are
+    # bundled (not the libtransfer_engine.so link; include/ is the contract).
     with tempfile.TemporaryDirectory() as tmp:
-        script = os.path.join(root, "scripts", "build-capi.sh")
-        if os.path.isfile(script):
-            # The repository's own build (flags, version script) when present.
-            cmd = ["bash", script, tmp]
-        else:
-            cmd = [go, "build", "-buildmode=c-shared", "-trimpath", "-o", os.path.join(tmp, LIBRARY), "./capi"]
+        cmd = ["bash", script, tmp]
         print("mooncake-go: " + " ".join(cmd), flush=True)
         subprocess.check_call(cmd, cwd=root, env=env)
-        shutil.copyfile(os.path.join(tmp, LIBRARY), dest)
+        for name in (LIBRARY, GO_LIBRARY):
+            shutil.copyfile(os.path.join(tmp, name), os.path.join(pkg, name))
 
 
 class BuildPy(build_py):
-    """build_py that also puts libmooncake.so into the mooncake_go package."""
+    """build_py that also puts libmooncake.so and libmooncake_go.so into the
+    mooncake_go package."""
 
     def run(self):
         super().run()
         pkg = os.path.join(self.build_lib, "mooncake_go")
         os.makedirs(pkg, exist_ok=True)
-        build_library(os.path.join(pkg, LIBRARY))
+        build_library(pkg)
 
 
 class BinaryDistribution(Distribution):

@@ -2,8 +2,10 @@
 # test-capi.sh builds libmooncake.so and runs the C test suite (capi/tests)
 # against it: the native API across two processes, the Mooncake C API in
 # the call sequences of NIXL's plugin and TensorRT-LLM's agent, bad input,
-# threads, and the store API against a store started here (`mooncake up`).
-# A C++ program linked against libtransfer_engine.so by name runs too.
+# threads, the store API against a store started here (`mooncake up`), and
+# fork (a process that has the library loaded forks before its first call,
+# and after it). A C++ program linked against libtransfer_engine.so by name
+# runs too.
 # Exits non-zero on any failure. Arguments are test names to run (default:
 # all).
 set -euo pipefail

@@ -1,12 +1,18 @@
 /* capi_test: the C test suite of libmooncake.so. Run with no arguments for
  * every test, or name tests to run. "--peer MODE" is the remote side of
- * the two-process tests (peer.c). Store tests need MC_TEST_MASTER (the
- * master address of a running store; scripts/test-capi.sh starts one). */
+ * the two-process tests (peer.c), "--fork MODE" the process of a fork test
+ * (test_fork.c). Store tests need MC_TEST_MASTER (the master address of a
+ * running store; scripts/test-capi.sh starts one). */
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
 
 #include "harness.h"
+
+/* test_fork.c */
+void test_fork_before_use(void);
+void test_fork_after_use(void);
+int fork_main(const char *mode);
 
 int h_failures, h_checks;
 const char *h_test = "";
@@ -60,6 +66,8 @@ static const struct {
     {"store_threads", test_store_threads, 1},
     {"store_parts", test_store_parts, 1},
     {"store_close_race", test_store_close_race, 1},
+    {"fork_before_use", test_fork_before_use, 0},
+    {"fork_after_use", test_fork_after_use, 0},
     /* last: every handle the tests made is gone */
     {"no_leaks", test_no_leaks, 0},
 };
@@ -72,6 +80,7 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--peer") == 0) return peer_main(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--fork") == 0) return fork_main(argv[2]);
     int ran = 0, failed = 0, skipped = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int wanted = argc == 1;

@@ -10,6 +10,15 @@ back afterwards): a thread blocked in a transfer or a store call never
 stops the other Python threads. The library must be loaded once per
 process and never unloaded (a Go runtime cannot be); this module is that
 one load, done at the first call (not at import: see _Library).
+
+libmooncake.so is two files: the public library, a small C library that
+starts nothing when loaded, and the Go library beside it
+(libmooncake_go.so), which the public one loads at its first call that
+needs Go. A process may therefore load the package, even call it, and fork
+workers that use it, as long as nothing that needs Go ran before the fork
+(vLLM's default start method on CPU is fork). After a fork that follows
+such a call, every call in the child raises an error that says so (a Go
+runtime does not survive fork()); it does not hang.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from . import errors
 ABI_VERSION_MAJOR = 1
 ABI_VERSION_MINOR = 2  # 1.1: values made of parts; 1.2: remove by regex, batch remove
 LIBRARY_NAME = "libmooncake.so"
+GO_LIBRARY_NAME = "libmooncake_go.so"  # loaded by libmooncake.so, from beside it
 
 # Transfer states (MC_TRANSFER_*), numbered as Mooncake's STATUS_*.
 WAITING, PENDING, INVALID, CANCELED, COMPLETED, TIMEOUT, FAILED = range(7)
@@ -194,8 +204,22 @@ def _find_library() -> str:
     )
 
 
+def _check_go_library(path: str) -> None:
+    """Raises ImportError unless the Go library lies beside path (or beside
+    the file path links to), where libmooncake.so looks for it."""
+    for d in (os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.realpath(path))):
+        if os.path.exists(os.path.join(d, GO_LIBRARY_NAME)):
+            return
+    raise ImportError(
+        f"mooncake_go: {GO_LIBRARY_NAME} is not beside {path}: the two files are one library "
+        "(scripts/build-capi.sh builds both); reinstall the package or point MOONCAKE_GO_LIBRARY "
+        "at a libmooncake.so that has it"
+    )
+
+
 def _load() -> ctypes.CDLL:
     path = _find_library()
+    _check_go_library(path)
     # RTLD_GLOBAL: a C extension or plugin loaded later in this process
     # (a NIXL plugin, a connector) binds to this same copy, so the process
     # keeps one Go runtime.
@@ -222,11 +246,11 @@ def _load() -> ctypes.CDLL:
 class _Library:
     """The library, loaded on first use rather than at import.
 
-    Loading starts the Go runtime and its threads, which do not survive a
-    fork(): a process that imports mooncake.engine and then forks workers
-    (vLLM's default on CPU) must not have loaded it yet. After the load the
-    foreign functions are plain attributes of this object (no per-call
-    indirection)."""
+    Loading libmooncake.so starts no runtime (its first call that needs Go
+    does), so a fork after the load is safe; the load waits for first use
+    all the same, so that importing the package costs nothing and cannot
+    fail. After the load the foreign functions are plain attributes of this
+    object (no per-call indirection)."""
 
     _lock = threading.Lock()
 

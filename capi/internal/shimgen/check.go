@@ -1,0 +1,80 @@
+package main
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// loadedPid is the C function of the Go library (capi/loadpid.c) that the
+// loader resolves besides the exports.
+const loadedPid = "mcgo_loaded_pid"
+
+// check verifies a build: the public library defines exactly the functions
+// the public headers declare (declared: name -> header), refers to no
+// mcgo* it does not define, and the Go library defines every export the
+// forwarders resolve.
+func check(lib, golib string, exports []export, declared map[string]string) error {
+	defined, undefined, err := dynamicSymbols(lib)
+	if err != nil {
+		return err
+	}
+	var problems []string
+	for name, h := range declared {
+		if !defined[name] {
+			problems = append(problems, fmt.Sprintf("%s declares %s, which %s does not define (no function in capi/shim.c, no forwarder of a Go export of that name)", h, name, lib))
+		}
+	}
+	for name := range defined {
+		if _, ok := declared[name]; !ok {
+			problems = append(problems, fmt.Sprintf("%s exports %s, which no public header declares (capi/exports.map lets it through)", lib, name))
+		}
+	}
+	for name := range undefined {
+		if strings.HasPrefix(name, "mcgo") {
+			problems = append(problems, fmt.Sprintf("%s calls %s but does not define it (no forwarder)", lib, name))
+		}
+	}
+	goDefined, _, err := dynamicSymbols(golib)
+	if err != nil {
+		return err
+	}
+	for _, e := range append(exports, export{Name: loadedPid}) {
+		if !goDefined[e.Name] {
+			problems = append(problems, fmt.Sprintf("%s does not export %s, which the forwarders resolve (see its version script in scripts/build-capi.sh)", golib, e.Name))
+		}
+	}
+	if len(problems) > 0 {
+		slices.Sort(problems)
+		return errors.New(strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// dynamicSymbols returns the names in the dynamic symbol table of the
+// shared library at path: those it defines and those it needs.
+func dynamicSymbols(path string) (defined, undefined map[string]bool, err error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	defined, undefined = map[string]bool{}, map[string]bool{}
+	for _, s := range syms {
+		if s.Name == "" || elf.ST_BIND(s.Info) == elf.STB_LOCAL {
+			continue
+		}
+		if s.Section == elf.SHN_UNDEF {
+			undefined[s.Name] = true
+		} else {
+			defined[s.Name] = true
+		}
+	}
+	return defined, undefined, nil
+}
