@@ -4,6 +4,7 @@
 # Default: every suite (vllm sglang lmcache nixl); E2E_PYTEST_ARGS adds
 # pytest arguments. Each suite runs in its own cached venv (e2e/venv.sh) and
 # prints its wall time; a failing suite fails the run after the others ran.
+# E2E_PYTEST_ARGS is split as the shell would (quotes work).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -15,6 +16,7 @@ bash scripts/build-capi.sh build >/dev/null
 wheel=$(bash scripts/build-wheel.sh)
 set +e
 
+eval "pytest_args=(${E2E_PYTEST_ARGS:-})"
 export MOONCAKE_BIN=$PWD/bin/mooncake MOONCAKE_LIB_DIR=$PWD/build
 failed=()
 summary=()
@@ -27,7 +29,7 @@ for s in "${suites[@]}"; do
   fi
   installed=$((SECONDS - start))
   echo "=== e2e $s ($py)"
-  (cd e2e && "$py" -m pytest -p no:cacheprovider ${E2E_PYTEST_ARGS:-} "$s")
+  (cd e2e && "$py" -m pytest -p no:cacheprovider "${pytest_args[@]}" "$s")
   rc=$?
   ((rc == 0)) || failed+=("$s")
   summary+=("$s: tests $((SECONDS - start - installed)) s, venv $installed s, exit $rc")
