@@ -63,8 +63,15 @@
 //     a child made by a raw fork system call, which runs no atfork
 //     handlers, is not seen;
 //   - one process has one Go runtime: both names of the library are one
-//     file, and even two copies of libmooncake.so load the one
-//     libmooncake_go.so beside them. Never dlclose either file.
+//     file, and a copy of libmooncake.so elsewhere (a Python wheel's beside
+//     a NIXL plugin's build/) uses the Go library of its build that the
+//     process has loaded already, recognised by its GNU build ID (two
+//     builds of one tree link alike, so the wheel and build/ match). Never
+//     dlclose either file;
+//   - a Go library of another build is never called: the loader compares
+//     the build ID of the one it loads with the one it was built against,
+//     and fails every call if they differ (the exports' C signatures are
+//     one build's).
 //
 // Go values never leave Go. An engine or store is an entry of the live
 // table (handles.go) under the number cgo.NewHandle gave it; C holds the

@@ -13,10 +13,17 @@
  * package) and fork before its first call, and each process that calls
  * starts a runtime of its own. After a fork that follows the first call
  * the child cannot use the library; every call there fails at once, with a
- * message that says why, instead of hanging. */
+ * message that says why, instead of hanging.
+ *
+ * The Go library is the one of this build (its GNU build ID is compiled in
+ * here): one the process has loaded already, through another copy of
+ * libmooncake.so, so that the process keeps one runtime; else the file
+ * beside this library, which must have that build ID. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
 #include <limits.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -95,6 +102,47 @@ static int go_library_path(char *out, size_t n) {
     return 0;
 }
 
+/* note_has_build_id reports whether a PT_NOTE segment holds our build ID. */
+static int note_has_build_id(const unsigned char *p, size_t len, size_t align) {
+    size_t a = align == 8 ? 8 : 4;
+#define UP(n) (((n) + a - 1) & ~(a - 1))
+    while (len >= sizeof(ElfW(Nhdr))) {
+        const ElfW(Nhdr) *n = (const void *)p;
+        size_t name = sizeof *n, desc = name + UP(n->n_namesz), end = desc + UP(n->n_descsz);
+        if (desc + n->n_descsz > len) return 0;
+        if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 && memcmp(p + name, "GNU", 4) == 0 &&
+            n->n_descsz == mcgo_build_id_len && memcmp(p + desc, mcgo_build_id, mcgo_build_id_len) == 0)
+            return 1;
+        if (end >= len) return 0;
+        p += end;
+        len -= end;
+    }
+#undef UP
+    return 0;
+}
+
+/* find_ours is a dl_iterate_phdr callback: it copies the path of a loaded
+ * object with our build ID to the buffer of PATH_MAX bytes in data. */
+static int find_ours(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    if (info->dlpi_name == NULL || info->dlpi_name[0] == '\0') return 0;
+    for (ElfW(Half) i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_NOTE &&
+            note_has_build_id((const unsigned char *)(info->dlpi_addr + ph->p_vaddr), ph->p_memsz, ph->p_align)) {
+            snprintf(data, PATH_MAX, "%s", info->dlpi_name);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* loaded_path writes to path (PATH_MAX bytes) the file of the Go library of
+ * this build if this process has it loaded already: loaded by another copy
+ * of libmooncake.so (a Python wheel's beside a NIXL plugin's), whose
+ * runtime this one shares, or inherited through fork. */
+static int loaded_path(char *path) { return dl_iterate_phdr(find_ours, path); }
+
 static void load(void) {
     /* glibc runs a once routine that a fork() interrupted again in the
      * child, where after_fork has marked the library broken. */
@@ -107,9 +155,23 @@ static void load(void) {
         }
         atfork_registered = 1;
     }
-    char path[PATH_MAX];
-    if (!go_library_path(path, sizeof path)) return;
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    char path[PATH_MAX], found[PATH_MAX];
+    void *lib = NULL;
+    if (loaded_path(path)) {
+        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    } else {
+        if (!go_library_path(path, sizeof path)) return;
+        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        /* Its runtime started with the load; what matters now is that it
+         * is never called unless it is of this build (the exports' C
+         * signatures are this build's). */
+        if (lib != NULL && !loaded_path(found)) {
+            broken("libmooncake: %s is not the Go library this libmooncake.so was built with (another build ID): "
+                   "install the two files of one build together",
+                   path);
+            return;
+        }
+    }
     if (lib == NULL) {
         broken("libmooncake: cannot load its Go library: %s", dlerror());
         return;
@@ -121,7 +183,7 @@ static void load(void) {
         return;
     }
     /* Loaded already, in the process this one forked from (by another copy
-     * of this library, which then forked). */
+     * of libmooncake.so, which then forked). */
     if (loaded_pid() != getpid()) {
         runtime_pid = loaded_pid();
         broken_by_fork(runtime_pid);

@@ -4,6 +4,8 @@
 #ifndef MCGO_LOADER_H
 #define MCGO_LOADER_H
 
+#include <stddef.h>
+
 #include "mooncake.h"
 
 #define MCGO_HIDDEN __attribute__((visibility("hidden")))
@@ -16,6 +18,10 @@ typedef struct mcgo_symbol {
 
 /* The exports the forwarders call, ended by {NULL, NULL}. */
 MCGO_HIDDEN extern const mcgo_symbol_t mcgo_symbols[];
+
+/* The GNU build ID of the Go library libmooncake.so was built with. */
+MCGO_HIDDEN extern const unsigned char mcgo_build_id[];
+MCGO_HIDDEN extern const size_t mcgo_build_id_len;
 
 /* mcgo_state: MCGO_READY once every slot of mcgo_symbols is set in this
  * process; MCGO_BROKEN for good when the Go library cannot run here. */

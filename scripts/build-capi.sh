@@ -24,16 +24,15 @@ mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# The Go library exports its cgo exports (mcgo*, or mc_* should a public
-# function be a Go export itself) and nothing else, so that its runtime's
-# symbols cannot meet those of another Go library in the host.
-printf '{\n  global: mcgo*; mc_*;\n  local: *;\n};\n' >"$tmp/go.map"
+# The Go library exports its cgo exports and nothing else (see the map).
 CGO_ENABLED=1 $GO build -buildmode=c-shared -trimpath \
-	-ldflags "-extldflags=-Wl,--version-script=$tmp/go.map" \
+	-ldflags "-extldflags=-Wl,--version-script=$PWD/capi/exports_go.map" \
 	-o "$tmp/libmooncake_go.so" ./capi
 
 $GO build -o "$tmp/shimgen" ./capi/internal/shimgen
-"$tmp/shimgen" forward -o "$tmp/mcgo_forward.c" "$tmp/libmooncake_go.h"
+# The forwarders, and the build ID of this Go library, which libmooncake.so
+# checks its Go library against.
+"$tmp/shimgen" forward -o "$tmp/mcgo_forward.c" -go "$tmp/libmooncake_go.so" "$tmp/libmooncake_go.h"
 # The public functions are the C files of capi/ that call the Go exports
 # (they include _cgo_export.h, here the header of the forwarders): shim.c,
 # and any other such file, whether or not the Go build compiles it too.
@@ -57,7 +56,7 @@ for f in libmooncake_go.so libmooncake.so; do
 	mv -f "$out/.$f.new" "$out/$f"
 done
 # A link, not a copy: a process that loads both names (Python's package and
-# a NIXL plugin, say) gets the same file. (A copy would still share the Go
-# library beside it, hence one Go runtime, but not the loader's state.)
+# a NIXL plugin, say) gets the same file. (A copy of one build would still
+# share the Go library, hence one Go runtime, but not the loader's state.)
 ln -sf libmooncake.so "$out/libtransfer_engine.so"
 echo "built $out/libmooncake.so (+ libmooncake_go.so beside it) and $out/libtransfer_engine.so (headers: include/)"

@@ -18,7 +18,7 @@ bash scripts/build-capi.sh "$out"
 
 cflags=(-O1 -g -Wall -Wextra -Werror -Iinclude -pthread)
 ldflags=(-L"$out" -Wl,-rpath,"$PWD/$out")
-$CC -std=gnu11 "${cflags[@]}" capi/tests/*.c "${ldflags[@]}" -lmooncake -o "$out/capi_test"
+$CC -std=gnu11 "${cflags[@]}" capi/tests/*.c "${ldflags[@]}" -lmooncake -ldl -o "$out/capi_test"
 $CXX -std=c++17 "${cflags[@]}" capi/tests/cxx_link.cc "${ldflags[@]}" -ltransfer_engine -ldl -o "$out/capi_cxx_link" "$PWD/$out/libmooncake.so"
 
 # A store for the store tests: embedded master and one storage node.

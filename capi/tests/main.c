@@ -12,6 +12,8 @@
 /* test_fork.c */
 void test_fork_before_use(void);
 void test_fork_after_use(void);
+void test_copy_shares_runtime(void);
+void test_other_build_refused(void);
 int fork_main(const char *mode);
 
 int h_failures, h_checks;
@@ -68,6 +70,8 @@ static const struct {
     {"store_close_race", test_store_close_race, 1},
     {"fork_before_use", test_fork_before_use, 0},
     {"fork_after_use", test_fork_after_use, 0},
+    {"copy_shares_runtime", test_copy_shares_runtime, 0},
+    {"other_build_refused", test_other_build_refused, 0},
     /* last: every handle the tests made is gone */
     {"no_leaks", test_no_leaks, 0},
 };

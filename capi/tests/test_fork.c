@@ -11,7 +11,14 @@
  * Each case runs in a fresh exec of this binary ("--fork MODE", whose
  * library has not been called yet), under alarm(): a call that hangs kills
  * its process with SIGALRM and fails the test instead of hanging the
- * suite. */
+ * suite.
+ *
+ * Also here, how libmooncake.so finds its Go library (libmooncake_go.so):
+ * a copy of libmooncake.so elsewhere shares the Go library of its build
+ * that the process has loaded already (one runtime, one handle table), and
+ * a Go library of another build is refused, not called. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -252,9 +259,120 @@ static int fork_after(void) {
     return h_failures ? 1 : 0;
 }
 
+/* copy_file copies src to dst; with flip_build_id, it changes one byte of
+ * the GNU build ID on the way, which makes another build of the file. */
+static int copy_file(const char *src, const char *dst, int flip_build_id) {
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    int ok = in != NULL && out != NULL;
+    size_t n = 0, cap = 0;
+    char *buf = NULL;
+    while (ok) {
+        if (n == cap && (buf = realloc(buf, cap = cap ? 2 * cap : 1 << 20)) == NULL) ok = 0;
+        size_t r = ok ? fread(buf + n, 1, cap - n, in) : 0;
+        if (r == 0) break;
+        n += r;
+    }
+    if (ok && flip_build_id) {
+        /* namesz 4, descsz 20, NT_GNU_BUILD_ID, "GNU" */
+        static const char note[] = {4, 0, 0, 0, 20, 0, 0, 0, 3, 0, 0, 0, 'G', 'N', 'U', 0};
+        char *id = memmem(buf, n, note, sizeof note);
+        if (id == NULL || id + sizeof note + 20 > buf + n) ok = 0;
+        else id[sizeof note] ^= 0xff;
+    }
+    if (ok && fwrite(buf, 1, n, out) != n) ok = 0;
+    free(buf);
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
+
+/* library_dir writes the directory of the libmooncake.so this binary
+ * links to. */
+static int library_dir(char *out, size_t n) {
+    Dl_info info;
+    if (dladdr((void *)&mc_abi_version, &info) == 0 || strrchr(info.dli_fname, '/') == NULL) return -1;
+    snprintf(out, n, "%.*s", (int)(strrchr(info.dli_fname, '/') - info.dli_fname), info.dli_fname);
+    return 0;
+}
+
+typedef mc_status_t (*live_fn)(uint64_t *, uint64_t *, mc_error_t *);
+typedef mc_status_t (*create_fn)(const mc_engine_config_t *, mc_engine_t *, mc_error_t *);
+
+/* A copy of libmooncake.so with no Go library beside it, loaded into a
+ * process that uses the library already: it finds the Go library of its
+ * build that is loaded, so both see one handle table. */
+void test_copy_shares_runtime(void) {
+    mc_engine_t e = 0;
+    REQUIRE_MC(MC_OK, test_engine("tcp", &e, &E));
+    char dir[4096], tmp[] = "/tmp/capi-copy-XXXXXX", copy[4200];
+    REQUIRE(library_dir(dir, sizeof dir) == 0 && mkdtemp(tmp) != NULL);
+    char src[4200];
+    snprintf(src, sizeof src, "%s/libmooncake.so", dir);
+    snprintf(copy, sizeof copy, "%s/libmooncake.so", tmp);
+    int copied = copy_file(src, copy, 0) == 0;
+    void *lib = copied ? dlopen(copy, RTLD_NOW | RTLD_LOCAL) : NULL;
+    live_fn live = lib ? (live_fn)dlsym(lib, "mc_debug_live_handles") : NULL;
+    create_fn create = lib ? (create_fn)dlsym(lib, "mc_engine_create") : NULL;
+    uint64_t here = 0, there = 0;
+    if (live != NULL) CHECK_MC(MC_OK, live(&there, NULL, &E)); /* its first call */
+    unlink(copy);
+    rmdir(tmp);
+    REQUIRE(copied && live != NULL && create != NULL && (void *)live != (void *)&mc_debug_live_handles);
+    CHECK_MC(MC_OK, mc_debug_live_handles(&here, NULL, &E));
+    CHECK(here >= 1);
+    CHECK_EQ(there, here);
+    /* made through the copy, destroyed through the linked library */
+    mc_engine_config_t cfg;
+    mc_engine_config_init(&cfg);
+    cfg.host = "127.0.0.1";
+    cfg.transport = "tcp";
+    mc_engine_t other = 0;
+    CHECK_MC(MC_OK, create(&cfg, &other, &E));
+    CHECK_MC(MC_OK, mc_engine_destroy(other, &E));
+    CHECK_MC(MC_OK, mc_engine_destroy(e, &E));
+}
+
+void test_other_build_refused(void) { run_mode("other-build"); }
+
+/* other_build: a copy of libmooncake.so beside a Go library of another
+ * build, in a process that has loaded none yet: every call fails, and none
+ * reaches the wrong library. */
+static int other_build(void) {
+    h_test = "other_build_refused (process)";
+    char dir[4096], tmp[] = "/tmp/capi-other-XXXXXX", src[4200], dst[4200];
+    if (library_dir(dir, sizeof dir) != 0 || mkdtemp(tmp) == NULL) return 1;
+    snprintf(src, sizeof src, "%s/libmooncake.so", dir);
+    snprintf(dst, sizeof dst, "%s/libmooncake.so", tmp);
+    int ok = copy_file(src, dst, 0) == 0;
+    snprintf(src, sizeof src, "%s/libmooncake_go.so", dir);
+    snprintf(dst, sizeof dst, "%s/libmooncake_go.so", tmp);
+    ok = ok && copy_file(src, dst, 1) == 0;
+    snprintf(dst, sizeof dst, "%s/libmooncake.so", tmp);
+    void *lib = ok ? dlopen(dst, RTLD_NOW | RTLD_LOCAL) : NULL;
+    create_fn create = lib ? (create_fn)dlsym(lib, "mc_engine_create") : NULL;
+    CHECK(ok && create != NULL);
+    if (create != NULL) {
+        /* the first call loads the Go library */
+        mc_engine_config_t cfg;
+        mc_engine_config_init(&cfg);
+        mc_engine_t e = 0;
+        mc_error_t E;
+        memset(&E, 0, sizeof E);
+        CHECK_EQ(create(&cfg, &e, &E), MC_ERR_PANIC);
+        CHECK(strstr(E.message, "not the Go library") != NULL);
+        if (h_failures) fprintf(stderr, "  message: %s\n", E.message);
+    }
+    unlink(dst);
+    snprintf(dst, sizeof dst, "%s/libmooncake.so", tmp);
+    unlink(dst);
+    rmdir(tmp);
+    return h_failures ? 1 : 0;
+}
+
 int fork_main(const char *mode) {
     if (strcmp(mode, "before") == 0) return fork_before();
     if (strcmp(mode, "after") == 0) return fork_after();
+    if (strcmp(mode, "other-build") == 0) return other_build();
     fprintf(stderr, "capi_test: unknown --fork mode %s\n", mode);
     return 2;
 }

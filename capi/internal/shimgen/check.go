@@ -2,6 +2,7 @@ package main
 
 import (
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -49,6 +50,53 @@ func check(lib, golib string, exports []export, declared map[string]string) erro
 	if len(problems) > 0 {
 		slices.Sort(problems)
 		return errors.New(strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// ntGNUBuildID is the note type of a GNU build ID (elf.h's NT_GNU_BUILD_ID).
+const ntGNUBuildID = 3
+
+// buildID returns the GNU build ID of the ELF file at path.
+func buildID(path string) ([]byte, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_NOTE {
+			continue
+		}
+		data := make([]byte, p.Filesz)
+		if _, err := p.ReadAt(data, 0); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if id := noteBuildID(data, f.ByteOrder, p.Align); id != nil {
+			return id, nil
+		}
+	}
+	return nil, fmt.Errorf("%s has no GNU build ID note (link with --build-id)", path)
+}
+
+// noteBuildID finds the NT_GNU_BUILD_ID note in the notes of a PT_NOTE
+// segment (entries aligned to align bytes).
+func noteBuildID(data []byte, order binary.ByteOrder, align uint64) []byte {
+	a := 4
+	if align == 8 {
+		a = 8
+	}
+	up := func(n int) int { return (n + a - 1) &^ (a - 1) }
+	for len(data) >= 12 {
+		namesz, descsz, typ := int(order.Uint32(data)), int(order.Uint32(data[4:])), order.Uint32(data[8:])
+		nameEnd := 12 + up(namesz)
+		if namesz < 0 || descsz < 0 || nameEnd+descsz > len(data) {
+			return nil
+		}
+		if typ == ntGNUBuildID && string(data[12:12+namesz]) == "GNU\x00" {
+			return data[nameEnd : nameEnd+descsz]
+		}
+		data = data[min(len(data), nameEnd+up(descsz)):]
 	}
 	return nil
 }

@@ -7,10 +7,12 @@
 // export, which this command generates from the header cgo writes for the
 // Go library, so a new //export needs no step by hand:
 //
-//	shimgen forward -o mcgo_forward.c libmooncake_go.h
+//	shimgen forward -o mcgo_forward.c -go libmooncake_go.so libmooncake_go.h
 //
 // Each forwarder loads the Go library if it is not yet (once per process)
-// and calls the export through a pointer dlsym resolved; when the library
+// and calls the export through a pointer dlsym resolved. The file also
+// holds the GNU build ID of the Go library, by which the loader tells the
+// Go library of its own build from another. When the library
 // cannot run in this process (it was started before a fork, or it failed to
 // load) the forwarder answers as its API answers a failure instead.
 //
@@ -49,16 +51,21 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: shimgen forward -o OUT.c CGO_HEADER\n       shimgen check -lib PUBLIC.so -go GO.so -exports CGO_HEADER HEADER.h...")
+	fmt.Fprintln(os.Stderr, "usage: shimgen forward -o OUT.c -go GO.so CGO_HEADER\n       shimgen check -lib PUBLIC.so -go GO.so -exports CGO_HEADER HEADER.h...")
 	os.Exit(2)
 }
 
 func forwardCmd(args []string) error {
 	fs := flag.NewFlagSet("forward", flag.ExitOnError)
 	out := fs.String("o", "", "the C file to write")
+	golib := fs.String("go", "", "the Go library, whose build ID the loader checks")
 	_ = fs.Parse(args)
-	if *out == "" || fs.NArg() != 1 {
+	if *out == "" || *golib == "" || fs.NArg() != 1 {
 		usage()
+	}
+	id, err := buildID(*golib)
+	if err != nil {
+		return err
 	}
 	src, err := os.ReadFile(fs.Arg(0))
 	if err != nil {
@@ -68,7 +75,7 @@ func forwardCmd(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", fs.Arg(0), err)
 	}
-	code, err := forwarders(exports, filepath.Base(fs.Arg(0)))
+	code, err := forwarders(exports, filepath.Base(fs.Arg(0)), id)
 	if err != nil {
 		return fmt.Errorf("%s: %w", fs.Arg(0), err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"os"
 	"strings"
 	"testing"
@@ -100,7 +101,7 @@ func TestForwarders(t *testing.T) {
 	exports, err := parseExports(cgoHeader)
 	require.NoError(t, err)
 	exports = exports[:4] // without mcgoTeCreate's table entry and the nullary ones
-	code, err := forwarders(exports, "libmooncake_go.h")
+	code, err := forwarders(exports, "libmooncake_go.h", []byte{0xab, 0x01})
 	require.NoError(t, err)
 	src := string(code)
 	for _, want := range []string{
@@ -108,6 +109,7 @@ func TestForwarders(t *testing.T) {
 		"\t__typeof__(mcgoEngineCreate) *mcgoEngineCreate;\n",
 		"\t{\"mcgoTeDestroy\", (void **)&go.mcgoTeDestroy},\n",
 		"\t{NULL, NULL},\n",
+		"const unsigned char mcgo_build_id[] = {0xab, 0x01};\nconst size_t mcgo_build_id_len = 2;\n",
 		"mc_status_t mcgoEngineCreate(mc_engine_config_t* cfg, mc_engine_t* out, mc_error_t* cerr) {\n" +
 			"\tif (!mcgo_ready()) {\n\t\treturn mcgo_fail(cerr);\n\t}\n" +
 			"\treturn go.mcgoEngineCreate(cfg, out, cerr);\n}\n",
@@ -122,7 +124,7 @@ func TestForwarders(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(src, `"`+e.Name+`"`), e.Name)
 	}
 
-	_, err = forwarders([]export{{"mcgoX", "uint64_t", nil}}, "h.h")
+	_, err = forwarders([]export{{"mcgoX", "uint64_t", nil}}, "h.h", nil)
 	require.ErrorContains(t, err, "mcgoX returns uint64_t")
 }
 
@@ -176,4 +178,42 @@ func TestDeclaredFunctionsOfIncludes(t *testing.T) {
 	}
 	// as many as the library exports (77 at ABI 1.2); more as the ABI grows
 	assert.GreaterOrEqual(t, len(names), 77)
+}
+
+func TestNoteBuildID(t *testing.T) {
+	le := binary.LittleEndian
+	note := func(name string, typ uint32, desc []byte) []byte {
+		b := le.AppendUint32(nil, uint32(len(name)))
+		b = le.AppendUint32(b, uint32(len(desc)))
+		b = le.AppendUint32(b, typ)
+		b = append(b, name...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		b = append(b, desc...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	id := []byte{1, 2, 3, 4, 5}
+	goNote := note("Go\x00\x00", 4, []byte("go build id, not this one"))
+	for _, tc := range []struct {
+		name  string
+		notes []byte
+		want  []byte
+	}{
+		// after another note, as Go's linker writes them
+		{"second", append(goNote, note("GNU\x00", ntGNUBuildID, id)...), id},
+		{"only", note("GNU\x00", ntGNUBuildID, id), id},
+		// the type alone is not enough: the owner must be GNU
+		{"other owner", note("XYZ\x00", ntGNUBuildID, id), nil},
+		{"none", goNote, nil},
+		// a note that claims more than the segment holds
+		{"truncated", note("GNU\x00", ntGNUBuildID, id)[:18], nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, noteBuildID(tc.notes, le, 4))
+		})
+	}
 }
