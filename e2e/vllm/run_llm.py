@@ -1,13 +1,33 @@
 """One offline vLLM engine: greedy tokens for a list of token-id prompts.
 
 Usage: python run_llm.py SPEC_JSON OUT_JSON, SPEC = {"model", "prompts",
-"max_tokens", "kv" (a kv_transfer_config or null)}. Writes the generated
-token ids, one list per prompt, to OUT_JSON. Run in a process of its own:
-vLLM spawns its workers, hence the __main__ guard.
+"max_tokens", "kv" (a kv_transfer_config or null), "wait_keys" (optional)}.
+Writes the generated token ids, one list per prompt, to OUT_JSON. Run in a
+process of its own: vLLM spawns its workers, hence the __main__ guard.
+
+wait_keys {"url", "count", "timeout"}: before exiting, wait until the store
+master's /get_all_keys at url lists at least count keys. vLLM's
+MooncakeStoreConnector saves blocks from a daemon thread after a request
+finishes, and an offline engine that shuts down right after generate()
+abandons the saves still in flight (a long-running server would finish them).
 """
 
 import json
 import sys
+import time
+import urllib.request
+
+
+def wait_keys(url: str, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            have = len(r.read().decode().split())
+        if have >= count:
+            return
+        if time.monotonic() > deadline:
+            sys.exit(f"run_llm: the store holds {have} keys, expected {count} after {timeout} s")
+        time.sleep(0.1)
 
 
 def main() -> None:
@@ -23,6 +43,8 @@ def main() -> None:
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params)
     with open(sys.argv[2], "w") as f:
         json.dump([list(o.outputs[0].token_ids) for o in outs], f)
+    if spec.get("wait_keys"):
+        wait_keys(**spec["wait_keys"])
 
 
 if __name__ == "__main__":

@@ -150,10 +150,13 @@ def start_servers(specs: list) -> list:
 
 
 def run_offline(model: Path, prompt_ids: list, log: Path, kv: dict | None = None,
-                env: dict | None = None, timeout: float = START_TIMEOUT) -> list:
+                env: dict | None = None, wait_keys: dict | None = None,
+                timeout: float = START_TIMEOUT) -> list:
     """Greedy tokens of each prompt from one offline vLLM engine (run_llm.py in
-    a process group of its own); kv is its kv_transfer_config."""
-    spec = {"model": str(model), "prompts": prompt_ids, "max_tokens": MAX_TOKENS, "kv": kv}
+    a process group of its own); kv is its kv_transfer_config, wait_keys what
+    the store must hold before it exits (see run_llm.py)."""
+    spec = {"model": str(model), "prompts": prompt_ids, "max_tokens": MAX_TOKENS, "kv": kv,
+            "wait_keys": wait_keys}
     out = log.with_suffix(".json")
     with open(log, "w") as logf:
         proc = subprocess.Popen([sys.executable, str(HERE / "run_llm.py"), json.dumps(spec), str(out)],
