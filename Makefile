@@ -1,13 +1,13 @@
 # mooncake-go: two commands on a fresh machine.
 #   make run    the main job (today: Transfer Engine loopback benchmark, with yardsticks)
 #   make test   everything CI checks: deps, gofmt, vet, staticcheck, Go tests with -race,
-#               the C ABI suite and the Python suite
+#               the C ABI suite, the Python suite and the framework suites (e2e/)
 SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/mooncake
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run bench-te test deps lint unit capi-test python-test fuzz clean
+.PHONY: all build run bench-te test deps lint unit capi-test python-test e2e fuzz clean
 
 all: build
 
@@ -49,7 +49,17 @@ capi-test:
 python-test:
 	bash scripts/test-python.sh
 
-test: deps lint unit capi-test python-test
+# The real frameworks (vLLM, SGLang, LMCache, NIXL), their own code unchanged,
+# against this checkout's package, library and `mooncake up`. Each installs
+# into a cached venv (~/.cache/mooncake-go/e2e) from a pinned lock; the first
+# run downloads several GB of wheels (see e2e/README.md). E2E=vllm,nixl picks
+# suites.
+e2e:
+	bash e2e/run.sh $(subst $(comma), ,$(E2E))
+
+comma := ,
+
+test: deps lint unit capi-test python-test e2e
 
 # Short fuzzing pass over every network decoder (not part of `make test`).
 fuzz:
