@@ -136,15 +136,17 @@ def test_bind_to_numa_node_and_enums():
 
 
 def test_tensor_helpers(store):
-    """put_tensor/get_tensor store the official layout: a 40-byte header
-    (int32 dtype, int32 ndim, int64 shape[4]) then the bytes."""
+    """put_tensor/get_tensor store the official layout: a 304-byte
+    TensorMetadata (magic, version, size, dtype, ndim, layout FULL, data
+    offset and size, global and local shape[8]) then the bytes."""
     np = numpy_or_skip()
     a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     key = uid()
     assert store.put_tensor(key, a) == 0
     raw = store.get(key)
-    assert struct.unpack_from("<ii4q", raw) == (0, 3, 2, 3, 4, 0)
-    assert raw[40:] == a.tobytes()
+    assert struct.unpack_from("<IHHiiIIQQ", raw) == (0x4D4F4F4E, 1, 304, 0, 3, 0, 0, 304, a.nbytes)
+    assert struct.unpack_from("<8q8q", raw, 40) == (2, 3, 4) + (-1,) * 5 + (2, 3, 4) + (-1,) * 5
+    assert raw[304:] == a.tobytes()
     b = store.get_tensor(key)
     assert tuple(b.shape) == (2, 3, 4) and np.asarray(b).tobytes() == a.tobytes()
     assert store.get_tensor(uid()) is None
@@ -158,14 +160,14 @@ def test_tensor_helpers(store):
     assert store.upsert_tensor(keys[0], np.full((3,), 7, dtype=np.int16)) == 0
     assert np.asarray(store.get_tensor(keys[0])).tolist() == [7, 7, 7]
     assert store.pub_tensor(uid(), a, ReplicateConfig()) == 0
-    assert store.put_tensor(uid(), np.zeros((1, 1, 1, 1, 1), dtype=np.float32)) == -600  # 5 dims
+    assert store.put_tensor(uid(), np.zeros((1,) * 9, dtype=np.float32)) == -600  # 9 dims
     # into a buffer, and back out of it
     buf = ctypes.create_string_buffer(4096)
     t = store.get_tensor_into(key, ctypes.addressof(buf), len(buf))
     assert np.asarray(t).tobytes() == a.tobytes()
     assert store.register_buffer(ctypes.addressof(buf), len(buf)) == 0
     k2 = uid()
-    assert store.put_tensor_from(k2, ctypes.addressof(buf), 40 + a.nbytes) == 0
+    assert store.put_tensor_from(k2, ctypes.addressof(buf), 304 + a.nbytes) == 0
     assert np.asarray(store.get_tensor(k2)).tobytes() == a.tobytes()
     assert store.unregister_buffer(ctypes.addressof(buf)) == 0
     # tensor parallelism: shards as torch.chunk cuts them, under key_tp_<rank>

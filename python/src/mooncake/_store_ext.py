@@ -190,13 +190,23 @@ def _cpulist(s: str) -> set:
 
 
 # -- tensors ---------------------------------------------------------------
-# A tensor is stored as a 40-byte header then its bytes, as the official
-# store does (TensorMetadata: int32 dtype, int32 ndim, int64 shape[4],
-# little-endian; at most 4 dimensions), so either implementation reads
-# what the other wrote.
+# A tensor is stored as the official store (0.3.13) stores it, so either
+# implementation reads what the other wrote: a 304-byte TensorMetadata,
+# then the bytes. The metadata is a 40-byte object header (u32 magic
+# "NOOM", u16 version 1, u16 header size 304, i32 dtype, i32 ndim, u32
+# layout FULL 0 / SHARD 1, u32 flags, u64 data offset, u64 data bytes),
+# the global and the local shape (int64[8] each, -1 past ndim), u32 axis
+# count, u32 reserved, and 4 layout axes (i32 kind, index, shard rank,
+# shard count, split dim, reserved0; i64 reserved1), all little-endian.
 
-TENSOR_HEADER = struct.Struct("<ii4q")
-MAX_TENSOR_DIMS = 4
+_OBJECT = struct.Struct("<IHHiiIIQQ")
+_SHAPES = struct.Struct("<8q8qII")
+_AXIS = struct.Struct("<6iq")
+MAX_TENSOR_DIMS = 8
+MAX_LAYOUT_AXES = 4
+TENSOR_MAGIC = 0x4D4F4F4E
+TENSOR_HEADER_SIZE = _OBJECT.size + _SHAPES.size + MAX_LAYOUT_AXES * _AXIS.size  # 304
+LAYOUT_FULL, LAYOUT_SHARD = 0, 1
 
 # TensorDtype numbers -> (torch dtype name, numpy dtype string, item size).
 # numpy has no bfloat16/float8: those come back as raw uint16/uint8 arrays.
@@ -218,39 +228,87 @@ def dtype_code(t) -> int:
     if name in _BY_NAME:
         return _BY_NAME[name]
     try:
-        import numpy as np  # noqa: F401 (only to read the kind)
         key = f"{dt.kind}{dt.itemsize}"
         return _NUMPY_KIND.get(key, -1)
     except AttributeError:
         return -1
 
 
+def item_size(code: int) -> int:
+    return _DTYPES[code][2]
+
+
+def build_metadata(code: int, global_shape, local_shape, data_bytes: int, layout: int = LAYOUT_FULL,
+                   axes=()) -> bytes:
+    """A TensorMetadata; axes are (kind, rank, count, split_dim, reserved0,
+    reserved1) tuples, at most 4 (ValueError for too many dimensions)."""
+    g, loc = [int(x) for x in global_shape], [int(x) for x in local_shape]
+    if len(g) > MAX_TENSOR_DIMS or len(loc) != len(g):
+        raise ValueError(f"a tensor of {len(g)} dimensions (at most {MAX_TENSOR_DIMS})")
+    if len(axes) > MAX_LAYOUT_AXES:
+        raise ValueError(f"{len(axes)} layout axes (at most {MAX_LAYOUT_AXES})")
+    pad = [-1] * (MAX_TENSOR_DIMS - len(g))
+    out = [_OBJECT.pack(TENSOR_MAGIC, 1, TENSOR_HEADER_SIZE, code, len(g), layout, 0, TENSOR_HEADER_SIZE,
+                        int(data_bytes)),
+           _SHAPES.pack(*(g + pad), *(loc + pad), len(axes), 0)]
+    for i, (kind, rank, count, split_dim, r0, r1) in enumerate(axes):
+        out.append(_AXIS.pack(kind, i, rank, count, split_dim, r0, r1))
+    out.append(bytes(_AXIS.size * (MAX_LAYOUT_AXES - len(axes))))
+    return b"".join(out)
+
+
 def tensor_header(t) -> bytes:
-    """The header of t (ValueError for more than 4 dimensions or an
-    unknown dtype)."""
+    """The metadata of a whole tensor t (ValueError for more than 8
+    dimensions or an unknown dtype)."""
     shape = [int(x) for x in tuple(t.shape)]
     code = dtype_code(t)
     if code < 0:
         raise ValueError(f"unsupported tensor dtype {getattr(t, 'dtype', None)}")
-    if len(shape) > MAX_TENSOR_DIMS:
-        raise ValueError(f"a tensor of {len(shape)} dimensions (at most {MAX_TENSOR_DIMS})")
-    return TENSOR_HEADER.pack(code, len(shape), *(shape + [0] * (MAX_TENSOR_DIMS - len(shape))))
+    n = item_size(code)
+    for d in shape:
+        n *= d
+    return build_metadata(code, shape, shape, n)
+
+
+def parse_metadata(b) -> Optional[dict]:
+    """The fields of a stored tensor's metadata, checked as the official
+    reader checks them, or None: dtype, layout, global and local shape,
+    axes (kind, rank, count, split_dim, reserved0, reserved1), offset."""
+    total = len(b)
+    if total < TENSOR_HEADER_SIZE:
+        return None
+    magic, version, hsize, code, ndim, layout, _, off, nbytes = _OBJECT.unpack_from(b, 0)
+    if magic != TENSOR_MAGIC or version != 1 or hsize != TENSOR_HEADER_SIZE:
+        return None
+    if not 0 <= code < len(_DTYPES) or not 0 <= ndim <= MAX_TENSOR_DIMS or layout > LAYOUT_SHARD:
+        return None
+    if off < TENSOR_HEADER_SIZE or off > total or nbytes != total - off:
+        return None
+    *dims, count, _ = _SHAPES.unpack_from(b, _OBJECT.size)
+    g, loc = dims[:MAX_TENSOR_DIMS], dims[MAX_TENSOR_DIMS:]
+    if count > MAX_LAYOUT_AXES or any(d <= 0 for d in g[:ndim]) or any(d < 0 for d in loc[:ndim]):
+        return None
+    if any(d != -1 for d in g[ndim:] + loc[ndim:]):
+        return None
+    axes = []
+    for i in range(count):
+        kind, _, rank, cnt, sd, r0, r1 = _AXIS.unpack_from(b, _OBJECT.size + _SHAPES.size + i * _AXIS.size)
+        if not 0 <= kind <= 4 or cnt <= 0 or not 0 <= rank < cnt or not -1 <= sd < ndim:
+            return None
+        axes.append((kind, rank, cnt, sd, r0, r1))
+    n = item_size(code)
+    for d in loc[:ndim]:
+        n *= d
+    if n != nbytes:
+        return None
+    return dict(dtype=code, layout=layout, global_shape=tuple(g[:ndim]), shape=tuple(loc[:ndim]), axes=axes,
+                offset=off)
 
 
 def parse_header(b) -> Optional[tuple]:
-    """(dtype code, shape, data offset) of a stored tensor, or None."""
-    if len(b) < TENSOR_HEADER.size:
-        return None
-    code, ndim, *dims = TENSOR_HEADER.unpack_from(b, 0)
-    if not 0 <= code < len(_DTYPES) or not 0 <= ndim <= MAX_TENSOR_DIMS or any(d < 0 for d in dims[:ndim]):
-        return None
-    shape = tuple(dims[:ndim])
-    n = 1
-    for d in shape:
-        n *= d
-    if TENSOR_HEADER.size + n * _DTYPES[code][2] > len(b):
-        return None
-    return code, shape, TENSOR_HEADER.size
+    """(dtype code, local shape, data offset) of a stored tensor, or None."""
+    m = parse_metadata(b)
+    return None if m is None else (m["dtype"], m["shape"], m["offset"])
 
 
 def make_tensor(buf, code: int, shape: tuple, offset: int):

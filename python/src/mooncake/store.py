@@ -35,6 +35,8 @@ import mooncake_go
 from mooncake_go import _lib, errors
 from mooncake_go.store import Replicate
 
+from ._tensor_ext import TensorExt  # parallelism layouts, tp_from, safetensors
+
 lib = _lib.lib
 log = logging.getLogger("mooncake.store")
 
@@ -153,7 +155,7 @@ def _rc(config: Optional[ReplicateConfig]) -> Optional[Replicate]:
     return None if config is None else config._native()
 
 
-class MooncakeDistributedStore:
+class MooncakeDistributedStore(TensorExt):
     """Mooncake's ``mooncake.store.MooncakeDistributedStore`` over mooncake-go."""
 
     def __init__(self):
@@ -777,3 +779,10 @@ del _name, _fn
 
 __all__ += ["Descriptor", "DiskDescriptor", "MemoryDescriptor", "MooncakeHostMemAllocator", "ObjectDataType",
             "ReplicaDescriptor", "ReplicaStatus", "TaskStatus", "TaskType", "bind_to_numa_node"]
+
+from ._tensor_ext import (  # noqa: E402,F401
+    BufferLease, BufferLeaseView, BufferPool, ParallelAxis, ReadTarget, RegisteredBufferLease,
+    RegisteredBufferLeaseView, RegisteredBufferPool, TensorParallelism,
+)
+__all__ += ["BufferLease", "BufferLeaseView", "BufferPool", "ParallelAxis", "ReadTarget", "RegisteredBufferLease",
+            "RegisteredBufferLeaseView", "RegisteredBufferPool", "TensorParallelism"]
