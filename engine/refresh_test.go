@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -272,4 +273,94 @@ func memfdMappings(t *testing.T) int {
 	maps, err := os.ReadFile("/proc/self/maps")
 	require.NoError(t, err)
 	return strings.Count(string(maps), "/memfd:mooncake-buffer")
+}
+
+// TestCloseSegmentDuringRefresh: closing a segment while its view is being
+// refreshed - the peer allocating and freeing buffers all the while, so
+// refreshes keep finding buffers gone between the descriptor and the
+// mapping - neither races with the refresh (run with -race) nor touches
+// the peer's unmapped control page; every slice settles.
+func TestCloseSegmentDuringRefresh(t *testing.T) {
+	target := newEngine(t, engine.Config{})
+	reg := prometheus.NewRegistry()
+	init := newEngine(t, engine.Config{Transport: "shm", Registerer: reg})
+	const n = 4096
+	src := anonMem(t, n)
+	require.NoError(t, init.RegisterMemory(addr(src), n, "", true))
+	never := anonMem(t, 16*n) // never registered: every write misses the view
+
+	// The peer churns buffers until the test ends, except while the
+	// initiator opens the segment (Open wants the buffers it is told of).
+	var opening sync.RWMutex
+	stop := make(chan struct{})
+	churned := make(chan error, 4)
+	for i := range cap(churned) {
+		go func() {
+			// Each buffer lives until the next is allocated, so the
+			// descriptor always lists some, each soon gone.
+			var live *engine.Buffer
+			for {
+				select {
+				case <-stop:
+					var err error
+					if live != nil {
+						err = live.Free()
+					}
+					churned <- err
+					return
+				default:
+				}
+				opening.RLock()
+				b, err := target.AllocateBuffer((1+i)*n, "")
+				if err == nil && live != nil {
+					err = live.Free()
+				}
+				live = b
+				opening.RUnlock()
+				if err != nil {
+					churned <- err
+					return
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		for range cap(churned) {
+			require.NoError(t, <-churned)
+		}
+	}()
+
+	for range 40 {
+		opening.Lock()
+		seg, err := init.OpenSegment(context.Background(), target.Name())
+		opening.Unlock()
+		require.NoError(t, err)
+		reqs := make([]engine.Request, 16)
+		for i := range reqs {
+			reqs[i] = engine.Request{Op: engine.Write, Local: addr(src), Segment: seg, Remote: uint64(addr(never)) + uint64(i)*n, Length: n}
+		}
+		b, err := init.AllocateBatch(len(reqs))
+		require.NoError(t, err)
+		before := counter(t, reg, "mooncake_te_segment_refreshes_total", nil)
+		require.NoError(t, init.Submit(b, reqs))
+		// Close once a second refresh began (the first one's slices came
+		// back to wait: it found a buffer gone or ran while they missed),
+		// or once the batch settled; polled, as nothing signals either.
+		for counter(t, reg, "mooncake_te_segment_refreshes_total", nil) < before+2 {
+			st, err := init.BatchStatus(b)
+			require.NoError(t, err)
+			if st.Status.Done() {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		require.NoError(t, init.CloseSegment(seg))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		st, err := init.Wait(ctx, b)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, engine.Failed, st.Status, "writes outside the peer's memory, segment closed")
+		require.NoError(t, init.FreeBatch(b))
+	}
 }

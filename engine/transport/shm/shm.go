@@ -264,6 +264,13 @@ func (p *Peer) Update(info PeerInfo) error {
 	// at a time, so old stays the current set until the swap below.
 	vs, err := p.mapViews(info.Shared, old)
 	if err != nil {
+		// Close may have run since the check above: it unmaps the control
+		// page, which only mu keeps mapped.
+		p.mu.RLock()
+		defer p.mu.RUnlock()
+		if p.closed {
+			return transport.ErrClosed
+		}
 		if genPtr(p.ctrl).Load() != p.generation(info) {
 			// The peer freed a buffer since it described it: look again.
 			return fmt.Errorf("%w: %v", ErrStale, err)
