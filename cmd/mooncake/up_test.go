@@ -6,7 +6,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,28 +21,39 @@ import (
 // that cannot allocate its segment, in this process or as a child), it
 // exits non-zero with an error that names the address or the step, does
 // not panic, and leaves nothing behind: the etcd data directory it made in
-// TMPDIR is gone and the processes it started are stopped.
+// TMPDIR is gone and the processes it started are stopped (and reaped)
+// before it exits, a node that was ready when a later one failed included.
 func TestUpFailsCleanly(t *testing.T) {
 	held, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer held.Close()
 	addr := held.Addr().String()
 	port := strconv.Itoa(held.Addr().(*net.TCPAddr).Port)
+	// A port free now, for the HTTP server of every node: the first node
+	// takes it and gets ready, the second finds it taken and fails.
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	nodeHTTP := []string{"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER=true",
+		"MOONCAKE_CLIENT_HTTP_PORT=" + strconv.Itoa(free.Addr().(*net.TCPAddr).Port)}
+	require.NoError(t, free.Close())
 	// What the machine cannot give: more than the address space.
 	const tooBig = "1048576GiB"
 
 	cases := []struct {
 		name string
 		args []string // replacing the defaults below
+		env  []string // for up and the nodes it starts
 		want string
 	}{
-		{"etcd client port held", []string{"--etcd", addr}, "up: etcd client address " + addr + " in use"},
-		{"master rpc port held, after etcd started", []string{"--rpc_port", port}, "up: master rpc address " + addr + " in use"},
-		{"metrics port held, after etcd started", []string{"--metrics_port", port}, "up: master metrics address " + addr + " in use"},
-		{"master rpc port held without HA", []string{"--no-ha", "--rpc_port", port}, "up: master rpc address " + addr + " in use"},
-		{"node fails after etcd and master started", []string{"--global_segment_size", tooBig}, "up: cluster: node 0: client: segment of"},
-		{"node process exits before ready", []string{"--node-processes", "--global_segment_size", tooBig},
+		{"etcd client port held", []string{"--etcd", addr}, nil, "up: etcd client address " + addr + " in use"},
+		{"master rpc port held, after etcd started", []string{"--rpc_port", port}, nil, "up: master rpc address " + addr + " in use"},
+		{"metrics port held, after etcd started", []string{"--metrics_port", port}, nil, "up: master metrics address " + addr + " in use"},
+		{"master rpc port held without HA", []string{"--no-ha", "--rpc_port", port}, nil, "up: master rpc address " + addr + " in use"},
+		{"node fails after etcd and master started", []string{"--global_segment_size", tooBig}, nil, "up: cluster: node 0: client: segment of"},
+		{"node process exits before ready", []string{"--node-processes", "--global_segment_size", tooBig}, nil,
 			"up: cluster: node 0: process"},
+		{"second node process fails, the first one ready", []string{"--node-processes", "--nodes", "2"}, nodeHTTP,
+			"up: cluster: node 1: process"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,7 +73,10 @@ func TestUpFailsCleanly(t *testing.T) {
 				argv = append(argv, f, v)
 			}
 			cmd := selfCommand(t, argv...)
-			cmd.Env = append(cmd.Env, "TMPDIR="+tmp)
+			cmd.Env = append(append(cmd.Env, "TMPDIR="+tmp), tc.env...)
+			// Its own process group, which the nodes it starts inherit: what
+			// is left of the group once it exited, it left behind.
+			cmd.SysProcAttr.Setpgid = true
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			cmd.WaitDelay = 10 * time.Second
@@ -76,6 +92,32 @@ func TestUpFailsCleanly(t *testing.T) {
 			left, err := os.ReadDir(tmp)
 			require.NoError(t, err)
 			assert.Empty(t, left, "left in TMPDIR")
+			assert.Empty(t, groupProcs(t, cmd.Process.Pid), "processes of mooncake up left")
 		})
 	}
+}
+
+// groupProcs returns "pid state" of each process in process group pgid,
+// zombies included: a child its parent did not wait for is left behind too.
+func groupProcs(t *testing.T, pgid int) []string {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	require.NoError(t, err)
+	var out []string
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // it exited meanwhile
+		}
+		// "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) >= 3 && fields[2] == strconv.Itoa(pgid) {
+			out = append(out, filepath.Base(filepath.Dir(f))+" "+fields[0])
+		}
+	}
+	return out
 }

@@ -106,8 +106,9 @@ func (c *Client) EndGetSession(keys []string) {
 	}
 }
 
-// BatchReplicas returns every replica the master lists for each key, in
-// any state and on any medium (DRAM, the SSD tier), or the key's error.
+// BatchReplicas returns each key's complete replicas, on any tier (DRAM,
+// the SSD tier), or the key's error: OBJECT_NOT_FOUND for a key whose first
+// put is still in flight, as for a missing one.
 func (c *Client) BatchReplicas(ctx context.Context, keys []string) ([][]*storepb.Replica, []error) {
 	out, errs := make([][]*storepb.Replica, len(keys)), make([]error, len(keys))
 	if len(keys) == 0 {

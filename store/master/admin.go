@@ -307,23 +307,9 @@ func (s *Service) peek(key string) ([]replica, error) {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	o := sh.objects[key]
-	if o == nil || !o.complete() {
-		return nil, storeErr(storepb.ObjectNotFound, "%q", key)
+	_, reps, err := readableLocked(sh, key)
+	if err != nil {
+		return nil, err
 	}
-	out := make([]replica, 0, len(o.replicas))
-	live := false
-	for _, r := range o.replicas {
-		if r.seg.dead.Load() {
-			continue
-		}
-		live = true
-		if r.seg.medium == storepb.Medium_MEDIUM_DRAM {
-			out = append(out, r)
-		}
-	}
-	if !live { // every segment is being unmounted
-		return nil, storeErr(storepb.ObjectNotFound, "%q", key)
-	}
-	return out, nil
+	return slices.DeleteFunc(reps, func(r replica) bool { return r.seg.medium != storepb.Medium_MEDIUM_DRAM }), nil
 }

@@ -139,7 +139,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 			if p.client == clientID && p.size == length && p.upsert == upsert {
 				// The client asks again (its first answer was lost in a
 				// failover): the same replicas, once their record is durable.
-				return describe(p.replicas, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), s.lastSeq(), nil
+				return describe(live(p.replicas), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), s.lastSeq(), nil
 			}
 			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
 				return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", key)
@@ -163,7 +163,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	}
 	o.pending = &pendingPut{client: clientID, started: now, size: length, replicas: reps, cfg: cfg, upsert: upsert}
 	seq := s.record(startRecord(clientID, key, o.pending))
-	return describe(reps, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), seq, nil
+	return describe(live(reps), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), seq, nil
 }
 
 func (r replica) memory() *storepb.MemoryReplica {
@@ -178,12 +178,22 @@ func (r replica) memory() *storepb.MemoryReplica {
 
 func (r replica) onDisk() bool { return r.seg.medium == storepb.Medium_MEDIUM_DISK }
 
+// live returns the replicas a client may be sent to: those whose segment is
+// not being unmounted. The replicas are copies.
+func live(reps []replica) []replica {
+	out := make([]replica, 0, len(reps))
+	for _, r := range reps {
+		if !r.seg.dead.Load() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// describe is reps as the protocol sends them, each with status st.
 func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
 	out := make([]*storepb.Replica, 0, len(reps))
 	for _, r := range reps {
-		if r.seg.dead.Load() {
-			continue
-		}
 		out = append(out, &storepb.Replica{
 			Status:   st,
 			Location: &storepb.Replica_Memory{Memory: r.memory()},
@@ -315,17 +325,29 @@ func (s *Service) GetReplicaList(key string) (reps []*storepb.Replica, leaseTTL 
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	o := sh.objects[key]
-	if o == nil || !o.complete() {
-		return nil, 0, 0, 0, storeErr(storepb.ObjectNotFound, "%q", key)
-	}
-	reps = describe(o.replicas, storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE)
-	if len(reps) == 0 { // every segment is being unmounted
-		return nil, 0, 0, 0, storeErr(storepb.ObjectNotFound, "%q", key)
+	o, readable, err := readableLocked(sh, key)
+	if err != nil {
+		return nil, 0, 0, 0, err
 	}
 	s.grantLease(o)
 	s.promoteLocked(key, o)
-	return reps, s.cfg.LeaseTTL, o.checksum, o.size, nil
+	return describe(readable, storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE), s.cfg.LeaseTTL, o.checksum, o.size, nil
+}
+
+// readableLocked returns key's readable object and its replicas a reader may
+// be sent to (copies), on any tier; OBJECT_NOT_FOUND when key has no
+// readable value (a first put still in flight has none) or every segment
+// holding it is being unmounted. The caller holds sh's lock, key's shard.
+func readableLocked(sh *shard, key string) (*object, []replica, error) {
+	o := sh.objects[key]
+	if o == nil || !o.complete() {
+		return nil, nil, storeErr(storepb.ObjectNotFound, "%q", key)
+	}
+	reps := live(o.replicas)
+	if len(reps) == 0 { // every segment is being unmounted
+		return nil, nil, storeErr(storepb.ObjectNotFound, "%q", key)
+	}
+	return o, reps, nil
 }
 
 func (s *Service) grantLease(o *object) {

@@ -91,18 +91,7 @@ func (s *Service) Watch(buffer int) (*Watch, []string) {
 	s.watch.set[w] = struct{}{}
 	s.watch.n.Store(int32(len(s.watch.set)))
 	s.watch.mu.Unlock()
-	var keys []string
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for key, o := range sh.objects {
-			if o.complete() {
-				keys = append(keys, key)
-			}
-		}
-		sh.mu.Unlock()
-	}
-	return w, keys
+	return w, s.readableKeys()
 }
 
 // emit sends an event to every watch. The key's shard lock is held, which
