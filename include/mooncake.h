@@ -661,11 +661,12 @@ typedef struct mc_replica_desc {
     char file_path[MC_REPLICA_NAME_SIZE];          /* MC_REPLICA_DISK only */
 } mc_replica_desc_t;
 
-/* mc_store_get_replicas stores the replicas of key (every one the master
- * lists, in any state and on any tier) in out[0 .. cap) and their number
- * in *count_out. More than cap: MC_ERR_BUFFER_TOO_SMALL, with *count_out
- * the number needed and out filled up to cap. A missing key is
- * MC_STORE_ERR_OBJECT_NOT_FOUND. Like a get, the lookup grants a lease. */
+/* mc_store_get_replicas stores the complete replicas of key, on any tier,
+ * in out[0 .. cap) and their number in *count_out. More than cap:
+ * MC_ERR_BUFFER_TOO_SMALL, with *count_out the number needed and out
+ * filled up to cap. A missing key, or one whose first put is still in
+ * flight, is MC_STORE_ERR_OBJECT_NOT_FOUND. Like a get, the lookup grants
+ * a lease. */
 mc_status_t mc_store_get_replicas(mc_store_t store, const char *key, mc_replica_desc_t *out, size_t cap,
                                   size_t *count_out, mc_error_t *err);
 
