@@ -15,11 +15,13 @@ import (
 
 // Ranged reads, get sessions and replica descriptors (ABI 1.3):
 // mc_store_batch_get_ranges, mc_store_batch_get_session_start/_end and
-// mc_store_get_replicas. The public wrappers are in store_ext.c.
+// mc_store_get_replicas; put sessions (ABI 1.4). The public wrappers are
+// in store_ext.c.
 
 // rangesAt views the ranges of count keys: the buffers, lengths and
-// counts as partsAt reads them, with a source offset per buffer.
-func rangesAt(bufs *unsafe.Pointer, lens, srcs *C.uint64_t, counts *C.size_t, count C.size_t) ([][]client.Range, error) {
+// counts as partsAt reads them, with an offset in the value per buffer
+// (offName names that array in errors). Range.Src is the offset.
+func rangesAt(bufs *unsafe.Pointer, lens, srcs *C.uint64_t, counts *C.size_t, count C.size_t, offName string) ([][]client.Range, error) {
 	dsts, err := partsAt(bufs, lens, counts, count)
 	if err != nil {
 		return nil, err
@@ -29,7 +31,7 @@ func rangesAt(bufs *unsafe.Pointer, lens, srcs *C.uint64_t, counts *C.size_t, co
 		total += len(ds)
 	}
 	if total > 0 && srcs == nil {
-		return nil, nullArg("src_offsets")
+		return nil, nullArg(offName)
 	}
 	var flat []C.uint64_t
 	if total > 0 {
@@ -52,7 +54,7 @@ func rangesAt(bufs *unsafe.Pointer, lens, srcs *C.uint64_t, counts *C.size_t, co
 func mcgoStoreBatchGetRanges(h C.mc_store_t, keys **C.char, bufs *unsafe.Pointer, lens *C.uint64_t, srcOffsets *C.uint64_t,
 	rangeCounts *C.size_t, count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
 	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
-		rs, err := rangesAt(bufs, lens, srcOffsets, rangeCounts, count)
+		rs, err := rangesAt(bufs, lens, srcOffsets, rangeCounts, count, "src_offsets")
 		return func(ctx context.Context) []error {
 			ns, errs := s.BatchGetRanges(ctx, ks, rs)
 			lensResult(lensOut, ns)
@@ -77,6 +79,62 @@ func mcgoStoreBatchGetSessionEnd(h C.mc_store_t, keys **C.char, count C.size_t, 
 		}
 		s.EndGetSession(ks)
 		return nil
+	})
+}
+
+// Put sessions (ABI 1.4): mc_store_batch_put_session_start/_end/_revoke
+// and mc_store_batch_put_ranges.
+
+//export mcgoStoreBatchPutSessionStart
+func mcgoStoreBatchPutSessionStart(h C.mc_store_t, keys **C.char, sizes *C.uint64_t, count C.size_t, crc *C.mc_replicate_config_t,
+	codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		if len(ks) > 0 && sizes == nil {
+			return nil, nullArg("sizes")
+		}
+		var ns []uint64
+		for _, n := range unsafe.Slice(sizes, len(ks)) {
+			ns = append(ns, uint64(n))
+		}
+		rc, err := replicate(crc)
+		return func(ctx context.Context) []error { return s.StartPutSession(ctx, ks, ns, rc) }, err
+	})
+}
+
+//export mcgoStoreBatchPutRanges
+func mcgoStoreBatchPutRanges(h C.mc_store_t, keys **C.char, bufs *unsafe.Pointer, lens *C.uint64_t, dstOffsets *C.uint64_t,
+	rangeCounts *C.size_t, count C.size_t, lensOut *C.uint64_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		rs, err := rangesAt(bufs, lens, dstOffsets, rangeCounts, count, "dst_offsets")
+		if err != nil {
+			return nil, err
+		}
+		prs := make([][]client.PutRange, len(rs))
+		for i, r := range rs {
+			prs[i] = make([]client.PutRange, len(r))
+			for j, x := range r {
+				prs[i][j] = client.PutRange{Dst: x.Src, Src: x.Dst}
+			}
+		}
+		return func(ctx context.Context) []error {
+			ns, errs := s.BatchPutRanges(ctx, ks, prs)
+			lensResult(lensOut, ns)
+			return errs
+		}, nil
+	})
+}
+
+//export mcgoStoreBatchPutSessionEnd
+func mcgoStoreBatchPutSessionEnd(h C.mc_store_t, keys **C.char, count C.size_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		return func(ctx context.Context) []error { return s.EndPutSession(ctx, ks) }, nil
+	})
+}
+
+//export mcgoStoreBatchPutSessionRevoke
+func mcgoStoreBatchPutSessionRevoke(h C.mc_store_t, keys **C.char, count C.size_t, codesOut *C.mc_status_t, cerr *C.mc_error_t) C.mc_status_t {
+	return batchCall(h, keys, count, codesOut, cerr, func(s *storeObj, ks []string) (func(context.Context) []error, error) {
+		return func(ctx context.Context) []error { return s.RevokePutSession(ctx, ks) }, nil
 	})
 }
 

@@ -109,9 +109,11 @@ extern "C" {
  * 1.2: mc_store_remove_by_regex, mc_store_batch_remove.
  * 1.3: ranged reads (mc_store_batch_get_ranges), get sessions
  * (mc_store_batch_get_session_start/_end), replica descriptors
- * (mc_store_get_replicas). */
+ * (mc_store_get_replicas).
+ * 1.4: put sessions (mc_store_batch_put_session_start/_end/_revoke) and
+ * ranged writes into them (mc_store_batch_put_ranges). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 3
+#define MC_ABI_VERSION_MINOR 4
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -669,6 +671,65 @@ typedef struct mc_replica_desc {
  * a lease. */
 mc_status_t mc_store_get_replicas(mc_store_t store, const char *key, mc_replica_desc_t *out, size_t cap,
                                   size_t *count_out, mc_error_t *err);
+
+/* ------------------------------------------------------------------------
+ * Put sessions (ABI 1.4)
+ *
+ * A put taken apart, for values whose bytes become available piece by
+ * piece (a KV cache written layer by layer): the session start reserves
+ * the objects' space with the master, the ranged writes that follow go
+ * straight to the reserved replicas with no master round trip, and the
+ * session end makes the objects readable (Mooncake's
+ * batch_put_session_start, batch_put_from_multi_buffer_ranges,
+ * batch_put_session_end and batch_put_session_revoke). Sessions belong to
+ * the store handle; mc_store_close revokes those still open. The object's
+ * checksum is computed from the pieces when they cover the value exactly
+ * once; otherwise (a gap, an overlap, a failed write) the value is sealed
+ * without one, as with no_checksum.
+ * ------------------------------------------------------------------------ */
+
+/* mc_store_batch_put_session_start reserves count objects of sizes[i]
+ * bytes under keys[i] (write-once: nothing is overwritten), in one master
+ * round trip; they are not readable until their session ends. Per key:
+ * MC_STORE_ERR_INVALID_PARAMS for an empty key, a size of 0 or a key whose
+ * session is open; MC_STORE_ERR_OBJECT_ALREADY_EXISTS for a key that
+ * exists or comes twice; MC_STORE_ERR_NO_AVAILABLE_HANDLE when the pool is
+ * full. rc NULL is the store's default replication. */
+mc_status_t mc_store_batch_put_session_start(mc_store_t store, const char *const *keys, const uint64_t *sizes,
+                                             size_t count, const mc_replicate_config_t *rc, mc_status_t *codes_out,
+                                             mc_error_t *err);
+
+/* mc_store_batch_put_ranges writes pieces of the values of open sessions:
+ * for keys[i], range_counts[i] ranges, given in flat arrays key by key as
+ * the parts above. Range j writes lens[j] bytes from bufs[j] at byte
+ * dst_offsets[j] of the value, in every replica (registered memory is
+ * written from directly, other memory through the local buffer). Ranges
+ * may come in any order, in as many calls as wanted; the last write of a
+ * byte wins. A key without an open session, or a range past the size
+ * given at the start, fails with MC_STORE_ERR_INVALID_PARAMS and nothing
+ * of that key is written. lens_out (may be NULL) receives the bytes
+ * written per key (the sum of its ranges' lengths; 0 on failure). */
+mc_status_t mc_store_batch_put_ranges(mc_store_t store, const char *const *keys, const void *const *bufs,
+                                      const uint64_t *lens, const uint64_t *dst_offsets,
+                                      const size_t *range_counts, size_t count, uint64_t *lens_out,
+                                      mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_batch_put_session_end makes the objects of keys readable once
+ * the ranged writes in progress on them are done, and closes their
+ * sessions (one master round trip). Bytes never written read as whatever
+ * the replica held. A key without an open session is
+ * MC_STORE_ERR_INVALID_PARAMS; a key whose end the master refuses keeps
+ * its session, to end again or revoke. */
+mc_status_t mc_store_batch_put_session_end(mc_store_t store, const char *const *keys, size_t count,
+                                           mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_store_batch_put_session_revoke gives back the space reserved for the
+ * objects of keys, once the ranged writes in progress on them are done,
+ * and closes their sessions: the objects never become readable. A key
+ * without an open session is MC_STORE_ERR_INVALID_PARAMS; otherwise the
+ * code is the master's answer, and the session is closed whatever it is. */
+mc_status_t mc_store_batch_put_session_revoke(mc_store_t store, const char *const *keys, size_t count,
+                                              mc_status_t *codes_out, mc_error_t *err);
 
 /* ------------------------------------------------------------------------
  * Diagnostics

@@ -132,6 +132,7 @@ void test_store_batches(void);
 void test_store_bad_input(void);
 void test_store_threads(void);
 void test_store_parts(void);
+void test_store_put_session(void);
 void test_store_close_race(void);
 void test_no_leaks(void);
 

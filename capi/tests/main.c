@@ -67,6 +67,7 @@ static const struct {
     {"store_bad_input", test_store_bad_input, 0},
     {"store_threads", test_store_threads, 1},
     {"store_parts", test_store_parts, 1},
+    {"store_put_session", test_store_put_session, 1},
     {"store_close_race", test_store_close_race, 1},
     {"fork_before_use", test_fork_before_use, 0},
     {"fork_after_use", test_fork_after_use, 0},

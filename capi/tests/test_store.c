@@ -585,6 +585,106 @@ void test_store_parts(void) {
     free(whole);
 }
 
+/* ABI 1.4: put sessions. Two keys are reserved, written layer by layer
+ * (last layer first; key 0 from unregistered memory through the local
+ * buffer, key 1 from registered memory), sealed and read back whole by
+ * another store; then the refusals, a revoke (the key stays absent, its
+ * session is gone) and a session left open at close (the close revokes
+ * it, so the key can be put at once). */
+void test_store_put_session(void) {
+    CHECK((mc_abi_version() & 0xffff) >= 4);
+    mc_store_t s = 0, r = 0, w = 0;
+    REQUIRE_MC(MC_OK, open_store(&s, 0, &E));
+    REQUIRE_MC(MC_OK, open_store(&r, 0, &E));
+    enum { LAYERS = 8, PAGE = 50000, SIZE = LAYERS * PAGE };
+    uint8_t *loose = malloc(SIZE), *reg = NULL, *out = malloc(SIZE);
+    REQUIRE(posix_memalign((void **)&reg, 4096, SIZE) == 0);
+    CHECK_MC(MC_OK, mc_store_register_buffer(s, reg, SIZE, &E));
+    fill(loose, 0, SIZE, 61);
+    fill(reg, 0, SIZE, 62);
+    char kb[2][96];
+    const char *keys[2];
+    for (int i = 0; i < 2; i++) {
+        unique_key(kb[i], sizeof kb[i], "put-session");
+        keys[i] = kb[i];
+    }
+    uint64_t sizes[2] = {SIZE, SIZE};
+    mc_status_t codes[2] = {-1, -1};
+    CHECK_MC(MC_OK, mc_store_batch_put_session_start(s, keys, sizes, 2, NULL, codes, &E));
+    CHECK_EQ(codes[0], MC_OK);
+    CHECK_EQ(codes[1], MC_OK);
+    int32_t exists = 1;
+    CHECK_MC(MC_OK, mc_store_exist(r, keys[0], &exists, &E));
+    CHECK_EQ(exists, 0); /* reserved, not readable */
+    for (int l = LAYERS - 1; l >= 0; l--) {
+        const void *bufs[2] = {loose + l * PAGE, reg + l * PAGE};
+        uint64_t lens[2] = {PAGE, PAGE}, offs[2] = {(uint64_t)l * PAGE, (uint64_t)l * PAGE}, got[2] = {0, 0};
+        size_t counts[2] = {1, 1};
+        CHECK_MC(MC_OK, mc_store_batch_put_ranges(s, keys, bufs, lens, offs, counts, 2, got, codes, &E));
+        CHECK_EQ(got[0], PAGE);
+        CHECK_EQ(got[1], PAGE);
+    }
+    CHECK_MC(MC_OK, mc_store_batch_put_session_end(s, keys, 2, codes, &E));
+    for (int i = 0; i < 2; i++) {
+        uint64_t n = 0;
+        memset(out, 0, SIZE);
+        CHECK_MC(MC_OK, mc_store_get(r, keys[i], out, SIZE, &n, &E));
+        CHECK_EQ(n, SIZE);
+        CHECK_EQ(check_pattern(out, 0, SIZE, 61 + i), -1);
+    }
+
+    /* refusals: a session already open, a zero size, a key that exists; a
+     * range of a key without a session, one past the size, NULL arrays */
+    char fresh[96], gone[96];
+    unique_key(fresh, sizeof fresh, "put-session-fresh");
+    unique_key(gone, sizeof gone, "put-session-never");
+    const char *fk[1] = {fresh}, *nk[1] = {gone};
+    uint64_t one = 100, zero = 0;
+    CHECK_MC(MC_OK, mc_store_batch_put_session_start(s, fk, &one, 1, NULL, codes, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_session_start(s, fk, &one, 1, NULL, codes, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_session_start(s, nk, &zero, 1, NULL, codes, &E));
+    CHECK_MC(MC_STORE_ERR_OBJECT_ALREADY_EXISTS, mc_store_batch_put_session_start(s, keys, &one, 1, NULL, codes, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_put_session_start(s, nk, NULL, 1, NULL, codes, &E));
+    const void *b1[1] = {loose};
+    uint64_t l1 = 10, o1 = 95, o0 = 0, got = 77;
+    size_t c1 = 1;
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_ranges(s, nk, b1, &l1, &o0, &c1, 1, &got, codes, &E));
+    CHECK_EQ(got, 0);
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_ranges(s, fk, b1, &l1, &o1, &c1, 1, &got, codes, &E));
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_store_batch_put_ranges(s, fk, b1, &l1, NULL, &c1, 1, &got, codes, &E));
+    CHECK_MC(MC_OK, mc_store_batch_put_ranges(s, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_session_end(s, nk, 1, codes, &E));
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_session_revoke(s, nk, 1, codes, &E));
+
+    /* revoke: the key never becomes readable and its session is gone */
+    CHECK_MC(MC_OK, mc_store_batch_put_ranges(s, fk, b1, &l1, &o0, &c1, 1, &got, codes, &E));
+    CHECK_MC(MC_OK, mc_store_batch_put_session_revoke(s, fk, 1, codes, &E));
+    CHECK_EQ(codes[0], MC_OK);
+    exists = 1;
+    CHECK_MC(MC_OK, mc_store_exist(r, fresh, &exists, &E));
+    CHECK_EQ(exists, 0);
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_batch_put_session_end(s, fk, 1, codes, &E));
+
+    /* a session open at close is revoked by the close */
+    REQUIRE_MC(MC_OK, open_store(&w, 0, &E));
+    CHECK_MC(MC_OK, mc_store_batch_put_session_start(w, nk, &one, 1, NULL, codes, &E));
+    CHECK_MC(MC_OK, mc_store_close(w, &E));
+    CHECK_MC(MC_OK, mc_store_put(s, gone, loose, 100, NULL, &E));
+    uint64_t n = 0;
+    CHECK_MC(MC_OK, mc_store_get(r, gone, out, SIZE, &n, &E));
+    CHECK_EQ(n, 100);
+    CHECK_EQ(check_pattern(out, 0, 100, 61), -1);
+
+    for (int i = 0; i < 2; i++) CHECK_MC(MC_OK, mc_store_remove(s, keys[i], 1, &E));
+    CHECK_MC(MC_OK, mc_store_remove(s, gone, 1, &E));
+    CHECK_MC(MC_OK, mc_store_close(r, &E));
+    CHECK_MC(MC_OK, mc_store_close(s, &E));
+    CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_batch_put_session_end(s, keys, 2, codes, &E));
+    free(loose);
+    free(reg);
+    free(out);
+}
+
 /* Threads keep putting and reading through a store while another thread
  * closes it: every call returns (success before, an error after), nothing
  * crashes (the close waits for calls in progress before it frees the

@@ -39,6 +39,7 @@ type Client struct {
 	segs   *segmentCache    // opened peers
 	regs   registrations    // caller memory registered with the engine
 	leases *leaseCache      // nil with NoLeaseCache
+	puts   putSessions      // open put sessions (put_session.go)
 	met    *metrics
 
 	stop   context.CancelFunc
@@ -233,6 +234,13 @@ func (c *Client) Close() error {
 		c.gate.Unlock()
 		c.stop()
 		c.wg.Wait()
+		if keys := c.puts.keys(); len(keys) > 0 {
+			// Sessions never ended give their space back now rather than
+			// when the master reclaims stale starts.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = c.revoke(ctx, keys)
+			cancel()
+		}
 		var errs []error
 		for _, seg := range c.segments() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

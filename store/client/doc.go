@@ -21,7 +21,11 @@
 // through the staging buffer, in waves when a batch is larger than it),
 // then ends the put with the value's CRC-32C (PutEnd), or revokes it when a
 // write failed. Puts are write-once as in Mooncake: a put of an existing
-// key succeeds without overwriting; Upsert replaces.
+// key succeeds without overwriting; Upsert replaces. A put session is the
+// same put taken apart, for values that become available piece by piece
+// (a KV cache layer by layer): StartPutSession is the PutStart,
+// BatchPutRanges writes pieces into the reserved replicas with no master
+// round trip, EndPutSession is the PutEnd (RevokePutSession the revoke).
 //
 // Get looks the replicas up (BatchGetReplicaList, which grants a lease),
 // reads from the nearest complete one — DRAM before SSD; this process,

@@ -27,10 +27,13 @@ func partsSize(parts [][]byte) uint64 {
 
 // size is the length of the item's value.
 func (it *putItem) size() uint64 {
-	if it.parts != nil {
+	switch {
+	case it.parts != nil:
 		return partsSize(it.parts)
+	case it.value != nil:
+		return uint64(len(it.value))
 	}
-	return uint64(len(it.value))
+	return it.n
 }
 
 // checksum is the CRC-32C of the item's value as the master keeps it.

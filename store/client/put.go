@@ -21,6 +21,8 @@ type putItem struct {
 	key   string
 	value []byte
 	parts [][]byte // the value in pieces, when value is nil (parts.go)
+	offs  []uint64 // where each part goes in the value (nil: one after another)
+	n     uint64   // the value's length when neither holds it (a put session)
 	from  bool     // value must be in registered memory (PutFrom)
 	sum   uint32
 	reps  []*storepb.Replica
@@ -215,48 +217,54 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 			owner = append(owner, it)
 		}
 	}
-	for _, it := range items {
-		if it.err != nil {
-			continue
-		}
-		if it.parts != nil {
-			// Parts are registered (checkParts): written from where they
-			// are, each at its offset in the value.
-			off := 0
-			for _, p := range it.parts {
-				if len(p) > 0 {
-					add(it, p, off, true)
-					add(it, p, off, false)
-				}
-				off += len(p)
-			}
-			continue
-		}
-		// Replicas in this process take a plain copy from the caller's
-		// memory; only the others need the value registered.
-		add(it, it.value, 0, true)
+	// piece writes src at off in the item's value: replicas in this
+	// process take a plain copy from the caller's memory; only the others
+	// need it registered, else it goes through the staging buffer.
+	piece := func(it *putItem, src []byte, off int) {
+		add(it, src, off, true)
 		if !c.needsEngine(it.reps) {
-			continue
+			return
 		}
-		if c.registered(it.value) {
-			add(it, it.value, 0, false)
-			continue
+		if c.registered(src) {
+			add(it, src, off, false)
+			return
 		}
-		for off := 0; off < len(it.value); {
-			n := min(uint64(len(it.value)-off), c.stage.max())
+		for o := 0; o < len(src); {
+			n := min(uint64(len(src)-o), c.stage.max())
 			buf, ok := c.stage.tryAcquire(n)
 			if !ok {
 				flush()
 				var err error
 				if buf, err = c.stage.acquire(ctx, n); err != nil {
 					it.err = &storepb.Error{Code: storepb.TransferFail, Msg: err.Error()}
-					break
+					return
 				}
 			}
-			copy(buf, it.value[off:])
+			copy(buf, src[o:])
 			staged = append(staged, buf)
-			add(it, buf, off, false)
-			off += int(n)
+			add(it, buf, off+o, false)
+			o += int(n)
+		}
+	}
+	for _, it := range items {
+		if it.err != nil {
+			continue
+		}
+		if it.parts == nil {
+			piece(it, it.value, 0)
+			continue
+		}
+		// Parts are written from where they are, each at its offset in
+		// the value.
+		off := 0
+		for j, p := range it.parts {
+			if it.offs != nil {
+				off = int(it.offs[j])
+			}
+			if len(p) > 0 && it.err == nil {
+				piece(it, p, off)
+			}
+			off += len(p)
 		}
 	}
 	flush()
@@ -305,15 +313,12 @@ func (c *Client) end(ctx context.Context, items []*putItem) {
 		}
 	}
 	if len(failed) > 0 {
-		req := &storepb.BatchKeyRequest{ClientId: c.id}
-		for _, it := range failed {
-			req.Keys = append(req.Keys, it.key)
+		keys := make([]string, len(failed))
+		for i, it := range failed {
+			keys[i] = it.key
 		}
 		// Best effort: an unrevoked start is reclaimed by the master later.
-		_ = c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
-			_, err := rpc.BatchPutRevoke(ctx, req)
-			return err
-		})
+		_ = c.revoke(ctx, keys)
 	}
 	for _, it := range items {
 		// Write-once: the key exists already, which Mooncake's put reports
@@ -322,4 +327,23 @@ func (c *Client) end(ctx context.Context, items []*putItem) {
 			it.err = nil
 		}
 	}
+}
+
+// revoke gives back the space the master reserved for the started puts of
+// keys; the master's answer per key.
+func (c *Client) revoke(ctx context.Context, keys []string) []error {
+	req := &storepb.BatchKeyRequest{ClientId: c.id, Keys: keys}
+	var resp *storepb.BatchResult
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.BatchPutRevoke(ctx, req)
+		return err
+	})
+	err = batchErr(err, len(resp.GetResults()), len(keys))
+	errs := make([]error, len(keys))
+	for i := range keys {
+		if errs[i] = err; err == nil {
+			errs[i] = resp.Results[i].AsError()
+		}
+	}
+	return errs
 }

@@ -10,7 +10,6 @@ Keys are "module.Name" or "module.Class.member"; values are the reason.
 _RPC = "coro-RPC tensor/data messaging between processes is not built in mooncake-go"
 _TASKS = "master-driven replica copy/move tasks are not built"
 _MOUNT = "segments are mounted by the client at setup (mooncake up / Store), not one by one from Python"
-_PUT_SESSION = "put sessions (reserve, write ranges, seal) are not built: puts are whole (put_from, parts)"
 _GPU = "GPU memory: needs a CUDA build (mooncake-go moves host memory only)"
 
 EXCEPTIONS = {
@@ -36,9 +35,6 @@ EXCEPTIONS = {
         "unmount_local_disk_segment")},
     **{f"mooncake.store.MooncakeDistributedStore.{m}": _TASKS for m in (
         "create_copy_task", "create_move_task", "query_task", "batch_replica_clear")},
-    **{f"mooncake.store.MooncakeDistributedStore.{m}": _PUT_SESSION for m in (
-        "batch_put_session_start", "batch_put_session_end", "batch_put_session_revoke",
-        "batch_put_from_multi_buffer_ranges")},
     **{f"mooncake.store.MooncakeDistributedStore.{m}": _GPU for m in (
         "get_tensor_into_cuda", "batch_get_tensor_into_cuda")},
 }

@@ -606,6 +606,51 @@ class _StoreExt:
             return [_INVALID_PARAMS] * len(keys)
         return [n if c == 0 else c for c, n in zip(codes, outs)]
 
+    def batch_put_session_start(self, keys: List[str], sizes: List[int],
+                                config: Optional[ReplicateConfig] = None) -> List[int]:
+        """Reserves room for values of sizes[i] bytes under keys[i] without
+        writing them (one master round trip): 0 or a negative code per key
+        (-705 for a key that exists, -600 for a zero size or a session
+        already open). The values are written with
+        batch_put_from_multi_buffer_ranges and become readable at
+        batch_put_session_end."""
+        try:
+            return self._s()._put_session_start_codes(keys, sizes, _rc(config))
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+        except (ValueError, TypeError, OverflowError):
+            return [_INVALID_PARAMS] * len(keys)
+
+    def batch_put_from_multi_buffer_ranges(self, keys: List[str], all_buffer_ptrs: List[List[int]],
+                                           all_sizes: List[List[int]], all_dst_offsets: List[List[int]]) -> List[int]:
+        """For keys[i], writes all_sizes[i][j] bytes from all_buffer_ptrs[i][j]
+        at offset all_dst_offsets[i][j] of its value, which a put session
+        reserved; bytes written (the sum of the sizes) or a negative code
+        per key (-600 without a session or for a range past the size)."""
+        try:
+            codes, outs = self._s()._ranges_codes(keys, all_buffer_ptrs, all_sizes, all_dst_offsets, put=True)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+        except (ValueError, TypeError, OverflowError):
+            return [_INVALID_PARAMS] * len(keys)
+        return [n if c == 0 else c for c, n in zip(codes, outs)]
+
+    def batch_put_session_end(self, keys: List[str]) -> List[int]:
+        """Makes the values of keys readable and closes their sessions: 0
+        or a negative code per key (-600 without a session)."""
+        try:
+            return self._s()._put_session_codes(True, keys)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+
+    def batch_put_session_revoke(self, keys: List[str]) -> List[int]:
+        """Gives back the room reserved for keys and closes their sessions;
+        the values never become readable. 0 or a negative code per key."""
+        try:
+            return self._s()._put_session_codes(False, keys)
+        except errors.MooncakeError as e:
+            return [_code(e)] * len(keys)
+
     def get_into_ranges(self, buffer_ptrs: List[int], all_keys: List[List[str]],
                         all_dst_offsets: List[List[List[int]]], all_src_offsets: List[List[List[int]]],
                         all_sizes: List[List[List[int]]]) -> List[List[List[int]]]:

@@ -1,9 +1,9 @@
 """ctypes declarations of the C ABI 1.3 additions (include/mooncake.h:
-ranged reads, get sessions, replica descriptors).
+ranged reads, get sessions, replica descriptors) and 1.4 (put sessions).
 
 They live apart from _lib so that the prototypes of the base ABI stay in
 one place; they bind to the same loaded library (one Go runtime), on first
-use, and need a library of ABI 1.3 or later.
+use, and need a library of ABI 1.3 or later (1.4 for put sessions).
 """
 
 from __future__ import annotations
@@ -43,7 +43,14 @@ _SIGNATURES = {
     "mc_store_batch_get_session_start": [c_uint64, _CPP, c_size_t, _I32P],
     "mc_store_batch_get_session_end": [c_uint64, _CPP, c_size_t],
     "mc_store_get_replicas": [c_uint64, c_char_p, POINTER(ReplicaDesc), c_size_t, _SZP],
+    "mc_store_batch_put_session_start": [c_uint64, _CPP, _U64P, c_size_t, POINTER(_lib.ReplicateConfig), _I32P],
+    "mc_store_batch_put_ranges": [c_uint64, _CPP, _VPP, _U64P, _U64P, _SZP, c_size_t, _U64P, _I32P],
+    "mc_store_batch_put_session_end": [c_uint64, _CPP, c_size_t, _I32P],
+    "mc_store_batch_put_session_revoke": [c_uint64, _CPP, c_size_t, _I32P],
 }
+
+# The minor version each function needs, where it is above ABI_MINOR.
+_NEEDS = {name: 4 for name in _SIGNATURES if "put_session" in name or name == "mc_store_batch_put_ranges"}
 
 
 class _Ext:
@@ -58,10 +65,11 @@ class _Ext:
         with self._lock:
             if name not in self.__dict__:
                 v = _lib.lib.mc_abi_version()
-                if v & 0xFFFF < ABI_MINOR:
+                need = _NEEDS.get(name, ABI_MINOR)
+                if v & 0xFFFF < need:
                     raise errors.MooncakeError(
                         -600, errors.DOMAIN_STORE, "INVALID_PARAMS",
-                        f"{name} needs libmooncake ABI 1.{ABI_MINOR}; {_lib.lib._name} has 1.{v & 0xFFFF}")
+                        f"{name} needs libmooncake ABI 1.{need}; {_lib.lib._name} has 1.{v & 0xFFFF}")
                 fn = getattr(_lib.lib._cdll, name)
                 fn.restype = c_int32
                 fn.argtypes = _SIGNATURES[name] + [_ERR]

@@ -348,11 +348,13 @@ class Store(_lib.Owned):
 
     # -- ranged reads, get sessions, replicas (ABI 1.3) ------------------
 
-    def _ranges_codes(self, keys: Sequence[str], addr_lists, size_lists, src_lists) -> Tuple[List[int], List[int]]:
+    def _ranges_codes(self, keys: Sequence[str], addr_lists, size_lists, src_lists,
+                      put: bool = False) -> Tuple[List[int], List[int]]:
         """(codes, bytes read) of a ranged get: for keys[i], size_lists[i][j]
         bytes from offset src_lists[i][j] of its value into
         addr_lists[i][j]. A key whose three lists differ in length gets
-        INVALID_PARAMS without being sent."""
+        INVALID_PARAMS without being sent. With put, the ranged write of a
+        put session instead: from addr_lists[i][j] to that offset."""
         n = len(keys)
         if len(addr_lists) != n or len(size_lists) != n or len(src_lists) != n:
             raise ValueError("keys, buffer lists, size lists and offset lists differ in number")
@@ -376,8 +378,8 @@ class Store(_lib.Owned):
         srcs = (c_uint64 * max(total, 1))(*flat_s)
         counts = (c_size_t * m)(*[len(addr_lists[i]) for i in send])
         cs, got = (c_int32 * m)(), (c_uint64 * m)()
-        rc = ext.mc_store_batch_get_ranges(self.handle, _keys([keys[i] for i in send]), ptrs, lens, srcs, counts, m,
-                                           got, cs, _lib._err())
+        fn = ext.mc_store_batch_put_ranges if put else ext.mc_store_batch_get_ranges
+        rc = fn(self.handle, _keys([keys[i] for i in send]), ptrs, lens, srcs, counts, m, got, cs, _lib._err())
         if rc in _WHOLE_CALL_FAILURES:
             raise _lib.last_error()
         for j, i in enumerate(send):
@@ -417,6 +419,70 @@ class Store(_lib.Owned):
         """Forgets what get_session_start kept for keys."""
         if keys:
             _lib.call(ext.mc_store_batch_get_session_end, self.handle, _keys(keys), len(keys))
+
+    # -- put sessions (ABI 1.4) ------------------------------------------
+
+    def _put_session_start_codes(self, keys: Sequence[str], sizes: Sequence[int],
+                                 replicate: Optional[Replicate] = None) -> List[int]:
+        n = len(keys)
+        if len(sizes) != n:
+            raise ValueError("keys and sizes differ in number")
+        ns = [int(x) for x in sizes]
+        if any(x < 0 for x in ns):
+            raise ValueError("negative size")
+        if n == 0:
+            return []
+        codes = (c_int32 * n)()
+        rc = ext.mc_store_batch_put_session_start(self.handle, _keys(keys), (c_uint64 * n)(*ns), n, _rc(replicate),
+                                                  codes, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(codes)
+
+    def put_session_start(self, keys: Sequence[str], sizes: Sequence[int],
+                          replicate: Optional[Replicate] = None) -> List[Result]:
+        """Reserves room for values of the given sizes under keys (one
+        master round trip), to be written piece by piece with
+        batch_put_ranges and made readable by put_session_end; None or the
+        error per key (a key that exists: ObjectAlreadyExists)."""
+        return _results(self._put_session_start_codes(keys, sizes, replicate))
+
+    def batch_put_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Tuple[int, Buffer]]]) -> List[Result]:
+        """Writes pieces of the values of open put sessions: ``ranges[i]``
+        is a list of ``(offset in the value, buffer)`` for ``keys[i]``;
+        each buffer's bytes land at that offset, in any order. Bytes
+        written or the error per key (no session, or a range past the
+        size: InvalidParams)."""
+        addrs, lens, dsts = [], [], []
+        for rs in ranges:
+            pairs = [(int(off), address(b, None, writable=False)) for off, b in rs]
+            dsts.append([off for off, _ in pairs])
+            addrs.append([a for _, (a, _) in pairs])
+            lens.append([n for _, (_, n) in pairs])
+        codes, outs = self._ranges_codes(keys, addrs, lens, dsts, put=True)
+        return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
+
+    def _put_session_codes(self, end: bool, keys: Sequence[str]) -> List[int]:
+        n = len(keys)
+        if n == 0:
+            return []
+        codes = (c_int32 * n)()
+        fn = ext.mc_store_batch_put_session_end if end else ext.mc_store_batch_put_session_revoke
+        rc = fn(self.handle, _keys(keys), n, codes, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(codes)
+
+    def put_session_end(self, keys: Sequence[str]) -> List[Result]:
+        """Makes the values of keys readable once the writes in progress
+        on them are done, and closes their sessions; None or the error per
+        key (no session: InvalidParams; a refused end keeps its session)."""
+        return _results(self._put_session_codes(True, keys))
+
+    def put_session_revoke(self, keys: Sequence[str]) -> List[Result]:
+        """Gives back the room reserved for keys and closes their sessions:
+        the values never become readable. None or the error per key."""
+        return _results(self._put_session_codes(False, keys))
 
     def replicas(self, key: str) -> List[dict]:
         """Every replica of key the master lists: dicts with kind
