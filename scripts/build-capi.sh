@@ -24,9 +24,11 @@ mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# The Go library exports its cgo exports and nothing else (see the map).
+# The Go library exports its cgo exports and nothing else (see the map),
+# and carries a GNU build ID, by which libmooncake.so recognises the Go
+# library of its build: asked for, not left to the linker's default.
 CGO_ENABLED=1 $GO build -buildmode=c-shared -trimpath \
-	-ldflags "-extldflags=-Wl,--version-script=$PWD/capi/exports_go.map" \
+	-ldflags "-extldflags=-Wl,--version-script=$PWD/capi/exports_go.map,--build-id=sha1" \
 	-o "$tmp/libmooncake_go.so" ./capi
 
 $GO build -o "$tmp/shimgen" ./capi/internal/shimgen

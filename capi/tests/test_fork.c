@@ -199,14 +199,18 @@ static void after_fork_child(mc_engine_t parent_engine, transfer_engine_t parent
     fflush(stderr);
     dup2(p[1], 2);
 
-    mc_engine_t e = 0;
+    /* out-parameters a failed call clears whatever the handle are cleared
+     * here too: set to garbage first */
+    mc_engine_t e = 1;
     CHECK_FORK_ERROR(test_engine("tcp", &e, &E));
+    CHECK_EQ(e, 0);
     CHECK_FORK_ERROR(mc_engine_ports(parent_engine, NULL, NULL, &E));
     CHECK_EQ(mc_engine_destroy(parent_engine, NULL), MC_ERR_PANIC);
     mc_store_config_t cfg;
     mc_store_config_init(&cfg);
-    mc_store_t s = 0;
+    mc_store_t s = 1;
     CHECK_FORK_ERROR(mc_store_create(&cfg, &s, &E));
+    CHECK_EQ(s, 0);
     /* what needs no Go still works */
     CHECK(strcmp(mc_status_name(MC_DOMAIN_NONE, MC_OK), "OK") == 0);
     CHECK_EQ(mc_abi_version(), MC_ABI_VERSION);
@@ -216,6 +220,10 @@ static void after_fork_child(mc_engine_t parent_engine, transfer_engine_t parent
     CHECK_EQ(getLocalIpAndPort(parent_te, name, sizeof name), -1);
     CHECK(allocateBatchID(parent_te, 1) == INVALID_BATCH);
     CHECK(openSegment(parent_te, "x") < 0);
+    /* NIXL loops over the count whatever the result */
+    int size = -1;
+    CHECK(getNotifsFromEngine(parent_te, &size) == NULL);
+    CHECK_EQ(size, 0);
     destroyTransferEngine(parent_te);
 
     fflush(stderr);

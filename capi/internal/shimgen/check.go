@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// loadedPid is the C function of the Go library (capi/loadpid.c) that the
+// loadedPid is the C function of the Go library (capi/loaded_pid.c) that the
 // loader resolves besides the exports.
 const loadedPid = "mcgo_loaded_pid"
 
@@ -44,7 +44,7 @@ func check(lib, golib string, exports []export, declared map[string]string) erro
 	}
 	for _, e := range append(exports, export{Name: loadedPid}) {
 		if !goDefined[e.Name] {
-			problems = append(problems, fmt.Sprintf("%s does not export %s, which the forwarders resolve (see its version script in scripts/build-capi.sh)", golib, e.Name))
+			problems = append(problems, fmt.Sprintf("%s does not export %s, which the forwarders resolve (see its version script, capi/exports_go.map)", golib, e.Name))
 		}
 	}
 	if len(problems) > 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -14,29 +15,66 @@ var failValues = map[string]string{
 	"mcgoTeAllocateBatch": "UINT64_MAX", // allocateBatchID: INVALID_BATCH
 }
 
+// failOuts names, per export, the out-parameters the Go side zeroes
+// whatever the handle, before anything can fail: the forwarder zeroes them
+// too when the Go library cannot run, so a caller that reads one without
+// checking the result (NIXL loops over getNotifsFromEngine's *size) reads
+// what a failed call leaves. Out-parameters the Go side writes only once it
+// has found the handle stay untouched, as for a bad handle: in a forked
+// child the parent's handles mean nothing. (cgo's header drops const, so
+// the types cannot tell out-parameters from input arrays: hence a list.)
+var failOuts = map[string][]string{
+	"mcgoTeGetNotifs":  {"size"}, // getNotifsFromEngine: *size = 0 with NULL
+	"mcgoEngineCreate": {"out"},  // mc_engine_create: *out = 0
+	"mcgoStoreCreate":  {"out"},  // mc_store_create: *out = 0
+}
+
 // failure is the body of e's forwarder when the Go library cannot run.
 // mooncake.h functions (an mc_status_t and a last mc_error_t*) get the
 // status and message from mcgo_fail; the others (Mooncake's API, which has
 // no error channel) have mcgo_complain say why on stderr and return what
 // the public function returns for a bad handle: -1, NULL, nothing, or the
-// value in failValues.
+// value in failValues. Either way the out-parameters in failOuts are
+// zeroed first.
 func failure(e export) (string, error) {
+	zero, err := zeroOuts(e)
+	if err != nil {
+		return "", err
+	}
 	if v, ok := failValues[e.Name]; ok {
-		return "mcgo_complain();\n\t\treturn " + v + ";", nil
+		return zero + "mcgo_complain();\n\t\treturn " + v + ";", nil
 	}
 	n := len(e.Params)
 	switch {
 	case e.Ret == "mc_status_t" && n > 0 && compact(e.Params[n-1].Type) == "mc_error_t*":
-		return "return mcgo_fail(" + e.Params[n-1].Name + ");", nil
+		return zero + "return mcgo_fail(" + e.Params[n-1].Name + ");", nil
 	case e.Ret == "void":
-		return "mcgo_complain();\n\t\treturn;", nil
+		return zero + "mcgo_complain();\n\t\treturn;", nil
 	case strings.HasSuffix(e.Ret, "*"):
-		return "mcgo_complain();\n\t\treturn NULL;", nil
+		return zero + "mcgo_complain();\n\t\treturn NULL;", nil
 	case e.Ret == "int" || e.Ret == "int32_t":
-		return "mcgo_complain();\n\t\treturn -1;", nil
+		return zero + "mcgo_complain();\n\t\treturn -1;", nil
 	}
 	return "", fmt.Errorf("export %s returns %s and its failure value is unknown: give it a last mc_error_t* "+
 		"and an mc_status_t result, or add it to failValues in capi/internal/shimgen/forward.go", e.Name, e.Ret)
+}
+
+// zeroOuts is the C that zeroes e's out-parameters in failOuts, each if
+// not NULL. A name that is not a parameter of e, or not a typed pointer,
+// stops the build: the list must follow the exports.
+func zeroOuts(e export) (string, error) {
+	var b strings.Builder
+	for _, name := range failOuts[e.Name] {
+		i := slices.IndexFunc(e.Params, func(p param) bool { return p.Name == name })
+		if i < 0 {
+			return "", fmt.Errorf("failOuts in capi/internal/shimgen/forward.go names %s of export %s, which has no such parameter", name, e.Name)
+		}
+		if t := compact(e.Params[i].Type); !strings.HasSuffix(t, "*") || t == "void*" {
+			return "", fmt.Errorf("failOuts in capi/internal/shimgen/forward.go names %s of export %s, which is a %s, not a typed pointer", name, e.Name, e.Params[i].Type)
+		}
+		fmt.Fprintf(&b, "if (%s) *%s = 0;\n\t\t", name, name)
+	}
+	return b.String(), nil
 }
 
 func compact(t string) string { return strings.ReplaceAll(t, " ", "") }

@@ -78,6 +78,12 @@ func TestFailure(t *testing.T) {
 		{"pointer", export{"mcgoX", "notify_msg_t*", nil}, "mcgo_complain();\n\t\treturn NULL;"},
 		{"void", export{"mcgoX", "void", nil}, "mcgo_complain();\n\t\treturn;"},
 		{"listed", export{"mcgoTeAllocateBatch", "uint64_t", nil}, "mcgo_complain();\n\t\treturn UINT64_MAX;"},
+		// out-parameters the Go side zeroes whatever the handle are zeroed
+		// here too: NIXL loops over getNotifsFromEngine's *size
+		{"zeroed out-parameter", export{"mcgoTeGetNotifs", "notify_msg_t*", []param{{"uint64_t", "h"}, {"int*", "size"}}},
+			"if (size) *size = 0;\n\t\tmcgo_complain();\n\t\treturn NULL;"},
+		{"zeroed handle", export{"mcgoEngineCreate", "mc_status_t", []param{{"mc_engine_config_t*", "cfg"}, {"mc_engine_t*", "out"}, {"mc_error_t*", "cerr"}}},
+			"if (out) *out = 0;\n\t\treturn mcgo_fail(cerr);"},
 		// a status without an error struct is not mooncake.h's convention
 		{"status without err", export{"mcgoX", "mc_status_t", []param{{"uint64_t", "h"}}}, ""},
 		// a handle or a count: 0 or all ones, only the author knows
@@ -97,6 +103,27 @@ func TestFailure(t *testing.T) {
 	}
 }
 
+// A failOuts entry that no longer matches its export stops the build
+// instead of zeroing something else or nothing.
+func TestFailOutsFollowExports(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		e    export
+		err  string
+	}{
+		// the parameter was renamed
+		{"renamed", export{"mcgoTeGetNotifs", "notify_msg_t*", []param{{"uint64_t", "h"}, {"int*", "count"}}}, "has no such parameter"},
+		// no longer a pointer: *size would not compile, or mean something else
+		{"not a pointer", export{"mcgoTeGetNotifs", "notify_msg_t*", []param{{"uint64_t", "h"}, {"int", "size"}}}, "not a typed pointer"},
+		{"void pointer", export{"mcgoTeGetNotifs", "notify_msg_t*", []param{{"uint64_t", "h"}, {"void*", "size"}}}, "not a typed pointer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := failure(tc.e)
+			require.ErrorContains(t, err, tc.err)
+		})
+	}
+}
+
 func TestForwarders(t *testing.T) {
 	exports, err := parseExports(cgoHeader)
 	require.NoError(t, err)
@@ -111,10 +138,13 @@ func TestForwarders(t *testing.T) {
 		"\t{NULL, NULL},\n",
 		"const unsigned char mcgo_build_id[] = {0xab, 0x01};\nconst size_t mcgo_build_id_len = 2;\n",
 		"mc_status_t mcgoEngineCreate(mc_engine_config_t* cfg, mc_engine_t* out, mc_error_t* cerr) {\n" +
-			"\tif (!mcgo_ready()) {\n\t\treturn mcgo_fail(cerr);\n\t}\n" +
+			"\tif (!mcgo_ready()) {\n\t\tif (out) *out = 0;\n\t\treturn mcgo_fail(cerr);\n\t}\n" +
 			"\treturn go.mcgoEngineCreate(cfg, out, cerr);\n}\n",
 		"void mcgoTeDestroy(uint64_t h) {\n\tif (!mcgo_ready()) {\n\t\tmcgo_complain();\n\t\treturn;\n\t}\n" +
 			"\tgo.mcgoTeDestroy(h);\n}\n",
+		"notify_msg_t* mcgoTeGetNotifs(uint64_t h, int* size) {\n" +
+			"\tif (!mcgo_ready()) {\n\t\tif (size) *size = 0;\n\t\tmcgo_complain();\n\t\treturn NULL;\n\t}\n" +
+			"\treturn go.mcgoTeGetNotifs(h, size);\n}\n",
 	} {
 		assert.Contains(t, src, want)
 	}
