@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 
-from mccluster import Cluster, free_port, start_cluster  # noqa: E402,F401
+from mccluster import start_cluster  # noqa: E402
 
 BIN = Path(os.environ.get("MOONCAKE_BIN", ROOT / "bin" / "mooncake"))
 LIB_DIR = Path(os.environ.get("MOONCAKE_LIB_DIR", ROOT / "build"))
@@ -28,10 +28,8 @@ def mooncake_bin() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(mooncake_bin):
-    """A master (no HA) with a metrics port and one storage node, per module."""
-    port = free_port()
-    c = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB",
-                      "--metrics_port", str(port))
-    c.metrics_port = port
+    """A master (no HA) with its admin port (.metrics_port) and one storage
+    node, per module."""
+    c = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB", admin=True)
     yield c
     c.stop()

@@ -5,15 +5,15 @@ suite's venv."""
 from __future__ import annotations
 
 import os
-import signal
+import queue
 import subprocess
 import sys
+import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
-from mccluster import free_port  # python/tests, on sys.path through e2e/conftest.py
+from mccluster import field, stop_process  # python/tests, on sys.path through e2e/conftest.py
 
 HERE = Path(__file__).resolve().parent
 
@@ -29,46 +29,68 @@ def sglang_env(master: str, **extra: str) -> dict:
     return env
 
 
-def wait_http(url: str, timeout: float = 30) -> None:
-    """Waits until url answers (any status): the server is listening."""
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Waits until url answers 200, failing at once if proc (the server)
+    exits first."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:  # not listening yet, or an HTTP error status
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:2]} exited with {proc.returncode} before {url} answered")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer 200 in {timeout} s")
+        time.sleep(0.1)
 
 
 class BareMaster:
     """``mooncake master`` alone: a store with no segment until a client
-    mounts one."""
+    mounts one. Its ports are picked by the system and read back from its
+    "master listening rpc=... admin=..." line."""
 
     def __init__(self, mooncake_bin: Path):
-        self.rpc_port, self.metrics_port = free_port(), free_port()
-        self.address = f"127.0.0.1:{self.rpc_port}"
         self.proc = subprocess.Popen(
-            [str(mooncake_bin), "master", "--rpc_address", "127.0.0.1", "--rpc_port", str(self.rpc_port),
-             "--metrics_host", "127.0.0.1", "--metrics_port", str(self.metrics_port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [str(mooncake_bin), "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0",
+             "--metrics_host", "127.0.0.1", "--metrics_port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            wait_http(f"http://127.0.0.1:{self.metrics_port}/health")
+            line = self._listening_line()
+            self.address = field(line, "rpc")
+            self.metrics_port = int(field(line, "admin").rsplit(":", 1)[1])
+            wait_http(f"http://127.0.0.1:{self.metrics_port}/health", self.proc)
         except BaseException:
             self.stop()
             raise
+        # Keep reading, so a master that logs a lot never blocks on a full pipe.
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    def _listening_line(self, timeout: float = 30) -> str:
+        lines: queue.Queue = queue.Queue()
+
+        def read():
+            for line in self.proc.stdout:
+                lines.put(line)
+                if line.startswith("master listening"):
+                    return
+            lines.put("")  # EOF: the master exited
+
+        threading.Thread(target=read, daemon=True).start()
+        seen = []
+        deadline = time.monotonic() + timeout
+        while True:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line.startswith("master listening"):
+                return line
+            if not line:
+                raise RuntimeError("mooncake master exited before listening:\n" + "".join(seen[-30:]))
+            seen.append(line)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process(self.proc, group=True)
 
 
 def run_python(args: list, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from mccluster import free_port
+from mccluster import refused_addr
 from sgl_harness import run_python, sglang_env
 
 MODULE = "sglang.srt.mem_cache.storage.mooncake_store.test_mooncake_store"
@@ -37,7 +37,8 @@ def test_shipped_module_passes(cluster):
 def test_shipped_module_fails_without_a_store():
     """Negative control: with nothing at MOONCAKE_MASTER the module must fail,
     and its failure must reach us as a nonzero exit without the pass lines."""
-    p = run_shipped(f"127.0.0.1:{free_port()}")
+    with refused_addr() as nowhere:
+        p = run_shipped(nowhere)
     out = p.stdout + p.stderr
     assert p.returncode != 0, out[-4000:]
     assert passed_checks(out) == (0, 0, False), out[-4000:]

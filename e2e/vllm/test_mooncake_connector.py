@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import itertools
 import subprocess
-import time
-import urllib.request
 
 import pytest
-from vllm_harness import MAX_TOKENS, free_port, http_json, http_stream, prompts, start_servers, stop_group
+from vllm_harness import (MAX_TOKENS, free_port, http_json, http_stream, prompts, start_servers, stop_process,
+                          wait_line)
 from tinymodel import text
 
 _ids = itertools.count(1)
@@ -93,31 +92,23 @@ def conductors(pd, mooncake_bin, logs):
     """Two `mooncake conductor` routers in front of D: one with PA as its
     prefill instance, one with PB (the negative control)."""
     urls, procs = {}, []
-    for name in ("pa", "pb"):
-        p = pd[name]
-        port = free_port()
-        log = open(logs / f"conductor-{name}.log", "w")
-        procs.append(subprocess.Popen(
-            [str(mooncake_bin), "conductor", "--listen", f"127.0.0.1:{port}",
-             "--prefill", f"{name}={p.url},engine_id={name},bootstrap_addr={p.bootstrap}",
-             "--decode", f"d={pd['d'].url}", "--admission", "none"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        urls[name] = f"http://127.0.0.1:{port}"
     try:
-        for url in urls.values():
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=2)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+        for name in ("pa", "pb"):
+            p = pd[name]
+            log = logs / f"conductor-{name}.log"
+            with open(log, "w") as out:
+                proc = subprocess.Popen(
+                    [str(mooncake_bin), "conductor", "--listen", "127.0.0.1:0",
+                     "--prefill", f"{name}={p.url},engine_id={name},bootstrap_addr={p.bootstrap}",
+                     "--decode", f"d={pd['d'].url}", "--admission", "none"],
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(proc)
+            # "conductor listening http://127.0.0.1:PORT prefill=1 decode=1"
+            urls[name] = wait_line(log, "conductor listening", proc).split()[2]
         yield urls
     finally:
-        for p in procs:
-            stop_group(p, grace=5)
+        for proc in procs:
+            stop_process(proc, grace=5, group=True)
 
 
 def chat_text(choice: dict) -> str:

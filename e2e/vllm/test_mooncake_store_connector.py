@@ -12,7 +12,7 @@ import re
 import urllib.request
 
 import pytest
-from mccluster import free_port, start_cluster
+from mccluster import start_cluster
 from vllm_harness import prompts, run_offline
 
 
@@ -96,10 +96,7 @@ def test_negative_control_blocks_of_other_weights_change_the_answer(models, logs
                                                                    baseline):
     """The same keys (same model directory name, same prompts) written by the
     other weights: a reader that really loads them answers differently."""
-    port = free_port()
-    other = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB",
-                          "--metrics_port", str(port))
-    other.metrics_port = port
+    other = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB", admin=True)
     try:
         env, kv = store_env(other, tmp_path), store_connector(other)
         run_offline(models["b"], prompts(), logs / "neg-writer.log", kv=kv, env=env,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import tinymodel  # this directory and python/tests are on sys.path (the conftests)
-from mccluster import free_port  # noqa: F401
+from mccluster import free_port, stop_process  # noqa: F401 (free_port: for the tests)
 
 HERE = Path(__file__).resolve().parent
 
@@ -112,24 +111,23 @@ class Server:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self) -> None:
-        stop_group(self.proc)
+        # The whole group: vLLM's engine and worker processes included.
+        stop_process(self.proc, group=True)
         self._logf.close()
 
 
-def stop_group(proc: subprocess.Popen, grace: float = 20) -> None:
-    """SIGTERM to the process group (vLLM's engine and worker processes
-    included), then SIGKILL after grace seconds."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+def wait_line(log: Path, prefix: str, proc: subprocess.Popen, timeout: float = 30) -> str:
+    """The first line of log that starts with prefix, once the process that
+    writes it has written it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"no {prefix!r} line from {proc.args[:2]} (exit {proc.poll()}):\n"
+                               + log.read_text(errors="replace")[-3000:])
+        time.sleep(0.1)
 
 
 def start_servers(specs: list) -> list:
@@ -167,7 +165,7 @@ def run_offline(model: Path, prompt_ids: list, log: Path, kv: dict | None = None
         except subprocess.TimeoutExpired:
             pass
         finally:
-            stop_group(proc, grace=5)
+            stop_process(proc, grace=5, group=True)
     if proc.returncode != 0 or not out.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
         raise RuntimeError(f"offline vLLM run failed (exit {proc.returncode}):\n{tail}")
