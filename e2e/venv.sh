@@ -19,7 +19,7 @@ wheel=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 lock=$here/$name/requirements.lock
 [ -f "$lock" ] || { echo "e2e/venv.sh: no $lock" >&2; exit 2; }
-home=${MOONCAKE_E2E_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-go/e2e}
+home=${MOONCAKE_E2E_HOME:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/mooncake-go/e2e}
 venv=$home/$name
 py=${PYTHON:-python3}
 stamp="$(sha256sum "$lock" | cut -c1-16) $("$py" -c 'import sys; print(sys.version.split()[0])')"
