@@ -170,11 +170,93 @@ def test_tensor_helpers(store):
     assert store.put_tensor_from(k2, ctypes.addressof(buf), 304 + a.nbytes) == 0
     assert np.asarray(store.get_tensor(k2)).tobytes() == a.tobytes()
     assert store.unregister_buffer(ctypes.addressof(buf)) == 0
-    # tensor parallelism: shards as torch.chunk cuts them, under key_tp_<rank>
+    # tensor parallelism: equal shards under key_tp_<rank> (see test_tensor_with_tp_shards)
     base = uid()
-    m = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
+    m = np.arange(12 * 3, dtype=np.float32).reshape(12, 3)
     assert store.put_tensor_with_tp(base, m, tp_size=4, split_dim=0) == 0
     shards = [np.asarray(store.get_tensor_with_tp(base, tp_rank=r, tp_size=4)) for r in range(4)]
-    assert [s.shape[0] for s in shards] == [3, 3, 3, 1]
+    assert [s.shape for s in shards] == [(3, 3)] * 4
     assert np.concatenate(shards).tobytes() == m.tobytes()
     assert np.asarray(store.get_tensor_with_tp(key)).tobytes() == a.tobytes()  # tp_size 1: the key itself
+
+
+def shard_layout(raw: bytes) -> tuple:
+    """(layout kind, global shape, local shape, axes) of a stored tensor,
+    read as the official TensorMetadata."""
+    _, _, _, _, ndim, kind, _, off, nbytes = struct.unpack_from("<IHHiiIIQQ", raw)
+    assert (off, nbytes) == (304, len(raw) - 304)
+    dims = struct.unpack_from("<8q8qII", raw, 40)
+    axes = [struct.unpack_from("<6iq", raw, 176 + 32 * i) for i in range(dims[16])]
+    return kind, dims[:ndim], dims[8:8 + ndim], axes
+
+
+def test_tensor_with_tp_shards(store):
+    """put_tensor_with_tp and its batch and pub forms store each rank's
+    shard as the official 0.3.13 store does: SHARD metadata with the
+    global and the local shape and one TP axis (rank of size, split dim,
+    local extent); uneven splits and split dims out of range are refused
+    (-600) with nothing written; tp_size 1 stores the tensor whole (FULL)
+    under the key itself, not under key_tp_0."""
+    np = numpy_or_skip()
+    m = np.arange(4 * 6, dtype=np.int32).reshape(4, 6)
+    for split_dim, local in ((0, (2, 6)), (1, (4, 3))):
+        base = uid()
+        assert store.put_tensor_with_tp(base, m, tp_size=2, split_dim=split_dim) == 0
+        for r in range(2):
+            raw = store.get(f"{base}_tp_{r}")
+            assert shard_layout(raw) == (1, (4, 6), local, [(1, 0, r, 2, split_dim, 0, local[split_dim])])
+            want = m[2 * r:2 * r + 2] if split_dim == 0 else m[:, 3 * r:3 * r + 3]
+            assert raw[304:] == want.tobytes()
+            assert np.asarray(store.get_tensor_with_tp(base, tp_rank=r, tp_size=2)).tolist() == want.tolist()
+        assert store.is_exist(base) == 0
+    # the batch and pub forms: the same layout
+    keys = [uid(), uid()]
+    assert store.batch_put_tensor_with_tp(keys, [m, m + 1], tp_size=3, split_dim=1) == [0, 0]
+    assert shard_layout(store.get(f"{keys[1]}_tp_2"))[:3] == (1, (4, 6), (4, 2))
+    assert [np.asarray(t).tolist() for t in store.batch_get_tensor_with_tp(keys, tp_rank=2, tp_size=3)] == \
+        [m[:, 4:].tolist(), (m + 1)[:, 4:].tolist()]
+    key = uid()
+    assert store.pub_tensor_with_tp(key, m, ReplicateConfig(), tp_size=4, split_dim=0) == 0
+    assert shard_layout(store.get(f"{key}_tp_3"))[:3] == (1, (4, 6), (1, 6))
+    # refused: an uneven split, a split dim out of range (negative too);
+    # in a batch, only the tensor that does not split
+    for tp_size, split_dim in ((3, 0), (4, 1), (2, 2), (2, -1)):
+        key = uid()
+        assert store.put_tensor_with_tp(key, m, tp_size=tp_size, split_dim=split_dim) == -600
+        assert store.is_exist(f"{key}_tp_0") == 0
+    keys = [uid(), uid()]
+    assert store.batch_put_tensor_with_tp(keys, [m, m[:3]], tp_size=2) == [0, -600]
+    assert store.is_exist(f"{keys[0]}_tp_1") == 1 and store.is_exist(f"{keys[1]}_tp_0") == 0
+    assert store.batch_put_tensor_with_tp(keys, [m], tp_size=2) == [-600, -600]
+    # tp_size 1: whole, under the key
+    key = uid()
+    assert store.put_tensor_with_tp(key, m, tp_size=1, split_dim=1) == 0
+    assert shard_layout(store.get(key)) == (0, (4, 6), (4, 6), [])
+    assert store.is_exist(f"{key}_tp_0") == 0
+    assert np.asarray(store.get_tensor_with_tp(key, tp_rank=0, tp_size=1)).tolist() == m.tolist()
+
+
+def test_tensor_put_copies_nothing_in_python(store):
+    """A tensor put writes the metadata and the tensor's own memory (a put
+    session's ranged write): no copy of the tensor is made in Python, so
+    the Python heap does not grow by its size."""
+    np = numpy_or_skip()
+    import tracemalloc
+    big = np.arange(4 << 20, dtype=np.float32)  # 16 MiB, allocated before tracing
+    half = big.size // 2
+    cases = [  # the put, and the key it wrote with the elements there
+        (lambda k: store.put_tensor(k, big), lambda k: (k, big)),
+        (lambda k: store.put_tensor_with_tp(k, big, tp_size=2), lambda k: (f"{k}_tp_1", big[half:])),
+        (lambda k: store.put_tensor_with_parallelism(k, big, None), lambda k: (k, big)),
+    ]
+    for put, stored in cases:
+        key = uid()
+        tracemalloc.start()
+        try:
+            assert put(key) == 0
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < big.nbytes // 8, f"{peak} bytes allocated in Python to put {big.nbytes}"
+        k, want = stored(key)
+        assert np.asarray(store.get_tensor(k)).tobytes() == want.tobytes()

@@ -15,7 +15,7 @@ import mmap
 import os
 import struct
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 log = logging.getLogger("mooncake.store")
 

@@ -31,6 +31,9 @@ import threading
 import time
 from typing import List, Optional
 
+from mooncake_go import _lib, errors
+from mooncake_go._buffers import address
+
 from . import _store_ext as _x
 
 log = logging.getLogger("mooncake.store")
@@ -196,7 +199,9 @@ def _check_split(shape, split_dim: int, count: int) -> None:
 
 def _split(data, code: int, shape, split_dim: int, count: int) -> list:
     """The bytes of each of count equal shards of data (a C-contiguous
-    tensor's bytes of that shape) cut along split_dim."""
+    tensor's bytes of that shape) cut along split_dim: views of data where
+    a shard is one run of it (nothing before split_dim but dimensions of
+    1), else a copy of the shard's slabs."""
     outer = 1
     for d in shape[:split_dim]:
         outer *= d
@@ -206,6 +211,8 @@ def _split(data, code: int, shape, split_dim: int, count: int) -> list:
     step = shape[split_dim] // count * inner  # bytes of one shard's slab
     row = shape[split_dim] * inner
     mv = memoryview(data).cast("B")
+    if outer == 1:
+        return [mv[r * step:(r + 1) * step] for r in range(count)]
     return [b"".join(mv[o * row + r * step:o * row + (r + 1) * step] for o in range(outer)) for r in range(count)]
 
 
@@ -241,6 +248,69 @@ def _rc(e: Exception) -> int:
     return code if isinstance(code, int) and code < 0 else _INVALID_PARAMS
 
 
+def _nbytes(p) -> int:
+    return memoryview(p).nbytes
+
+
+def _concat(pieces) -> bytes:
+    """The pieces (bytes-like) as one value: a copy, for the paths that
+    need the value in one buffer."""
+    return b"".join(p if memoryview(p).c_contiguous else memoryview(p).tobytes() for p in pieces)
+
+
+def _ranges(pieces) -> list:
+    """(address, length, offset in the value) of each non-empty piece;
+    ValueError for a piece whose memory cannot be addressed."""
+    out, off = [], 0
+    for p in pieces:
+        n = _nbytes(p)
+        if n:
+            out.append((address(p)[0], n, off))
+        off += n
+    return out
+
+
+def _whole_objects(key: str, t, keep: list) -> list:
+    """The object that stores t whole: its FULL metadata, then its bytes."""
+    header = _x.tensor_header(t)
+    view, owner = _x.tensor_bytes(t)
+    keep.append(owner)
+    return [(key, [header, view])]
+
+
+def _shard_objects(base: str, shape, code: int, data, axes) -> list:
+    """The objects of every rank of the TP axis among axes: each shard of
+    data (a whole tensor's bytes, of shape) under its key, with SHARD
+    metadata (global and local shape, the axes with this rank)."""
+    ti = _tp_index(axes)
+    tp = axes[ti]
+    _check_split(shape, tp.split_dim, tp.size)
+    local = list(shape)
+    local[tp.split_dim] //= tp.size
+    out = []
+    for r, part in enumerate(_split(data, code, shape, tp.split_dim, tp.size)):
+        ax = list(axes)
+        ax[ti] = tp.with_rank(r)
+        meta = _x.build_metadata(code, shape, local, _nbytes(part), _x.LAYOUT_SHARD, [a.layout(local) for a in ax])
+        out.append((parallelism_key(base, ax), [meta, part]))
+    return out
+
+
+def _tensor_objects(key: str, t, axes, keep: list) -> list:
+    """The objects that store t: whole (axes None), every TP rank's
+    shard (a TP axis), or t as the one shard axes name. ValueError names
+    what is wrong with t or the split."""
+    if axes is None:
+        return _whole_objects(key, t, keep)
+    code, shape = _code(t), _shape(t)
+    view, owner = _x.tensor_bytes(t)
+    keep.append(owner)
+    if _tp_index(axes) is not None:
+        return _shard_objects(key, shape, code, view, axes)
+    meta = _x.build_metadata(code, shape, shape, _nbytes(view), _x.LAYOUT_SHARD, [a.layout(shape) for a in axes])
+    return [(parallelism_key(key, axes), [meta, view])]
+
+
 # -- the store methods ---------------------------------------------------------
 
 
@@ -248,25 +318,102 @@ class TensorExt:
     """MooncakeDistributedStore's parallelism, tp_from and safetensors
     methods (a mixin over its put/upsert/get_buffer)."""
 
-    # writes
+    # writes: every write resolves to objects, each a key and the pieces
+    # of its value (a TensorMetadata, then views of the tensor's bytes),
+    # stored by _write_values without joining them in Python.
 
-    def _write(self, key: str, value: bytes, config, upsert: bool) -> int:
-        return self.upsert(key, value, config) if upsert else self.put(key, value, config)
+    def _write_values(self, keys: List[str], values: List[list], config, upsert: bool) -> List[int]:
+        """Stores the concatenation of the pieces values[i] (bytes-like)
+        under keys[i]; 0 or a negative code per key. A put goes through a
+        put session, which writes each piece from where it lies (registered
+        memory directly, other memory through the staging buffer). An
+        upsert, a key the session refuses (one that exists: the ordinary
+        put answers, write-once) and a library before ABI 1.4 take the
+        ordinary path, which needs each value in one buffer."""
+        codes: List[Optional[int]] = [None] * len(keys)
+        if not upsert and keys and _lib.available("mc_store_batch_put_ranges"):
+            self._write_sessions(keys, values, config, codes)
+        rest = [i for i, c in enumerate(codes) if c is None]
+        if rest:
+            got = self._batch_put([keys[i] for i in rest], [_concat(values[i]) for i in rest], config, upsert)
+            for i, c in zip(rest, got):
+                codes[i] = c
+        return codes
 
-    def _write_split(self, shape, code, data, axes, base, config, upsert) -> int:
-        ti = _tp_index(axes)
-        tp = axes[ti]
-        _check_split(shape, tp.split_dim, tp.size)
-        local = list(shape)
-        local[tp.split_dim] //= tp.size
-        for r, part in enumerate(_split(data, code, shape, tp.split_dim, tp.size)):
-            ax = list(axes)
-            ax[ti] = tp.with_rank(r)
-            meta = _x.build_metadata(code, shape, local, len(part), _x.LAYOUT_SHARD, [a.layout(local) for a in ax])
-            rc = self._write(parallelism_key(base, ax), meta + part, config, upsert)
-            if rc != 0:
-                return rc
-        return 0
+    def _write_sessions(self, keys, values, config, codes) -> None:
+        """The put sessions of _write_values: sets codes[i] for the keys
+        it stored or failed, leaves None for the ordinary path."""
+        try:
+            ranges = [_ranges(ps) for ps in values]
+            st = self._s()
+            started = st._put_session_start_codes(keys, [sum(n for _, n, _ in r) for r in ranges],
+                                                  None if config is None else config._native())
+        except (ValueError, TypeError, errors.MooncakeError):
+            return
+        live = [i for i, c in enumerate(started) if c == 0]
+        try:
+            if live:
+                rs = [ranges[i] for i in live]
+                wrote, _ = st._parts_codes(False, [keys[i] for i in live], [[a for a, _, _ in r] for r in rs],
+                                           [[n for _, n, _ in r] for r in rs],
+                                           offset_lists=[[o for _, _, o in r] for r in rs])
+                for i, c in zip(live, wrote):
+                    codes[i] = c if c else None
+                done = [i for i in live if codes[i] is None]
+                if done:
+                    for i, c in zip(done, st._put_session_codes(True, [keys[i] for i in done])):
+                        codes[i] = c
+        except errors.MooncakeError as e:
+            for i in live:
+                if codes[i] is None:
+                    codes[i] = _rc(e)
+        # A session that did not end gives its room back.
+        failed = [keys[i] for i in live if codes[i] != 0]
+        if failed:
+            try:
+                st._put_session_codes(False, failed)
+            except errors.MooncakeError as e:
+                log.warning("revoking the put sessions of %d keys: %s", len(failed), e)
+
+    def _write_groups(self, groups: list, config, upsert: bool) -> List[int]:
+        """groups[i] is the objects (key, pieces) of input i, or its code
+        when it has none; 0 or the first failing object's code per input."""
+        keys, values, owner = [], [], []
+        for gi, g in enumerate(groups):
+            if not isinstance(g, int):
+                for k, ps in g:
+                    keys.append(k)
+                    values.append(ps)
+                    owner.append(gi)
+        out = [g if isinstance(g, int) else 0 for g in groups]
+        for gi, c in zip(owner, self._write_values(keys, values, config, upsert)):
+            if c != 0 and out[gi] == 0:
+                out[gi] = c
+        return out
+
+    def _write_tensors(self, keys, tensors, axes_list, config, upsert: bool, what: str) -> List[int]:
+        """Stores tensors[i] under keys[i]: whole (axes None) or as the
+        shards axes_list[i] describe; 0 or a negative code per key."""
+        if len(tensors) != len(keys) or len(axes_list) != len(keys):
+            log.error("%s: keys and tensors differ in length", what)
+            return [_INVALID_PARAMS] * len(keys)
+        keep, groups = [], []  # keep: the tensors' owners, alive until written
+        for k, t, axes in zip(keys, tensors, axes_list):
+            try:
+                groups.append(_tensor_objects(k, t, axes, keep))
+            except (ValueError, TypeError, AttributeError) as e:
+                log.error("%s %r: %s", what, k, e)
+                groups.append(_INVALID_PARAMS)
+        return self._write_groups(groups, config, upsert)
+
+    def _write_tp(self, keys, tensors, config, tp_size, split_dim, upsert: bool = False) -> List[int]:
+        """The *_tensor_with_tp writes: every rank's shard of each tensor
+        (SHARD metadata with one TP axis) under <key>_tp_<rank>; a
+        tp_size of 1 or less stores the tensor whole under its key, as
+        the official store does."""
+        tp_size, split_dim = int(tp_size), int(split_dim)
+        axes = None if tp_size <= 1 else [_Axis((1, 0, tp_size, split_dim, None, None))]
+        return self._write_tensors(keys, tensors, [axes] * len(keys), config, upsert, "put tensor with tp")
 
     def _write_parallel(self, key, t, parallelism, config, writer_partition, upsert) -> int:
         try:
@@ -274,20 +421,11 @@ class TensorExt:
                 if parallelism is not None:
                     raise ValueError("writer_partition cannot be combined with parallelism")
                 return self._write_writer_shard(key, t, writer_partition, config, upsert)
-            code = _code(t)
-            view, _keep = _x.tensor_bytes(t)
-            shape = _shape(t)
-            if parallelism is None:
-                return self._write(key, _x.tensor_header(t) + bytes(view), config, upsert)
-            axes = _axes(parallelism)
-            if _tp_index(axes) is not None:
-                return self._write_split(shape, code, view, axes, key, config, upsert)
-            # No TP axis: the tensor is this shard, stored as it is.
-            meta = _x.build_metadata(code, shape, shape, len(view), _x.LAYOUT_SHARD, [a.layout(shape) for a in axes])
-            return self._write(parallelism_key(key, axes), meta + bytes(view), config, upsert)
+            axes = None if parallelism is None else _axes(parallelism)
         except (ValueError, TypeError, AttributeError) as e:
             log.error("put tensor %r with parallelism: %s", key, e)
             return _INVALID_PARAMS
+        return self._write_tensors([key], [t], [axes], config, upsert, "put tensor with parallelism")[0]
 
     def _write_writer_shard(self, key, t, w, config, upsert) -> int:
         if not all(hasattr(w, f) for f in ("rank", "size", "split_dim")):
@@ -302,8 +440,8 @@ class TensorExt:
         local = list(shape)
         local[sd] //= size
         axis = _Axis((1, rank, size, sd, None, None))
-        meta = _x.build_metadata(code, shape, local, len(part), _x.LAYOUT_SHARD, [axis.layout(local)])
-        rc = self._write(writer_key(key, rank, size, sd), meta + part, config, upsert)
+        meta = _x.build_metadata(code, shape, local, _nbytes(part), _x.LAYOUT_SHARD, [axis.layout(local)])
+        rc = self._write_values([writer_key(key, rank, size, sd)], [[meta, part]], config, upsert)[0]
         if rc != 0:
             return rc
         pad = [-1] * (_x.MAX_TENSOR_DIMS - len(shape))
@@ -545,13 +683,14 @@ class TensorExt:
             if meta is None or meta["layout"] != _x.LAYOUT_FULL:
                 raise ValueError("the buffer is not a whole stored tensor (metadata, then data)")
             if tp_size == 1:
-                return self.put(key, bytes(buf), None)
+                return self.put(key, buf, None)
             data = memoryview(buf).cast("B")[meta["offset"]:]
             axes = [_Axis((1, 0, tp_size, split_dim, None, None))]
-            return self._write_split(meta["shape"], meta["dtype"], data, axes, key, None, False)
+            objects = _shard_objects(key, meta["shape"], meta["dtype"], data, axes)
         except (ValueError, TypeError) as e:
             log.error("put_tensor_with_tp_from %r: %s", key, e)
             return _INVALID_PARAMS
+        return self._write_groups([objects], None, False)[0]
 
     def batch_put_tensor_with_tp_from(self, base_keys: List[str], buffer_ptrs: List[int], sizes: List[int],
                                       tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> List[int]:
@@ -593,7 +732,7 @@ class TensorExt:
             return None
         n = len(data)
         value = bytearray(_x.build_metadata(code, shape, shape, n) + data)
-        if self.put(store_key, bytes(value), None) != 0:
+        if self.put(store_key, value, None) != 0:
             return None
         return _x.make_tensor(value, code, shape, _x.TENSOR_HEADER_SIZE)
 

@@ -121,12 +121,6 @@ class BufferHandle(bytearray):
         return len(self)
 
 
-def _joined(parts) -> bytes:
-    """The concatenation of parts (bytes-like), copying their bytes once."""
-    views = [memoryview(p) for p in parts]
-    return b"".join(v if v.c_contiguous else v.tobytes() for v in views)
-
-
 def _memory(addr: int, n: int):
     """The n bytes at addr, uncopied (a ctypes array; b"" for none)."""
     n = int(n)
@@ -289,11 +283,12 @@ class MooncakeDistributedStore(TensorExt):
             return _code(e)
 
     def put_parts(self, key: str, *parts, config: Optional[ReplicateConfig] = None) -> int:
-        """Stores the concatenation of parts as one object."""
-        return self.put(key, _joined(parts), config)
+        """Stores the concatenation of parts as one object, written from
+        the parts themselves (see _write_values)."""
+        return self._write_values([key], [list(parts)], config, False)[0]
 
     def upsert_parts(self, key: str, *parts, config: Optional[ReplicateConfig] = None) -> int:
-        return self.upsert(key, _joined(parts), config)
+        return self._write_values([key], [list(parts)], config, True)[0]
 
     def put_batch(self, keys: List[str], values: List, config: Optional[ReplicateConfig] = None) -> int:
         """0 when every put succeeded, else the first failure's code."""
@@ -366,8 +361,8 @@ class MooncakeDistributedStore(TensorExt):
     def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
                                metadata_size: int, config: Optional[ReplicateConfig] = None) -> int:
         """Stores metadata then data as one object."""
-        value = b"".join((_memory(metadata_buffer_ptr, metadata_size), _memory(buffer_ptr, size)))
-        return self.put(key, value, config)
+        parts = [_memory(metadata_buffer_ptr, metadata_size), _memory(buffer_ptr, size)]
+        return self._write_values([key], [parts], config, False)[0]
 
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         """Bytes read into buffer_ptr, or a negative code."""
@@ -507,26 +502,6 @@ for _e in (ObjectDataType, ReplicaStatus, TaskStatus, TaskType):
 del _e
 
 
-def _tensor_value(tensor) -> bytes:
-    """The stored form of a tensor: its header, then its bytes."""
-    view, _keep = _x.tensor_bytes(tensor)
-    return b"".join((_x.tensor_header(tensor), view))
-
-
-def _tp_shards(tensor, tp_size: int, split_dim: int) -> list:
-    """tensor cut along split_dim into tp_size shards as torch.chunk cuts
-    (ceil-sized, the last ones shorter or absent), each contiguous."""
-    n = int(tensor.shape[split_dim])
-    step = -(-n // tp_size) if n else 0
-    out = []
-    for r in range(tp_size):
-        lo, hi = min(r * step, n), min((r + 1) * step, n)
-        idx = [slice(None)] * len(tensor.shape)
-        idx[split_dim] = slice(lo, hi)
-        out.append(tensor[tuple(idx)])
-    return out
-
-
 def _tp_key(key: str, rank: int, tp_size: int) -> str:
     return key if tp_size <= 1 else f"{key}_tp_{rank}"
 
@@ -599,7 +574,8 @@ class _StoreExt:
         bytes read (the sum of the sizes) or a negative code per key. Keys
         without a session are looked up as any get."""
         try:
-            codes, outs = self._s()._ranges_codes(keys, all_buffer_ptrs, all_sizes, all_src_offsets)
+            codes, outs = self._s()._parts_codes(True, keys, all_buffer_ptrs, all_sizes,
+                                                 offset_lists=all_src_offsets)
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
         except (ValueError, TypeError, OverflowError):
@@ -628,7 +604,8 @@ class _StoreExt:
         reserved; bytes written (the sum of the sizes) or a negative code
         per key (-600 without a session or for a range past the size)."""
         try:
-            codes, outs = self._s()._ranges_codes(keys, all_buffer_ptrs, all_sizes, all_dst_offsets, put=True)
+            codes, outs = self._s()._parts_codes(False, keys, all_buffer_ptrs, all_sizes,
+                                                 offset_lists=all_dst_offsets)
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
         except (ValueError, TypeError, OverflowError):
@@ -670,7 +647,7 @@ class _StoreExt:
                     sizes.append(list(ns))
                     row.append(len(ns))
                 shape.append(row)
-            codes, _ = self._s()._ranges_codes(keys, ptrs, sizes, srcs)
+            codes, _ = self._s()._parts_codes(True, keys, ptrs, sizes, offset_lists=srcs)
         except errors.MooncakeError as e:
             return [[[_code(e)] * n for n in row] for row in shape] if shape else []
         except (ValueError, TypeError, OverflowError, IndexError):
@@ -692,12 +669,10 @@ class _StoreExt:
     # value.
 
     def _put_tensor(self, key, tensor, config, upsert: bool) -> int:
-        try:
-            value = _tensor_value(tensor)
-        except (ValueError, TypeError) as e:
-            log.error("put tensor %r: %s", key, e)
-            return _INVALID_PARAMS
-        return self.upsert(key, value, config) if upsert else self.put(key, value, config)
+        return self._write_tensors([key], [tensor], [None], config, upsert, "put tensor")[0]
+
+    def _put_tensors(self, keys, tensors, config, upsert: bool) -> List[int]:
+        return self._write_tensors(keys, tensors, [None] * len(keys), config, upsert, "put tensor")
 
     def put_tensor(self, key: str, tensor) -> int:
         return self._put_tensor(key, tensor, None, False)
@@ -712,18 +687,18 @@ class _StoreExt:
         return self._put_tensor(key, tensor, config, True)
 
     def batch_put_tensor(self, keys: List[str], tensors_list: List) -> List[int]:
-        return [self._put_tensor(k, t, None, False) for k, t in zip(keys, tensors_list)]
+        return self._put_tensors(keys, tensors_list, None, False)
 
     def batch_upsert_tensor(self, keys: List[str], tensors_list: List) -> List[int]:
-        return [self._put_tensor(k, t, None, True) for k, t in zip(keys, tensors_list)]
+        return self._put_tensors(keys, tensors_list, None, True)
 
     def batch_pub_tensor(self, keys: List[str], tensors_list: List,
                          config: Optional[ReplicateConfig] = None) -> List[int]:
-        return [self._put_tensor(k, t, config, False) for k, t in zip(keys, tensors_list)]
+        return self._put_tensors(keys, tensors_list, config, False)
 
     def batch_upsert_pub_tensor(self, keys: List[str], tensors_list: List,
                                 config: Optional[ReplicateConfig] = None) -> List[int]:
-        return [self._put_tensor(k, t, config, True) for k, t in zip(keys, tensors_list)]
+        return self._put_tensors(keys, tensors_list, config, True)
 
     def put_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
         """Stores size bytes at buffer_ptr, already laid out as a stored
@@ -764,36 +739,26 @@ class _StoreExt:
         ns = self.batch_get_into(keys, buffer_ptrs, sizes)
         return [self._as_tensor(k, _x_memory(p, n)) if n > 0 else None for k, p, n in zip(keys, buffer_ptrs, ns)]
 
-    # Tensor parallelism: a tensor cut along split_dim into tp_size shards
-    # stored as "<key>_tp_<rank>" (the key itself when tp_size is 1).
-
-    def _put_tp(self, key, tensor, config, tp_size, split_dim, upsert=False) -> int:
-        tp_size = int(tp_size)
-        if tp_size < 1 or not -len(tensor.shape) <= int(split_dim) < len(tensor.shape):
-            return _INVALID_PARAMS
-        for r, shard in enumerate(_tp_shards(tensor, tp_size, int(split_dim))):
-            rc = self._put_tensor(_tp_key(key, r, tp_size), shard, config, upsert)
-            if rc != 0:
-                return rc
-        return 0
+    # Tensor parallelism (_tensor_ext's shard writes): a tensor cut along
+    # split_dim into tp_size equal shards, each stored with SHARD metadata
+    # under "<key>_tp_<rank>" (the key itself, whole, when tp_size is 1).
+    # tp_rank is not used by the writes: every rank's shard is written.
 
     def put_tensor_with_tp(self, key: str, tensor, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> int:
-        """Stores every shard of tensor (tp_rank is not used: all ranks'
-        shards are written)."""
-        return self._put_tp(key, tensor, None, tp_size, split_dim)
+        return self._write_tp([key], [tensor], None, tp_size, split_dim)[0]
 
     def pub_tensor_with_tp(self, key: str, tensor, config: Optional[ReplicateConfig] = None, tp_rank: int = 0,
                            tp_size: int = 1, split_dim: int = 0) -> int:
-        return self._put_tp(key, tensor, config, tp_size, split_dim)
+        return self._write_tp([key], [tensor], config, tp_size, split_dim)[0]
 
     def batch_put_tensor_with_tp(self, base_keys: List[str], tensors_list: List, tp_rank: int = 0, tp_size: int = 1,
                                  split_dim: int = 0) -> List[int]:
-        return [self._put_tp(k, t, None, tp_size, split_dim) for k, t in zip(base_keys, tensors_list)]
+        return self._write_tp(base_keys, tensors_list, None, tp_size, split_dim)
 
     def batch_pub_tensor_with_tp(self, base_keys: List[str], tensors_list: List,
                                  config: Optional[ReplicateConfig] = None, tp_rank: int = 0, tp_size: int = 1,
                                  split_dim: int = 0) -> List[int]:
-        return [self._put_tp(k, t, config, tp_size, split_dim) for k, t in zip(base_keys, tensors_list)]
+        return self._write_tp(base_keys, tensors_list, config, tp_size, split_dim)
 
     def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0):
         """The shard of rank tp_rank (the whole tensor when tp_size is 1)."""

@@ -45,7 +45,11 @@ from typing import TypeVar
 from . import errors
 
 ABI_VERSION_MAJOR = 1
-ABI_VERSION_MINOR = 2  # 1.1: values made of parts; 1.2: remove by regex, batch remove
+# The oldest minor this package loads (1.1: values made of parts; 1.2:
+# remove by regex, batch remove). Functions of later minors (1.3: ranged
+# reads, get sessions, replica descriptors; 1.4: put sessions) are bound
+# when the library has them and refused, saying why, when it does not.
+ABI_VERSION_MINOR = 2
 LIBRARY_NAME = "libmooncake.so"
 GO_LIBRARY_NAME = "libmooncake_go.so"  # loaded by libmooncake.so, from beside it
 
@@ -132,6 +136,22 @@ class ReplicateConfig(Structure):
     ]
 
 
+REPLICA_NAME_SIZE = 256
+REPLICA_MEMORY, REPLICA_DISK, REPLICA_LOCAL_DISK = 0, 1, 2
+
+
+class ReplicaDesc(Structure):
+    _fields_ = [
+        ("kind", c_int32),
+        ("status", c_int32),
+        ("buffer_address", c_uint64),
+        ("size", c_uint64),
+        ("segment_name", c_char * REPLICA_NAME_SIZE),
+        ("transport_endpoint", c_char * REPLICA_NAME_SIZE),
+        ("file_path", c_char * REPLICA_NAME_SIZE),
+    ]
+
+
 _ERR = POINTER(Error)
 _U64P = POINTER(c_uint64)
 _I32P = POINTER(c_int32)
@@ -187,6 +207,29 @@ _SIGNATURES = {
     "mc_store_remove_by_regex": (c_int32, [c_uint64, c_char_p, c_int, _U64P]),
     "mc_debug_panic": (c_int32, []),
     "mc_debug_live_handles": (c_int32, [_U64P, _U64P]),
+    # ABI 1.3
+    "mc_store_batch_get_ranges": (c_int32, [c_uint64, _CPP, _VPP, _U64P, _U64P, _SZP, c_size_t, _U64P, _I32P]),
+    "mc_store_batch_get_session_start": (c_int32, [c_uint64, _CPP, c_size_t, _I32P]),
+    "mc_store_batch_get_session_end": (c_int32, [c_uint64, _CPP, c_size_t]),
+    "mc_store_get_replicas": (c_int32, [c_uint64, c_char_p, POINTER(ReplicaDesc), c_size_t, _SZP]),
+    # ABI 1.4
+    "mc_store_batch_put_session_start": (
+        c_int32, [c_uint64, _CPP, _U64P, c_size_t, POINTER(ReplicateConfig), _I32P]),
+    "mc_store_batch_put_ranges": (c_int32, [c_uint64, _CPP, _VPP, _U64P, _U64P, _SZP, c_size_t, _U64P, _I32P]),
+    "mc_store_batch_put_session_end": (c_int32, [c_uint64, _CPP, c_size_t, _I32P]),
+    "mc_store_batch_put_session_revoke": (c_int32, [c_uint64, _CPP, c_size_t, _I32P]),
+}
+
+# The minor version each function needs, where it is above ABI_VERSION_MINOR.
+_MINOR = {
+    "mc_store_batch_get_ranges": 3,
+    "mc_store_batch_get_session_start": 3,
+    "mc_store_batch_get_session_end": 3,
+    "mc_store_get_replicas": 3,
+    "mc_store_batch_put_session_start": 4,
+    "mc_store_batch_put_ranges": 4,
+    "mc_store_batch_put_session_end": 4,
+    "mc_store_batch_put_session_revoke": 4,
 }
 
 
@@ -236,11 +279,32 @@ def _load() -> ctypes.CDLL:
     lib.mc_status_name.argtypes = [c_int32, c_int32]
     lib.mc_notifies_free.restype = None
     lib.mc_notifies_free.argtypes = [POINTER(Notify), c_size_t]
-    for name, (res, args) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype = res
-        fn.argtypes = args + [_ERR]
     return lib
+
+
+def _bind(cdll: ctypes.CDLL, name: str):
+    """The foreign function name with its prototype, or a _Refused when
+    the loaded library's minor version predates it."""
+    minor = cdll.mc_abi_version() & 0xFFFF
+    need = _MINOR.get(name, ABI_VERSION_MINOR)
+    if minor < need:
+        return _Refused(name, need, cdll._name, minor)
+    res, args = _SIGNATURES[name]
+    fn = getattr(cdll, name)
+    fn.restype = res
+    fn.argtypes = args + [_ERR]
+    return fn
+
+
+class _Refused:
+    """Stands for a function the loaded library is too old to have:
+    calling it raises InvalidParams naming the function and both versions."""
+
+    def __init__(self, name: str, need: int, path: str, minor: int):
+        self._msg = f"{name} needs libmooncake ABI {ABI_VERSION_MAJOR}.{need}; {path} has {ABI_VERSION_MAJOR}.{minor}"
+
+    def __call__(self, *args):
+        raise errors.from_status(-600, errors.DOMAIN_STORE, "INVALID_PARAMS", self._msg)
 
 
 class _Library:
@@ -260,9 +324,10 @@ class _Library:
         with self._lock:
             if "_cdll" not in self.__dict__:
                 cdll = _load()
-                names = ["mc_abi_version", "mc_status_name", "mc_notifies_free", *_SIGNATURES]
-                for n in names:
+                for n in ("mc_abi_version", "mc_status_name", "mc_notifies_free"):
                     self.__dict__[n] = getattr(cdll, n)
+                for n in _SIGNATURES:
+                    self.__dict__[n] = _bind(cdll, n)
                 self.__dict__["_name"] = cdll._name
                 self.__dict__["_cdll"] = cdll
         try:
@@ -276,6 +341,12 @@ class _Library:
 
 
 lib = _Library()
+
+
+def available(name: str) -> bool:
+    """Whether the loaded library has the function name (its ABI minor
+    is recent enough); loads the library."""
+    return not isinstance(getattr(lib, name), _Refused)
 
 
 def __getattr__(name):

@@ -27,7 +27,6 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from . import _lib, errors
 from ._buffers import Buffer, address, to_bytes_pointer
-from ._ext import REPLICA_DISK, REPLICA_LOCAL_DISK, REPLICA_MEMORY, ReplicaDesc, ext
 from .engine import TransferEngine
 
 lib = _lib.lib
@@ -284,44 +283,51 @@ class Store(_lib.Owned):
         codes, outs = self._get_into_codes(keys, addrs, lens)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
-    def _parts_codes(self, get: bool, keys: Sequence[str], addr_lists, size_lists,
-                     replicate=None) -> Tuple[List[int], List[int]]:
+    def _parts_codes(self, get: bool, keys: Sequence[str], addr_lists, size_lists, replicate=None,
+                     offset_lists=None) -> Tuple[List[int], List[int]]:
         """(codes, lengths) of a put/get of values made of parts, given as
-        one list of addresses and one of sizes per key. A key whose two
-        lists differ in length gets INVALID_PARAMS without being sent."""
+        one list of addresses and one of sizes per key. With offset_lists
+        (one list of offsets per key), ranges instead: a ranged get reads
+        size_lists[i][j] bytes from offset offset_lists[i][j] of keys[i]'s
+        value into addr_lists[i][j], a ranged put (a put session's write)
+        writes them from there to that offset; lengths are then the bytes
+        moved. A key whose lists differ in length gets INVALID_PARAMS
+        without being sent."""
         n = len(keys)
-        if len(addr_lists) != n or len(size_lists) != n:
-            raise ValueError("keys, buffer lists and size lists differ in number")
+        lists = [addr_lists, size_lists] + ([] if offset_lists is None else [offset_lists])
+        if any(len(x) != n for x in lists):
+            raise ValueError("keys, buffer lists, size lists and offset lists differ in number")
         codes, outs = [0] * n, [0] * n
         send = []
         for i in range(n):
-            if len(addr_lists[i]) != len(size_lists[i]):
+            if any(len(x[i]) != len(size_lists[i]) for x in lists):
                 codes[i] = _INVALID_PARAMS
             else:
                 send.append(i)
         if not send:
             return codes, outs
-        flat_a = [int(a) for i in send for a in addr_lists[i]]
-        flat_n = [int(x) for i in send for x in size_lists[i]]
-        m, total = len(send), len(flat_a)
-        ptrs = (c_void_p * max(total, 1))(*flat_a)
-        lens = (c_uint64 * max(total, 1))(*flat_n)
+        flat = [[int(v) for i in send for v in x[i]] for x in lists]
+        if any(v < 0 for x in flat[1:] for v in x):
+            raise ValueError("negative size or offset")
+        m, total = len(send), len(flat[0])
+        ptrs = (c_void_p * max(total, 1))(*flat[0])
+        lens = (c_uint64 * max(total, 1))(*flat[1])
         counts = (c_size_t * m)(*[len(addr_lists[i]) for i in send])
-        cs = (c_int32 * m)()
+        cs, got = (c_int32 * m)(), (c_uint64 * m)()
         ks = _keys([keys[i] for i in send])
-        if get:
-            got = (c_uint64 * m)()
+        if offset_lists is not None:
+            offs = (c_uint64 * max(total, 1))(*flat[2])
+            fn = lib.mc_store_batch_get_ranges if get else lib.mc_store_batch_put_ranges
+            rc = fn(self.handle, ks, ptrs, lens, offs, counts, m, got, cs, _lib._err())
+        elif get:
             rc = lib.mc_store_batch_get_into_parts(self.handle, ks, ptrs, lens, counts, m, got, cs, _lib._err())
         else:
-            got = None
             rc = lib.mc_store_batch_put_from_parts(self.handle, ks, ptrs, lens, counts, m, _rc(replicate), cs,
                                                    _lib._err())
         if rc in _WHOLE_CALL_FAILURES:
             raise _lib.last_error()
         for j, i in enumerate(send):
-            codes[i] = cs[j]
-            if got is not None:
-                outs[i] = got[j]
+            codes[i], outs[i] = cs[j], got[j]
         return codes, outs
 
     def batch_put_from_parts(self, keys: Sequence[str], parts: Sequence[Sequence[Buffer]],
@@ -348,44 +354,6 @@ class Store(_lib.Owned):
 
     # -- ranged reads, get sessions, replicas (ABI 1.3) ------------------
 
-    def _ranges_codes(self, keys: Sequence[str], addr_lists, size_lists, src_lists,
-                      put: bool = False) -> Tuple[List[int], List[int]]:
-        """(codes, bytes read) of a ranged get: for keys[i], size_lists[i][j]
-        bytes from offset src_lists[i][j] of its value into
-        addr_lists[i][j]. A key whose three lists differ in length gets
-        INVALID_PARAMS without being sent. With put, the ranged write of a
-        put session instead: from addr_lists[i][j] to that offset."""
-        n = len(keys)
-        if len(addr_lists) != n or len(size_lists) != n or len(src_lists) != n:
-            raise ValueError("keys, buffer lists, size lists and offset lists differ in number")
-        codes, outs = [0] * n, [0] * n
-        send = []
-        for i in range(n):
-            if len(addr_lists[i]) != len(size_lists[i]) or len(src_lists[i]) != len(size_lists[i]):
-                codes[i] = _INVALID_PARAMS
-            else:
-                send.append(i)
-        if not send:
-            return codes, outs
-        flat_a = [int(a) for i in send for a in addr_lists[i]]
-        flat_n = [int(x) for i in send for x in size_lists[i]]
-        flat_s = [int(x) for i in send for x in src_lists[i]]
-        m, total = len(send), len(flat_a)
-        if any(x < 0 for x in flat_n) or any(x < 0 for x in flat_s):
-            raise ValueError("negative size or offset")
-        ptrs = (c_void_p * max(total, 1))(*flat_a)
-        lens = (c_uint64 * max(total, 1))(*flat_n)
-        srcs = (c_uint64 * max(total, 1))(*flat_s)
-        counts = (c_size_t * m)(*[len(addr_lists[i]) for i in send])
-        cs, got = (c_int32 * m)(), (c_uint64 * m)()
-        fn = ext.mc_store_batch_put_ranges if put else ext.mc_store_batch_get_ranges
-        rc = fn(self.handle, _keys([keys[i] for i in send]), ptrs, lens, srcs, counts, m, got, cs, _lib._err())
-        if rc in _WHOLE_CALL_FAILURES:
-            raise _lib.last_error()
-        for j, i in enumerate(send):
-            codes[i], outs[i] = cs[j], got[j]
-        return codes, outs
-
     def batch_get_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Tuple[int, Buffer]]]) -> List[Result]:
         """Reads pieces of values: ``ranges[i]`` is a list of
         ``(offset in the value, buffer)`` for ``keys[i]``; each buffer is
@@ -397,7 +365,7 @@ class Store(_lib.Owned):
             srcs.append([off for off, _ in pairs])
             addrs.append([a for _, (a, _) in pairs])
             lens.append([n for _, (_, n) in pairs])
-        codes, outs = self._ranges_codes(keys, addrs, lens, srcs)
+        codes, outs = self._parts_codes(True, keys, addrs, lens, offset_lists=srcs)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
     def _session_start_codes(self, keys: Sequence[str]) -> List[int]:
@@ -405,7 +373,7 @@ class Store(_lib.Owned):
         if n == 0:
             return []
         codes = (c_int32 * n)()
-        rc = ext.mc_store_batch_get_session_start(self.handle, _keys(keys), n, codes, _lib._err())
+        rc = lib.mc_store_batch_get_session_start(self.handle, _keys(keys), n, codes, _lib._err())
         if rc in _WHOLE_CALL_FAILURES:
             raise _lib.last_error()
         return list(codes)
@@ -418,7 +386,7 @@ class Store(_lib.Owned):
     def get_session_end(self, keys: Sequence[str]) -> None:
         """Forgets what get_session_start kept for keys."""
         if keys:
-            _lib.call(ext.mc_store_batch_get_session_end, self.handle, _keys(keys), len(keys))
+            _lib.call(lib.mc_store_batch_get_session_end, self.handle, _keys(keys), len(keys))
 
     # -- put sessions (ABI 1.4) ------------------------------------------
 
@@ -433,7 +401,7 @@ class Store(_lib.Owned):
         if n == 0:
             return []
         codes = (c_int32 * n)()
-        rc = ext.mc_store_batch_put_session_start(self.handle, _keys(keys), (c_uint64 * n)(*ns), n, _rc(replicate),
+        rc = lib.mc_store_batch_put_session_start(self.handle, _keys(keys), (c_uint64 * n)(*ns), n, _rc(replicate),
                                                   codes, _lib._err())
         if rc in _WHOLE_CALL_FAILURES:
             raise _lib.last_error()
@@ -459,7 +427,7 @@ class Store(_lib.Owned):
             dsts.append([off for off, _ in pairs])
             addrs.append([a for _, (a, _) in pairs])
             lens.append([n for _, (_, n) in pairs])
-        codes, outs = self._ranges_codes(keys, addrs, lens, dsts, put=True)
+        codes, outs = self._parts_codes(False, keys, addrs, lens, offset_lists=dsts)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
     def _put_session_codes(self, end: bool, keys: Sequence[str]) -> List[int]:
@@ -467,7 +435,7 @@ class Store(_lib.Owned):
         if n == 0:
             return []
         codes = (c_int32 * n)()
-        fn = ext.mc_store_batch_put_session_end if end else ext.mc_store_batch_put_session_revoke
+        fn = lib.mc_store_batch_put_session_end if end else lib.mc_store_batch_put_session_revoke
         rc = fn(self.handle, _keys(keys), n, codes, _lib._err())
         if rc in _WHOLE_CALL_FAILURES:
             raise _lib.last_error()
@@ -492,16 +460,16 @@ class Store(_lib.Owned):
         k = _lib.cstr(key)
         cap = 4
         while True:
-            out = (ReplicaDesc * cap)()
+            out = (_lib.ReplicaDesc * cap)()
             n = c_size_t()
             e = _lib._err()
-            rc = ext.mc_store_get_replicas(self.handle, k, out, cap, byref(n), e)
+            rc = lib.mc_store_get_replicas(self.handle, k, out, cap, byref(n), e)
             if rc == errors.BUFFER_TOO_SMALL:
                 cap = n.value
                 continue
             if rc != 0:
                 raise _lib.error_from(e)
-            kinds = {REPLICA_MEMORY: "memory", REPLICA_DISK: "disk", REPLICA_LOCAL_DISK: "local_disk"}
+            kinds = {_lib.REPLICA_MEMORY: "memory", _lib.REPLICA_DISK: "disk", _lib.REPLICA_LOCAL_DISK: "local_disk"}
             return [dict(kind=kinds.get(d.kind, "memory"), status=d.status, buffer_address=d.buffer_address,
                          size=d.size, segment_name=d.segment_name.decode(errors="replace"),
                          transport_endpoint=d.transport_endpoint.decode(errors="replace"),
