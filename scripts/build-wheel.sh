@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${1:-${PYTHON:-python3}}
 wheels=build/py-wheel
-rm -rf "$wheels"
+# python/build is setuptools' staging folder: a file deleted from the
+# source would otherwise live on in the wheel.
+rm -rf "$wheels" python/build
 "$py" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" ./python >&2
 whl=$(ls "$wheels"/mooncake_go-*.whl)
 case "$whl" in
