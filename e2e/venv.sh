@@ -33,7 +33,9 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.e2e-stamp" 2>/dev/null)" != "
   rm -rf "$venv"
   mkdir -p "$home"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$lock" >&2
+  # Once more on failure: a download cut off midway is the usual cause.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$lock" >&2 ||
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$lock" >&2
   if [ -f "$here/$name/setup.sh" ]; then
     VENV="$venv" bash "$here/$name/setup.sh" >&2
   fi
