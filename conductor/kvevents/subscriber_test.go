@@ -1,0 +1,323 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// testPub is a publisher on the engines' protocol (PUB + replay ROUTER),
+// over go-zeromq's independent ZMTP implementation, so the subscriber is
+// tested against sockets it did not write. The end to end tests run it
+// against vLLM's own (pyzmq, libzmq) publisher.
+type testPub struct {
+	t      *testing.T
+	ctx    context.Context
+	cancel context.CancelFunc
+	pub    zmq4.Socket
+	router zmq4.Socket
+	ep     string // tcp://127.0.0.1:port
+	replay string
+
+	mu  sync.Mutex
+	seq int64
+	buf [][]byte // payload by sequence
+}
+
+// newTestPub listens on addr ("127.0.0.1:0" for any port); replay adds a
+// replay socket.
+func newTestPub(t *testing.T, addr string, replay bool) *testPub {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &testPub{t: t, ctx: ctx, cancel: cancel, pub: zmq4.NewPub(ctx)}
+	require.NoError(t, p.pub.Listen("tcp://"+addr))
+	p.ep = "tcp://" + p.pub.Addr().String()
+	if replay {
+		p.router = zmq4.NewRouter(ctx)
+		require.NoError(t, p.router.Listen("tcp://127.0.0.1:0"))
+		p.replay = "tcp://" + p.router.Addr().String()
+		go p.serveReplay()
+	}
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *testPub) close() {
+	p.cancel()
+	p.pub.Close()
+	if p.router != nil {
+		p.router.Close()
+	}
+}
+
+func seqBytes(s int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(s)) }
+
+// publish numbers payload, keeps it for replay and, if live, sends it.
+func (p *testPub) publish(payload []byte, live bool) int64 {
+	p.mu.Lock()
+	s := p.seq
+	p.seq++
+	p.buf = append(p.buf, payload)
+	p.mu.Unlock()
+	if live {
+		require.NoError(p.t, p.pub.Send(zmq4.NewMsgFrom([]byte{}, seqBytes(s), payload)))
+	}
+	return s
+}
+
+func (p *testPub) serveReplay() {
+	for {
+		m, err := p.router.Recv()
+		if err != nil {
+			return
+		}
+		if len(m.Frames) != 3 || len(m.Frames[2]) != 8 {
+			continue
+		}
+		id, start := m.Frames[0], int64(binary.BigEndian.Uint64(m.Frames[2]))
+		p.mu.Lock()
+		buf := append([][]byte(nil), p.buf...)
+		p.mu.Unlock()
+		for s := start; s < int64(len(buf)); s++ {
+			_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, seqBytes(s), buf[s]))
+		}
+		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, seqBytes(-1), []byte{}))
+	}
+}
+
+// subscribed waits until the publisher has the subscription.
+func (p *testPub) subscribed() {
+	require.Eventually(p.t, func() bool {
+		return len(p.pub.(zmq4.Topics).Topics()) > 0
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
+// recorder is a Handler that keeps what it got.
+type recorder struct {
+	mu     sync.Mutex
+	hashes []uint64 // the first hash of every stored event, in order
+	resets []string
+	got    chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{got: make(chan struct{}, 1024)} }
+
+func (r *recorder) Apply(b *Batch) {
+	r.mu.Lock()
+	for _, e := range b.Events {
+		r.hashes = append(r.hashes, e.Hashes[0])
+	}
+	r.mu.Unlock()
+	r.got <- struct{}{}
+}
+
+func (r *recorder) Reset(reason string) {
+	r.mu.Lock()
+	r.resets = append(r.resets, reason)
+	r.mu.Unlock()
+	r.got <- struct{}{}
+}
+
+func (r *recorder) state() ([]uint64, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]uint64(nil), r.hashes...), append([]string(nil), r.resets...)
+}
+
+// waitFor waits until the recorder holds want hashes.
+func (r *recorder) waitFor(t *testing.T, want []uint64) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		h, _ := r.state()
+		return len(h) >= len(want)
+	}, 5*time.Second, 5*time.Millisecond)
+	h, _ := r.state()
+	require.Equal(t, want, h)
+}
+
+func stored(h uint64) []byte {
+	return mustPack(map[string]any{"event_type": "stored", "seq_hashes": []uint64{h}})
+}
+
+func mustPack(ev map[string]any) []byte {
+	p, err := msgpackMarshal([]any{1.0, []any{ev}, 0})
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+func run(t *testing.T, cfg Config, h Handler) *Subscriber {
+	t.Helper()
+	s, err := New(cfg, h)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			assert.ErrorIs(t, err, context.Canceled)
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return after its context ended")
+		}
+	})
+	return s
+}
+
+func TestSubscriberReplaysHistoryThenFollows(t *testing.T) {
+	p := newTestPub(t, "127.0.0.1:0", true)
+	p.publish(stored(10), true) // before anyone subscribed: only replay has it
+	p.publish(stored(11), true)
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.ep, Replay: p.replay}, r)
+	r.waitFor(t, []uint64{10, 11})
+	p.subscribed()
+	p.publish(stored(12), true)
+	r.waitFor(t, []uint64{10, 11, 12})
+	st := s.Stats()
+	assert.True(t, st.Connected)
+	assert.Equal(t, uint64(3), st.Batches)
+	assert.Equal(t, uint64(2), st.Replayed)
+	assert.Equal(t, int64(3), st.Next)
+	_, resets := r.state()
+	assert.Empty(t, resets)
+}
+
+func TestSubscriberFillsGapFromReplay(t *testing.T) {
+	p := newTestPub(t, "127.0.0.1:0", true)
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.ep, Replay: p.replay}, r)
+	p.subscribed()
+	require.Eventually(t, func() bool { return s.Stats().Connected }, 5*time.Second, 5*time.Millisecond)
+	p.publish(stored(1), true)
+	r.waitFor(t, []uint64{1})
+	p.publish(stored(2), false) // lost on the way
+	p.publish(stored(3), false)
+	p.publish(stored(4), true)
+	r.waitFor(t, []uint64{1, 2, 3, 4})
+	st := s.Stats()
+	assert.Equal(t, uint64(1), st.Gaps)
+	assert.Equal(t, uint64(0), st.Resets)
+}
+
+func TestSubscriberResetsOnGapWithoutReplay(t *testing.T) {
+	p := newTestPub(t, "127.0.0.1:0", false)
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.ep}, r)
+	p.subscribed()
+	p.publish(stored(1), true)
+	r.waitFor(t, []uint64{1})
+	p.publish(stored(2), false)
+	p.publish(stored(3), true)
+	r.waitFor(t, []uint64{1, 3})
+	_, resets := r.state()
+	require.Len(t, resets, 1)
+	assert.Contains(t, resets[0], "lost")
+	assert.Equal(t, uint64(1), s.Stats().Gaps)
+}
+
+func TestSubscriberResetsWhenPublisherDies(t *testing.T) {
+	p := newTestPub(t, "127.0.0.1:0", false)
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.ep, DownAfter: 300 * time.Millisecond, Retry: 20 * time.Millisecond}, r)
+	p.subscribed()
+	p.publish(stored(1), true)
+	r.waitFor(t, []uint64{1})
+	start := time.Now()
+	p.close() // its connections drop, redials are refused
+	require.Eventually(t, func() bool { _, rs := r.state(); return len(rs) == 1 }, 5*time.Second, 5*time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	_, resets := r.state()
+	assert.Contains(t, resets[0], "unreachable")
+	assert.False(t, s.Stats().Connected)
+	assert.Equal(t, int64(-1), s.Stats().Next)
+}
+
+func TestSubscriberSeesRestartedPublisher(t *testing.T) {
+	p := newTestPub(t, "127.0.0.1:0", false)
+	addr := p.pub.Addr().String()
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.ep, DownAfter: time.Minute, Retry: 20 * time.Millisecond}, r)
+	p.subscribed()
+	p.publish(stored(1), true)
+	p.publish(stored(2), true)
+	r.waitFor(t, []uint64{1, 2})
+	p.close()
+	require.Eventually(t, func() bool { return !s.Stats().Connected }, 5*time.Second, 5*time.Millisecond)
+
+	q := newTestPub(t, addr, false) // same address, sequence from 0
+	q.subscribed()
+	q.publish(stored(7), true)
+	r.waitFor(t, []uint64{1, 2, 7})
+	_, resets := r.state()
+	assert.Equal(t, []string{"publisher restarted"}, resets)
+}
+
+func TestSubscriberSkipsMalformedBatches(t *testing.T) {
+	p := newTestPub(t, "127.0.0.1:0", false)
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.ep}, r)
+	p.subscribed()
+	p.publish([]byte{0x93, 0x01}, true)
+	p.publish(stored(5), true)
+	r.waitFor(t, []uint64{5})
+	st := s.Stats()
+	assert.Equal(t, uint64(1), st.Malformed)
+	assert.Equal(t, uint64(0), st.Gaps)
+}
+
+func TestSubscriberDropsOversizedMessages(t *testing.T) {
+	p := newTestPub(t, "127.0.0.1:0", false)
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.ep, MaxMessageBytes: 64, Retry: 10 * time.Millisecond}, r)
+	p.subscribed()
+	big := mustPack(map[string]any{"event_type": "stored", "seq_hashes": make([]uint64, 40)})
+	p.publish(big, true)
+	// The connection is dropped rather than the message buffered; the
+	// subscriber reconnects and goes on.
+	require.Eventually(t, func() bool { return s.Stats().Subscriptions >= 2 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, uint64(0), s.Stats().Batches)
+}
+
+func TestNewRejectsBadEndpoints(t *testing.T) {
+	for _, ep := range []string{"", "ipc:///tmp/x", "tcp://host", "tcp://host:0", "tcp://h:1/path"} {
+		_, err := New(Config{Endpoint: ep}, newRecorder())
+		assert.Error(t, err, ep)
+	}
+	_, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Replay: "udp://x:1"}, newRecorder())
+	assert.Error(t, err)
+	_, err = New(Config{Endpoint: "tcp://127.0.0.1:1"}, nil)
+	assert.Error(t, err)
+	a, err := tcpAddr("tcp://*:5557")
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:5557", a)
+}
+
+// A peer that is not ZMTP is refused at the handshake, with an error that
+// says so.
+func TestHandshakeRefusesNonZMTPPeer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fmt.Fprint(c, "HTTP/1.1 400 Bad Request\r\n\r\n"+string(make([]byte, 64)))
+		time.Sleep(time.Second)
+	}()
+	_, err = dialZMTP(context.Background(), ln.Addr().String(), "SUB", 2*time.Second, 1<<20)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "not a ZMTP peer")
+}
