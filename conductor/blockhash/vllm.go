@@ -1,0 +1,293 @@
+package blockhash
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+)
+
+// defaultNoneHashSeed is the seed vLLM derives NONE_HASH from when
+// PYTHONHASHSEED is unset and the algorithm is cryptographic.
+const defaultNoneHashSeed = "vllm-none-hash"
+
+// vllmAlgos are vLLM's --prefix-caching-hash-algo values: how the hash
+// input is serialised (pickle protocol 5 or canonical CBOR) and digested
+// (SHA-256, 32 bytes, or XXH3-128, 16 bytes).
+var vllmAlgos = map[string]struct{ cbor, xxhash bool }{
+	"sha256":      {},
+	"sha256_cbor": {cbor: true},
+	"xxhash":      {xxhash: true},
+	"xxhash_cbor": {cbor: true, xxhash: true},
+}
+
+// vllmScheme is vLLM's prefix-caching block hash:
+//
+//	hash[i] = H((hash[i-1], tuple(block i's tokens), None))
+//	hash[-1] = NONE_HASH = H(seed)
+//
+// where H serialises its argument and digests it; the id vLLM publishes in
+// KV events is BytesID(hash[i]). The None is the block's extra keys: this
+// scheme covers requests without LoRA, multimodal inputs, prompt embeddings
+// or cache_salt, whose blocks carry extra keys and hash differently.
+type vllmScheme struct {
+	algo         string
+	blockSize    int
+	cbor, xxhash bool
+	none         digest
+	// scratch holds *[]byte message buffers big enough for one block, so
+	// that Blocks allocates nothing once the pool is warm.
+	scratch sync.Pool
+}
+
+var _ Scheme = (*vllmScheme)(nil)
+
+// digest is a block hash: the first n bytes of b.
+type digest struct {
+	b [sha256.Size]byte
+	n int
+}
+
+func (d *digest) bytes() []byte { return d.b[:d.n] }
+
+func newVLLM(algo string, blockSize int, seed string) (*vllmScheme, error) {
+	a, ok := vllmAlgos[algo]
+	if !ok {
+		return nil, fmt.Errorf("%w: vllm:%s (want sha256, sha256_cbor, xxhash or xxhash_cbor)", ErrUnknownScheme, algo)
+	}
+	if !a.cbor && blockSize > MaxPickleBlockSize {
+		return nil, fmt.Errorf("%w: %d for vllm:%s (at most %d: larger blocks need a second pickle frame)",
+			ErrBlockSize, blockSize, algo, MaxPickleBlockSize)
+	}
+	if seed == "" {
+		if a.xxhash {
+			return nil, fmt.Errorf("%w: vllm:%s needs the engine's PYTHONHASHSEED (without it vLLM seeds xxhash randomly per process)",
+				ErrSeed, algo)
+		}
+		seed = defaultNoneHashSeed
+	}
+	if err := validVLLMSeed(seed); err != nil {
+		return nil, err
+	}
+	s := &vllmScheme{algo: algo, blockSize: blockSize, cbor: a.cbor, xxhash: a.xxhash}
+	var msg []byte
+	if s.cbor {
+		msg = cborString(nil, seed)
+	} else {
+		msg = pickleString(nil, seed)
+	}
+	s.none = s.digest(msg)
+	size := maxPickleBlock(blockSize)
+	if s.cbor {
+		size = maxCBORBlock(blockSize)
+	}
+	s.scratch.New = func() any {
+		b := make([]byte, 0, size)
+		return &b
+	}
+	return s, nil
+}
+
+func (s *vllmScheme) BlockSize() int { return s.blockSize }
+
+func (s *vllmScheme) String() string { return "vllm:" + s.algo }
+
+func (s *vllmScheme) Blocks(dst []uint64, tokens []int) []uint64 {
+	s.walk(tokens, func(d digest) { dst = append(dst, BytesID(d.bytes())) })
+	return dst
+}
+
+// walk calls visit with the hash of each full block of tokens, in order.
+// visit takes a copy: a pointer would make the parent escape to the heap.
+func (s *vllmScheme) walk(tokens []int, visit func(digest)) {
+	if len(tokens) < s.blockSize {
+		return
+	}
+	bp := s.scratch.Get().(*[]byte)
+	defer s.scratch.Put(bp)
+	parent := s.none
+	for i := 0; i+s.blockSize <= len(tokens); i += s.blockSize {
+		block := tokens[i : i+s.blockSize]
+		if s.cbor {
+			*bp = cborBlock((*bp)[:0], parent.bytes(), block)
+		} else {
+			*bp = pickleBlock((*bp)[:0], parent.bytes(), block)
+		}
+		parent = s.digest(*bp)
+		visit(parent)
+	}
+}
+
+func (s *vllmScheme) digest(msg []byte) digest {
+	if s.xxhash {
+		// Python's xxh3_128_digest is the canonical big-endian form,
+		// high half first, which is what Uint128.Bytes returns.
+		var d digest
+		h := xxh3.Hash128(msg).Bytes()
+		d.n = copy(d.b[:], h[:])
+		return d
+	}
+	return digest{b: sha256.Sum256(msg), n: sha256.Size}
+}
+
+// Pickle protocol 5, byte for byte as CPython's pickle.dumps writes the two
+// shapes vLLM hashes: a str (the seed) and (bytes, tuple of ints, None).
+// One frame covers the whole message (see MaxPickleBlockSize).
+const (
+	pkProto          = 0x80
+	pkFrame          = 0x95
+	pkShortBinUni    = 0x8c
+	pkBinUnicode     = 'X'
+	pkShortBinBytes  = 'C'
+	pkMemoize        = 0x94
+	pkMark           = '('
+	pkTuple          = 't'
+	pkTuple1         = 0x85
+	pkBinInt1        = 'K'
+	pkBinInt2        = 'M'
+	pkBinInt         = 'J'
+	pkLong1          = 0x8a
+	pkNone           = 'N'
+	pkStop           = '.'
+	pkFrameHeaderLen = 11 // PROTO 5, FRAME, 8-byte frame length
+)
+
+// maxPickleBlock bounds pickleBlock's output for blockSize tokens: header,
+// a 32-byte parent, at most 10 bytes a token (LONG1 of 8 bytes) and 6 bytes
+// of opcodes around them.
+func maxPickleBlock(blockSize int) int {
+	return pkFrameHeaderLen + 2 + sha256.Size + 3 + 10*blockSize + 6
+}
+
+func pickleStart(b []byte) []byte {
+	return append(b, pkProto, 5, pkFrame, 0, 0, 0, 0, 0, 0, 0, 0)
+}
+
+// pickleEnd writes STOP and fills in the frame length of the message that
+// pickleStart began at b[start:].
+func pickleEnd(b []byte, start int) []byte {
+	b = append(b, pkStop)
+	binary.LittleEndian.PutUint64(b[start+3:], uint64(len(b)-start-pkFrameHeaderLen))
+	return b
+}
+
+func pickleString(b []byte, s string) []byte {
+	start := len(b)
+	b = pickleStart(b)
+	if len(s) < 256 {
+		b = append(b, pkShortBinUni, byte(len(s)))
+	} else {
+		b = append(b, pkBinUnicode)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+	}
+	b = append(b, s...)
+	b = append(b, pkMemoize)
+	return pickleEnd(b, start)
+}
+
+// pickleBlock appends pickle.dumps((parent, tuple(tokens), None), 5) for
+// a block of at least one token (an empty tuple would be EMPTY_TUPLE, not
+// memoized). Python memoizes the bytes and both tuples, never ints; tuples
+// of up to three items have their own opcodes.
+func pickleBlock(b []byte, parent []byte, tokens []int) []byte {
+	start := len(b)
+	b = pickleStart(b)
+	b = append(b, pkShortBinBytes, byte(len(parent)))
+	b = append(b, parent...)
+	b = append(b, pkMemoize)
+	switch n := len(tokens); {
+	case n <= 3:
+		for _, t := range tokens {
+			b = pickleInt(b, t)
+		}
+		b = append(b, pkTuple1+byte(n-1), pkMemoize)
+	default:
+		b = append(b, pkMark)
+		for _, t := range tokens {
+			b = pickleInt(b, t)
+		}
+		b = append(b, pkTuple, pkMemoize)
+	}
+	b = append(b, pkNone, pkTuple1+2, pkMemoize)
+	return pickleEnd(b, start)
+}
+
+// pickleInt appends an int the way CPython's save_long does: the shortest
+// of BININT1 (0..255), BININT2 (..65535), BININT (signed 32 bits), else
+// LONG1 with the shortest little-endian two's complement.
+func pickleInt(b []byte, t int) []byte {
+	v := int64(t)
+	switch {
+	case v >= 0 && v <= 0xff:
+		return append(b, pkBinInt1, byte(v))
+	case v >= 0 && v <= 0xffff:
+		return append(b, pkBinInt2, byte(v), byte(v>>8))
+	case v >= -1<<31 && v < 1<<31:
+		return append(b, pkBinInt, byte(v), byte(v>>8), byte(v>>16), byte(v>>24))
+	}
+	n := 8
+	// Drop a top byte that only repeats the sign of the one below it.
+	for n > 1 {
+		top, next := byte(v>>(8*(n-1))), byte(v>>(8*(n-2)))
+		if (top != 0 || next&0x80 != 0) && (top != 0xff || next&0x80 == 0) {
+			break
+		}
+		n--
+	}
+	b = append(b, pkLong1, byte(n))
+	for i := range n {
+		b = append(b, byte(v>>(8*i)))
+	}
+	return b
+}
+
+// Canonical CBOR (RFC 8949 deterministic encoding), as cbor2.dumps(obj,
+// canonical=True) writes vLLM's shapes: a tuple is an array, ints are
+// major types 0/1 with the shortest argument, None is the simple value null.
+const (
+	cborUint   = 0 << 5
+	cborNegInt = 1 << 5
+	cborBytes  = 2 << 5
+	cborText   = 3 << 5
+	cborArray  = 4 << 5
+	cborNull   = 0xf6
+)
+
+// maxCBORBlock bounds cborBlock's output: 9 bytes at most per head.
+func maxCBORBlock(blockSize int) int { return 1 + 2 + sha256.Size + 9 + 9*blockSize + 1 }
+
+func cborHead(b []byte, major byte, v uint64) []byte {
+	switch {
+	case v < 24:
+		return append(b, major|byte(v))
+	case v <= 0xff:
+		return append(b, major|24, byte(v))
+	case v <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, major|25), uint16(v))
+	case v <= 0xffffffff:
+		return binary.BigEndian.AppendUint32(append(b, major|26), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(b, major|27), v)
+}
+
+func cborString(b []byte, s string) []byte {
+	return append(cborHead(b, cborText, uint64(len(s))), s...)
+}
+
+// cborBlock appends cbor2.dumps((parent, tuple(tokens), None), canonical=True).
+func cborBlock(b []byte, parent []byte, tokens []int) []byte {
+	b = append(b, cborArray|3)
+	b = append(cborHead(b, cborBytes, uint64(len(parent))), parent...)
+	b = cborHead(b, cborArray, uint64(len(tokens)))
+	for _, t := range tokens {
+		if t >= 0 {
+			b = cborHead(b, cborUint, uint64(t))
+		} else {
+			// CBOR's negative n stands for -1-n; ^t is -1-t.
+			b = cborHead(b, cborNegInt, uint64(^t))
+		}
+	}
+	return append(b, cborNull)
+}
