@@ -1,0 +1,81 @@
+"""Where a KV block lives in the KV cache tensors.
+
+vLLM hands the connector one tensor per attention layer. Their shapes
+differ by attention backend (vLLM 0.32's CPU backend: [num_blocks,
+num_kv_heads, block_size, 2 * head_size], block-major; several GPU
+backends: [2, num_blocks, ...], K and V apart), so the layout is read from
+the tensor itself: the dimension of size num_blocks is the block
+dimension, every index of the dimensions before it starts one run of
+bytes, and the block's bytes under each such index must be contiguous.
+Block b of a layer is then, for each run r, the bytes
+``[r.base + b * r.stride, + r.length)``. A block's value in the store is
+the concatenation of its runs over all layers, in layer order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, NamedTuple, Sequence, Tuple
+
+
+class Run(NamedTuple):
+    """One contiguous piece of every block: block b at base + b * stride."""
+
+    base: int
+    stride: int
+    length: int
+
+
+def tensor_runs(name: str, t, num_blocks: int) -> List[Run]:
+    """The runs of tensor t (a layer's KV cache of num_blocks blocks)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"mooncake-go connector: layer {name} is on {t.device}; only CPU KV caches are supported")
+    shape, strides = list(t.shape), list(t.stride())
+    dims = [d for d, n in enumerate(shape) if n == num_blocks]
+    if not dims:
+        raise ValueError(f"mooncake-go connector: layer {name} of shape {tuple(shape)} has no dimension "
+                         f"of {num_blocks} blocks")
+    d = dims[0]
+    size = t.element_size()
+    one = t.select(d, 0)
+    lead = shape[:d]
+    runs = []
+    for idx in itertools.product(*(range(n) for n in lead)):
+        piece = one[idx] if idx else one
+        if not piece.is_contiguous():
+            raise ValueError(f"mooncake-go connector: a block of layer {name} (shape {tuple(shape)}, "
+                             f"strides {tuple(strides)}) is not contiguous")
+        off = sum(i * s for i, s in zip(idx, strides)) * size
+        runs.append(Run(t.data_ptr() + off, strides[d] * size, piece.numel() * size))
+    return runs
+
+
+class Layout:
+    """The runs of every layer, in layer order, and the memory to register."""
+
+    def __init__(self, kv_caches: Dict[str, object], num_blocks: int):
+        self.layers = list(kv_caches)
+        self.runs: List[Run] = []
+        regions: Dict[int, int] = {}
+        for name, t in kv_caches.items():
+            self.runs.extend(tensor_runs(name, t, num_blocks))
+            st = t.untyped_storage()
+            regions[st.data_ptr()] = max(regions.get(st.data_ptr(), 0), st.nbytes())
+        self.num_blocks = num_blocks
+        self.regions: List[Tuple[int, int]] = sorted(regions.items())
+        self.block_bytes = sum(r.length for r in self.runs)
+
+    def parts(self, block_id: int) -> Tuple[List[int], List[int]]:
+        """Addresses and lengths of block block_id's runs."""
+        if not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"mooncake-go connector: block {block_id} out of range [0, {self.num_blocks})")
+        return [r.base + block_id * r.stride for r in self.runs], [r.length for r in self.runs]
+
+    def shape(self) -> List[Tuple[int, int]]:
+        """(stride, length) of each run: equal shapes move blocks as they are."""
+        return [(r.stride, r.length) for r in self.runs]
+
+
+def remote_parts(runs: Sequence[Sequence[int]], block_id: int) -> List[int]:
+    """Addresses of a remote block's runs, from the runs its owner published."""
+    return [base + block_id * stride for base, stride, _ in runs]

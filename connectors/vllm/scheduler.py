@@ -1,0 +1,200 @@
+"""The connector's scheduler side (vLLM's engine core process): decides
+what each request loads, saves and hands to a decode instance, and asks the
+store which blocks it holds."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Optional, Set, Tuple
+
+from mooncake_go import MooncakeError, Store
+
+from .config import Settings, block_key, key_prefix
+from .jobs import LoadJob, PullJob, SaveJob, Step
+
+# A child of vLLM's logger: its handler, format and VLLM_LOGGING_LEVEL apply.
+logger = logging.getLogger("vllm.mooncake_go_connector")
+
+
+class SchedulerSide:
+    def __init__(self, vllm_config, settings: Settings):
+        self.settings = settings
+        self.block_size = vllm_config.cache_config.block_size
+        self.engine_id = vllm_config.kv_transfer_config.engine_id
+        # The scheduler asks for rank 0's keys: every rank saves its shard
+        # of the same blocks.
+        self.prefix = key_prefix(vllm_config.model_config.model, 0, settings.tenant, settings.key_prefix)
+        self._store: Optional[Store] = None
+        self._store_down_until = 0.0
+        self._workers: Dict[int, Any] = {}  # tp rank -> MooncakeGoHandshake
+        self._reqs: Dict[str, Any] = {}  # requests seen, until they finish
+        self._plans: Dict[str, Tuple] = {}  # what get_num_new_matched_tokens found
+        self._loaded: Dict[str, range] = {}  # block indices loaded from the store
+        self._save_emitted: Set[str] = set()
+        self._saving: Set[str] = set()  # save sent to the worker: free late
+        self._step = Step()
+
+    # -- the store -------------------------------------------------------
+
+    def _lookup_store(self) -> Optional[Store]:
+        """The store client for lookups, or None while the store is down."""
+        if self._store is not None:
+            return self._store
+        if time.monotonic() < self._store_down_until:
+            return None
+        try:
+            self._store = Store(self.settings.master, segment_size=-1, local_buffer_size=1 << 20,
+                                local_hostname=self.settings.host,
+                                rpc_timeout_ms=int(self.settings.lookup_timeout * 1000))
+        except MooncakeError as e:
+            self._store_failed(e)
+        return self._store
+
+    def _store_failed(self, e: Exception) -> None:
+        logger.warning("mooncake-go connector: store at %s unavailable (%s); lookups pause for %.0f s",
+                       self.settings.master, e, self.settings.store_retry)
+        self._store_down_until = time.monotonic() + self.settings.store_retry
+        if self._store is not None:
+            store, self._store = self._store, None
+            try:
+                store.close()
+            except MooncakeError:
+                pass
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    # -- vLLM's scheduler hooks -----------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> Tuple[int, bool]:
+        rid = request.request_id
+        self._reqs[rid] = request
+        self._plans.pop(rid, None)
+        params = request.kv_transfer_params or {}
+        if params.get("do_remote_prefill") and params.get("remote_workers"):
+            # The prompt's KV waits on the prefill instance: all of it but
+            # what this instance already holds.
+            count = request.num_prompt_tokens - num_computed_tokens
+            if count <= 0 or num_computed_tokens % self.block_size:
+                return 0, False
+            self._plans[rid] = ("pd", num_computed_tokens // self.block_size, params)
+            return count, True
+        if not (self.settings.load and self.settings.master) or num_computed_tokens % self.block_size:
+            return 0, False
+        start = num_computed_tokens // self.block_size
+        hashes = request.block_hashes[start:request.num_prompt_tokens // self.block_size]
+        if not hashes:
+            return 0, False
+        store = self._lookup_store()
+        if store is None:
+            return 0, False
+        keys = [block_key(self.prefix, h) for h in hashes]
+        try:
+            present = store.batch_exists(keys)
+        except MooncakeError as e:
+            self._store_failed(e)
+            return 0, False
+        n = 0
+        while n < len(present) and present[n]:
+            n += 1
+        if n == 0:
+            return 0, False
+        self._plans[rid] = ("store", start, keys[:n])
+        return n * self.block_size, True
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        rid = request.request_id
+        plan = self._plans.pop(rid, None)
+        params = request.kv_transfer_params or {}
+        pd = bool(params.get("do_remote_prefill") and params.get("remote_workers"))
+        if num_external_tokens == 0 or plan is None:
+            if pd:
+                # Nothing to pull, but the prefill instance still holds the blocks.
+                params["do_remote_prefill"] = False
+                self._step.pulls.append(PullJob(rid, [], [], str(params.get("remote_request_id", "")),
+                                                list(params["remote_workers"])))
+            return
+        ids = blocks.get_block_ids()[0]
+        kind, start, what = plan
+        if kind == "store":
+            n = len(what)
+            self._step.loads.append(LoadJob(rid, list(what), list(ids[start:start + n])))
+            self._loaded[rid] = range(start, start + n)
+            return
+        end = -(-request.num_prompt_tokens // self.block_size)
+        remote = list(what.get("remote_block_ids") or [])[start:end]
+        # Pulled once: a preempted request recomputes instead.
+        params["do_remote_prefill"] = False
+        self._step.pulls.append(PullJob(rid, list(ids[start:end]), remote, str(what.get("remote_request_id", "")),
+                                        list(what["remote_workers"])))
+
+    def build_connector_meta(self, scheduler_output) -> Step:
+        if self.settings.save and self.settings.master:
+            self._emit_saves(scheduler_output)
+        step, self._step = self._step, Step()
+        return step
+
+    def _emit_saves(self, out) -> None:
+        """Saves the full prompt blocks of each request whose prompt is
+        computed by the end of this step (the worker writes them once the
+        step's forward pass has filled them)."""
+        computed = {}
+        for r in out.scheduled_new_reqs:
+            computed[r.req_id] = r.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            computed[rid] = cached.num_computed_tokens[i]
+        mgr = self._kv_cache_manager
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self._reqs.get(rid)
+            if req is None or rid in self._save_emitted or rid not in computed or mgr is None:
+                continue
+            if computed[rid] + n < req.num_prompt_tokens:
+                continue
+            self._save_emitted.add(rid)
+            full = min(req.num_prompt_tokens // self.block_size, len(req.block_hashes))
+            ids = mgr.get_blocks(rid).get_block_ids()[0]
+            skip = self._loaded.get(rid, range(0))
+            picks = [i for i in range(min(full, len(ids))) if i not in skip]
+            if picks:
+                self._step.saves.append(SaveJob(rid, [block_key(self.prefix, req.block_hashes[i]) for i in picks],
+                                                [ids[i] for i in picks]))
+                self._saving.add(rid)
+
+    _kv_cache_manager = None
+
+    def request_finished(self, request, block_ids) -> Tuple[bool, Optional[dict]]:
+        rid = request.request_id
+        self._reqs.pop(rid, None)
+        self._plans.pop(rid, None)
+        self._loaded.pop(rid, None)
+        self._save_emitted.discard(rid)
+        delay = rid in self._saving
+        self._saving.discard(rid)
+        params = request.kv_transfer_params or {}
+        if not params.get("do_remote_decode") or not self._workers or _aborted(request):
+            return delay, None
+        if block_ids and isinstance(block_ids[0], (list, tuple)):
+            block_ids = block_ids[0]
+        self._step.holds[rid] = self.settings.pd_free_timeout
+        return True, {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": rid,
+            "remote_block_ids": list(block_ids),
+            "remote_workers": [{"engine": w.engine, "runs": [list(r) for r in w.runs]}
+                               for _, w in sorted(self._workers.items())],
+        }
+
+    def set_workers(self, metadata: Dict[int, Any]) -> None:
+        self._workers = dict(metadata)
+
+
+def _aborted(request) -> bool:
+    from vllm.v1.request import RequestStatus
+
+    return request.status == RequestStatus.FINISHED_ABORTED

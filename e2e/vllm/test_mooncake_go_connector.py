@@ -1,0 +1,207 @@
+"""Our own vLLM KV connector, MooncakeGoConnector
+(mooncake_go.connectors.vllm, connectors/vllm in the repository), in real
+vLLM processes.
+
+Store tier: a writer instance computes prompts of several full blocks and
+saves them to the store under keys made of vLLM's block hashes; a fresh
+reader instance loads them instead of computing them (its log says how
+many blocks) and answers as the writer did. Blocks written by the other
+weights under the same keys change the reader's answers. With the master
+stopped under a running server, requests still complete (recomputed).
+
+PD: a prefill server answers with kv_transfer_params naming its blocks;
+the decode server pulls them with one Transfer Engine READ per request and
+tells the prefill server to free them. Decode tokens equal a
+single-instance run; a prefill with the other weights changes them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import pytest
+from mccluster import start_cluster
+from vllm_harness import MAX_TOKENS, free_port, http_json, prompts, run_offline, start_servers
+
+BLOCK = 128  # vLLM's KV block on the CPU
+INFO = {"VLLM_LOGGING_LEVEL": "INFO"}  # the connector's per-request lines are INFO
+KEY = re.compile(r"^tiny@tp0@[0-9a-f]{16}$")
+
+
+def go_kv(role: str, **extra) -> dict:
+    """The kv_transfer_config a user writes (connectors/vllm/README.md)."""
+    return {"kv_connector": "MooncakeGoConnector", "kv_connector_module_path": "mooncake_go.connectors.vllm",
+            "kv_role": role, "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"host": "127.0.0.1", **extra}}
+
+
+def long_prompts() -> list:
+    """Four prompts of 2 full blocks and a partial one."""
+    return prompts(n=4, length=2 * BLOCK + 44)
+
+
+def store_keys(cluster) -> list:
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/get_all_keys", timeout=10) as r:
+        return r.read().decode().split()
+
+
+def expected_keys(ps: list) -> set:
+    """The keys of every full block of ps, computed with vLLM's own block
+    hashing (sha256, its default): "tiny@tp0@" and the low 64 bits of the
+    block hash, big-endian, as VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 has
+    vLLM publish them."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils as ku
+
+    fn = get_hash_fn_by_name("sha256")
+    ku.init_none_hash(fn)
+    keys = set()
+    for p in ps:
+        parent = None
+        for i in range(len(p) // BLOCK):
+            parent = ku.hash_block_tokens(fn, parent, p[i * BLOCK:(i + 1) * BLOCK])
+            keys.add(f"tiny@tp0@{ku.maybe_convert_block_hash(parent):016x}")
+    return keys
+
+
+def loaded_blocks(log) -> int:
+    """Blocks the connector says it loaded from the store."""
+    return sum(int(m.group(1)) for m in re.finditer(r"mooncake-go connector: loaded (\d+) blocks", log.read_text()))
+
+
+def full_blocks(ps) -> int:
+    return sum(len(p) // BLOCK for p in ps)
+
+
+def write_and_read(models, logs, cluster, writer: str, tag: str):
+    """A writer instance (weights `writer`) saves the prompts' blocks; a
+    fresh reader instance (weights a) loads them. Returns both answers and
+    the reader's log."""
+    kv = go_kv("kv_both", master=cluster.master)
+    ps = long_prompts()
+    wait = {"url": f"http://127.0.0.1:{cluster.metrics_port}/get_all_keys", "count": full_blocks(ps), "timeout": 60}
+    wrote = run_offline(models[writer], ps, logs / f"{tag}-writer.log", kv=kv, env=INFO, wait_keys=wait)
+    reader_log = logs / f"{tag}-reader.log"
+    read = run_offline(models["a"], ps, reader_log, kv=kv, env=INFO)
+    return wrote, read, reader_log
+
+
+def test_store_tier_reader_loads_blocks_saved_by_another_instance(models, logs, cluster):
+    ps = long_prompts()
+    wrote, read, reader_log = write_and_read(models, logs, cluster, "a", "store")
+    assert loaded_blocks(logs / "store-writer.log") == 0, "the writer found blocks in an empty store"
+    assert set(store_keys(cluster)) == expected_keys(ps)
+    assert loaded_blocks(reader_log) == full_blocks(ps), reader_log.read_text()[-3000:]
+    assert read == wrote
+
+
+def test_store_tier_negative_control_other_weights_change_the_answer(models, logs, mooncake_bin):
+    """The same keys (same model name, same prompts) written by the other
+    weights: a reader that really loads them answers differently."""
+    other = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB", admin=True)
+    try:
+        _, read, reader_log = write_and_read(models, logs, other, "b", "neg")
+        baseline = run_offline(models["a"], long_prompts(), logs / "neg-baseline.log")
+    finally:
+        other.stop()
+    assert loaded_blocks(reader_log) == full_blocks(long_prompts())
+    assert all(r != b for r, b in zip(read, baseline)), "the reader ignored the blocks it loaded"
+
+
+def completion(url: str, prompt, max_tokens: int = MAX_TOKENS, kv: dict | None = None,
+               timeout: float = 120) -> dict:
+    """The whole completion response (choices[0]["token_ids"]: the tokens)."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    if kv is not None:
+        body["kv_transfer_params"] = kv
+    return http_json(url + "/v1/completions", body, timeout=timeout)
+
+
+def tokens(resp: dict) -> list:
+    return resp["choices"][0]["token_ids"]
+
+
+def test_store_unavailable_mid_run_requests_recompute(models, logs, mooncake_bin):
+    """A server whose store master is stopped while it runs: the requests
+    after it (one whose blocks were saved, one new) complete, within the
+    test's deadline, with the tokens of a normal run."""
+    cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB", admin=True)
+    server = None
+    try:
+        (server,) = start_servers([("s", models["a"], free_port(), logs / "store-down.log",
+                                    {"kv": go_kv("kv_both", master=cluster.master, lookup_timeout=1,
+                                                 load_timeout=3), "env": INFO})])
+        p0, p1 = long_prompts()[:2]
+        first = tokens(completion(server.url, p0))
+        deadline = time.monotonic() + 60
+        while len(store_keys(cluster)) < len(p0) // BLOCK:
+            assert time.monotonic() < deadline, "the server saved no block"
+            time.sleep(0.2)
+        cluster.stop()
+        start = time.monotonic()
+        again = tokens(completion(server.url, p0, timeout=60))
+        fresh = tokens(completion(server.url, p1, timeout=60))
+        took = time.monotonic() - start
+        assert again == first
+        assert len(fresh) == MAX_TOKENS
+        assert took < 60, f"requests took {took:.0f} s with the store down"
+        assert "unavailable" in server.log.read_text(), "the connector did not notice the store was down"
+    finally:
+        if server is not None:
+            server.stop()
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(models, logs):
+    """D decodes (weights a); PA prefills with the same weights, PB with
+    the other ones."""
+    servers = start_servers([
+        ("d", models["a"], free_port(), logs / "go-d.log", {"kv": go_kv("kv_consumer"), "env": INFO}),
+        ("pa", models["a"], free_port(), logs / "go-pa.log", {"kv": go_kv("kv_producer"), "env": INFO}),
+        ("pb", models["b"], free_port(), logs / "go-pb.log", {"kv": go_kv("kv_producer"), "env": INFO}),
+    ])
+    yield dict(zip(("d", "pa", "pb"), servers))
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def pd_baseline(pd):
+    """D on its own: no kv_transfer_params, nothing to pull."""
+    return [tokens(completion(pd["d"].url, p)) for p in long_prompts()]
+
+
+def disaggregated(pd, prefill) -> list:
+    """Each prompt prefilled on `prefill` (max_tokens 1, do_remote_decode),
+    then decoded on D with the kv_transfer_params of the prefill's answer,
+    passed on unchanged (as mooncake conductor does)."""
+    out = []
+    for p in long_prompts():
+        params = completion(prefill.url, p, max_tokens=1, kv={"do_remote_decode": True})["kv_transfer_params"]
+        assert params and params["do_remote_prefill"] and params["remote_block_ids"], params
+        out.append(tokens(completion(pd["d"].url, p, kv=params)))
+    return out
+
+
+def pulled(log) -> int:
+    return len(re.findall(r"mooncake-go connector: pulled \d+ blocks", log.read_text()))
+
+
+def test_pd_decode_from_pulled_kv_equals_single_instance(pd, pd_baseline):
+    before = pulled(pd["d"].log)
+    assert disaggregated(pd, pd["pa"]) == pd_baseline
+    assert pulled(pd["d"].log) - before == len(pd_baseline)
+    # The prefill server freed each request's blocks on the decode's notice.
+    deadline = time.monotonic() + 30
+    while len(re.findall(r"freed after the decode pulled", pd["pa"].log.read_text())) < len(pd_baseline):
+        assert time.monotonic() < deadline, pd["pa"].tail()
+        time.sleep(0.2)
+
+
+def test_pd_negative_control_other_weights_prefill_differs(pd, pd_baseline):
+    got = disaggregated(pd, pd["pb"])
+    assert all(g != b for g, b in zip(got, pd_baseline)), "decode ignored the KV it pulled"
