@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -199,19 +201,45 @@ func pickleBlock(b []byte, parent []byte, tokens []int) []byte {
 	b = append(b, pkMemoize)
 	switch n := len(tokens); {
 	case n <= 3:
-		for _, t := range tokens {
-			b = pickleInt(b, t)
-		}
+		b = pickleInts(b, tokens)
 		b = append(b, pkTuple1+byte(n-1), pkMemoize)
 	default:
 		b = append(b, pkMark)
-		for _, t := range tokens {
-			b = pickleInt(b, t)
-		}
+		b = pickleInts(b, tokens)
 		b = append(b, pkTuple, pkMemoize)
 	}
 	b = append(b, pkNone, pkTuple1+2, pkMemoize)
 	return pickleEnd(b, start)
+}
+
+// pickleInts appends pickleInt of each token. It is the hot loop of the
+// pickle schemes, so it writes in place into room reserved up front (the
+// 4-byte store of a short int spills into that room harmlessly) instead
+// of appending byte by byte.
+func pickleInts(b []byte, tokens []int) []byte {
+	n := len(b)
+	b = slices.Grow(b, 10*len(tokens)+4)
+	w := b[:cap(b)]
+	for _, t := range tokens {
+		v := int64(t)
+		if v < 0 || v > math.MaxInt32 {
+			n += copy(w[n:], pickleInt(w[n:n], t))
+			continue
+		}
+		binary.LittleEndian.PutUint32(w[n+1:], uint32(v))
+		switch {
+		case v <= 0xff:
+			w[n] = pkBinInt1
+			n += 2
+		case v <= 0xffff:
+			w[n] = pkBinInt2
+			n += 3
+		default:
+			w[n] = pkBinInt
+			n += 5
+		}
+	}
+	return w[:n]
 }
 
 // pickleInt appends an int the way CPython's save_long does: the shortest
