@@ -2,102 +2,18 @@ package kvevents
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/mooncake-go/mooncake/conductor/kvevents/kvtest"
 )
-
-// testPub is a publisher on the engines' protocol (PUB + replay ROUTER),
-// over go-zeromq's independent ZMTP implementation, so the subscriber is
-// tested against sockets it did not write. The end to end tests run it
-// against vLLM's own (pyzmq, libzmq) publisher.
-type testPub struct {
-	t      *testing.T
-	ctx    context.Context
-	cancel context.CancelFunc
-	pub    zmq4.Socket
-	router zmq4.Socket
-	ep     string // tcp://127.0.0.1:port
-	replay string
-
-	mu  sync.Mutex
-	seq int64
-	buf [][]byte // payload by sequence
-}
-
-// newTestPub listens on addr ("127.0.0.1:0" for any port); replay adds a
-// replay socket.
-func newTestPub(t *testing.T, addr string, replay bool) *testPub {
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &testPub{t: t, ctx: ctx, cancel: cancel, pub: zmq4.NewPub(ctx)}
-	require.NoError(t, p.pub.Listen("tcp://"+addr))
-	p.ep = "tcp://" + p.pub.Addr().String()
-	if replay {
-		p.router = zmq4.NewRouter(ctx)
-		require.NoError(t, p.router.Listen("tcp://127.0.0.1:0"))
-		p.replay = "tcp://" + p.router.Addr().String()
-		go p.serveReplay()
-	}
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *testPub) close() {
-	p.cancel()
-	p.pub.Close()
-	if p.router != nil {
-		p.router.Close()
-	}
-}
-
-func seqBytes(s int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(s)) }
-
-// publish numbers payload, keeps it for replay and, if live, sends it.
-func (p *testPub) publish(payload []byte, live bool) int64 {
-	p.mu.Lock()
-	s := p.seq
-	p.seq++
-	p.buf = append(p.buf, payload)
-	p.mu.Unlock()
-	if live {
-		require.NoError(p.t, p.pub.Send(zmq4.NewMsgFrom([]byte{}, seqBytes(s), payload)))
-	}
-	return s
-}
-
-func (p *testPub) serveReplay() {
-	for {
-		m, err := p.router.Recv()
-		if err != nil {
-			return
-		}
-		if len(m.Frames) != 3 || len(m.Frames[2]) != 8 {
-			continue
-		}
-		id, start := m.Frames[0], int64(binary.BigEndian.Uint64(m.Frames[2]))
-		p.mu.Lock()
-		buf := append([][]byte(nil), p.buf...)
-		p.mu.Unlock()
-		for s := start; s < int64(len(buf)); s++ {
-			_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, seqBytes(s), buf[s]))
-		}
-		_ = p.router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, seqBytes(-1), []byte{}))
-	}
-}
-
-// subscribed waits until the publisher has the subscription.
-func (p *testPub) subscribed() {
-	require.Eventually(p.t, func() bool {
-		return len(p.pub.(zmq4.Topics).Topics()) > 0
-	}, 5*time.Second, 5*time.Millisecond)
-}
 
 // recorder is a Handler that keeps what it got.
 type recorder struct {
@@ -174,14 +90,14 @@ func run(t *testing.T, cfg Config, h Handler) *Subscriber {
 }
 
 func TestSubscriberReplaysHistoryThenFollows(t *testing.T) {
-	p := newTestPub(t, "127.0.0.1:0", true)
-	p.publish(stored(10), true) // before anyone subscribed: only replay has it
-	p.publish(stored(11), true)
+	p := kvtest.New(t, "127.0.0.1:0", true)
+	p.Publish(stored(10), true) // before anyone subscribed: only replay has it
+	p.Publish(stored(11), true)
 	r := newRecorder()
-	s := run(t, Config{Endpoint: p.ep, Replay: p.replay}, r)
+	s := run(t, Config{Endpoint: p.Endpoint, Replay: p.Replay}, r)
 	r.waitFor(t, []uint64{10, 11})
-	p.subscribed()
-	p.publish(stored(12), true)
+	p.WaitSubscribed()
+	p.Publish(stored(12), true)
 	r.waitFor(t, []uint64{10, 11, 12})
 	st := s.Stats()
 	assert.True(t, st.Connected)
@@ -193,16 +109,16 @@ func TestSubscriberReplaysHistoryThenFollows(t *testing.T) {
 }
 
 func TestSubscriberFillsGapFromReplay(t *testing.T) {
-	p := newTestPub(t, "127.0.0.1:0", true)
+	p := kvtest.New(t, "127.0.0.1:0", true)
 	r := newRecorder()
-	s := run(t, Config{Endpoint: p.ep, Replay: p.replay}, r)
-	p.subscribed()
+	s := run(t, Config{Endpoint: p.Endpoint, Replay: p.Replay}, r)
+	p.WaitSubscribed()
 	require.Eventually(t, func() bool { return s.Stats().Connected }, 5*time.Second, 5*time.Millisecond)
-	p.publish(stored(1), true)
+	p.Publish(stored(1), true)
 	r.waitFor(t, []uint64{1})
-	p.publish(stored(2), false) // lost on the way
-	p.publish(stored(3), false)
-	p.publish(stored(4), true)
+	p.Publish(stored(2), false) // lost on the way
+	p.Publish(stored(3), false)
+	p.Publish(stored(4), true)
 	r.waitFor(t, []uint64{1, 2, 3, 4})
 	st := s.Stats()
 	assert.Equal(t, uint64(1), st.Gaps)
@@ -210,14 +126,14 @@ func TestSubscriberFillsGapFromReplay(t *testing.T) {
 }
 
 func TestSubscriberResetsOnGapWithoutReplay(t *testing.T) {
-	p := newTestPub(t, "127.0.0.1:0", false)
+	p := kvtest.New(t, "127.0.0.1:0", false)
 	r := newRecorder()
-	s := run(t, Config{Endpoint: p.ep}, r)
-	p.subscribed()
-	p.publish(stored(1), true)
+	s := run(t, Config{Endpoint: p.Endpoint}, r)
+	p.WaitSubscribed()
+	p.Publish(stored(1), true)
 	r.waitFor(t, []uint64{1})
-	p.publish(stored(2), false)
-	p.publish(stored(3), true)
+	p.Publish(stored(2), false)
+	p.Publish(stored(3), true)
 	r.waitFor(t, []uint64{1, 3})
 	_, resets := r.state()
 	require.Len(t, resets, 1)
@@ -226,14 +142,14 @@ func TestSubscriberResetsOnGapWithoutReplay(t *testing.T) {
 }
 
 func TestSubscriberResetsWhenPublisherDies(t *testing.T) {
-	p := newTestPub(t, "127.0.0.1:0", false)
+	p := kvtest.New(t, "127.0.0.1:0", false)
 	r := newRecorder()
-	s := run(t, Config{Endpoint: p.ep, DownAfter: 300 * time.Millisecond, Retry: 20 * time.Millisecond}, r)
-	p.subscribed()
-	p.publish(stored(1), true)
+	s := run(t, Config{Endpoint: p.Endpoint, DownAfter: 300 * time.Millisecond, Retry: 20 * time.Millisecond}, r)
+	p.WaitSubscribed()
+	p.Publish(stored(1), true)
 	r.waitFor(t, []uint64{1})
 	start := time.Now()
-	p.close() // its connections drop, redials are refused
+	p.Close() // its connections drop, redials are refused
 	require.Eventually(t, func() bool { _, rs := r.state(); return len(rs) == 1 }, 5*time.Second, 5*time.Millisecond)
 	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
 	_, resets := r.state()
@@ -243,32 +159,32 @@ func TestSubscriberResetsWhenPublisherDies(t *testing.T) {
 }
 
 func TestSubscriberSeesRestartedPublisher(t *testing.T) {
-	p := newTestPub(t, "127.0.0.1:0", false)
-	addr := p.pub.Addr().String()
+	p := kvtest.New(t, "127.0.0.1:0", false)
+	addr := p.Addr()
 	r := newRecorder()
-	s := run(t, Config{Endpoint: p.ep, DownAfter: time.Minute, Retry: 20 * time.Millisecond}, r)
-	p.subscribed()
-	p.publish(stored(1), true)
-	p.publish(stored(2), true)
+	s := run(t, Config{Endpoint: p.Endpoint, DownAfter: time.Minute, Retry: 20 * time.Millisecond}, r)
+	p.WaitSubscribed()
+	p.Publish(stored(1), true)
+	p.Publish(stored(2), true)
 	r.waitFor(t, []uint64{1, 2})
-	p.close()
+	p.Close()
 	require.Eventually(t, func() bool { return !s.Stats().Connected }, 5*time.Second, 5*time.Millisecond)
 
-	q := newTestPub(t, addr, false) // same address, sequence from 0
-	q.subscribed()
-	q.publish(stored(7), true)
+	q := kvtest.New(t, addr, false) // same address, sequence from 0
+	q.WaitSubscribed()
+	q.Publish(stored(7), true)
 	r.waitFor(t, []uint64{1, 2, 7})
 	_, resets := r.state()
 	assert.Equal(t, []string{"publisher restarted"}, resets)
 }
 
 func TestSubscriberSkipsMalformedBatches(t *testing.T) {
-	p := newTestPub(t, "127.0.0.1:0", false)
+	p := kvtest.New(t, "127.0.0.1:0", false)
 	r := newRecorder()
-	s := run(t, Config{Endpoint: p.ep}, r)
-	p.subscribed()
-	p.publish([]byte{0x93, 0x01}, true)
-	p.publish(stored(5), true)
+	s := run(t, Config{Endpoint: p.Endpoint}, r)
+	p.WaitSubscribed()
+	p.Publish([]byte{0x93, 0x01}, true)
+	p.Publish(stored(5), true)
 	r.waitFor(t, []uint64{5})
 	st := s.Stats()
 	assert.Equal(t, uint64(1), st.Malformed)
@@ -276,12 +192,12 @@ func TestSubscriberSkipsMalformedBatches(t *testing.T) {
 }
 
 func TestSubscriberDropsOversizedMessages(t *testing.T) {
-	p := newTestPub(t, "127.0.0.1:0", false)
+	p := kvtest.New(t, "127.0.0.1:0", false)
 	r := newRecorder()
-	s := run(t, Config{Endpoint: p.ep, MaxMessageBytes: 64, Retry: 10 * time.Millisecond}, r)
-	p.subscribed()
+	s := run(t, Config{Endpoint: p.Endpoint, MaxMessageBytes: 64, Retry: 10 * time.Millisecond}, r)
+	p.WaitSubscribed()
 	big := mustPack(map[string]any{"event_type": "stored", "seq_hashes": make([]uint64, 40)})
-	p.publish(big, true)
+	p.Publish(big, true)
 	// The connection is dropped rather than the message buffered; the
 	// subscriber reconnects and goes on.
 	require.Eventually(t, func() bool { return s.Stats().Subscriptions >= 2 }, 5*time.Second, 5*time.Millisecond)
@@ -308,6 +224,8 @@ func TestHandshakeRefusesNonZMTPPeer(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -315,9 +233,15 @@ func TestHandshakeRefusesNonZMTPPeer(t *testing.T) {
 		}
 		defer c.Close()
 		fmt.Fprint(c, "HTTP/1.1 400 Bad Request\r\n\r\n"+string(make([]byte, 64)))
-		time.Sleep(time.Second)
+		<-done
 	}()
 	_, err = dialZMTP(context.Background(), ln.Addr().String(), "SUB", 2*time.Second, 1<<20)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "not a ZMTP peer")
+}
+
+// go-zeromq leaves a writer goroutine per closed PUB socket (the test
+// publishers'), never ours.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
 }
