@@ -1,6 +1,9 @@
 package blockhash
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"slices"
+)
 
 // FNV-1a, 64 bits.
 const (
@@ -21,6 +24,7 @@ func (s fnvScheme) BlockSize() int { return s.blockSize }
 func (s fnvScheme) String() string { return "fnv" }
 
 func (s fnvScheme) Blocks(dst []uint64, tokens []int) []uint64 {
+	dst = slices.Grow(dst, len(tokens)/s.blockSize)
 	var buf [8]byte
 	var prev uint64
 	for i := 0; i+s.blockSize <= len(tokens); i += s.blockSize {

@@ -2,6 +2,7 @@ package blockhash
 
 import (
 	"encoding/binary"
+	"slices"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -43,6 +44,7 @@ func (s *mooncakeScheme) Blocks(dst []uint64, tokens []int) []uint64 {
 	if len(tokens) < s.blockSize {
 		return dst
 	}
+	dst = slices.Grow(dst, len(tokens)/s.blockSize)
 	bp := s.scratch.Get().(*[]byte)
 	defer s.scratch.Put(bp)
 	buf := *bp

@@ -97,6 +97,7 @@ func (s *vllmScheme) BlockSize() int { return s.blockSize }
 func (s *vllmScheme) String() string { return "vllm:" + s.algo }
 
 func (s *vllmScheme) Blocks(dst []uint64, tokens []int) []uint64 {
+	dst = slices.Grow(dst, len(tokens)/s.blockSize)
 	s.walk(tokens, func(d digest) { dst = append(dst, BytesID(d.bytes())) })
 	return dst
 }
