@@ -38,12 +38,13 @@
 // The vLLM schemes cover requests whose blocks carry no extra keys: not
 // LoRA adapters, multimodal inputs, prompt embeddings or cache_salt, whose
 // blocks vLLM hashes with those keys in place of None. The block size is
-// the one vLLM hashes at: its block_size, except in models whose KV cache
-// groups have different block sizes, where vLLM hashes at the smallest and
-// a group whose blocks are k times larger publishes, for each of its
-// blocks, the id of the last of the k small blocks in it (every k-th id of
-// Blocks). The pickle schemes accept blocks of up to MaxPickleBlockSize
-// tokens, which any vLLM block size is.
+// the one vLLM hashes at: its block_size (times the decode context
+// parallel size under DCP), except in models with several KV cache groups,
+// where it hashes at the GCD of their block sizes (or prefix_match_unit)
+// and a group whose blocks are k times larger publishes, for each of its
+// blocks, the id of the last of the k hashed blocks in it: every k-th id of
+// Blocks. The pickle schemes accept blocks of up to MaxPickleBlockSize
+// tokens.
 //
 // # Correctness
 //
