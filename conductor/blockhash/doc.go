@@ -48,9 +48,10 @@
 //
 // # Correctness
 //
-// The testdata vectors come from vLLM's own functions
-// (e2e/vllm/gen_block_hashes.py): every hash byte and id of every scheme,
-// seed and edge of the encodings is compared against them.
+// e2e/vllm/gen_block_hashes.py writes the testdata vectors: the vLLM
+// schemes' from vLLM's own functions, the others' from Python's xxhash and
+// a Python FNV-1a. The tests compare every hash byte and id, for every
+// scheme, several seeds and the edges of each encoding.
 //
 // # Cost
 //
