@@ -29,6 +29,11 @@
 //     its segment), for the Conductor's prefix index (WatchObjects). A
 //     watcher never slows the master: one that falls behind is dropped
 //     and watches again from a new snapshot.
+//   - KV events (kvevents.go, docs/kv-events.md): with
+//     ServerConfig.KVEvents the leader publishes a stored or removed event
+//     per key and medium on a ZMQ PUB socket, as mooncake_master
+//     --enable_kv_events, with a replay socket; a bounded queue and one
+//     sender goroutine keep it off the request path.
 //   - Server (server.go): a running master — the service, its background
 //     loop, gRPC, the admin HTTP server (admin.go, metrics.go: /metrics
 //     with Mooncake's master metric names, /health, /role, /leader, and

@@ -32,7 +32,7 @@ type grpcFixture struct {
 func newGRPCFixture(t *testing.T) *grpcFixture {
 	t.Helper()
 	// Registered first, so it runs after the other cleanups.
-	t.Cleanup(func() { goleak.VerifyNone(t) })
+	t.Cleanup(func() { goleak.VerifyNone(t, zmqPubWriter) })
 
 	svc, clk := newTestService(t, ServiceConfig{Shards: 8})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

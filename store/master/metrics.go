@@ -62,6 +62,14 @@ var counters = []struct {
 
 var leaderDesc = prometheus.NewDesc("master_is_leader", "1 while this master serves (leads), 0 on standby.", nil, nil)
 
+// The KV events counters (kvevents.go), present with KV events only.
+var (
+	kvPublishedDesc = prometheus.NewDesc("mooncake_master_kv_events_published_total",
+		"KV events sent on the ZMQ PUB socket.", nil, nil)
+	kvDroppedDesc = prometheus.NewDesc("mooncake_master_kv_events_dropped_total",
+		"KV events dropped because the publisher's queue was full.", nil, nil)
+)
+
 // Describe sends nothing: the metric set is unchecked (per-RPC counters
 // appear as RPCs are first seen).
 func (m *metrics) Describe(chan<- *prometheus.Desc) {}
@@ -73,6 +81,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		leading = 1
 	}
 	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leading)
+	if kv := m.srv.kv; kv != nil {
+		ch <- prometheus.MustNewConstMetric(kvPublishedDesc, prometheus.CounterValue, float64(kv.published.Load()))
+		ch <- prometheus.MustNewConstMetric(kvDroppedDesc, prometheus.CounterValue, float64(kv.dropped.Load()))
+	}
 	svc := m.srv.Service()
 	if svc != nil {
 		st := svc.Stats()

@@ -262,6 +262,7 @@ func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, erro
 	}
 	s.offloadLocked(key, o)
 	s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT, key)
+	s.kvChange(key, s.kvMediaOf(old), s.kvMediaOf(o.replicas), true)
 	seq := s.after(&storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
 		ClientId: clientID, Key: key, Checksum: checksum}}}, func() {
 		if !leased {
@@ -410,6 +411,7 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 	for _, r := range o.replicas {
 		n += r.size
 	}
+	media := s.kvMediaOf(o.replicas)
 	s.freeAfter(dropRecord(key), o.replicas)
 	o.replicas = nil
 	s.orphanLocked(o)
@@ -417,6 +419,7 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 		delete(sh.objects, key)
 	}
 	s.emit(kind, key)
+	s.kvChange(key, media, 0, false)
 	return n
 }
 

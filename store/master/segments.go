@@ -192,11 +192,12 @@ func (s *Service) sweepDead() {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for key, o := range sh.objects {
-			was := o.complete()
+			was, media := o.complete(), s.kvMediaOf(o.replicas)
 			o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool { return r.seg.dead.Load() })
 			if was && !o.complete() {
 				s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED, key)
 			}
+			s.kvChange(key, media, s.kvMediaOf(o.replicas), false)
 			if p := o.pending; p != nil {
 				p.replicas = slices.DeleteFunc(p.replicas, func(r replica) bool { return r.seg.dead.Load() })
 				if len(p.replicas) == 0 {

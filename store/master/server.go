@@ -34,6 +34,10 @@ type ServerConfig struct {
 	Admin string
 	// Logger receives the server's logs. Zero: slog.Default().
 	Logger *slog.Logger
+	// KVEvents, when set, publishes KV events over ZMQ while this master
+	// leads (kvevents.go), as mooncake_master --enable_kv_events. Zero:
+	// none.
+	KVEvents *KVEventsConfig
 }
 
 // HAConfig configures leader election and the journal.
@@ -70,6 +74,7 @@ type Server struct {
 	metrics *metrics
 	admin   *http.Server
 	adminLn net.Listener
+	kv      *kvPublisher // nil without KV events
 
 	svc     atomic.Pointer[Service]
 	leading atomic.Bool
@@ -99,6 +104,11 @@ func Start(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Service.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.KVEvents != nil {
+		if err := cfg.KVEvents.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -122,6 +132,13 @@ func Start(cfg ServerConfig) (*Server, error) {
 		return nil, &ListenError{Listener: "rpc", Addr: cfg.Listen, Err: err}
 	}
 	s.lis = lis
+	if cfg.KVEvents != nil {
+		if s.kv, err = startKVPublisher(*cfg.KVEvents, s.advertise(), s.log); err != nil {
+			_ = lis.Close()
+			s.closeEtcd()
+			return nil, err
+		}
+	}
 	s.api = NewGRPCServer(nil)
 	s.api.serve(nil)
 	s.metrics = newMetrics(s)
@@ -130,6 +147,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 	if cfg.Admin != "" {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			_ = lis.Close()
+			s.closeKV()
 			s.closeEtcd()
 			return nil, &ListenError{Listener: "admin", Addr: cfg.Admin, Err: err}
 		}
@@ -148,6 +166,8 @@ func Start(cfg ServerConfig) (*Server, error) {
 				_ = s.admin.Close()
 			}
 			s.wg.Wait()
+			s.closeKV()
+			s.closeEtcd()
 			return nil, err
 		}
 		s.lead(svc)
@@ -161,21 +181,19 @@ func Start(cfg ServerConfig) (*Server, error) {
 		}
 	})
 	s.log.Info("master: listening", "addr", lis.Addr().String(), "ha", cfg.HA != nil)
+	if s.kv != nil {
+		s.log.Info("master: publishing KV events", "endpoint", s.KVEventsAddr(),
+			"replay", s.KVEventsReplayAddr(), "backend_id", s.kv.backendID)
+	}
 	return s, nil
 }
 
-func (s *Server) lead(svc *Service) {
-	s.svc.Store(svc)
-	s.api.serve(svc)
-	s.leading.Store(true)
-}
-
-// campaign is the HA loop: win an election, load the journal, serve until
-// the leadership or the journal is lost, step down, and again.
-func (s *Server) campaign(ctx context.Context) {
-	h := s.cfg.HA
+// advertise is the address clients reach this master at: HAConfig's
+// Advertise (a port of 0, or none, taking the listener's), else the
+// listener's address.
+func (s *Server) advertise() string {
 	addr := s.lis.Addr().String()
-	if h.Advertise != "" {
+	if h := s.cfg.HA; h != nil && h.Advertise != "" {
 		host, port, err := net.SplitHostPort(h.Advertise)
 		if err != nil {
 			host, port = h.Advertise, "0"
@@ -185,6 +203,25 @@ func (s *Server) campaign(ctx context.Context) {
 		}
 		addr = net.JoinHostPort(host, port)
 	}
+	return addr
+}
+
+// lead makes svc the service that answers, and that publishes the KV
+// events: only the leader's changes are the store's.
+func (s *Server) lead(svc *Service) {
+	if s.kv != nil {
+		svc.kv.Store(s.kv)
+	}
+	s.svc.Store(svc)
+	s.api.serve(svc)
+	s.leading.Store(true)
+}
+
+// campaign is the HA loop: win an election, load the journal, serve until
+// the leadership or the journal is lost, step down, and again.
+func (s *Server) campaign(ctx context.Context) {
+	h := s.cfg.HA
+	addr := s.advertise()
 	for ctx.Err() == nil {
 		l, err := ha.Campaign(ctx, s.etcd, h.ClusterID, addr, h.LeaderTTL)
 		if err != nil {
@@ -235,6 +272,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 	wg.Go(func() { _ = svc.Run(tctx) })
 	defer func() {
 		s.leading.Store(false)
+		svc.kv.Store(nil) // a master that stepped down publishes nothing
 		s.api.serve(nil)
 		svc.endWatches()
 		stop()
@@ -289,6 +327,23 @@ func (s *Server) AdminAddr() string {
 	return s.adminLn.Addr().String()
 }
 
+// KVEventsAddr is the endpoint the KV events PUB socket is bound to, its
+// port resolved ("" without KV events).
+func (s *Server) KVEventsAddr() string {
+	if s.kv == nil {
+		return ""
+	}
+	return endpoint(s.kv.pub)
+}
+
+// KVEventsReplayAddr is the endpoint of the KV events replay socket ("" without one).
+func (s *Server) KVEventsReplayAddr() string {
+	if s.kv == nil {
+		return ""
+	}
+	return endpoint(s.kv.router)
+}
+
 // Term is the current or last leadership term under HA (0 without).
 func (s *Server) Term() int64 { return s.term.Load() }
 
@@ -302,9 +357,16 @@ func (s *Server) Close() error {
 		}
 		s.cancel()
 		s.wg.Wait()
+		s.closeKV()
 		s.closeEtcd()
 	})
 	return nil
+}
+
+func (s *Server) closeKV() {
+	if s.kv != nil {
+		s.kv.close()
+	}
 }
 
 func (s *Server) closeEtcd() {

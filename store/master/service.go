@@ -180,6 +180,9 @@ type Service struct {
 
 	// Watches of the readable keys (watch.go).
 	watch watchers
+	// kv publishes KV events (kvevents.go) while this service leads; nil
+	// otherwise.
+	kv atomic.Pointer[kvPublisher]
 
 	// Counters for metrics.
 	evictedKeys, evictedBytes atomic.Uint64

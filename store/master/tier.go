@@ -91,7 +91,9 @@ func (s *Service) evictLocked(sh *shard, key string, o *object, force bool) uint
 	}
 	if hasDisk {
 		// An SSD copy stays readable: drop only the DRAM replicas.
+		media := s.kvMediaOf(o.replicas)
 		gone := o.take(false)
+		s.kvChange(key, media, s.kvMediaOf(o.replicas), false)
 		s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: key, DramOnly: true}}}, gone)
 		s.evictedKeys.Add(1)
 		s.evictedBytes.Add(dram)
@@ -263,6 +265,7 @@ func (s *Service) MoveEnd(clientID string, id uint64, ok bool) error {
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
 		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], KeepFrom: !t.spill}}}
 	var seq uint64
+	media := s.kvMediaOf(o.replicas)
 	if t.spill {
 		// The object leaves DRAM: every DRAM replica goes, the SSD copy
 		// serves.
@@ -280,6 +283,7 @@ func (s *Service) MoveEnd(clientID string, id uint64, ok bool) error {
 		}
 	}
 	dramFirst(o.replicas)
+	s.kvChange(t.key, media, s.kvMediaOf(o.replicas), false)
 	return s.durableUnlocked(sh, seq)
 }
 
@@ -341,6 +345,7 @@ func (s *Service) evictDisk(now time.Time) {
 		c := order.at(i)
 		c.sh.mu.Lock()
 		if c.sh.objects[c.key] == c.o && diskEvictable(c.o, now) {
+			media := s.kvMediaOf(c.o.replicas)
 			gone := c.o.take(true)
 			for _, r := range gone {
 				freed += float64(r.size)
@@ -350,6 +355,7 @@ func (s *Service) evictDisk(now time.Time) {
 				s.dropLocked(c.sh, c.key, c.o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED)
 			} else {
 				s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: c.key, DiskOnly: true}}}, gone)
+				s.kvChange(c.key, media, s.kvMediaOf(c.o.replicas), false)
 			}
 			s.evictedKeys.Add(1)
 		}
