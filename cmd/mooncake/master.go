@@ -27,9 +27,14 @@ upper case) or a config file (--config_path, MOONCAKE_CONFIG_PATH).
 
 With --enable_ha the master campaigns for leadership in etcd
 (--etcd_endpoints) and serves only while it leads, journaling every durable
-change to etcd so that a standby taking over loses no completed put.`,
+change to etcd so that a standby taking over loses no completed put.
+
+With --enable_kv_events the leader publishes a KV event per object key on
+a ZMQ PUB socket (--kv_events_bind_endpoint) as it is stored, removed or
+evicted, for cache-aware routers; docs/kv-events.md has the format.`,
 		Example: `  mooncake master --rpc_port 50051 --metrics_port 9003
-  mooncake master --enable_ha --etcd_endpoints 10.0.0.1:2379 --rpc_address 10.0.0.2`,
+  mooncake master --enable_ha --etcd_endpoints 10.0.0.1:2379 --rpc_address 10.0.0.2
+  mooncake master --enable_kv_events --kv_events_backend_id pool-a --kv_events_replay_endpoint tcp://*:5558`,
 		Args: cobra.NoArgs,
 		RunE: runMaster,
 	}
@@ -51,6 +56,7 @@ change to etcd so that a standby taking over loses no completed put.`,
 	f.String("ha_backend_connstring", "", "alias of --etcd_endpoints, as Mooncake's")
 	f.String("cluster_id", "mooncake_cluster", "HA cluster name (the etcd key prefix)")
 	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
+	addKVEventsFlags(f)
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
 }
@@ -110,16 +116,53 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 			cfg.HA.Advertise = cfg.Listen
 		}
 	}
+	cfg.KVEvents = kvEventsConfig(s.boolean, s.str, s.integer)
 	m, err := master.Start(cfg)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	// Scripts and tests read the addresses from stdout.
-	fmt.Fprintf(cmd.OutOrStdout(), "master listening rpc=%s admin=%s ha=%v\n", m.Addr(), m.AdminAddr(), cfg.HA != nil)
+	fmt.Fprintf(cmd.OutOrStdout(), "master listening rpc=%s admin=%s ha=%v%s\n", m.Addr(), m.AdminAddr(), cfg.HA != nil, kvEventsAddrs(m))
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
 	slog.Info("master: shutting down")
 	return nil
+}
+
+// addKVEventsFlags adds official mooncake_master's KV events flags.
+func addKVEventsFlags(f *pflag.FlagSet) {
+	f.Bool("enable_kv_events", false, "publish KV events (stored, removed) over ZMQ while leading")
+	f.String("kv_events_bind_endpoint", master.DefaultKVEventsBind, "ZMQ PUB endpoint of the KV events (port 0 picks one)")
+	f.String("kv_events_replay_endpoint", "", "ZMQ ROUTER endpoint answering replay requests from the last 10000 messages (empty: none)")
+	f.String("kv_events_backend_id", "", "backend_id of the events, the cache owner (empty: the master's address)")
+	f.String("kv_events_model_name", "", "model_name of the events")
+	f.Int("kv_events_block_size", 0, "block_size of the events, in tokens (0: unknown)")
+	f.String("kv_events_topic", "", "ZMQ topic (first frame) of the messages")
+}
+
+// kvEventsConfig is the KV events configuration the flags ask for, nil
+// without --enable_kv_events; the getters read the flags.
+func kvEventsConfig(boolean func(string) bool, str func(string) string, integer func(string) int) *master.KVEventsConfig {
+	if !boolean("enable_kv_events") {
+		return nil
+	}
+	return &master.KVEventsConfig{
+		Bind:      str("kv_events_bind_endpoint"),
+		Replay:    str("kv_events_replay_endpoint"),
+		BackendID: str("kv_events_backend_id"),
+		ModelName: str("kv_events_model_name"),
+		BlockSize: integer("kv_events_block_size"),
+		Topic:     str("kv_events_topic"),
+	}
+}
+
+// kvEventsAddrs is the startup line's suffix naming m's KV events
+// endpoints, their ports resolved ("" without KV events).
+func kvEventsAddrs(m *master.Server) string {
+	if m.KVEventsAddr() == "" {
+		return ""
+	}
+	return fmt.Sprintf(" kv_events=%s kv_events_replay=%s", m.KVEventsAddr(), orNone(m.KVEventsReplayAddr()))
 }

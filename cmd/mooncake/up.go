@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/mooncake-go/mooncake/store/cluster"
 )
@@ -44,6 +45,7 @@ address with --no-ha).`,
 			cfg := cluster.Config{
 				Dir: dataDir, Etcd: etcdAddr, Masters: masters, NoHA: noHA, Nodes: nodes, NodeSegment: seg,
 				MasterListen: net.JoinHostPort("127.0.0.1", strconv.Itoa(rpcPort)),
+				KVEvents:     kvEventsConfig(flagGetters(cmd.Flags())),
 			}
 			if metricsPort >= 0 {
 				cfg.Admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort))
@@ -72,7 +74,7 @@ address with --no-ha).`,
 				if m.Leading() {
 					role = "leader"
 				}
-				fmt.Fprintf(out, "master %d  rpc=%s admin=%s (%s)\n", i, m.Addr(), orNone(m.AdminAddr()), role)
+				fmt.Fprintf(out, "master %d  rpc=%s admin=%s%s (%s)\n", i, m.Addr(), orNone(m.AdminAddr()), kvEventsAddrs(m), role)
 			}
 			for i, s := range cl.NodeSegments {
 				fmt.Fprintf(out, "node %d    segment=%s size=%d\n", i, s, seg)
@@ -93,7 +95,15 @@ address with --no-ha).`,
 	f.StringVar(&segment, "global_segment_size", "1GiB", "memory each node contributes")
 	f.BoolVar(&noHA, "no-ha", false, "one master without etcd (no journal, no failover)")
 	f.BoolVar(&procs, "node-processes", false, "run nodes as child processes instead of in this one")
+	addKVEventsFlags(f)
 	return c
+}
+
+// flagGetters reads flags by name, as kvEventsConfig wants them.
+func flagGetters(f *pflag.FlagSet) (func(string) bool, func(string) string, func(string) int) {
+	return func(n string) bool { v, _ := f.GetBool(n); return v },
+		func(n string) string { v, _ := f.GetString(n); return v },
+		func(n string) int { v, _ := f.GetInt(n); return v }
 }
 
 func orNone(s string) string {

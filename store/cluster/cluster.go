@@ -50,6 +50,10 @@ type Config struct {
 	MasterListen, Admin string
 	// Service configures every master's metadata service.
 	Service master.ServiceConfig
+	// KVEvents, when set, makes the masters publish KV events (the leader
+	// does): the first on the configured endpoints, the others on free
+	// ports of the same hosts. Zero: none.
+	KVEvents *master.KVEventsConfig
 	// Nodes is the number of storage nodes. Zero: 1; NoNodes for none.
 	Nodes int
 	// NodeSegment is each node's contribution. Zero: 1 GiB.
@@ -187,13 +191,23 @@ func (c *Cluster) startMaster(i int) error {
 	if !c.cfg.NoHA {
 		sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}}
 	}
+	if kv := c.cfg.KVEvents; kv != nil {
+		kv := *kv
+		if i > 0 {
+			kv.Bind, kv.Replay = anyPort(kv.Bind), anyPort(kv.Replay)
+		}
+		sc.KVEvents = &kv
+	}
 	m, err := master.Start(sc)
 	var le *master.ListenError
 	switch {
 	case errors.As(err, &le) && errors.Is(err, syscall.EADDRINUSE):
 		what := "master rpc"
-		if le.Listener == "admin" {
+		switch le.Listener {
+		case "admin":
 			what = "master metrics" // the admin server, on Mooncake's --metrics_port
+		case "kv_events", "kv_events_replay":
+			what = "master " + strings.ReplaceAll(le.Listener, "_", " ")
 		}
 		return &AddrInUseError{What: what, Addr: le.Addr}
 	case err != nil:
@@ -201,6 +215,14 @@ func (c *Cluster) startMaster(i int) error {
 	}
 	c.Masters = append(c.Masters, m)
 	return nil
+}
+
+// anyPort is endpoint (a ZMQ "tcp://host:port", or empty) with port 0.
+func anyPort(endpoint string) string {
+	if i := strings.LastIndexByte(endpoint, ':'); i > strings.Index(endpoint, "://") {
+		return endpoint[:i] + ":0"
+	}
+	return endpoint
 }
 
 // startNode starts node i, in this process or as a child.
