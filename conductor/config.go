@@ -117,6 +117,10 @@ type Config struct {
 	Prefill PrefillModel
 	// Decode predicts decode iterations; zero: DefaultDecode.
 	Decode DecodeModel
+	// BlockTokens is the tokens per block of Request.Blocks: the engines'
+	// block size when the blocks are their hashes (conductor/blockhash).
+	// Zero: BlockTokens (512, the traces').
+	BlockTokens int
 	// BlockBytes is the KV cache of one block, for transfer times; zero:
 	// DefaultBlockBytes.
 	BlockBytes int64
@@ -157,6 +161,8 @@ func (c Config) Validate() error {
 		return bad("TTFTSLO", "negative %v", c.TTFTSLO)
 	case c.TBTSLO < 0:
 		return bad("TBTSLO", "negative %v", c.TBTSLO)
+	case c.BlockTokens < 0:
+		return bad("BlockTokens", "negative %d", c.BlockTokens)
 	case c.BlockBytes < 0:
 		return bad("BlockBytes", "negative %d", c.BlockBytes)
 	case c.Bandwidth < 0 || math.IsNaN(c.Bandwidth) || math.IsInf(c.Bandwidth, 0):
@@ -193,6 +199,7 @@ func (c Config) withDefaults() Config {
 	c.TBTSLO = cmp.Or(c.TBTSLO, DefaultTBTSLO)
 	c.Prefill = cmp.Or(c.Prefill, DefaultPrefill)
 	c.Decode = cmp.Or(c.Decode, DefaultDecode)
+	c.BlockTokens = cmp.Or(c.BlockTokens, BlockTokens)
 	c.BlockBytes = cmp.Or(c.BlockBytes, DefaultBlockBytes)
 	c.Bandwidth = cmp.Or(c.Bandwidth, DefaultBandwidth)
 	c.DefaultOutput = cmp.Or(c.DefaultOutput, DefaultOutput)

@@ -302,7 +302,7 @@ func (s *Scheduler) estimate(now time.Duration, p *prefillInst, tokens, best int
 		e.prefix, e.pulled = best, best-own
 		transfer = s.cfg.transferTime(e.pulled)
 	}
-	e.prefill = s.cfg.Prefill.Time(tokens, e.prefix*BlockTokens)
+	e.prefill = s.cfg.Prefill.Time(tokens, min(e.prefix*s.cfg.BlockTokens, tokens))
 	e.ttft = transfer + p.queueTime(now) + e.prefill
 	return e
 }

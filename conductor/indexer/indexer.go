@@ -201,6 +201,9 @@ type source struct {
 	defMedium string
 	// gone is set once unregistered: late events are dropped.
 	gone bool
+	// lag is how late the last batch arrived: its arrival less the
+	// publisher's timestamp, seconds.
+	lag float64
 }
 
 // blocks are the holders of every block of one scope.
@@ -348,6 +351,9 @@ type SourceStats struct {
 	Key    string         `json:"key"`
 	Blocks int            `json:"blocks"`
 	Events kvevents.Stats `json:"events"`
+	// Lag is how late the last batch arrived, seconds (its arrival less
+	// the publisher's timestamp; clock skew included).
+	Lag float64 `json:"lag_seconds"`
 }
 
 // Stats returns every publisher's state, by service key.
@@ -356,7 +362,7 @@ func (x *Indexer) Stats() []SourceStats {
 	out := make([]SourceStats, 0, len(x.sources))
 	subs := make([]*kvevents.Subscriber, 0, len(x.sources))
 	for _, s := range x.sources {
-		out = append(out, SourceStats{Registration: s.reg, Key: s.reg.key(), Blocks: len(s.held)})
+		out = append(out, SourceStats{Registration: s.reg, Key: s.reg.key(), Blocks: len(s.held), Lag: s.lag})
 		subs = append(subs, s.sub)
 	}
 	x.mu.RUnlock()
@@ -380,6 +386,9 @@ func (h *handler) Apply(b *kvevents.Batch) {
 	if s.gone {
 		x.mu.Unlock()
 		return
+	}
+	if b.Time > 0 {
+		s.lag = float64(time.Now().UnixNano())/1e9 - b.Time
 	}
 	for i := range b.Events {
 		e := &b.Events[i]

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -23,10 +25,9 @@ import (
 	"github.com/mooncake-go/mooncake/conductor/kvevents/kvtest"
 )
 
-// go-zeromq leaves a writer goroutine per closed PUB socket (the test
-// publishers'), never ours.
+// Nothing of ours may outlive the tests.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, kvtest.IgnoreLeaks())
 }
 
 // mirror records what an Indexer mirrors, per instance.
@@ -369,4 +370,36 @@ func TestLoadConfig(t *testing.T) {
 
 	t.Setenv(ConfigEnv, path)
 	assert.Equal(t, path, DefaultConfigPath())
+}
+
+func TestCollector(t *testing.T) {
+	s := newServer(t, Config{})
+	p := kvtest.New(t, "127.0.0.1:0", false)
+	require.Equal(t, 200, s.post("/register", reg(p, "vLLM", "e", 2), nil))
+	p.WaitSubscribed()
+	p.Publish(kvtest.Batch(2, kvtest.Stored("GPU", 1, 2, 3)), true)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s.x.Collector())
+	series := func() map[string]*dto.Metric {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		out := map[string]*dto.Metric{}
+		for _, mf := range mfs {
+			require.Len(t, mf.GetMetric(), 1, mf.GetName())
+			out[mf.GetName()] = mf.GetMetric()[0]
+		}
+		return out
+	}
+	require.Eventually(t, func() bool {
+		return series()["mooncake_conductor_kv_events_blocks"].GetGauge().GetValue() == 3
+	}, 5*time.Second, 10*time.Millisecond)
+	got := series()
+	assert.Len(t, got, 8)
+	assert.Equal(t, 1.0, got["mooncake_conductor_kv_events_connected"].GetGauge().GetValue())
+	assert.Equal(t, 1.0, got["mooncake_conductor_kv_events_batches_total"].GetCounter().GetValue())
+	for _, l := range got["mooncake_conductor_kv_events_blocks"].GetLabel() {
+		if l.GetName() == "dp_rank" {
+			assert.Equal(t, "2", l.GetValue())
+		}
+	}
 }

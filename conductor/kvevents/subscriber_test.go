@@ -240,8 +240,7 @@ func TestHandshakeRefusesNonZMTPPeer(t *testing.T) {
 	assert.Contains(t, err.Error(), "not a ZMTP peer")
 }
 
-// go-zeromq leaves a writer goroutine per closed PUB socket (the test
-// publishers'), never ours.
+// Nothing of ours may outlive the tests.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, kvtest.IgnoreLeaks())
 }

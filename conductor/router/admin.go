@@ -8,8 +8,6 @@ import (
 	"net/http"
 
 	"github.com/google/uuid"
-
-	"github.com/mooncake-go/mooncake/conductor"
 )
 
 // handleInstances serves GET (list) and POST (register) /v1/instances.
@@ -68,7 +66,7 @@ type indexQuery struct {
 }
 
 // indexAnswer is the answer of POST /v1/index/query: the longest cached
-// prefix of the query per holder, in blocks of conductor.BlockTokens.
+// prefix of the query per holder, in blocks (of Config.BlockSize tokens).
 type indexAnswer struct {
 	Blocks       int            `json:"blocks"`
 	PrefixBlocks map[string]int `json:"prefix_blocks"`
@@ -86,7 +84,7 @@ func (r *Router) handleIndexQuery(w http.ResponseWriter, req *http.Request) {
 	}
 	blocks := q.Hashes
 	if q.Tokens != nil {
-		blocks = hashTokens(q.Tokens)
+		blocks = r.scheme.Blocks(nil, q.Tokens)
 	}
 	prefix := r.Longest(blocks)
 	if prefix == nil {
@@ -166,6 +164,3 @@ func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, *a
 	}
 	return body, nil
 }
-
-// hashTokens is the block keying of the prefix index.
-var hashTokens = conductor.HashTokens

@@ -85,7 +85,7 @@ func TestIndexQuery(t *testing.T) {
 		blocks []uint64 // what the scheduler is asked
 	}{
 		// 1100 tokens make two full blocks; the tail is not a block.
-		{"tokens", `{"tokens":` + mustJSON(ids(1100)) + `}`, 200, hashTokens(ids(1100))},
+		{"tokens", `{"tokens":` + mustJSON(ids(1100)) + `}`, 200, conductor.HashTokens(ids(1100))},
 		// Hashes go through untouched, 64-bit values included.
 		{"hashes", `{"hashes":[1,18446744073709551615]}`, 200, []uint64{1, 1<<64 - 1}},
 		// Exactly one of the two.

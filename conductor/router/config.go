@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/conductor/blockhash"
+	"github.com/mooncake-go/mooncake/conductor/indexer"
 )
 
 // Defaults for the zero values of Config.
@@ -61,6 +63,25 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Logger logs engine failures. Nil means slog.Default().
 	Logger *slog.Logger
+
+	// BlockHash, BlockSize and HashSeed name the blocks of a prompt in the
+	// prefix index (blockhash.Parse): they must be how the engines hash
+	// their blocks when the engines' KV events feed the index
+	// (Instance.KVEvents), e.g. "vllm:sha256" and vLLM's block size. Zero:
+	// "fnv" over conductor.BlockTokens, the naming of the traces and of
+	// the store keys the conductor reads.
+	BlockHash string
+	BlockSize int
+	HashSeed  string
+	// Indexer, if set, follows the KV events of the instances that
+	// publish them (Instance.KVEvents), and its API (official Mooncake's
+	// indexer: /register, /unregister, /query, /query_by_hash, /services)
+	// is served beside the router's. Its Mirror should be the Scheduler,
+	// so that the engines' real cache contents steer the routing.
+	Indexer *indexer.Indexer
+	// Model is the served model's name: the scope the instances' KV
+	// events are registered under in the Indexer.
+	Model string
 }
 
 // Validate reports the first invalid field of c.
@@ -80,6 +101,9 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("router: Config.MaxBodyBytes is negative (%d)", c.MaxBodyBytes)
 	}
+	if _, err := c.scheme(); err != nil {
+		return fmt.Errorf("router: Config.BlockHash: %w", err)
+	}
 	seen := map[string]bool{}
 	for i, in := range c.Instances {
 		if err := in.Validate(); err != nil {
@@ -89,6 +113,34 @@ func (c Config) Validate() error {
 			return fmt.Errorf("router: Config.Instances[%d]: %w: %q", i, ErrDuplicateInstance, in.ID)
 		}
 		seen[in.ID] = true
+	}
+	return nil
+}
+
+// scheme is the block naming c asks for.
+func (c Config) scheme() (blockhash.Scheme, error) {
+	spec := cmp.Or(c.BlockHash, "fnv")
+	size := c.BlockSize
+	if size == 0 {
+		if spec != "fnv" {
+			return nil, fmt.Errorf("%s needs the engines' block size", spec)
+		}
+		size = conductor.BlockTokens
+	}
+	return blockhash.Parse(spec, size, c.HashSeed)
+}
+
+// hashProfile describes c's block naming to the indexer; nil for "fnv",
+// which no engine publishes.
+func (c Config) hashProfile() *indexer.HashProfile {
+	spec := cmp.Or(c.BlockHash, "fnv")
+	switch {
+	case spec == "mooncake":
+		return &indexer.HashProfile{Strategy: "xxh3", Seed: c.HashSeed}
+	case spec == "vllm":
+		return &indexer.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256", Seed: c.HashSeed}
+	case strings.HasPrefix(spec, "vllm:"):
+		return &indexer.HashProfile{Strategy: "vllm_v1", Algorithm: strings.TrimPrefix(spec, "vllm:"), Seed: c.HashSeed}
 	}
 	return nil
 }
@@ -123,7 +175,20 @@ type Instance struct {
 	// bootstrap server). Optional.
 	EngineID  string `json:"engine_id,omitempty"`
 	Bootstrap string `json:"bootstrap_addr,omitempty"`
+	// KVEvents is the engine's KV event publisher (vLLM's
+	// --kv-events-config endpoint, tcp://host:port) and KVReplay its
+	// replay socket (optional): the router's Indexer follows them, so the
+	// prefix index holds what the engine's cache really holds. A prefill
+	// instance with KVEvents and no CacheBlocks gets an index bound of
+	// DefaultEventCacheBlocks: its events, not the bound, say what it
+	// keeps.
+	KVEvents string `json:"kv_events,omitempty"`
+	KVReplay string `json:"kv_replay,omitempty"`
 }
+
+// DefaultEventCacheBlocks bounds the index's entries for a prefill
+// instance whose KV events feed it and that set no CacheBlocks.
+const DefaultEventCacheBlocks = 1 << 20
 
 // Validate reports what is wrong with in, wrapping ErrInvalidInstance.
 func (in Instance) Validate() error {
@@ -141,6 +206,9 @@ func (in Instance) Validate() error {
 	}
 	if in.CacheBlocks < 0 {
 		return fmt.Errorf("%w: %s: cache_blocks is negative (%d)", ErrInvalidInstance, in.ID, in.CacheBlocks)
+	}
+	if in.KVReplay != "" && in.KVEvents == "" {
+		return fmt.Errorf("%w: %s: kv_replay without kv_events", ErrInvalidInstance, in.ID)
 	}
 	if in.Bootstrap != "" {
 		if err := checkRoot(in.Bootstrap); err != nil {
@@ -181,7 +249,7 @@ func checkRoot(raw string) error {
 
 // ParseInstance reads the command-line form of an instance of role:
 //
-//	id=url[,cache_blocks=N][,engine_id=E][,bootstrap_addr=URL]
+//	id=url[,cache_blocks=N][,engine_id=E][,bootstrap_addr=URL][,kv_events=tcp://H:P][,kv_replay=tcp://H:P]
 //
 // for example p0=http://10.0.0.1:8100,cache_blocks=4096.
 func ParseInstance(role, spec string) (Instance, error) {
@@ -210,8 +278,12 @@ func ParseInstance(role, spec string) (Instance, error) {
 			in.EngineID = strings.TrimSpace(v)
 		case "bootstrap_addr":
 			in.Bootstrap = strings.TrimRight(strings.TrimSpace(v), "/")
+		case "kv_events":
+			in.KVEvents = strings.TrimSpace(v)
+		case "kv_replay":
+			in.KVReplay = strings.TrimSpace(v)
 		default:
-			return in, fmt.Errorf("%w: %q: unknown option %q (cache_blocks, engine_id, bootstrap_addr)", ErrInvalidInstance, spec, k)
+			return in, fmt.Errorf("%w: %q: unknown option %q (cache_blocks, engine_id, bootstrap_addr, kv_events, kv_replay)", ErrInvalidInstance, spec, k)
 		}
 	}
 	return in, in.Validate()

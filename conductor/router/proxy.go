@@ -153,7 +153,7 @@ func (t *ticket) finish() {
 func (r *Router) schedule(id string, in *inference, tokens []int) (conductor.Decision, *apiError) {
 	// Output zero (no max_tokens) leaves the guess to the scheduler's
 	// DefaultOutput.
-	cr := conductor.Request{ID: id, Tokens: len(tokens), Output: in.output, Blocks: hashTokens(tokens)}
+	cr := conductor.Request{ID: id, Tokens: len(tokens), Output: in.output, Blocks: r.scheme.Blocks(nil, tokens)}
 	r.schedMu.Lock()
 	dec, err := r.sched.Schedule(r.now(), cr)
 	r.schedMu.Unlock()

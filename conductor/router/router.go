@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/conductor/blockhash"
+	"github.com/mooncake-go/mooncake/conductor/indexer"
 )
 
 // Scheduler is what the router needs of the conductor's scheduling core;
@@ -56,6 +58,9 @@ type Router struct {
 	mu        sync.RWMutex
 	instances map[string]Instance
 
+	// scheme names a prompt's blocks in the prefix index.
+	scheme blockhash.Scheme
+
 	// tokenizeNext rotates /tokenize over the instances.
 	tokenizeNext atomic.Uint64
 	// inflight counts the inference requests being served, for /health.
@@ -69,6 +74,7 @@ func New(cfg Config) (*Router, error) {
 	}
 	cfg = cfg.withDefaults()
 	r := &Router{cfg: cfg, sched: cfg.Scheduler, instances: map[string]Instance{}, epoch: time.Now()}
+	r.scheme, _ = cfg.scheme() // checked by Validate
 	r.client = cfg.Client
 	if r.client == nil {
 		r.ownedTr = http.DefaultTransport.(*http.Transport).Clone()
@@ -107,6 +113,9 @@ func (r *Router) routes(reg *prometheus.Registry) {
 	r.mux.Handle("/v1/index/query", only(http.MethodPost, http.HandlerFunc(r.handleIndexQuery)))
 	r.mux.Handle("/metrics", only(http.MethodGet, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	r.mux.Handle("/health", only(http.MethodGet, http.HandlerFunc(r.handleHealth)))
+	if r.cfg.Indexer != nil {
+		r.cfg.Indexer.Routes(r.mux)
+	}
 	r.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errorf(http.StatusNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})
@@ -152,6 +161,21 @@ func (r *Router) Register(in Instance) error {
 	if _, ok := r.instances[in.ID]; ok {
 		return fmt.Errorf("%w: %q", ErrDuplicateInstance, in.ID)
 	}
+	var events *indexer.Registration
+	if in.KVEvents != "" {
+		if r.cfg.Indexer == nil {
+			return fmt.Errorf("%w: %s: kv_events, but the router follows no KV events (no Indexer)", ErrInvalidInstance, in.ID)
+		}
+		hp := r.cfg.hashProfile()
+		if hp == nil {
+			return fmt.Errorf("%w: %s: kv_events needs the engines' block hashing (BlockHash, e.g. vllm:sha256), not %s", ErrInvalidInstance, in.ID, r.scheme)
+		}
+		events = &indexer.Registration{Endpoint: in.KVEvents, Replay: in.KVReplay, Type: indexer.TypeVLLM,
+			Model: r.cfg.Model, Instance: in.ID, BlockSize: r.scheme.BlockSize(), Hash: hp}
+		if role == conductor.Prefill && in.CacheBlocks == 0 {
+			in.CacheBlocks = DefaultEventCacheBlocks
+		}
+	}
 	r.schedMu.Lock()
 	err := r.sched.Add(conductor.Instance{ID: in.ID, Role: role, CacheBlocks: in.CacheBlocks})
 	r.schedMu.Unlock()
@@ -160,6 +184,14 @@ func (r *Router) Register(in Instance) error {
 		return fmt.Errorf("%w: %s: %v", ErrDuplicateInstance, in.ID, err)
 	case err != nil:
 		return fmt.Errorf("%w: %s: %v", ErrInvalidInstance, in.ID, err)
+	}
+	if events != nil {
+		if err := r.cfg.Indexer.Register(*events); err != nil {
+			r.schedMu.Lock()
+			_ = r.sched.Remove(in.ID)
+			r.schedMu.Unlock()
+			return fmt.Errorf("%w: %s: kv_events: %v", ErrInvalidInstance, in.ID, err)
+		}
 	}
 	r.instances[in.ID] = in
 	r.metrics.instances.WithLabelValues(in.Role).Inc()
@@ -183,6 +215,13 @@ func (r *Router) Remove(id string) error {
 	}
 	delete(r.instances, id)
 	r.metrics.instances.WithLabelValues(in.Role).Dec()
+	if in.KVEvents != "" {
+		// Its blocks leave the scheduler's index with it; the indexer's go
+		// when it unsubscribes.
+		if _, err := r.cfg.Indexer.Unregister(in.ID, "", 0); err != nil && !errors.Is(err, indexer.ErrNotFound) {
+			return fmt.Errorf("router: stop following %s's KV events: %w", id, err)
+		}
+	}
 	return nil
 }
 

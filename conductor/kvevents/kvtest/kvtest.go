@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+	"go.uber.org/goleak"
 )
 
 // Publisher publishes numbered batches and keeps them all for replay.
@@ -163,3 +164,10 @@ func Removed(medium string, hashes ...uint64) map[string]any {
 
 // Cleared is vLLM's AllBlocksCleared.
 func Cleared() map[string]any { return map[string]any{"type": "AllBlocksCleared"} }
+
+// IgnoreLeaks is for goleak.VerifyTestMain in packages whose tests use a
+// Publisher: go-zeromq leaves a writer goroutine behind per closed PUB
+// socket.
+func IgnoreLeaks() goleak.Option {
+	return goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run")
+}

@@ -1,0 +1,108 @@
+package router
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/conductor/blockhash"
+	"github.com/mooncake-go/mooncake/conductor/indexer"
+	"github.com/mooncake-go/mooncake/conductor/kvevents/kvtest"
+)
+
+// The prefix index follows the engines' own KV events: a prompt goes to
+// the prefill instance whose cache holds its prefix, as the engine
+// reported it, and stops going there once the engine is gone.
+func TestRoutesOnEnginesKVEvents(t *testing.T) {
+	sched, err := conductor.New(conductor.Config{Policy: conductor.LocalCacheAware, Admission: conductor.RejectNone, BlockTokens: 16})
+	require.NoError(t, err)
+	x := indexer.New(indexer.Config{Mirror: sched, DownAfter: 300 * time.Millisecond})
+	t.Cleanup(x.Close)
+	_, es := cluster(t, 2, 1)
+	pubs := []*kvtest.Publisher{kvtest.New(t, "127.0.0.1:0", true), kvtest.New(t, "127.0.0.1:0", true)}
+	h := newHarness(t, sched, func(c *Config) {
+		c.BlockHash, c.BlockSize, c.Indexer, c.Model = "vllm:sha256", 16, x, "tiny"
+		for i := range pubs {
+			c.Instances[i].KVEvents, c.Instances[i].KVReplay = pubs[i].Endpoint, pubs[i].Replay
+		}
+	}, es...)
+	for _, p := range pubs {
+		p.WaitSubscribed()
+	}
+
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = 7 + i
+	}
+	scheme, err := blockhash.Parse("vllm:sha256", 16, "")
+	require.NoError(t, err)
+	blocks := scheme.Blocks(nil, prompt)
+	require.Len(t, blocks, 2)
+
+	route := func() string {
+		a := h.do("POST", "/v1/completions", map[string]any{"model": "tiny", "prompt": prompt, "max_tokens": 2})
+		require.Equal(t, 200, a.status, string(a.body))
+		return a.header.Get("X-Conductor-Prefill")
+	}
+	// p1 reports the prompt's blocks, as vLLM would after serving it.
+	pubs[1].Publish(kvtest.Batch(0, kvtest.Stored("GPU", blocks...)), true)
+	require.Eventually(t, func() bool { return sched.Longest(blocks)["p1"] == 2 }, 5*time.Second, 10*time.Millisecond)
+	for range 3 {
+		assert.Equal(t, "p1", route())
+	}
+	// The indexer's API sees the same, in official Mooncake's shape.
+	a := h.do("POST", "/query", map[string]any{"model": "tiny", "block_size": 16, "token_ids": prompt})
+	require.Equal(t, 200, a.status, string(a.body))
+	var q map[string]map[string]map[string]any
+	require.NoError(t, json.Unmarshal(a.body, &q))
+	assert.EqualValues(t, 32, q["default"]["p1"]["longest_matched"])
+	assert.EqualValues(t, 0, q["default"]["p0"]["longest_matched"])
+
+	// p1 evicts the last block: only the first is left.
+	pubs[1].Publish(kvtest.Batch(0, kvtest.Removed("GPU", blocks[1])), true)
+	require.Eventually(t, func() bool { return sched.Longest(blocks)["p1"] == 1 }, 5*time.Second, 10*time.Millisecond)
+	// p1 dies: its blocks leave the index within DownAfter.
+	pubs[1].Close()
+	require.Eventually(t, func() bool { return sched.Longest(blocks)["p1"] == 0 }, 5*time.Second, 10*time.Millisecond)
+
+	// Unregistering an instance stops following it.
+	require.NoError(t, h.router.Remove("p0"))
+	assert.Len(t, x.Registrations(), 1)
+}
+
+func TestKVEventsNeedAnIndexerAndEngineHashes(t *testing.T) {
+	p := kvtest.New(t, "127.0.0.1:0", false)
+	in := Instance{ID: "p0", Role: RolePrefill, URL: "http://127.0.0.1:1", KVEvents: p.Endpoint}
+	sched, err := conductor.New(conductor.Config{})
+	require.NoError(t, err)
+	_, err = New(Config{Scheduler: sched, Instances: []Instance{in}})
+	assert.ErrorIs(t, err, ErrInvalidInstance)
+	assert.ErrorContains(t, err, "no Indexer")
+
+	x := indexer.New(indexer.Config{})
+	defer x.Close()
+	_, err = New(Config{Scheduler: sched, Instances: []Instance{in}, Indexer: x})
+	assert.ErrorContains(t, err, "block hashing")
+	_, err = New(Config{Scheduler: sched, BlockHash: "vllm:sha256"})
+	assert.ErrorContains(t, err, "block size")
+	_, err = New(Config{Scheduler: sched, BlockHash: "md5", BlockSize: 16})
+	assert.ErrorIs(t, err, blockhash.ErrUnknownScheme)
+	_, err = ParseInstance(RolePrefill, "p0=http://h:1,kv_replay=tcp://h:2")
+	assert.ErrorContains(t, err, "kv_replay without kv_events")
+	got, err := ParseInstance(RolePrefill, "p0=http://h:1,kv_events=tcp://h:5557,kv_replay=tcp://h:5558")
+	require.NoError(t, err)
+	assert.Equal(t, "tcp://h:5557", got.KVEvents)
+	assert.Equal(t, "tcp://h:5558", got.KVReplay)
+	// A failed subscription leaves the scheduler as it was.
+	bad := in
+	bad.KVEvents = "tcp://h"
+	r, err := New(Config{Scheduler: sched, Indexer: x, BlockHash: "vllm", BlockSize: 16})
+	require.NoError(t, err)
+	defer r.Close()
+	assert.ErrorIs(t, r.Register(bad), ErrInvalidInstance)
+	require.NoError(t, r.Register(in))
+}
