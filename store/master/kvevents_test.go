@@ -13,8 +13,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
+	"github.com/mooncake-go/mooncake/internal/etcdtest"
+	"github.com/mooncake-go/mooncake/store/ha"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -447,4 +450,47 @@ func TestKVEventsConfigValidate(t *testing.T) {
 	var le *ListenError
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, "kv_events", le.Listener)
+}
+
+// Only the leader publishes: a master that lost its leadership publishes
+// nothing for what its old term's service still does, and publishes again,
+// on the same stream, once it leads again.
+func TestKVEventsLeaderOnly(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	m, _ := startAdminMaster(t, ServerConfig{
+		HA:       &HAConfig{Etcd: []string{etcd}, ClusterID: "kv", LeaderTTL: 3 * time.Second},
+		KVEvents: &KVEventsConfig{Bind: "tcp://127.0.0.1:0"}})
+	require.Eventually(t, m.Leading, 20*time.Second, 10*time.Millisecond)
+	sub := subscribeKV(t, m, "", "")
+	old, term := m.Service(), m.Term()
+	require.NoError(t, old.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	put(t, old, "c1", "a", 64, nil)
+	evs, _ := sub.events(1)
+	assert.Equal(t, "a", evs[0].ObjectKey)
+
+	// Revoke the leader's lease: the master steps down, then leads again
+	// with a new term and service.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, ha.ViewKey("kv"))
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Leading() && m.Term() != term }, 20*time.Second, 10*time.Millisecond)
+
+	// The old term's service drops "a" (its journal is closed, so the
+	// removal fails, but the object is gone from it): no event.
+	_ = old.Remove("a", true)
+	svc := m.Service()
+	require.NotSame(t, old, svc)
+	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	put(t, svc, "c1", "b", 64, nil)
+	evs, seqs := sub.events(1)
+	assert.Equal(t, "stored", evs[0].EventType)
+	assert.Equal(t, "b", evs[0].ObjectKey, "the old term's removal was published")
+	assert.Equal(t, []uint64{1}, seqs, "one stream across terms")
 }
