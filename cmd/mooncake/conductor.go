@@ -19,6 +19,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/conductor/indexer"
+	"github.com/mooncake-go/mooncake/conductor/kvevents"
 	"github.com/mooncake-go/mooncake/conductor/router"
 	"github.com/mooncake-go/mooncake/conductor/storefeed"
 )
@@ -35,10 +37,22 @@ max_tokens=1, then decoded with the parameters the prefill answered, and the
 answer (streamed or not) comes back.
 
 Instances come from --prefill and --decode (id=url[,cache_blocks=N]
-[,engine_id=E][,bootstrap_addr=URL]; engine_id and bootstrap_addr describe a
-prefill instance running vLLM's MooncakeConnector), from the config file
-(the same lists, or "instances:" with id, role, url, cache_blocks, engine_id,
-bootstrap_addr), or at run time from POST /v1/instances.
+[,engine_id=E][,bootstrap_addr=URL][,kv_events=tcp://H:P][,kv_replay=tcp://H:P];
+engine_id and bootstrap_addr describe a prefill instance running vLLM's
+MooncakeConnector), from the config file (the same lists, or "instances:"
+with id, role, url, cache_blocks, engine_id, bootstrap_addr, kv_events,
+kv_replay), or at run time from POST /v1/instances.
+
+The prefix index follows the engines' own KV-cache events when an instance
+names its publisher (kv_events: vLLM's --kv-events-config endpoint, and
+kv_replay its replay_endpoint): prompts are then hashed as the engines hash
+them, --block-hash vllm:sha256 (or vllm:sha256_cbor, vllm:xxhash, ...,
+mooncake) with --block-size the engines' block size and --hash-seed their
+PYTHONHASHSEED if set. An engine's blocks leave the index when it restarts
+or stays unreachable for --kv-events-down-after. Official Mooncake's
+indexer API (/register, /unregister, /query, /query_by_hash, /services) is
+served too, with the publishers of --indexer-config (its JSON file, default
+$CONDUCTOR_CONFIG_PATH) registered at start.
 
 Also served: DELETE/GET /v1/instances[/{id}], POST /v1/index/query
 ({"tokens": [...]} or {"hashes": [...]} -> longest cached prefix per
@@ -74,6 +88,14 @@ environment (MC_CONDUCTOR_<FLAG>, upper case, '-' as '_') or the config file
 	f.Int("store-blocks", 0, "blocks of the store kept in the prefix index (LRU); 0: unbounded")
 	f.Uint64("seed", 0, "seed of the random policy")
 	f.String("store-master", "", "Mooncake Store master(s), host:port[,host:port...]: the prefix index follows the store's block keys (conductor.KeyBlock)")
+	// The engines' KV events.
+	f.String("block-hash", "fnv", "how prompts are hashed into blocks: fnv (512-token blocks, the traces'), vllm[:sha256|sha256_cbor|xxhash|xxhash_cbor], mooncake")
+	f.Int("block-size", 0, "tokens per block, the engines' (required unless --block-hash fnv)")
+	f.String("hash-seed", "", "the engines' hash seed: vLLM's PYTHONHASHSEED if set, mooncake's XXH3 seed")
+	f.String("model", "", "the served model's name, the scope of the KV events in the indexer API")
+	f.String("kv-events-down-after", kvevents.DefaultDownAfter.String(), "an engine unreachable for this long leaves the prefix index")
+	f.String("indexer-config", "", "official Mooncake Conductor config (JSON, kvevent_instance) whose publishers are registered at start; default $"+indexer.ConfigEnv)
+	f.String("indexer-listen", "", "also serve the indexer API alone on this address (official Mooncake's port: 13333)")
 	addConfigFlag(f, "MC_CONDUCTOR_CONFIG")
 	return c
 }
@@ -114,6 +136,9 @@ func schedulerConfig(s *settings) (conductor.Config, error) {
 	c.BalanceBlocks = s.integer("balance-blocks")
 	c.StoreBlocks = s.integer("store-blocks")
 	c.Seed = s.v.GetUint64("seed")
+	if s.str("block-hash") != "fnv" {
+		c.BlockTokens = s.integer("block-size")
+	}
 	return c, c.Validate()
 }
 
@@ -148,14 +173,34 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	down, err := s.duration("kv-events-down-after", time.Second)
+	if err != nil {
+		return err
+	}
+	icfg := indexer.Config{DownAfter: down}
+	if m, ok := sched.(indexer.Mirror); ok {
+		icfg.Mirror = m
+	}
+	idx := indexer.New(icfg)
+	defer idx.Close()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Scheduler, cfg.Registry = sched, reg
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), idx.Collector())
+	cfg.Scheduler, cfg.Registry, cfg.Indexer = sched, reg, idx
 	r, err := router.New(cfg)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
+	if err := registerIndexerConfig(s.str("indexer-config"), idx); err != nil {
+		return err
+	}
+	if addr := s.str("indexer-listen"); addr != "" {
+		stopIdx, err := serveIndexer(cmd, addr, idx, reg)
+		if err != nil {
+			return err
+		}
+		defer stopIdx()
+	}
 
 	ln, err := net.Listen("tcp", s.str("listen"))
 	if err != nil {
@@ -254,6 +299,7 @@ func conductorConfig(s *settings) (router.Config, error) {
 	if cfg.MaxBodyBytes, err = s.size("max-body"); err != nil {
 		return cfg, err
 	}
+	cfg.BlockHash, cfg.BlockSize, cfg.HashSeed, cfg.Model = s.str("block-hash"), s.integer("block-size"), s.str("hash-seed"), s.str("model")
 	for _, role := range []string{router.RolePrefill, router.RoleDecode} {
 		for _, spec := range s.v.GetStringSlice(role) {
 			in, err := router.ParseInstance(role, spec)
@@ -271,13 +317,16 @@ func conductorConfig(s *settings) (router.Config, error) {
 		CacheBlocks int    `mapstructure:"cache_blocks"`
 		EngineID    string `mapstructure:"engine_id"`
 		Bootstrap   string `mapstructure:"bootstrap_addr"`
+		KVEvents    string `mapstructure:"kv_events"`
+		KVReplay    string `mapstructure:"kv_replay"`
 	}
 	if err := s.v.UnmarshalKey("instances", &listed); err != nil {
 		return cfg, fmt.Errorf("config instances: %w", err)
 	}
 	for _, l := range listed {
 		cfg.Instances = append(cfg.Instances, router.Instance{ID: l.ID, Role: l.Role, URL: strings.TrimRight(l.URL, "/"),
-			CacheBlocks: l.CacheBlocks, EngineID: l.EngineID, Bootstrap: strings.TrimRight(l.Bootstrap, "/")})
+			CacheBlocks: l.CacheBlocks, EngineID: l.EngineID, Bootstrap: strings.TrimRight(l.Bootstrap, "/"),
+			KVEvents: l.KVEvents, KVReplay: l.KVReplay})
 	}
 	// router.New validates the whole, once the scheduler is in.
 	return cfg, nil

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/conductor/blockhash"
+	"github.com/mooncake-go/mooncake/conductor/kvevents/kvtest"
+)
+
+func postJSON(t *testing.T, url string, body any) (int, map[string]any) {
+	t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	resp, err := http.Post(url, "application/json", strings.NewReader(string(b)))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
+	return resp.StatusCode, out
+}
+
+func getBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// longest is longest_matched of instance in a /query answer.
+func longest(ans map[string]any, instance string) float64 {
+	tenant, _ := ans["default"].(map[string]any)
+	in, _ := tenant[instance].(map[string]any)
+	n, _ := in["longest_matched"].(float64)
+	return n
+}
+
+// `mooncake indexer` is official Mooncake's Conductor indexer: its config
+// file registers publishers, their events answer /query_by_hash, and
+// /register, /services and /metrics work.
+func TestIndexerCommand(t *testing.T) {
+	p, q := kvtest.New(t, "127.0.0.1:0", true), kvtest.New(t, "127.0.0.1:0", false)
+	cfg := filepath.Join(t.TempDir(), "conductor_config.json")
+	body := fmt.Sprintf(`{"http_server_port": 13333, "kvevent_instance": {"engine-a-0": {
+		"endpoint": %q, "replay_endpoint": %q, "type": "vLLM", "modelname": "m", "lora_name": "",
+		"tenant_id": "default", "instance_id": "engine-a", "block_size": 16, "dp_rank": 0}}}`, p.Endpoint, p.Replay)
+	require.NoError(t, os.WriteFile(cfg, []byte(body), 0o644))
+	cmd := selfCommand(t, "indexer", "--listen", "127.0.0.1:0", "--down-after", "500ms")
+	cmd.Env = append(cmd.Env, "CONDUCTOR_CONFIG_PATH="+cfg)
+	line := startProc(t, cmd, "indexer listening ")
+	require.Contains(t, line, "publishers=1")
+	base := strings.Fields(strings.TrimPrefix(line, "indexer listening "))[0]
+
+	p.WaitSubscribed()
+	p.Publish(kvtest.Batch(0, kvtest.Stored("GPU", 11, 12)), true)
+	query := map[string]any{"model": "m", "block_size": 16, "seq_hashes": []uint64{11, 12, 13}}
+	require.Eventually(t, func() bool {
+		_, ans := postJSON(t, base+"/query_by_hash", query)
+		return longest(ans, "engine-a") == 32
+	}, 10*time.Second, 20*time.Millisecond)
+
+	status, ans := postJSON(t, base+"/register", map[string]any{"endpoint": q.Endpoint, "type": "vLLM", "modelname": "m",
+		"instance_id": "engine-b", "block_size": 16, "dp_rank": 0})
+	require.Equal(t, 200, status, ans)
+	assert.Equal(t, "registered successfully", ans["status"])
+	assert.Contains(t, getBody(t, base+"/services"), `"count":2`)
+	assert.Contains(t, getBody(t, base+"/metrics"), `mooncake_conductor_kv_events_blocks{dp_rank="0",instance="engine-a",type="vLLM"} 2`)
+
+	// The engine dies: its blocks leave within --down-after.
+	p.Close()
+	require.Eventually(t, func() bool {
+		_, ans := postJSON(t, base+"/query_by_hash", query)
+		return longest(ans, "engine-a") == 0
+	}, 10*time.Second, 20*time.Millisecond)
+	stopOnSIGTERM(t, cmd, "indexer")
+}
+
+// `mooncake conductor` follows an instance's kv_events and serves the
+// indexer API beside the router's; prompts are hashed as vLLM does.
+func TestConductorFollowsKVEvents(t *testing.T) {
+	p0, d0 := standinEngine(t, "prefill"), standinEngine(t, "decode")
+	pub := kvtest.New(t, "127.0.0.1:0", true)
+	cmd := selfCommand(t, "conductor", "--listen", "127.0.0.1:0", "--block-hash", "vllm:sha256", "--block-size", "16",
+		"--model", "m", "--policy", "local-cache-aware",
+		"--prefill", "p0="+p0.URL+",kv_events="+pub.Endpoint+",kv_replay="+pub.Replay, "--decode", "d0="+d0.URL)
+	line := startProc(t, cmd, "conductor listening ")
+	base := strings.Fields(strings.TrimPrefix(line, "conductor listening "))[0]
+	pub.WaitSubscribed()
+
+	tokens := make([]int, 33)
+	for i := range tokens {
+		tokens[i] = 100 + i
+	}
+	s, err := blockhash.Parse("vllm:sha256", 16, "")
+	require.NoError(t, err)
+	blocks := s.Blocks(nil, tokens)
+	pub.Publish(kvtest.Batch(0, kvtest.Stored("GPU", blocks...)), true)
+	require.Eventually(t, func() bool {
+		_, ans := postJSON(t, base+"/query", map[string]any{"model": "m", "block_size": 16, "token_ids": tokens})
+		return longest(ans, "p0") == 32
+	}, 10*time.Second, 20*time.Millisecond)
+	// The scheduler's index has them too.
+	_, idx := postJSON(t, base+"/v1/index/query", map[string]any{"tokens": tokens})
+	assert.Equal(t, map[string]any{"p0": 2.0}, idx["prefix_blocks"])
+	assert.Contains(t, getBody(t, base+"/metrics"), `mooncake_conductor_kv_events_batches_total{dp_rank="0",instance="p0",type="vLLM"} 1`)
+	stopOnSIGTERM(t, cmd, "conductor")
+}
+
+func TestConductorKVEventsErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--block-hash", "vllm"}, "block size"},
+		{[]string{"--block-hash", "sha1", "--block-size", "16"}, "unknown scheme"},
+		{[]string{"--prefill", "p0=http://127.0.0.1:1,kv_events=tcp://127.0.0.1:2"}, "block hashing"},
+	} {
+		root := newRoot()
+		root.SetArgs(append([]string{"conductor", "--listen", "127.0.0.1:0"}, tc.args...))
+		root.SetOut(io.Discard)
+		err := root.Execute()
+		require.Error(t, err, tc.args)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
