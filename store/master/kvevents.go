@@ -295,11 +295,14 @@ func (p *kvPublisher) send(batch []kvEvent) {
 	}
 	m := kvMessage{seq: p.seq, payload: bytes.Clone(p.buf.Bytes())}
 	p.seq++
+	// Kept and counted before it is sent: whatever a subscriber has
+	// received, a replay can give and the counter includes. (zmq4's PUB
+	// only queues the message; its writer sends it.)
+	p.keep(m)
+	p.published.Add(uint64(len(batch)))
 	if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqFrame(m.seq), m.payload)); err != nil {
 		p.log.Warn("master: kv events: send failed", "seq", m.seq, "err", err)
 	}
-	p.published.Add(uint64(len(batch)))
-	p.keep(m)
 }
 
 func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
