@@ -52,6 +52,9 @@ func (s *Server) adminHandler() http.Handler {
 		}
 		http.Error(w, "not the leader", http.StatusServiceUnavailable)
 	})
+	mux.HandleFunc("GET /kv_events/status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.kv.status())
+	})
 	for path, h := range map[string]func(*Service, http.ResponseWriter, *http.Request){
 		"/get_all_segments":    getAllSegments,
 		"/query_segment":       querySegment,

@@ -158,8 +158,8 @@ type kvPublisher struct {
 	queue chan kvEvent
 	// hold is taken by the sender around each message; tests hold it to
 	// stop the sender and fill the queue.
-	hold               sync.Mutex
-	published, dropped atomic.Uint64
+	hold                        sync.Mutex
+	published, dropped, batches atomic.Uint64
 	// lost is set by a drop; the next message skips a sequence number so
 	// subscribers see the gap.
 	lost atomic.Bool
@@ -238,11 +238,13 @@ func (p *kvPublisher) close() {
 	p.once.Do(func() {
 		close(p.done)
 		p.cancel() // unblocks the replay server's Recv
-		p.wg.Wait()
-		_ = p.pub.Close()
 		if p.router != nil {
+			// Closed before the wait: it cuts a reply stuck writing to a
+			// peer that stopped reading.
 			_ = p.router.Close()
 		}
+		p.wg.Wait()
+		_ = p.pub.Close() // after the sender, its only user
 	})
 }
 
@@ -300,6 +302,7 @@ func (p *kvPublisher) send(batch []kvEvent) {
 	// only queues the message; its writer sends it.)
 	p.keep(m)
 	p.published.Add(uint64(len(batch)))
+	p.batches.Add(1)
 	if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqFrame(m.seq), m.payload)); err != nil {
 		p.log.Warn("master: kv events: send failed", "seq", m.seq, "err", err)
 	}
@@ -418,6 +421,26 @@ func (p *kvPublisher) serveReplay() {
 		}
 		_ = p.router.SendMulti(zmq4.NewMsgFrom(id, nil, nil, kvReplayEnd, nil))
 	}
+}
+
+// kvStatus is official mooncake_master's GET /kv_events/status answer.
+type kvStatus struct {
+	Enabled          bool   `json:"enabled"`
+	PublishedBatches uint64 `json:"published_batches"`
+	PublishedEvents  uint64 `json:"published_events"`
+	DroppedEvents    uint64 `json:"dropped_events"`
+	// SkippedUnparsedKeys counts what official's publisher skips without
+	// an object key; this one publishes every key: always 0.
+	SkippedUnparsedKeys uint64 `json:"skipped_unparsed_keys"`
+}
+
+// status reports p's counters; a nil p (no KV events) is disabled.
+func (p *kvPublisher) status() kvStatus {
+	if p == nil {
+		return kvStatus{}
+	}
+	return kvStatus{Enabled: true, PublishedBatches: p.batches.Load(), PublishedEvents: p.published.Load(),
+		DroppedEvents: p.dropped.Load()}
 }
 
 // kvMediaOf is mediaOf(reps) while the service publishes KV events, and

@@ -421,6 +421,14 @@ func TestKVEventsQueueFull(t *testing.T) {
 	metrics := adminDo(t, m, "GET", "/metrics").body
 	assert.Contains(t, metrics, fmt.Sprintf("mooncake_master_kv_events_dropped_total %d\n", dropped))
 	assert.Contains(t, metrics, fmt.Sprintf("mooncake_master_kv_events_published_total %d\n", len(evs)))
+	// Official mooncake_master's status endpoint, on the admin port.
+	st := adminDo(t, m, "GET", "/kv_events/status")
+	assert.Equal(t, 200, st.code)
+	assert.JSONEq(t, fmt.Sprintf(`{"enabled":true,"published_batches":%d,"published_events":%d,"dropped_events":%d,"skipped_unparsed_keys":0}`,
+		len(seqs), len(evs), dropped), st.body)
+	plain, _ := startAdminMaster(t, ServerConfig{})
+	assert.JSONEq(t, `{"enabled":false,"published_batches":0,"published_events":0,"dropped_events":0,"skipped_unparsed_keys":0}`,
+		adminDo(t, plain, "GET", "/kv_events/status").body)
 }
 
 // Bad configurations are refused by field.
