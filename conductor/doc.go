@@ -13,7 +13,10 @@
 //     put and evict events (StoreAdded, StoreEvicted: conductor/storefeed
 //     watches the store master and names blocks by their keys, BlockKey
 //     and KeyBlock) and the engines' KV events where they publish them
-//     (KVEventSink);
+//     (KVEventSink: conductor/indexer follows vLLM's and the masters' ZMQ
+//     events into it; with Config.BlockTokens the engines' block size and
+//     Request.Blocks their own block ids, conductor/blockhash, the
+//     scheduler routes on what the engines really hold);
 //   - per prefill instance, the queue of predicted prefill times;
 //   - per decode instance, the requests assigned to it, to predict its
 //     batch when a new request would join.

@@ -23,9 +23,11 @@
 // Token ids. A completion prompt given as ids is used as is; text and chat
 // messages go to an engine's POST /tokenize ({model, prompt} or {model,
 // messages, chat template fields} -> {tokens}), the prefill instances
-// first, trying up to three on failure. The ids are hashed into blocks of
-// conductor.BlockTokens (conductor.HashTokens), the keys of the prefix
-// index. A batch of several prompts is refused (400): each prompt needs
+// first, trying up to three on failure. The ids are hashed into blocks
+// (Config.BlockHash: by default conductor.HashTokens' 512-token blocks;
+// with the engines' own hashing, e.g. vllm:sha256 and their block size,
+// the keys their KV events name, so an instance's Instance.KVEvents feed
+// the index through Config.Indexer), the keys of the prefix index. A batch of several prompts is refused (400): each prompt needs
 // its own pair and its own KV transfer.
 //
 // Schedule. The scheduler gets {ID, prompt length, max_tokens, blocks} and
@@ -93,6 +95,9 @@
 //   - POST /v1/index/query {tokens: [...]} or {hashes: [...]}: the longest
 //     cached prefix per holder, {"blocks": n, "prefix_blocks": {"p0": 12,
 //     "store": 3}}.
+//   - with Config.Indexer: official Mooncake's indexer API, POST /register,
+//     /unregister, /query, /query_by_hash, GET /services (package
+//     conductor/indexer).
 //   - GET /v1/models: an engine's answer.
 //   - GET /health: {status, ready (a prefill and a decode instance are
 //     registered), prefill, decode, inflight}.
