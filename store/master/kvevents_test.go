@@ -502,3 +502,23 @@ func TestKVEventsLeaderOnly(t *testing.T) {
 	assert.Equal(t, "b", evs[0].ObjectKey, "the old term's removal was published")
 	assert.Equal(t, []uint64{1}, seqs, "one stream across terms")
 }
+
+// An upsert refreshes its key (stored again, nothing removed: the medium
+// stays), and a segment unmounted under an object removes it.
+func TestKVEventsUpsertAndUnmount(t *testing.T) {
+	m, svc := startKVMaster(t, KVEventsConfig{})
+	sub := subscribeKV(t, m, "", "")
+	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	put(t, svc, "c1", "k", 64, nil)
+	_, err := svc.UpsertStart("c1", "k", 128, nil)
+	require.NoError(t, err)
+	require.NoError(t, svc.UpsertEnd("c1", "k", 0))
+	require.NoError(t, svc.UnmountSegment("c1", "1"))
+
+	evs, _ := sub.events(3)
+	var got []string
+	for _, ev := range evs {
+		got = append(got, ev.EventType+" "+ev.Medium+" "+ev.ObjectKey)
+	}
+	assert.Equal(t, []string{"stored cpu k", "stored cpu k", "removed cpu k"}, got)
+}
