@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,9 +14,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/mooncake-go/mooncake/conductor/blockhash"
 	"github.com/mooncake-go/mooncake/conductor/kvevents/kvtest"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 func postJSON(t *testing.T, url string, body any) (int, map[string]any) {
@@ -137,4 +141,74 @@ func TestConductorKVEventsErrors(t *testing.T) {
 		require.Error(t, err, tc.args)
 		assert.Contains(t, err.Error(), tc.want)
 	}
+}
+
+// A master's KV events, as official Mooncake's indexer takes them: the
+// store is a shared pool (type Mooncake) whose blocks count, on their
+// medium, for every engine of the scope.
+func TestIndexerFollowsMasterEvents(t *testing.T) {
+	master := selfCommand(t, "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0", "--metrics_port", "-1",
+		"--enable_kv_events", "--kv_events_bind_endpoint", "tcp://127.0.0.1:0",
+		"--kv_events_replay_endpoint", "tcp://127.0.0.1:0", "--kv_events_backend_id", "pool-a")
+	line := startProc(t, master, "master listening rpc=")
+	addrs := map[string]string{}
+	for _, f := range strings.Fields(strings.TrimPrefix(line, "master listening ")) {
+		k, v, _ := strings.Cut(f, "=")
+		addrs[k] = v
+	}
+	engine := kvtest.New(t, "127.0.0.1:0", false)
+	cfg := filepath.Join(t.TempDir(), "conductor_config.json")
+	body := fmt.Sprintf(`{"http_server_port": 13333, "kvevent_instance": {
+		"engine": {"endpoint": %q, "type": "vLLM", "modelname": "m", "instance_id": "e", "block_size": 16, "dp_rank": 0},
+		"pool": {"endpoint": %q, "replay_endpoint": %q, "type": "Mooncake", "modelname": "m", "instance_id": "pool-a", "block_size": 16, "dp_rank": 0}}}`,
+		engine.Endpoint, addrs["kv_events"], addrs["kv_events_replay"])
+	require.NoError(t, os.WriteFile(cfg, []byte(body), 0o644))
+	idx := selfCommand(t, "indexer", "--config", cfg, "--listen", "127.0.0.1:0")
+	base := strings.Fields(strings.TrimPrefix(startProc(t, idx, "indexer listening "), "indexer listening "))[0]
+	engine.WaitSubscribed()
+	engine.Publish(kvtest.Batch(0, kvtest.Stored("GPU", 0x10)), true)
+
+	conn, err := grpc.NewClient(addrs["rpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	c := storepb.NewMasterClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: "c1", Segment: &storepb.Segment{
+		Id: "1", Name: "node-1", Base: 1 << 20, Size: 1 << 20, TransportEndpoint: "127.0.0.1:1", Protocol: "tcp"}})
+	require.NoError(t, err)
+	require.NoError(t, res.AsError())
+	// Blocks 0x10 (on the engine's GPU) and 0x11 (in the store), as a KV
+	// connector names them (conductor.BlockKey).
+	for _, key := range []string{"m@tp0@0000000000000010", "m@tp0@0000000000000011"} {
+		ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: key, ValueLength: 64})
+		require.NoError(t, err)
+		require.NoError(t, ps.Result.AsError())
+		res, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: "c1", Key: key})
+		require.NoError(t, err)
+		require.NoError(t, res.AsError())
+	}
+	query := map[string]any{"model": "m", "block_size": 16, "seq_hashes": []uint64{0x10, 0x11, 0x12}}
+	var hits map[string]any
+	require.Eventually(t, func() bool {
+		_, ans := postJSON(t, base+"/query_by_hash", query)
+		hits, _ = ans["default"].(map[string]any)["e"].(map[string]any)
+		return hits != nil && hits["longest_matched"] == 32.0
+	}, 20*time.Second, 20*time.Millisecond)
+	assert.Equal(t, 16.0, hits["GPU"], "the engine holds the first block")
+	assert.Equal(t, 32.0, hits["CPU"], "the store holds both")
+	assert.NotContains(t, hits, "pool-a")
+	_, ans := postJSON(t, base+"/query_by_hash", query)
+	assert.NotContains(t, ans["default"], "pool-a", "a pool is not an engine")
+
+	rm, err := c.Remove(ctx, &storepb.RemoveRequest{Key: "m@tp0@0000000000000011"})
+	require.NoError(t, err)
+	require.NoError(t, rm.AsError())
+	require.Eventually(t, func() bool {
+		_, ans := postJSON(t, base+"/query_by_hash", query)
+		h, _ := ans["default"].(map[string]any)["e"].(map[string]any)
+		return h != nil && h["longest_matched"] == 16.0 && h["CPU"] == 16.0
+	}, 20*time.Second, 20*time.Millisecond)
+	stopOnSIGTERM(t, idx, "indexer")
+	stopOnSIGTERM(t, master, "master")
 }
