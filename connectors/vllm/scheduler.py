@@ -31,6 +31,10 @@ class SchedulerSide:
         self._reqs: Dict[str, Any] = {}  # requests seen, until they finish
         self._plans: Dict[str, Tuple] = {}  # what get_num_new_matched_tokens found
         self._loaded: Dict[str, range] = {}  # block indices loaded from the store
+        # Requests that had their store load: one each. A failed load has
+        # vLLM ask again, and the store still lists the blocks it could
+        # not read; asking again would load and fail forever.
+        self._load_tried: Set[str] = set()
         self._save_emitted: Set[str] = set()
         self._saving: Set[str] = set()  # save sent to the worker: free late
         self._step = Step()
@@ -84,6 +88,8 @@ class SchedulerSide:
             return count, True
         if not (self.settings.load and self.settings.master) or num_computed_tokens % self.block_size:
             return 0, False
+        if rid in self._load_tried:
+            return 0, False
         start = num_computed_tokens // self.block_size
         hashes = request.block_hashes[start:request.num_prompt_tokens // self.block_size]
         if not hashes:
@@ -122,6 +128,7 @@ class SchedulerSide:
         if kind == "store":
             n = len(what)
             self._step.loads.append(LoadJob(rid, list(what), list(ids[start:start + n])))
+            self._load_tried.add(rid)
             self._loaded[rid] = range(start, start + n)
             return
         end = -(-request.num_prompt_tokens // self.block_size)
@@ -171,6 +178,7 @@ class SchedulerSide:
         self._reqs.pop(rid, None)
         self._plans.pop(rid, None)
         self._loaded.pop(rid, None)
+        self._load_tried.discard(rid)
         self._save_emitted.discard(rid)
         delay = rid in self._saving
         self._saving.discard(rid)

@@ -18,12 +18,16 @@ single-instance run; a prefill with the other weights changes them.
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 import urllib.request
 
 import pytest
 from mccluster import start_cluster
-from vllm_harness import MAX_TOKENS, free_port, http_json, prompts, run_offline, start_servers
+from mooncake_go import Store
+from tinymodel import text
+from vllm_harness import (MAX_TOKENS, free_port, http_json, prompts, run_offline, start_servers, stop_process,
+                          wait_line)
 
 BLOCK = 128  # vLLM's KV block on the CPU
 INFO = {"VLLM_LOGGING_LEVEL": "INFO"}  # the connector's per-request lines are INFO
@@ -95,6 +99,19 @@ def test_store_tier_reader_loads_blocks_saved_by_another_instance(models, logs, 
     assert set(store_keys(cluster)) == expected_keys(ps)
     assert loaded_blocks(reader_log) == full_blocks(ps), reader_log.read_text()[-3000:]
     assert read == wrote
+
+    # The same keys holding 100 bytes each: a reader's lookups find them,
+    # its loads fill only the blocks' first bytes, and it must report the
+    # blocks as failed so that vLLM recomputes them (kv_load_failure_policy
+    # "recompute"); used as they are, they would change the answers.
+    keys = sorted(expected_keys(ps))
+    with Store(cluster.master, segment_size=-1) as st:
+        assert st.batch_upsert(keys, [b"x" * 100] * len(keys)) == [None] * len(keys)
+    bad_log = logs / "store-bad.log"
+    assert run_offline(models["a"], ps, bad_log, kv=go_kv("kv_both", master=cluster.master), env=INFO) == wrote
+    text = bad_log.read_text()
+    assert loaded_blocks(bad_log) == 0
+    assert len(re.findall(r"loading block 0 of request \S+ from the store failed", text)) == len(ps), text[-3000:]
 
 
 def test_store_tier_negative_control_other_weights_change_the_answer(models, logs, mooncake_bin):
@@ -205,3 +222,42 @@ def test_pd_decode_from_pulled_kv_equals_single_instance(pd, pd_baseline):
 def test_pd_negative_control_other_weights_prefill_differs(pd, pd_baseline):
     got = disaggregated(pd, pd["pb"])
     assert all(g != b for g, b in zip(got, pd_baseline)), "decode ignored the KV it pulled"
+
+
+@pytest.fixture(scope="module")
+def conductors(pd, mooncake_bin, logs):
+    """`mooncake conductor` in front of D, once with PA as its prefill
+    instance and once with PB: it passes the prefill answer's
+    kv_transfer_params on to D unchanged."""
+    urls, procs = {}, []
+    try:
+        for name in ("pa", "pb"):
+            log = logs / f"go-conductor-{name}.log"
+            with open(log, "w") as out:
+                proc = subprocess.Popen(
+                    [str(mooncake_bin), "conductor", "--listen", "127.0.0.1:0", "--prefill", f"{name}={pd[name].url}",
+                     "--decode", f"d={pd['d'].url}", "--admission", "none"],
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(proc)
+            # "conductor listening http://127.0.0.1:PORT prefill=1 decode=1"
+            urls[name] = wait_line(log, "conductor listening", proc).split()[2]
+        yield urls
+    finally:
+        for proc in procs:
+            stop_process(proc, grace=5, group=True)
+
+
+def test_pd_behind_conductor_equals_single_instance(pd, conductors):
+    ps = long_prompts()[:2]
+    body = {"model": "tiny", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+
+    def answers(url):
+        return [http_json(url + "/v1/completions", dict(body, prompt=text(p)))["choices"][0]["text"] for p in ps]
+
+    want = answers(pd["d"].url)
+    assert all(want), "the baseline produced no text"
+    before = pulled(pd["d"].log)
+    assert answers(conductors["pa"]) == want
+    assert pulled(pd["d"].log) - before == len(ps), "D did not pull through the conductor's route"
+    got = answers(conductors["pb"])
+    assert all(g != w for g, w in zip(got, want)), "decode ignored the KV it pulled"
