@@ -17,21 +17,25 @@
 // READY, frames), with no cgo. It hands the batches of one publisher to a
 // Handler in sequence order, each once:
 //
-//   - at its first connection, and after a reconnection, it asks the
-//     replay socket for what was published before, so a Conductor started
-//     after the engines still learns their caches (as far as the
-//     publisher's replay buffer reaches);
+//   - at every connection it asks the replay socket for the publisher's
+//     history: at the first, so a Conductor started after the engines
+//     still learns their caches (as far as the replay buffer reaches);
+//     after a reconnection, it looks there for the last batch it applied,
+//     byte for byte: found, the publisher is the same process and only
+//     the batches after it are applied; not found, the publisher
+//     restarted (or the batches missed are gone from its buffer), and
+//     the handler is reset and fed the history;
 //   - a gap in the sequence numbers is filled from the replay socket;
 //     what cannot be filled resets the handler (the index drops that
 //     publisher's blocks rather than keep ones it may have evicted);
-//   - a sequence starting again at 0 is a restarted publisher: reset;
+//   - without a replay socket, a first batch of a connection numbered 0
+//     is a restarted publisher: reset (within one connection, a batch
+//     already applied is a duplicate, never a restart);
 //   - a publisher unreachable for Config.DownAfter (killed: its TCP
 //     connection drops at once, and redials are refused) is reset, so a
 //     dead engine's blocks leave the index within DownAfter plus one
 //     Retry.
 //
-// A publisher that restarts and comes back within DownAfter is seen as
-// restarted only if its first message seen is sequence 0; an engine
-// restart takes far longer than the default DownAfter (3 s). A publisher
-// whose process hangs with its connection open is not detected here.
+// A publisher whose process hangs with its connection open is not
+// detected here.
 package kvevents

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,7 @@ type Subscriber struct {
 	log  *slog.Logger
 
 	next atomic.Int64 // next sequence number expected; -1: none yet
+	last uint64       // fingerprint of the last batch applied (Run's goroutine only)
 	mu   sync.Mutex
 	st   Stats
 }
@@ -160,13 +162,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		downSince = time.Time{}
 		s.count(func(st *Stats) { st.Connected = true; st.Subscriptions++ })
 		s.log.Debug("kv events: subscribed")
-		// Catch up on what was published before this connection: the
-		// history at a first connection, the batches missed while away
-		// after a drop.
+		fresh := true // no live batch seen on this connection yet
 		if s.rep != "" {
-			s.replay(ctx, max(s.next.Load(), 0), -1)
+			s.resync(ctx)
+			fresh = false
 		}
-		err = s.follow(ctx, z)
+		err = s.follow(ctx, z, fresh)
 		z.Close()
 		s.count(func(st *Stats) { st.Connected = false })
 		reset = s.next.Load() < 0
@@ -178,8 +179,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// follow reads the subscription until it fails or ctx ends.
-func (s *Subscriber) follow(ctx context.Context, z *zconn) error {
+// follow reads the subscription until it fails or ctx ends. fresh says
+// that nothing has checked yet whether the publisher is the one applied
+// so far (no replay socket).
+func (s *Subscriber) follow(ctx context.Context, z *zconn, fresh bool) error {
 	stop := context.AfterFunc(ctx, func() { z.Close() })
 	defer stop()
 	for {
@@ -192,7 +195,8 @@ func (s *Subscriber) follow(ctx context.Context, z *zconn) error {
 			s.malformed(-1, fmt.Errorf("a message of %d frames", len(msg)))
 			continue
 		}
-		s.deliver(ctx, seq, payload)
+		s.deliver(ctx, seq, payload, fresh)
+		fresh = false
 	}
 }
 
@@ -205,7 +209,7 @@ func message(msg [][]byte) (seq int64, payload []byte, ok bool) {
 }
 
 // deliver applies a live batch in sequence order.
-func (s *Subscriber) deliver(ctx context.Context, seq int64, payload []byte) {
+func (s *Subscriber) deliver(ctx context.Context, seq int64, payload []byte, fresh bool) {
 	next := s.next.Load()
 	switch {
 	case next < 0 || seq == next:
@@ -213,29 +217,35 @@ func (s *Subscriber) deliver(ctx context.Context, seq int64, payload []byte) {
 		s.count(func(st *Stats) { st.Gaps++ })
 		s.log.Info("kv events: gap", "want", next, "got", seq)
 		if s.rep != "" {
-			s.replay(ctx, next, seq)
+			s.fill(ctx, next, seq)
 		}
 		if s.next.Load() < seq {
 			s.reset(fmt.Sprintf("batches %d..%d lost", s.next.Load(), seq-1))
 		}
-	case seq == 0:
-		// Sequences start at 0 with the publisher's process.
+	case fresh && seq == 0:
+		// The first batch of a new connection starts the sequence again:
+		// the publisher restarted (without a replay socket, nothing
+		// better tells).
 		s.reset("publisher restarted")
 	default:
-		return // a batch replay already applied
+		return // replay applied it already: a publisher cannot restart under one connection
 	}
 	s.apply(seq, payload, false)
 }
 
-// replay asks the replay socket for the batches from start on and applies
-// those in order, up to (not including) until when until >= 0.
-func (s *Subscriber) replay(ctx context.Context, start, until int64) {
+// batch is one message fetched from the replay socket.
+type batch struct {
+	seq     int64
+	payload []byte
+}
+
+// fetch asks the replay socket for every buffered batch from start on.
+func (s *Subscriber) fetch(ctx context.Context, start int64) ([]batch, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	z, err := dialZMTP(ctx, s.rep, "DEALER", s.cfg.Timeout, s.cfg.MaxMessageBytes)
 	if err != nil {
-		s.log.Info("kv events: replay unavailable", "err", err)
-		return
+		return nil, err
 	}
 	defer z.Close()
 	stop := context.AfterFunc(ctx, func() { z.Close() })
@@ -243,45 +253,93 @@ func (s *Subscriber) replay(ctx context.Context, start, until int64) {
 	var req [8]byte
 	binary.BigEndian.PutUint64(req[:], uint64(start))
 	if err := z.send(nil, req[:]); err != nil {
-		s.log.Info("kv events: replay request", "err", err)
-		return
+		return nil, err
 	}
+	var out []batch
 	for {
 		msg, err := z.recv()
 		if err != nil {
-			s.log.Info("kv events: replay cut short", "err", err)
-			return
+			return nil, err
 		}
 		// [empty, topic, seq, payload]; the end is a seq of -1.
 		if len(msg) != 4 || len(msg[0]) != 0 {
-			s.malformed(-1, fmt.Errorf("a replay message of %d frames", len(msg)))
-			return
+			return nil, fmt.Errorf("a replay message of %d frames", len(msg))
 		}
 		seq, payload, ok := message(msg[1:])
 		if !ok {
-			s.malformed(-1, errors.New("a replay message without an 8-byte sequence"))
-			return
+			return nil, errors.New("a replay message without an 8-byte sequence")
 		}
 		if seq < 0 {
-			return
+			return out, nil
 		}
-		next := s.next.Load()
-		if until >= 0 && seq >= until {
-			continue // the live stream has it
+		if len(out) > 0 && seq <= out[len(out)-1].seq {
+			return nil, fmt.Errorf("replay out of order: %d after %d", seq, out[len(out)-1].seq)
 		}
-		switch {
-		case next >= 0 && seq < next:
-			continue
-		case next >= 0 && seq > next:
-			// The replay buffer no longer holds what was missed.
-			s.reset(fmt.Sprintf("batches %d..%d lost (replay starts at %d)", next, seq-1, seq))
-		}
-		s.apply(seq, payload, true)
+		out = append(out, batch{seq, payload})
 	}
+}
+
+// resync brings the handler up to date with the replay socket's history
+// at a (re)connection. If the publisher still has the last batch applied,
+// byte for byte, it is the same process and the batches after it are
+// applied; otherwise (it restarted, or what was missed is gone from its
+// buffer) the handler is reset and fed the whole history.
+func (s *Subscriber) resync(ctx context.Context) {
+	history, err := s.fetch(ctx, 0)
+	if err != nil {
+		s.log.Info("kv events: replay unavailable", "err", err)
+		return
+	}
+	next := s.next.Load()
+	if next > 0 {
+		same := false
+		for _, b := range history {
+			if b.seq == next-1 {
+				same = fingerprint(b.payload) == s.last
+				break
+			}
+		}
+		if !same {
+			s.reset("publisher restarted, or its replay buffer no longer has what was missed")
+			s.next.Store(-1)
+		}
+	}
+	for _, b := range history {
+		if n := s.next.Load(); n >= 0 && b.seq < n {
+			continue
+		} else if n >= 0 && b.seq > n {
+			s.reset(fmt.Sprintf("batches %d..%d lost (replay has %d on)", n, b.seq-1, b.seq))
+		}
+		s.apply(b.seq, b.payload, true)
+	}
+}
+
+// fill applies the batches start..until-1 from the replay socket.
+func (s *Subscriber) fill(ctx context.Context, start, until int64) {
+	missed, err := s.fetch(ctx, start)
+	if err != nil {
+		s.log.Info("kv events: replay unavailable", "err", err)
+		return
+	}
+	for _, b := range missed {
+		if b.seq >= until || b.seq != s.next.Load() {
+			return // the live stream has the rest; a hole is the caller's to reset
+		}
+		s.apply(b.seq, b.payload, true)
+	}
+}
+
+// fingerprint identifies a payload, to recognise the publisher's last
+// batch in its replay buffer.
+func fingerprint(p []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(p)
+	return h.Sum64() ^ uint64(len(p))
 }
 
 func (s *Subscriber) apply(seq int64, payload []byte, replayed bool) {
 	s.next.Store(seq + 1)
+	s.last = fingerprint(payload)
 	b, err := Decode(payload)
 	if err != nil {
 		s.malformed(seq, err)

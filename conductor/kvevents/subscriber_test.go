@@ -3,7 +3,9 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,4 +245,144 @@ func TestHandshakeRefusesNonZMTPPeer(t *testing.T) {
 // Nothing of ours may outlive the tests.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, kvtest.IgnoreLeaks())
+}
+
+// A restarted publisher with a replay socket: at the reconnection the
+// subscriber does not find its last batch in the new process's history,
+// resets and takes that history.
+func TestSubscriberSeesRestartedPublisherThroughReplay(t *testing.T) {
+	p := kvtest.New(t, "127.0.0.1:0", true)
+	addr, rep := p.Addr(), strings.TrimPrefix(p.Replay, "tcp://")
+	r := newRecorder()
+	s := run(t, Config{Endpoint: p.Endpoint, Replay: p.Replay, DownAfter: time.Minute, Retry: 20 * time.Millisecond}, r)
+	p.WaitSubscribed()
+	p.Publish(stored(1), true)
+	p.Publish(stored(2), true)
+	r.waitFor(t, []uint64{1, 2})
+	p.Close()
+	require.Eventually(t, func() bool { return !s.Stats().Connected }, 5*time.Second, 5*time.Millisecond)
+
+	q := kvtest.Listen(t, addr, rep)
+	q.Publish(stored(7), false) // before the subscriber is back: only replay has it
+	q.Publish(stored(8), false)
+	r.waitFor(t, []uint64{1, 2, 7, 8})
+	_, resets := r.state()
+	require.Len(t, resets, 1)
+	assert.Contains(t, resets[0], "restarted")
+	q.WaitSubscribed()
+	q.Publish(stored(9), true)
+	r.waitFor(t, []uint64{1, 2, 7, 8, 9})
+}
+
+// The same publisher after a dropped connection: the subscriber finds its
+// last batch in the history and applies only what it missed, no reset.
+func TestSubscriberResumesAfterDropWithoutReset(t *testing.T) {
+	p := kvtest.New(t, "127.0.0.1:0", true)
+	px := newProxy(t, p.Addr())
+	r := newRecorder()
+	s := run(t, Config{Endpoint: "tcp://" + px.addr(), Replay: p.Replay, Retry: 10 * time.Millisecond}, r)
+	p.WaitSubscribed()
+	p.Publish(stored(1), true)
+	r.waitFor(t, []uint64{1})
+
+	px.pause() // the connection drops; new ones wait
+	require.Eventually(t, func() bool { return !s.Stats().Connected }, 5*time.Second, 5*time.Millisecond)
+	p.Publish(stored(2), true) // nobody to send it to
+	p.Publish(stored(3), true)
+	px.resume()
+	r.waitFor(t, []uint64{1, 2, 3})
+	_, resets := r.state()
+	assert.Empty(t, resets)
+	assert.Equal(t, uint64(2), s.Stats().Replayed)
+}
+
+// proxy forwards TCP connections to a target, and can cut them.
+type proxy struct {
+	t      *testing.T
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	paused bool
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	px := &proxy{t: t, ln: ln, target: target}
+	done := make(chan struct{})
+	go px.serve(done)
+	t.Cleanup(func() {
+		ln.Close()
+		px.pause()
+		<-done
+	})
+	return px
+}
+
+func (px *proxy) addr() string { return px.ln.Addr().String() }
+
+func (px *proxy) serve(done chan struct{}) {
+	defer close(done)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := px.ln.Accept()
+		if err != nil {
+			return
+		}
+		px.mu.Lock()
+		if px.paused {
+			px.mu.Unlock()
+			c.Close()
+			continue
+		}
+		u, err := net.Dial("tcp", px.target)
+		if err != nil {
+			px.mu.Unlock()
+			c.Close()
+			continue
+		}
+		px.conns = append(px.conns, c, u)
+		px.mu.Unlock()
+		wg.Add(2)
+		go func() { defer wg.Done(); io.Copy(u, c); u.Close() }()
+		go func() { defer wg.Done(); io.Copy(c, u); c.Close() }()
+	}
+}
+
+// pause closes every connection and refuses new ones until resume.
+func (px *proxy) pause() {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	px.paused = true
+	for _, c := range px.conns {
+		c.Close()
+	}
+	px.conns = nil
+}
+
+func (px *proxy) resume() {
+	px.mu.Lock()
+	px.paused = false
+	px.mu.Unlock()
+}
+
+// A live batch that the connection's replay already applied is a
+// duplicate, even batch 0: a publisher cannot restart under one
+// connection.
+func TestDeliverTellsDuplicatesFromRestarts(t *testing.T) {
+	r := newRecorder()
+	s, err := New(Config{Endpoint: "tcp://127.0.0.1:1"}, r)
+	require.NoError(t, err)
+	ctx := context.Background()
+	s.apply(0, stored(1), true)
+	s.deliver(ctx, 0, stored(1), false)
+	h, resets := r.state()
+	assert.Equal(t, []uint64{1}, h)
+	assert.Empty(t, resets)
+	s.deliver(ctx, 0, stored(5), true) // the first batch of a new connection, without replay
+	h, resets = r.state()
+	assert.Equal(t, []uint64{1, 5}, h)
+	assert.Equal(t, []string{"publisher restarted"}, resets)
 }

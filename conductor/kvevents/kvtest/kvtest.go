@@ -38,6 +38,17 @@ type Publisher struct {
 // if replay. The test's cleanup closes it.
 func New(t testing.TB, addr string, replay bool) *Publisher {
 	t.Helper()
+	r := ""
+	if replay {
+		r = "127.0.0.1:0"
+	}
+	return Listen(t, addr, r)
+}
+
+// Listen is New with the replay socket's address ("" for none): a
+// publisher restarted in place listens where the old one did.
+func Listen(t testing.TB, addr, replayAddr string) *Publisher {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{t: t, cancel: cancel, pub: zmq4.NewPub(ctx)}
 	if err := p.pub.Listen("tcp://" + addr); err != nil {
@@ -45,9 +56,9 @@ func New(t testing.TB, addr string, replay bool) *Publisher {
 		t.Fatalf("kvtest: listen %s: %v", addr, err)
 	}
 	p.Endpoint = "tcp://" + p.pub.Addr().String()
-	if replay {
+	if replayAddr != "" {
 		p.router = zmq4.NewRouter(ctx)
-		if err := p.router.Listen("tcp://127.0.0.1:0"); err != nil {
+		if err := p.router.Listen("tcp://" + replayAddr); err != nil {
 			p.Close()
 			t.Fatalf("kvtest: listen replay: %v", err)
 		}
