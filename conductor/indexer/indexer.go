@@ -148,14 +148,23 @@ type scope struct {
 	blockSize                 int
 }
 
-// Mirror receives, for engines (not pools), the changes of what each
-// instance holds on its device (medium GPU, or unnamed), whatever the
-// rank: a block is stored when a first rank of the instance has it, and
-// removed when the last one drops it. The conductor's Scheduler is one
-// (conductor.KVEventSink).
+// Mirror receives, for engines, the changes of what each instance holds
+// on its device (medium GPU, or unnamed), whatever the rank: a block is
+// stored when a first rank of the instance has it, and removed when the
+// last one drops it. The conductor's Scheduler is one
+// (conductor.KVEventSink). A Mirror that is also a StoreMirror receives
+// the pools' (Mooncake masters') blocks too.
 type Mirror interface {
 	BlockStored(instance string, blocks []uint64)
 	BlockRemoved(instance string, blocks []uint64)
+}
+
+// StoreMirror receives the blocks the pools of a scope gain (a first pool
+// holds them, on any medium) and lose (the last one drops them); the
+// conductor's Scheduler is one (its store holder).
+type StoreMirror interface {
+	StoreAdded(blocks []uint64)
+	StoreEvicted(blocks []uint64)
 }
 
 // Config configures an Indexer.
@@ -428,54 +437,79 @@ func (h *handler) Reset(reason string) {
 }
 
 func (h *handler) mirror(stored, removed []uint64) {
-	m := h.x.cfg.Mirror
-	if m == nil || h.s.pool {
-		return
-	}
-	if len(removed) > 0 {
-		m.BlockRemoved(h.s.reg.Instance, removed)
-	}
-	if len(stored) > 0 {
-		m.BlockStored(h.s.reg.Instance, stored)
+	switch m := h.x.cfg.Mirror; {
+	case m == nil:
+	case h.s.pool:
+		sm, ok := m.(StoreMirror)
+		if !ok {
+			return
+		}
+		if len(removed) > 0 {
+			sm.StoreEvicted(removed)
+		}
+		if len(stored) > 0 {
+			sm.StoreAdded(stored)
+		}
+	default:
+		if len(removed) > 0 {
+			m.BlockRemoved(h.s.reg.Instance, removed)
+		}
+		if len(stored) > 0 {
+			m.BlockStored(h.s.reg.Instance, stored)
+		}
 	}
 }
 
-// deviceBit is what the mirror follows: a rank's device cache.
+// deviceBit is what the mirror follows of an engine: its device cache.
 const deviceBit = media(1)
 
-// add records that s holds k on m; it reports whether k is new on the
-// device of s's instance (for the mirror). x.mu is held.
+// mirrored are the media of s the mirror follows: an engine's device, any
+// medium of a pool.
+func (s *source) mirrored() media {
+	if s.pool {
+		return ^media(0)
+	}
+	return deviceBit
+}
+
+// add records that s holds k on m; it reports whether the mirror gains k
+// (for an engine: k is new on its instance's device; for a pool: new in
+// the pools of its scope). x.mu is held.
 func (x *Indexer) add(s *source, k uint64, m media) bool {
 	old, ok := s.held[k]
 	if !ok {
 		s.blocks.by[k] = append(s.blocks.by[k], s)
 	}
 	s.held[k] = old | m
-	return m&deviceBit != 0 && old&deviceBit == 0 && !x.onDevice(s, k)
+	t := s.mirrored()
+	return m&t != 0 && old&t == 0 && !x.heldElsewhere(s, k)
 }
 
-// remove records that s no longer holds k on m; it reports whether k has
-// left the device of s's instance. x.mu is held.
+// remove records that s no longer holds k on m; it reports whether the
+// mirror loses k. x.mu is held.
 func (x *Indexer) remove(s *source, k uint64, m media) bool {
 	old, ok := s.held[k]
 	if !ok {
 		return false
 	}
-	if now := old &^ m; now != 0 {
+	now := old &^ m
+	if now != 0 {
 		s.held[k] = now
 	} else {
 		x.unlink(s, k)
 	}
-	return m&deviceBit != 0 && old&deviceBit != 0 && !x.onDevice(s, k)
+	t := s.mirrored()
+	return old&t != 0 && now&t == 0 && !x.heldElsewhere(s, k)
 }
 
-// dropAll forgets everything s holds; it returns the blocks that left the
-// device of s's instance. x.mu is held.
+// dropAll forgets everything s holds; it returns the blocks the mirror
+// loses. x.mu is held.
 func (x *Indexer) dropAll(s *source) []uint64 {
 	var gone []uint64
+	t := s.mirrored()
 	for k, m := range s.held {
 		x.unlink(s, k)
-		if m&deviceBit != 0 && !x.onDevice(s, k) {
+		if m&t != 0 && !x.heldElsewhere(s, k) {
 			gone = append(gone, k)
 		}
 	}
@@ -493,11 +527,16 @@ func (x *Indexer) unlink(s *source, k uint64) {
 	}
 }
 
-// onDevice says whether another rank of s's instance holds k on its
-// device. x.mu is held.
-func (x *Indexer) onDevice(s *source, k uint64) bool {
+// heldElsewhere says whether the mirror still has k from another source
+// than s: another rank of s's instance, on its device; another pool of the
+// scope, on any medium. x.mu is held.
+func (x *Indexer) heldElsewhere(s *source, k uint64) bool {
 	for _, o := range s.blocks.by[k] {
-		if o != s && !o.pool && o.reg.Instance == s.reg.Instance && o.held[k]&deviceBit != 0 {
+		switch {
+		case o == s || o.pool != s.pool:
+		case s.pool && o.held[k] != 0:
+			return true
+		case !s.pool && o.reg.Instance == s.reg.Instance && o.held[k]&deviceBit != 0:
 			return true
 		}
 	}

@@ -64,6 +64,9 @@ func (m *mirror) BlockRemoved(inst string, blocks []uint64) {
 	}
 }
 
+func (m *mirror) StoreAdded(blocks []uint64)   { m.BlockStored("store", blocks) }
+func (m *mirror) StoreEvicted(blocks []uint64) { m.BlockRemoved("store", blocks) }
+
 func (m *mirror) blocks(inst string) []uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -120,11 +123,13 @@ type queryAnswer map[string]map[string]struct {
 func (s *server) waitHits(q map[string]any, inst string, want int) queryAnswer {
 	s.t.Helper()
 	var a queryAnswer
-	require.Eventually(s.t, func() bool {
+	if !assert.Eventually(s.t, func() bool {
 		a = queryAnswer{}
 		require.Equal(s.t, 200, s.post("/query_by_hash", q, &a))
 		return a["default"][inst].Longest == want
-	}, 10*time.Second, 10*time.Millisecond, "last answer %+v", a)
+	}, 10*time.Second, 10*time.Millisecond) {
+		s.t.Fatalf("%s: longest %d, want %d; last answer %+v; publishers %+v", inst, a["default"][inst].Longest, want, a, s.x.Stats())
+	}
 	return a
 }
 
@@ -178,7 +183,20 @@ func TestIndexerTiersRanksAndMirror(t *testing.T) {
 
 	require.Eventually(t, func() bool { return slices.Equal(m.blocks("engine-a"), []uint64{1, 2}) }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, []uint64{1}, m.blocks("engine-b"))
-	assert.Empty(t, m.blocks("shared-pool"), "pools are not mirrored")
+	assert.Empty(t, m.blocks("shared-pool"), "a pool is not an instance")
+	require.Eventually(t, func() bool { return slices.Equal(m.blocks("store"), []uint64{4}) }, 5*time.Second, 10*time.Millisecond)
+	// The pool moves block 4 to disk (removed cpu, stored disk): still in
+	// the store; then drops it.
+	pool.Publish(kvtest.Batch(0, map[string]any{"event_type": "stored", "seq_hashes": []uint64{4}, "medium": "disk"},
+		map[string]any{"event_type": "removed", "seq_hashes": []uint64{4}, "medium": "cpu"}), true)
+	a = s.waitHits(q, "engine-a", 4*16)
+	assert.Equal(t, 0, a["default"]["engine-a"].CPU)
+	assert.Equal(t, []uint64{4}, m.blocks("store"))
+	pool.Publish(kvtest.Batch(0, map[string]any{"event_type": "removed", "seq_hashes": []uint64{4}, "medium": "disk"}), true)
+	require.Eventually(t, func() bool { return len(m.blocks("store")) == 0 }, 5*time.Second, 10*time.Millisecond)
+	s.waitHits(q, "engine-a", 3*16)
+	pool.Publish(kvtest.Batch(0, map[string]any{"event_type": "stored", "seq_hashes": []uint64{4}, "medium": "cpu"}), true)
+	s.waitHits(q, "engine-a", 4*16)
 
 	// Rank 0 drops block 2: rank 1 still has it, so the instance does.
 	r0.Publish(kvtest.Batch(0, kvtest.Removed("GPU", 2)), true)
