@@ -96,6 +96,8 @@ environment (MC_CONDUCTOR_<FLAG>, upper case, '-' as '_') or the config file
 	f.String("kv-events-down-after", kvevents.DefaultDownAfter.String(), "an engine unreachable for this long leaves the prefix index")
 	f.String("indexer-config", "", "official Mooncake Conductor config (JSON, kvevent_instance) whose publishers are registered at start; default $"+indexer.ConfigEnv)
 	f.String("indexer-listen", "", "also serve the indexer API alone on this address (official Mooncake's port: 13333)")
+	f.String("store-kv-events", "", "a store master's KV event endpoint (mooncake master --enable_kv_events), tcp://host:port: its blocks feed the index's store holder")
+	f.String("store-kv-replay", "", "that master's replay endpoint (--kv_events_replay_endpoint)")
 	addConfigFlag(f, "MC_CONDUCTOR_CONFIG")
 	return c
 }
@@ -193,6 +195,17 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 	defer r.Close()
 	if err := registerIndexerConfig(s.str("indexer-config"), idx); err != nil {
 		return err
+	}
+	if ep := s.str("store-kv-events"); ep != "" {
+		size := s.integer("block-size")
+		if s.str("block-hash") == "fnv" {
+			size = conductor.BlockTokens
+		}
+		err := idx.Register(indexer.Registration{Endpoint: ep, Replay: s.str("store-kv-replay"), Type: indexer.TypeMooncake,
+			Model: s.str("model"), Instance: conductor.StoreHolder, BlockSize: size})
+		if err != nil {
+			return fmt.Errorf("--store-kv-events: %w", err)
+		}
 	}
 	if addr := s.str("indexer-listen"); addr != "" {
 		stopIdx, err := serveIndexer(cmd, addr, idx, reg)
