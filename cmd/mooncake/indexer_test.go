@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -147,15 +148,7 @@ func TestConductorKVEventsErrors(t *testing.T) {
 // store is a shared pool (type Mooncake) whose blocks count, on their
 // medium, for every engine of the scope.
 func TestIndexerFollowsMasterEvents(t *testing.T) {
-	master := selfCommand(t, "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0", "--metrics_port", "-1",
-		"--enable_kv_events", "--kv_events_bind_endpoint", "tcp://127.0.0.1:0",
-		"--kv_events_replay_endpoint", "tcp://127.0.0.1:0", "--kv_events_backend_id", "pool-a")
-	line := startProc(t, master, "master listening rpc=")
-	addrs := map[string]string{}
-	for _, f := range strings.Fields(strings.TrimPrefix(line, "master listening ")) {
-		k, v, _ := strings.Cut(f, "=")
-		addrs[k] = v
-	}
+	master, addrs, c := startKVMaster(t)
 	engine := kvtest.New(t, "127.0.0.1:0", false)
 	cfg := filepath.Join(t.TempDir(), "conductor_config.json")
 	body := fmt.Sprintf(`{"http_server_port": 13333, "kvevent_instance": {
@@ -168,26 +161,11 @@ func TestIndexerFollowsMasterEvents(t *testing.T) {
 	engine.WaitSubscribed()
 	engine.Publish(kvtest.Batch(0, kvtest.Stored("GPU", 0x10)), true)
 
-	conn, err := grpc.NewClient(addrs["rpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	c := storepb.NewMasterClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: "c1", Segment: &storepb.Segment{
-		Id: "1", Name: "node-1", Base: 1 << 20, Size: 1 << 20, TransportEndpoint: "127.0.0.1:1", Protocol: "tcp"}})
-	require.NoError(t, err)
-	require.NoError(t, res.AsError())
 	// Blocks 0x10 (on the engine's GPU) and 0x11 (in the store), as a KV
 	// connector names them (conductor.BlockKey).
-	for _, key := range []string{"m@tp0@0000000000000010", "m@tp0@0000000000000011"} {
-		ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: key, ValueLength: 64})
-		require.NoError(t, err)
-		require.NoError(t, ps.Result.AsError())
-		res, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: "c1", Key: key})
-		require.NoError(t, err)
-		require.NoError(t, res.AsError())
-	}
+	putKeys(t, c, "m@tp0@0000000000000010", "m@tp0@0000000000000011")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	query := map[string]any{"model": "m", "block_size": 16, "seq_hashes": []uint64{0x10, 0x11, 0x12}}
 	var hits map[string]any
 	require.Eventually(t, func() bool {
@@ -210,5 +188,70 @@ func TestIndexerFollowsMasterEvents(t *testing.T) {
 		return h != nil && h["longest_matched"] == 16.0 && h["CPU"] == 16.0
 	}, 20*time.Second, 20*time.Millisecond)
 	stopOnSIGTERM(t, idx, "indexer")
+	stopOnSIGTERM(t, master, "master")
+}
+
+// startKVMaster runs `mooncake master --enable_kv_events` with a 1 MiB
+// segment mounted; it returns the process, its startup line's addresses
+// (rpc, kv_events, kv_events_replay) and a client.
+func startKVMaster(t *testing.T) (*exec.Cmd, map[string]string, storepb.MasterClient) {
+	t.Helper()
+	master := selfCommand(t, "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0", "--metrics_port", "-1",
+		"--enable_kv_events", "--kv_events_bind_endpoint", "tcp://127.0.0.1:0",
+		"--kv_events_replay_endpoint", "tcp://127.0.0.1:0", "--kv_events_backend_id", "pool-a")
+	line := startProc(t, master, "master listening rpc=")
+	addrs := map[string]string{}
+	for _, f := range strings.Fields(strings.TrimPrefix(line, "master listening ")) {
+		k, v, _ := strings.Cut(f, "=")
+		addrs[k] = v
+	}
+	conn, err := grpc.NewClient(addrs["rpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	c := storepb.NewMasterClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: "c1", Segment: &storepb.Segment{
+		Id: "1", Name: "node-1", Base: 1 << 20, Size: 1 << 20, TransportEndpoint: "127.0.0.1:1", Protocol: "tcp"}})
+	require.NoError(t, err)
+	require.NoError(t, res.AsError())
+	return master, addrs, c
+}
+
+// putKeys puts 64-byte objects under keys (metadata only: no bytes move).
+func putKeys(t *testing.T, c storepb.MasterClient, keys ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, key := range keys {
+		ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: key, ValueLength: 64})
+		require.NoError(t, err)
+		require.NoError(t, ps.Result.AsError())
+		res, err := c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: "c1", Key: key})
+		require.NoError(t, err)
+		require.NoError(t, res.AsError())
+	}
+}
+
+// `mooncake conductor --store-kv-events` feeds the scheduler's store
+// holder from a master's ZMQ events.
+func TestConductorFollowsStoreKVEvents(t *testing.T) {
+	master, addrs, c := startKVMaster(t)
+	p0, d0 := standinEngine(t, "prefill"), standinEngine(t, "decode")
+	cmd := selfCommand(t, "conductor", "--listen", "127.0.0.1:0", "--block-hash", "vllm", "--block-size", "16", "--model", "m",
+		"--store-kv-events", addrs["kv_events"], "--store-kv-replay", addrs["kv_events_replay"],
+		"--prefill", "p0="+p0.URL, "--decode", "d0="+d0.URL)
+	base := strings.Fields(strings.TrimPrefix(startProc(t, cmd, "conductor listening "), "conductor listening "))[0]
+	s, err := blockhash.Parse("vllm", 16, "")
+	require.NoError(t, err)
+	tokens := make([]int, 40)
+	blocks := s.Blocks(nil, tokens)
+	putKeys(t, c, fmt.Sprintf("m@tp0@%016x", blocks[0]), fmt.Sprintf("m@tp0@%016x", blocks[1]))
+	require.Eventually(t, func() bool {
+		_, idx := postJSON(t, base+"/v1/index/query", map[string]any{"tokens": tokens})
+		pb, _ := idx["prefix_blocks"].(map[string]any)
+		return pb["store"] == 2.0
+	}, 20*time.Second, 20*time.Millisecond)
+	stopOnSIGTERM(t, cmd, "conductor")
 	stopOnSIGTERM(t, master, "master")
 }
