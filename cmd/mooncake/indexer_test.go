@@ -191,14 +191,14 @@ func TestIndexerFollowsMasterEvents(t *testing.T) {
 	stopOnSIGTERM(t, master, "master")
 }
 
-// startKVMaster runs `mooncake master --enable_kv_events` with a 1 MiB
+// startKVMaster runs `mooncake master --enable_kv_events [flags]` with a 1 MiB
 // segment mounted; it returns the process, its startup line's addresses
 // (rpc, kv_events, kv_events_replay) and a client.
-func startKVMaster(t *testing.T) (*exec.Cmd, map[string]string, storepb.MasterClient) {
+func startKVMaster(t *testing.T, flags ...string) (*exec.Cmd, map[string]string, storepb.MasterClient) {
 	t.Helper()
-	master := selfCommand(t, "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0", "--metrics_port", "-1",
+	master := selfCommand(t, append([]string{"master", "--rpc_address", "127.0.0.1", "--rpc_port", "0", "--metrics_port", "-1",
 		"--enable_kv_events", "--kv_events_bind_endpoint", "tcp://127.0.0.1:0",
-		"--kv_events_replay_endpoint", "tcp://127.0.0.1:0", "--kv_events_backend_id", "pool-a")
+		"--kv_events_replay_endpoint", "tcp://127.0.0.1:0", "--kv_events_backend_id", "pool-a"}, flags...)...)
 	line := startProc(t, master, "master listening rpc=")
 	addrs := map[string]string{}
 	for _, f := range strings.Fields(strings.TrimPrefix(line, "master listening ")) {

@@ -11,46 +11,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // `mooncake master --enable_kv_events` binds the endpoints it is given
 // (port 0 resolved in its startup line) and publishes a put's stored event
 // with the flags' envelope; the replay endpoint hands it back.
 func TestMasterKVEvents(t *testing.T) {
-	cmd := selfCommand(t, "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0", "--metrics_port", "-1",
-		"--enable_kv_events", "--kv_events_bind_endpoint", "tcp://127.0.0.1:0",
-		"--kv_events_replay_endpoint", "tcp://127.0.0.1:0", "--kv_events_backend_id", "pool-a",
-		"--kv_events_model_name", "llama", "--kv_events_block_size", "16", "--kv_events_topic", "kv")
-	line := startProc(t, cmd, "master listening rpc=")
-	addrs := map[string]string{}
-	for _, f := range strings.Fields(strings.TrimPrefix(line, "master listening ")) {
-		k, v, _ := strings.Cut(f, "=")
-		addrs[k] = v
-	}
-	require.True(t, strings.HasPrefix(addrs["kv_events"], "tcp://127.0.0.1:"), line)
+	cmd, addrs, c := startKVMaster(t, "--kv_events_model_name", "llama", "--kv_events_block_size", "16", "--kv_events_topic", "kv")
+	require.True(t, strings.HasPrefix(addrs["kv_events"], "tcp://127.0.0.1:"), addrs)
 	require.NotEqual(t, "tcp://127.0.0.1:0", addrs["kv_events"], "the bound port")
-	require.True(t, strings.HasPrefix(addrs["kv_events_replay"], "tcp://127.0.0.1:"), line)
-
-	conn, err := grpc.NewClient(addrs["rpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	c := storepb.NewMasterClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: "c1", Segment: &storepb.Segment{
-		Id: "1", Name: "node-1", Base: 1 << 20, Size: 1 << 20, TransportEndpoint: "127.0.0.1:1", Protocol: "tcp"}})
-	require.NoError(t, err)
-	require.NoError(t, res.AsError())
-	ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: "llama@0@00000000000000ff", ValueLength: 64})
-	require.NoError(t, err)
-	require.NoError(t, ps.Result.AsError())
-	res, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: "c1", Key: "llama@0@00000000000000ff"})
-	require.NoError(t, err)
-	require.NoError(t, res.AsError())
+	require.True(t, strings.HasPrefix(addrs["kv_events_replay"], "tcp://127.0.0.1:"), addrs)
+	putKeys(t, c, "llama@0@00000000000000ff")
 
 	// The replay endpoint has the message whatever a subscriber missed:
 	// ask until the sender has sent it.
