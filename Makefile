@@ -7,7 +7,7 @@ GO    ?= go
 BIN   := bin/mooncake
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run bench-te test deps lint unit capi-test python-test e2e fuzz clean
+.PHONY: all build run bench-te bench-vllm demo test deps lint unit capi-test python-test e2e fuzz clean
 
 all: build
 
@@ -58,6 +58,19 @@ e2e:
 	bash e2e/run.sh $(subst $(comma), ,$(E2E))
 
 comma := ,
+
+# demo: Mooncake's architecture with real vLLM (the e2e vLLM venv): `mooncake
+# up`, a prefill and a decode instance with our connector, `mooncake
+# conductor` routing on their KV events; a multi-turn replay printing, per
+# request, the instances, the prefix reused (local, store, none) and TTFT.
+demo:
+	bash e2e/py.sh vllm e2e/vllm/demo.py
+
+# bench-vllm: time to first token with real vLLM: our connector vs vLLM's
+# built-in MooncakeConnector vs no disaggregation, and the store tier vs
+# recompute (build/bench/vllm-ttft.json).
+bench-vllm:
+	bash e2e/py.sh vllm e2e/vllm/bench_ttft.py
 
 test: deps lint unit capi-test python-test e2e
 

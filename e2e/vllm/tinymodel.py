@@ -32,7 +32,7 @@ def text(ids) -> str:
     return " ".join(word(i) for i in ids)
 
 
-def write(dir_: Path, seed: int) -> Path:
+def write(dir_: Path, seed: int, max_positions: int = 1024) -> Path:
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -40,7 +40,7 @@ def write(dir_: Path, seed: int) -> Path:
     dir_.mkdir(parents=True, exist_ok=True)
     cfg = LlamaConfig(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=max_positions,
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="bfloat16",
     )
     torch.manual_seed(seed)
