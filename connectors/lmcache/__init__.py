@@ -1,0 +1,1 @@
+"""mooncake_go.connectors.lmcache (connectors/lmcache): see README.md there."""

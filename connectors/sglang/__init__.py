@@ -1,0 +1,1 @@
+"""mooncake_go.connectors.sglang (connectors/sglang): see README.md there."""
