@@ -52,6 +52,10 @@ class MooncakeGoConnector(KVConnectorBase_V1):
             w.num_blocks = next(iter(kv_caches.values())).shape[0]
         w.register_kv_caches(kv_caches)
 
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        if isinstance(kv_connector_metadata, Step) and kv_connector_metadata.preempted:
+            self._worker.wait_saves(kv_connector_metadata.preempted)
+
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         meta = self._connector_metadata
         if isinstance(meta, Step):
@@ -102,7 +106,8 @@ class MooncakeGoConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         step = self._scheduler.build_connector_meta(scheduler_output)
-        return MooncakeGoMetadata(loads=step.loads, saves=step.saves, pulls=step.pulls, holds=step.holds)
+        return MooncakeGoMetadata(loads=step.loads, saves=step.saves, pulls=step.pulls, holds=step.holds,
+                                  preempted=step.preempted)
 
     def request_finished(self, request, block_ids):
         return self._scheduler.request_finished(request, block_ids)

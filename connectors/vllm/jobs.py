@@ -43,12 +43,12 @@ class PullJob:
 @dataclass
 class Step:
     """One step's work. holds: requests the worker keeps until a decode
-    instance pulled them (or the timeout, in seconds, passed)."""
+    instance pulled them (or the timeout, in seconds, passed). preempted:
+    requests vLLM preempted this step whose saves may still read their
+    blocks, which vLLM has freed and may refill in this step's forward."""
 
     loads: List[LoadJob] = field(default_factory=list)
     saves: List[SaveJob] = field(default_factory=list)
     pulls: List[PullJob] = field(default_factory=list)
     holds: Dict[str, float] = field(default_factory=dict)
-
-    def empty(self) -> bool:
-        return not (self.loads or self.saves or self.pulls or self.holds)
+    preempted: List[str] = field(default_factory=list)

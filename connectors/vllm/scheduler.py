@@ -141,6 +141,9 @@ class SchedulerSide:
     def build_connector_meta(self, scheduler_output) -> Step:
         if self.settings.save and self.settings.master:
             self._emit_saves(scheduler_output)
+        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            if rid in self._saving:
+                self._step.preempted.append(rid)
         step, self._step = self._step, Step()
         return step
 

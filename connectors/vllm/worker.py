@@ -42,7 +42,9 @@ class WorkerSide:
         self._store_engine: Optional[TransferEngine] = None
         self._store_down_until = 0.0
         self._lock = threading.Lock()
+        self._saved = threading.Condition(self._lock)  # a save job ended
         self._saving: Dict[str, int] = {}  # request -> save jobs not done
+        self._tainted: Set[str] = set()  # preempted while saving: drop what they stored
         self._delayed: Set[str] = set()  # requests whose blocks vLLM keeps for us
         self._finished: Set[str] = set()  # of those, the ones vLLM finished
         self._holds: Dict[str, float] = {}  # request -> deadline of the decode's pull
@@ -130,6 +132,22 @@ class WorkerSide:
                 self._delayed.add(job.req_id)
         for job in step.saves:
             self._saves.put((None, job))
+
+    def wait_saves(self, rids) -> None:
+        """Waits until the saves of rids no longer read their blocks (vLLM
+        preempted them and reuses the blocks after this call). A save is
+        bounded by the store's deadlines; past twice load_timeout the
+        connector stops waiting and says so."""
+        deadline = time.monotonic() + 2 * self.settings.load_timeout
+        with self._lock:
+            while any(self._saving.get(r) for r in rids):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    logger.warning("mooncake-go connector: saves of preempted requests %s still running; "
+                                   "what they store will be removed", list(rids))
+                    self._tainted.update(r for r in rids if self._saving.get(r))
+                    return
+                self._saved.wait(left)
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         self._take_notices()
@@ -223,6 +241,15 @@ class WorkerSide:
             stored = sum(r is None for r in res)
             had = sum(isinstance(r, ObjectAlreadyExists) for r in res)
             bad = [r for r in res if r is not None and not isinstance(r, ObjectAlreadyExists)]
+            with self._lock:
+                tainted = job.req_id in self._tainted
+            if tainted:
+                # vLLM reused the blocks while they were being read.
+                mine = [k for k, r in zip(job.keys, res) if r is None]
+                store.batch_remove(mine, force=True)
+                logger.warning("mooncake-go connector: removed the %d blocks request %s saved after its "
+                               "preemption", len(mine), job.req_id)
+                return
             logger.info("mooncake-go connector: saved %d blocks of request %s to the store (%d were there)",
                         stored, job.req_id, had)
             if bad:
@@ -235,6 +262,9 @@ class WorkerSide:
         with self._lock:
             if self._saving.get(rid):
                 self._saving[rid] -= 1
+            if not self._saving.get(rid):
+                self._tainted.discard(rid)
+            self._saved.notify_all()
 
     def _load_or_pull(self, job, deadline: float) -> None:
         if time.monotonic() > deadline:
