@@ -30,7 +30,8 @@ prompt is cached, on which medium and DP rank: official Mooncake's Conductor
 indexer (mooncake_conductor), with its HTTP API (POST /register, /unregister,
 /query, /query_by_hash; GET /services), JSON or msgpack, and its config file
 ($CONDUCTOR_CONFIG_PATH, default ~/.mooncake/conductor_config.json:
-http_server_port, kvevent_instance). Also /metrics and /health.
+http_server_port, kvevent_instance) and log level ($CONDUCTOR_LOG_LEVEL). Also
+/metrics and /health.
 
 'mooncake conductor' serves the same API beside its router, and routes on it.`,
 		Example: `  CONDUCTOR_CONFIG_PATH=/etc/mooncake/conductor_config.json mooncake indexer
@@ -46,6 +47,13 @@ http_server_port, kvevent_instance). Also /metrics and /health.
 }
 
 func runIndexer(cmd *cobra.Command, _ []string) error {
+	// Official Mooncake's CONDUCTOR_LOG_LEVEL, unless --log-level or
+	// MC_LOG_LEVEL chose; an invalid value means INFO, as there.
+	if lv := os.Getenv("CONDUCTOR_LOG_LEVEL"); lv != "" && !cmd.Flags().Changed("log-level") && os.Getenv("MC_LOG_LEVEL") == "" {
+		if setupLogging(lv) != nil {
+			_ = setupLogging("info")
+		}
+	}
 	path, _ := cmd.Flags().GetString("config")
 	if path == "" {
 		path = indexer.DefaultConfigPath()
