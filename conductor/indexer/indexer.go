@@ -194,6 +194,8 @@ type Indexer struct {
 	mu      sync.RWMutex
 	sources map[string]*source // by Registration.key()
 	scopes  map[scope]*blocks
+	// mirrorMu orders the calls to Config.Mirror (handOff).
+	mirrorMu sync.Mutex
 }
 
 // source is one registered publisher and what it holds.
@@ -330,14 +332,17 @@ func (x *Indexer) Unregister(instance, tenant string, dpRank int) (string, error
 		delete(x.sources, key)
 		removed = x.dropAll(s)
 		s.gone = true
+		x.handOff()
+		(&handler{x: x, s: s}).mirror(nil, removed)
+		x.mirrorMu.Unlock()
+	} else {
+		x.mu.Unlock()
 	}
-	x.mu.Unlock()
 	if !ok {
 		return "", fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
 	s.stop()
 	<-s.done
-	(&handler{x: x, s: s}).mirror(nil, removed)
 	x.log.Info("indexer: unregistered", "key", key)
 	return key, nil
 }
@@ -419,7 +424,8 @@ func (h *handler) Apply(b *kvevents.Batch) {
 			removed = append(removed, x.dropAll(s)...)
 		}
 	}
-	x.mu.Unlock()
+	x.handOff()
+	defer x.mirrorMu.Unlock()
 	h.mirror(stored, removed)
 }
 
@@ -431,9 +437,18 @@ func (h *handler) Reset(reason string) {
 		return
 	}
 	removed := x.dropAll(h.s)
-	x.mu.Unlock()
+	x.handOff()
+	defer x.mirrorMu.Unlock()
 	x.log.Info("indexer: publisher reset", "key", h.s.reg.key(), "reason", reason, "blocks", len(removed))
 	h.mirror(nil, removed)
+}
+
+// handOff trades x.mu (held) for x.mirrorMu, so that the mirror sees the
+// changes in the order they were made to the index, whichever publishers'
+// goroutines made them, without holding the index while it calls out.
+func (x *Indexer) handOff() {
+	x.mirrorMu.Lock()
+	x.mu.Unlock()
 }
 
 func (h *handler) mirror(stored, removed []uint64) {

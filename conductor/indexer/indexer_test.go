@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mooncake-go/mooncake/conductor/blockhash"
+	"github.com/mooncake-go/mooncake/conductor/kvevents"
 	"github.com/mooncake-go/mooncake/conductor/kvevents/kvtest"
 )
 
@@ -420,4 +423,52 @@ func TestCollector(t *testing.T) {
 			assert.Equal(t, "2", l.GetValue())
 		}
 	}
+}
+
+// Two ranks of one instance storing and dropping the same blocks at once,
+// from their own goroutines as their subscribers do: the mirror ends where
+// the index does (an instance holds a block while any rank does).
+func TestMirrorFollowsConcurrentRanksInOrder(t *testing.T) {
+	m := newMirror()
+	x := New(Config{Mirror: m})
+	defer x.Close()
+	var hs [2]*handler
+	for r := range hs {
+		reg := Registration{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+r), Type: "vLLM", Model: "m",
+			Instance: "e", BlockSize: 16, DPRank: r}
+		require.NoError(t, reg.normalize())
+		s := &source{reg: reg, held: map[uint64]media{}, blocks: &blocks{by: map[uint64][]*source{}}}
+		if r == 1 {
+			s.blocks = hs[0].s.blocks
+		}
+		hs[r] = &handler{x: x, s: s}
+	}
+	const blocksN, rounds = 4, 2000
+	var wg sync.WaitGroup
+	for r := range hs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 7))
+			for range rounds {
+				k := uint64(rng.IntN(blocksN))
+				kind := kvevents.Stored
+				if rng.IntN(2) == 0 {
+					kind = kvevents.Removed
+				}
+				hs[r].Apply(&kvevents.Batch{Events: []kvevents.Event{{Kind: kind, Hashes: []uint64{k}, Medium: kvevents.GPU}}})
+			}
+		}()
+	}
+	wg.Wait()
+	var want []uint64
+	for k := range uint64(blocksN) {
+		if hs[0].s.held[k] != 0 || hs[1].s.held[k] != 0 {
+			want = append(want, k)
+		}
+	}
+	assert.Equal(t, want, m.blocks("e"))
+	m.mu.Lock()
+	assert.Empty(t, m.log)
+	m.mu.Unlock()
 }

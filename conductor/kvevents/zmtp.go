@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -75,9 +76,11 @@ func dialZMTP(ctx context.Context, addr, sockType string, timeout time.Duration,
 	}
 	z := &zconn{c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 4<<10), max: max}
 	_ = c.SetDeadline(time.Now().Add(timeout))
-	if err := z.handshake(sockType); err != nil {
+	stop := context.AfterFunc(ctx, func() { c.Close() }) // a cancelled dial ends the handshake too
+	err = z.handshake(sockType)
+	if !stop() || err != nil {
 		c.Close()
-		return nil, fmt.Errorf("zmtp handshake with %s: %w", addr, err)
+		return nil, fmt.Errorf("zmtp handshake with %s: %w", addr, cmp.Or(err, ctx.Err()))
 	}
 	_ = c.SetDeadline(time.Time{})
 	return z, nil
