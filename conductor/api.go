@@ -27,6 +27,11 @@ type Instance struct {
 	// CacheBlocks bounds the instance's local prefix cache (prefill
 	// instances), in blocks; the index keeps it LRU. Zero: no local cache.
 	CacheBlocks int
+	// Events says that the instance's KV-cache events feed the index
+	// (BlockStored, BlockRemoved): its cache is what they say, and routing
+	// decisions do not add the prompts they send it, which would leave
+	// blocks the engine never stored (or already evicted) in the index.
+	Events bool
 }
 
 // Request is what the scheduler needs to know of one inference request.

@@ -78,7 +78,8 @@ type Scheduler struct {
 // FIFO order; the head is the one running.
 type prefillInst struct {
 	id        string
-	slot      int // holder slot in the index; -1 without a local cache
+	slot      int  // holder slot in the index; -1 without a local cache
+	events    bool // its KV events feed the index (Instance.Events)
 	queue     []*flight
 	queued    time.Duration // predicted prefill time of the queue
 	headStart time.Duration // when the head began to run
@@ -150,7 +151,7 @@ func (s *Scheduler) Add(in Instance) error {
 	if in.Role == Decode {
 		s.decode = append(s.decode, &decodeInst{id: in.ID})
 	} else {
-		p := &prefillInst{id: in.ID, slot: -1}
+		p := &prefillInst{id: in.ID, slot: -1, events: in.Events}
 		if in.CacheBlocks > 0 {
 			if err := s.idx.AddHolder(in.ID, in.CacheBlocks); err != nil {
 				return err
@@ -276,7 +277,7 @@ func (s *Scheduler) Schedule(now time.Duration, r Request) (Decision, error) {
 	p.enqueue(now, f)
 	d.active = append(d.active, f)
 	s.flights[r.ID] = f
-	if p.slot >= 0 {
+	if p.slot >= 0 && !p.events {
 		s.idx.insert(p.slot, r.Blocks, s.idx.found)
 	}
 	s.idx.forget()

@@ -601,6 +601,31 @@ func TestScheduleEvictsOwnPrefix(t *testing.T) {
 	assert.Zero(t, s.Replicas(4))
 }
 
+func TestScheduleLeavesEventFedCachesToTheirEvents(t *testing.T) {
+	// p0's KV events feed the index: a decision for it records nothing,
+	// its events do (an engine may not cache a prompt it was sent).
+	s, err := conductor.New(testConfig())
+	require.NoError(t, err)
+	require.NoError(t, s.Add(conductor.Instance{ID: "p0", Role: conductor.Prefill, CacheBlocks: 8, Events: true}))
+	require.NoError(t, s.Add(conductor.Instance{ID: "d0", Role: conductor.Decode}))
+	prompt := []uint64{1, 2, 3}
+	_, err = s.Schedule(0, req("r", prompt))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int{}, nonZero(s.Longest(prompt)))
+	s.BlockStored("p0", prompt[:2])
+	assert.Equal(t, map[string]int{"p0": 2}, nonZero(s.Longest(prompt)))
+}
+
+func nonZero(m map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range m {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 func TestSchedulerIndexAgainstIndex(t *testing.T) {
 	// The scheduler records a decision's prompt on the chosen instance
 	// with the entries its prefix pass found; an Index fed the same blocks

@@ -177,7 +177,7 @@ func (r *Router) Register(in Instance) error {
 		}
 	}
 	r.schedMu.Lock()
-	err := r.sched.Add(conductor.Instance{ID: in.ID, Role: role, CacheBlocks: in.CacheBlocks})
+	err := r.sched.Add(conductor.Instance{ID: in.ID, Role: role, CacheBlocks: in.CacheBlocks, Events: events != nil})
 	r.schedMu.Unlock()
 	switch {
 	case errors.Is(err, conductor.ErrDuplicate):
