@@ -30,8 +30,10 @@ from vllm_harness import (MAX_TOKENS, free_port, http_json, prompts, run_offline
                           wait_line)
 
 BLOCK = 128  # vLLM's KV block on the CPU
-INFO = {"VLLM_LOGGING_LEVEL": "INFO"}  # the connector's per-request lines are INFO
-KEY = re.compile(r"^tiny@tp0@[0-9a-f]{16}$")
+# The connector's per-request lines are INFO. The harness's CPU workaround
+# (cpu_workaround/sitecustomize.py) is off: this connector makes no
+# accelerator call, which a GPU-less host with CUDA torch would refuse.
+ENV = {"VLLM_LOGGING_LEVEL": "INFO", "MOONCAKE_E2E_CPU_WORKAROUND": "0"}
 
 
 def go_kv(role: str, **extra) -> dict:
@@ -86,9 +88,9 @@ def write_and_read(models, logs, cluster, writer: str, tag: str):
     kv = go_kv("kv_both", master=cluster.master)
     ps = long_prompts()
     wait = {"url": f"http://127.0.0.1:{cluster.metrics_port}/get_all_keys", "count": full_blocks(ps), "timeout": 60}
-    wrote = run_offline(models[writer], ps, logs / f"{tag}-writer.log", kv=kv, env=INFO, wait_keys=wait)
+    wrote = run_offline(models[writer], ps, logs / f"{tag}-writer.log", kv=kv, env=ENV, wait_keys=wait)
     reader_log = logs / f"{tag}-reader.log"
-    read = run_offline(models["a"], ps, reader_log, kv=kv, env=INFO)
+    read = run_offline(models["a"], ps, reader_log, kv=kv, env=ENV)
     return wrote, read, reader_log
 
 
@@ -108,7 +110,7 @@ def test_store_tier_reader_loads_blocks_saved_by_another_instance(models, logs, 
     with Store(cluster.master, segment_size=-1) as st:
         assert st.batch_upsert(keys, [b"x" * 100] * len(keys)) == [None] * len(keys)
     bad_log = logs / "store-bad.log"
-    assert run_offline(models["a"], ps, bad_log, kv=go_kv("kv_both", master=cluster.master), env=INFO) == wrote
+    assert run_offline(models["a"], ps, bad_log, kv=go_kv("kv_both", master=cluster.master), env=ENV) == wrote
     text = bad_log.read_text()
     assert loaded_blocks(bad_log) == 0
     assert len(re.findall(r"loading block 0 of request \S+ from the store failed", text)) == len(ps), text[-3000:]
@@ -150,7 +152,7 @@ def test_store_unavailable_mid_run_requests_recompute(models, logs, mooncake_bin
     try:
         (server,) = start_servers([("s", models["a"], free_port(), logs / "store-down.log",
                                     {"kv": go_kv("kv_both", master=cluster.master, lookup_timeout=1,
-                                                 load_timeout=3), "env": INFO})])
+                                                 load_timeout=3), "env": ENV})])
         p0, p1 = long_prompts()[:2]
         first = tokens(completion(server.url, p0))
         deadline = time.monotonic() + 60
@@ -177,9 +179,9 @@ def pd(models, logs):
     """D decodes (weights a); PA prefills with the same weights, PB with
     the other ones."""
     servers = start_servers([
-        ("d", models["a"], free_port(), logs / "go-d.log", {"kv": go_kv("kv_consumer"), "env": INFO}),
-        ("pa", models["a"], free_port(), logs / "go-pa.log", {"kv": go_kv("kv_producer"), "env": INFO}),
-        ("pb", models["b"], free_port(), logs / "go-pb.log", {"kv": go_kv("kv_producer"), "env": INFO}),
+        ("d", models["a"], free_port(), logs / "go-d.log", {"kv": go_kv("kv_consumer"), "env": ENV}),
+        ("pa", models["a"], free_port(), logs / "go-pa.log", {"kv": go_kv("kv_producer"), "env": ENV}),
+        ("pb", models["b"], free_port(), logs / "go-pb.log", {"kv": go_kv("kv_producer"), "env": ENV}),
     ])
     yield dict(zip(("d", "pa", "pb"), servers))
     for s in servers:
