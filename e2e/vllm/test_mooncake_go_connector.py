@@ -263,3 +263,52 @@ def test_pd_behind_conductor_equals_single_instance(pd, conductors):
     assert pulled(pd["d"].log) - before == len(ps), "D did not pull through the conductor's route"
     got = answers(conductors["pb"])
     assert all(g != w for g, w in zip(got, want)), "decode ignored the KV it pulled"
+
+
+# -- the connector's pieces without vLLM processes ---------------------------
+
+
+@pytest.mark.parametrize("shape,block_dim", [
+    ((5, 2, 8, 16), 0),  # vLLM 0.32's CPU backend: [blocks, kv_heads, block_size, 2*head_size]
+    ((2, 5, 8, 2, 4), 1),  # K and V apart: [2, blocks, block_size, kv_heads, head_size]
+])
+def test_layout_runs_cover_exactly_one_block(shape, block_dim):
+    """Each block's runs hold that block's elements and nothing else,
+    whichever dimension holds the blocks."""
+    import ctypes
+
+    import torch
+    from mooncake_go.connectors.vllm.layout import Layout
+
+    t = torch.zeros(shape, dtype=torch.bfloat16)
+    for b in range(5):
+        t.select(block_dim, b).fill_(b + 1)
+    layout = Layout({"layer.0": t, "layer.1": t.clone() * 0}, 5)
+    assert layout.block_bytes == t.nbytes // 5 * 2
+    for b in range(5):
+        addrs, lens = layout.parts(b)
+        first = b"".join(ctypes.string_at(a, n) for a, n in zip(addrs[:len(addrs) // 2], lens))
+        want = t.select(block_dim, b).contiguous().view(torch.uint8).numpy().tobytes()
+        assert first == want
+
+
+def test_layout_refuses_a_block_that_is_not_contiguous():
+    import torch
+    from mooncake_go.connectors.vllm.layout import Layout
+
+    t = torch.zeros(8, 5, 4, dtype=torch.bfloat16).transpose(0, 2)  # blocks in the middle, strided
+    with pytest.raises(ValueError, match="not contiguous"):
+        Layout({"layer.0": t}, 5)
+
+
+def test_settings_and_keys():
+    from mooncake_go.connectors.vllm.config import Settings, block_key, key_prefix
+
+    s = Settings.from_config({"master": "h:1", "segment_size": "1GB", "tenant": "t1"}, "kv_consumer")
+    assert (s.segment_size, s.save, s.load) == (1 << 30, False, True)
+    with pytest.raises(ValueError, match="unknown kv_connector_extra_config keys"):
+        Settings.from_config({"mastr": "h:1"}, "kv_both")
+    with pytest.raises(ValueError, match="must not contain '@'"):
+        key_prefix("/m/tiny", 0, tenant="a@b")
+    h = bytes(range(32))  # a sha256 block hash: the key holds its last 8 bytes
+    assert block_key(key_prefix("/models/tiny/", 3, tenant="t1"), h) == "t1/tiny@tp3@18191a1b1c1d1e1f"
