@@ -1,0 +1,243 @@
+"""MooncakeGoHiCache: SGLang's HiCache storage tier (L3) on a mooncake-go
+store, loaded by SGLang's ``dynamic`` backend factory.
+
+SGLang hands the backend pages of its host KV pool: page hashes and the
+pool's token indices. Each page becomes one store object, read and written
+in place: the pool's buffer is registered with the store once, and a batch
+goes out as the addresses of its pages' pieces (K and V of a page_first MHA
+page, one piece per layer of a layer_first pool), which the store gathers
+into one value on put and scatters back on get (batch_put_from_parts /
+batch_get_into_parts), with no copy in this process. One object per page
+(where SGLang's own backend writes K and V apart) halves the master's work
+per page; a put needs no existence check first, the store being write-once.
+
+A read is a hit only if the whole page came back: the store checks each
+value's CRC-32C, and a value of another length than the page (written by
+a pool of another shape) fills less than the page; both are misses, so
+SGLang recomputes rather than serve bad KV. A store that cannot be reached
+makes every page a miss (gets, exists) or a failed write (sets), logged,
+and the calls work again once it is back.
+
+Keys: keys.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any, List, Optional
+
+import torch
+
+from mooncake_go import Store, errors
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
+
+from .keys import key_prefix, page_key
+
+log = logging.getLogger(__name__)
+
+# Pool tensors that may hold page bytes (kv_buffer: one tensor for K and V
+# or the latent; the others: layouts that keep them apart).
+_POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer")
+
+
+def _size(v: Any, name: str) -> int:
+    """Bytes from an int or "64MB"/"1GB"/"512KiB" (binary units)."""
+    if isinstance(v, bool):
+        raise ValueError(f"mooncake-go hicache: {name} must be a size, not {v!r}")
+    if isinstance(v, (int, float)):
+        return int(v)
+    s = str(v).strip().lower().rstrip("b").rstrip("i")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    try:
+        if s and s[-1] in units:
+            return int(float(s[:-1]) * units[s[-1]])
+        return int(float(s))
+    except ValueError:
+        raise ValueError(f"mooncake-go hicache: {name}={v!r} is not a size like 64MB") from None
+
+
+class Settings:
+    """The backend's keys of --hicache-storage-backend-extra-config.
+
+    master: the store master "host:port" or "etcd://..." [env MOONCAKE_MASTER].
+    segment_size (or global_segment_size): memory this process lends the
+        store pool [0: none; pages then live on the pool's storage nodes,
+        e.g. `mooncake up`'s, and outlive this process].
+    local_buffer_size: staging for unregistered memory [16 MiB; pages
+        never use it].
+    protocol, local_hostname: the store's transfer engine [library default].
+    replicas: memory replicas per page [1].
+    rpc_timeout_ms: per call to the master [the library's 30 s]; a store
+        that went away costs each batch up to this long.
+    tenant, key_prefix: keys.key_prefix.
+    """
+
+    def __init__(self, extra: Optional[dict]):
+        extra = dict(extra or {})
+        self.master = extra.get("master") or extra.get("master_server_address") or os.environ.get("MOONCAKE_MASTER")
+        if not self.master:
+            raise ValueError("mooncake-go hicache: no store master: set \"master\" in "
+                             "--hicache-storage-backend-extra-config (or MOONCAKE_MASTER)")
+        seg = extra.get("segment_size", extra.get("global_segment_size", 0))
+        self.segment_size = _size(seg, "segment_size")
+        self.local_buffer_size = _size(extra.get("local_buffer_size", 16 << 20), "local_buffer_size")
+        self.protocol = extra.get("protocol")
+        self.local_hostname = extra.get("local_hostname")
+        self.replicas = int(extra.get("replicas", 0))
+        self.rpc_timeout_ms = int(extra.get("rpc_timeout_ms", 0))
+        self.tenant = extra.get("tenant")
+        self.key_prefix = extra.get("key_prefix")
+
+
+class MooncakeGoHiCache(HiCacheStorage):
+    """SGLang HiCache storage on mooncake-go (module doc). SGLang builds it
+    as ``class(storage_config, kwargs)`` and then registers its host pool."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+        self.config = storage_config
+        self.settings = Settings(storage_config.extra_config)
+        s = self.settings
+        # segment_size 0 here means none; the store reads 0 as its default.
+        self.store = Store(s.master, segment_size=s.segment_size or -1, local_buffer_size=s.local_buffer_size,
+                           protocol=s.protocol, local_hostname=s.local_hostname, replicas=s.replicas,
+                           rpc_timeout_ms=s.rpc_timeout_ms)
+        self.mem_pool_host = None
+        self.prefix = ""
+        self._page_bytes = 0
+        self._registered: List[torch.Tensor] = []
+
+    # -- the host pool ---------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        """Registers the pool's memory with the store, once, and fixes the
+        key prefix (which depends on the pool's layout)."""
+        super().register_mem_pool_host(mem_pool_host)
+        c = self.config
+        self.prefix = key_prefix(c.model_name, mla=c.is_mla_model, tp_rank=c.tp_rank, pp_rank=c.pp_rank,
+                                 pp_size=c.pp_size, layer_first=mem_pool_host.layout == "layer_first",
+                                 tenant=self.settings.tenant, name=self.settings.key_prefix)
+        spans = []
+        for name in _POOL_TENSORS:
+            t = getattr(mem_pool_host, name, None)
+            if not isinstance(t, torch.Tensor) or t.numel() == 0:
+                continue
+            lo = t.data_ptr()
+            hi = lo + t.numel() * t.element_size()
+            if any(a <= lo and hi <= b for a, b in spans):
+                continue  # a view into memory already registered
+            self.store.register_buffer(t)
+            self._registered.append(t)
+            spans.append((lo, hi))
+        if not spans:
+            raise ValueError(f"mooncake-go hicache: {type(mem_pool_host).__name__} has no KV buffer to register")
+
+    def _pages(self, keys: List[str], host_indices: torch.Tensor):
+        """(store keys, per-page piece addresses, per-page piece sizes, page
+        bytes) of a batch, from the pool's own zero-copy metadata."""
+        if self.mem_pool_host is None:
+            raise RuntimeError("mooncake-go hicache: register_mem_pool_host was not called")
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        n = len(keys)
+        if n == 0 or len(ptrs) % n:
+            raise ValueError(f"mooncake-go hicache: {len(ptrs)} page pieces for {n} pages")
+        per = len(ptrs) // n
+        addrs = [ptrs[i * per:(i + 1) * per] for i in range(n)]
+        lens = [sizes[i * per:(i + 1) * per] for i in range(n)]
+        return [page_key(self.prefix, k) for k in keys], addrs, lens
+
+    # -- the zero-copy interface SGLang calls (interface_v1) -------------
+
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        """Reads pages into the pool at host_indices; True per page read
+        whole and intact."""
+        if not keys:
+            return []
+        skeys, addrs, lens = self._pages(keys, host_indices)
+        try:
+            got = self.store.batch_get_into_parts(skeys, addrs, lens)
+        except errors.MooncakeError as e:
+            log.warning("mooncake-go hicache: get of %d pages failed: %s", len(keys), e)
+            return [False] * len(keys)
+        return [isinstance(g, int) and g == sum(n) for g, n in zip(got, lens)]
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        """Writes pages from the pool at host_indices; True per page the
+        store holds afterwards (a page already there counts: keys name
+        their content)."""
+        if not keys:
+            return []
+        skeys, addrs, lens = self._pages(keys, host_indices)
+        try:
+            res = self.store.batch_put_from_parts(skeys, addrs, lens)
+        except errors.MooncakeError as e:
+            log.warning("mooncake-go hicache: put of %d pages failed: %s", len(keys), e)
+            return [False] * len(keys)
+        return [r is None or isinstance(r, errors.ObjectAlreadyExists) for r in res]
+
+    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        """How many of keys, from the first, the store holds (SGLang's
+        prefix semantics: counting stops at the first page missing)."""
+        if not keys:
+            return 0
+        try:
+            found = self.store.batch_exists([page_key(self.prefix, k) for k in keys])
+        except errors.MooncakeError as e:
+            log.warning("mooncake-go hicache: exists of %d pages failed: %s", len(keys), e)
+            return 0
+        return found.index(False) if False in found else len(found)
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # -- the copying interface (SGLang's generic path) -------------------
+    # SGLang takes these only without interface_v1; pages then travel as
+    # flat tensors, copied into and out of the pool by SGLang.
+
+    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+        out = self.batch_get([key], [target_location] if target_location is not None else None)
+        return out[0]
+
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None):
+        """Flat pages into target_locations (tensors of one page each, as
+        get_dummy_flat_data_page makes them); None per page missed."""
+        if target_locations is None:
+            target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+        skeys = [page_key(self.prefix, k) for k in keys]
+        try:
+            got = self.store.batch_get_into(skeys, [t.view(torch.uint8).view(-1) for t in target_locations])
+        except errors.MooncakeError as e:
+            log.warning("mooncake-go hicache: get of %d pages failed: %s", len(keys), e)
+            return [None] * len(keys)
+        return [t if isinstance(g, int) and g == t.numel() * t.element_size() else None
+                for g, t in zip(got, target_locations)]
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        """Flat pages (tensors) under keys; True if the store holds all."""
+        skeys = [page_key(self.prefix, k) for k in keys]
+        try:
+            res = self.store.batch_put(skeys, [v.contiguous().view(torch.uint8).view(-1) for v in values])
+        except errors.MooncakeError as e:
+            log.warning("mooncake-go hicache: put of %d pages failed: %s", len(keys), e)
+            return False
+        return all(r is None or isinstance(r, errors.ObjectAlreadyExists) for r in res)
+
+    # -- lifecycle -------------------------------------------------------
+
+    def clear(self) -> None:
+        """Removes this backend's pages (its prefix) from the store."""
+        self.store.remove_by_regex("^" + re.escape(self.prefix + "@"))
+
+    def close(self) -> None:
+        """Leaves the store; the pool's memory is unregistered with it.
+        Idempotent (SGLang calls it on detach)."""
+        self.store.close()
+        self._registered.clear()
