@@ -38,6 +38,7 @@ class SchedulerSide:
         self._save_emitted: Set[str] = set()
         self._saving: Set[str] = set()  # save sent to the worker: free late
         self._step = Step()
+        self._kv_cache_manager = None  # vLLM's, bound after construction
 
     # -- the store -------------------------------------------------------
 
@@ -173,8 +174,6 @@ class SchedulerSide:
                 self._step.saves.append(SaveJob(rid, [block_key(self.prefix, req.block_hashes[i]) for i in picks],
                                                 [ids[i] for i in picks]))
                 self._saving.add(rid)
-
-    _kv_cache_manager = None
 
     def request_finished(self, request, block_ids) -> Tuple[bool, Optional[dict]]:
         rid = request.request_id
