@@ -7,7 +7,7 @@ GO    ?= go
 BIN   := bin/mooncake
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run bench-te bench-vllm demo test deps lint unit capi-test python-test e2e fuzz clean
+.PHONY: all build run bench-te bench-vllm demo test deps lint unit capi-test cxx-test python-test e2e install fuzz clean
 
 all: build
 
@@ -43,6 +43,20 @@ unit:
 capi-test:
 	bash scripts/test-capi.sh
 
+# The C/C++ SDK as installed (scripts/install.sh into a temporary, then
+# moved, prefix): pkg-config and find_package(mooncake) consumers, and the
+# GoogleTest suite of connectors/trtllm (mooncake.hpp, TensorRT-LLM's
+# Mooncake agent sequence on transfer_engine_c.h) across two processes.
+cxx-test:
+	bash scripts/test-trtllm.sh
+
+# install: the SDK tree TensorRT-LLM (MOONCAKE_ROOT) and NIXL
+# (find_library('transfer_engine')) build against: lib/, include/, a CMake
+# package and pkg-config files; relocatable.
+PREFIX ?= /usr/local
+install:
+	bash scripts/install.sh $(PREFIX)
+
 # The Python package: a wheel built with the local Go toolchain, installed in
 # .venv-py, and its pytest suite (native API, the compat modules driven as
 # the connectors drive them, interop with the official wheel).
@@ -72,7 +86,7 @@ demo:
 bench-vllm:
 	bash e2e/py.sh vllm e2e/vllm/bench_ttft.py
 
-test: deps lint unit capi-test python-test e2e
+test: deps lint unit capi-test cxx-test python-test e2e
 
 # Short fuzzing pass over every network decoder (not part of `make test`).
 fuzz:

@@ -41,10 +41,14 @@ $GO build -o "$tmp/shimgen" ./capi/internal/shimgen
 printf '#include "libmooncake_go.h"\n' >"$tmp/_cgo_export.h"
 mapfile -t public < <(grep -l '^#include "_cgo_export.h"' capi/*.c)
 # The version script keeps the dynamic symbol table to the two public APIs
-# (the forwarders of mcgo* stay internal).
+# (the forwarders of mcgo* stay internal). The SONAME is what a program
+# linked against either name records: without one, a consumer that links
+# the file by its path (CMake's find_library, as TensorRT-LLM's
+# MOONCAKE_ROOT build does) would record that absolute path.
 $CC -std=gnu11 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror \
 	-Iinclude -Icapi -I"$tmp" \
 	"${public[@]}" capi/loader.c "$tmp/mcgo_forward.c" \
+	-Wl,-soname,libmooncake.so \
 	-Wl,--version-script="$PWD/capi/exports.map" -Wl,--no-undefined -ldl \
 	-o "$tmp/libmooncake.so"
 "$tmp/shimgen" check -lib "$tmp/libmooncake.so" -go "$tmp/libmooncake_go.so" \
