@@ -5,6 +5,7 @@ between them. Shared by test_store_backend.py and bench_store_backend.py."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import time
@@ -99,6 +100,13 @@ class StoreAgent:
         return self.agent.query_memory([(0, 0, 0, k) for k in keys], self.backend, "OBJ")
 
     def close(self) -> None:
+        """Deregisters everything and drops the agent, which destroys its
+        backend (MOONCAKE_STORE unmounts from the master: close before the
+        master stops)."""
+        if self.agent is None:
+            return
         for r in reversed(self._regs):
             self.agent.deregister_memory(r)
         self._regs.clear()
+        self.agent = None
+        gc.collect()

@@ -214,6 +214,7 @@ def test_store_restart(mooncake_bin, request):
     args = ("--no-ha", "--nodes", "1", "--global_segment_size", "256MiB", "--rpc_port", str(port))
     c = start_cluster(mooncake_bin, *args)
     a = None
+    handles = []
     try:
         # rpc_timeout_ms: a call to the master that is down fails in 2 s,
         # not the default 30 s.
@@ -227,6 +228,7 @@ def test_store_restart(mooncake_bin, request):
         (dev,) = a.register_objects([request.node.name], [buf.nbytes])
         w = a.xfer("WRITE", [(buf.ctypes.data, buf.nbytes)], [(0, dev)])
         r = a.xfer("READ", [(dst.ctypes.data, dst.nbytes)], [(0, dev)])
+        handles += [w, r]
         assert a.run(w) == "DONE"
 
         c.stop()
@@ -251,6 +253,10 @@ def test_store_restart(mooncake_bin, request):
         assert a.run(r) == "DONE"
         check_bytes(dst, buf, "after the restart")
     finally:
+        # Handles keep the agent alive: release them so that its store
+        # client closes (unmounts) while the master is up.
+        for h in handles:
+            h.release()
         if a is not None:
             a.close()
         c.stop()
