@@ -37,6 +37,8 @@ from .keys import key_prefix, page_key
 
 log = logging.getLogger(__name__)
 
+_ALREADY_EXISTS = -705  # MC_STORE_ERR_OBJECT_ALREADY_EXISTS: the page is there
+
 # Pool tensors that may hold page bytes (kv_buffer: one tensor for K and V
 # or the latent; the others: layouts that keep them apart).
 _POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer")
@@ -157,11 +159,14 @@ class MooncakeGoHiCache(HiCacheStorage):
             return []
         skeys, addrs, lens = self._pages(keys, host_indices)
         try:
-            got = self.store.batch_get_into_parts(skeys, addrs, lens)
+            # Store's raw-code form of batch_get_into_parts: the pool's own
+            # metadata gives addresses and sizes already, so the per-piece
+            # checks of the public call (a few hundred per batch) are skipped.
+            codes, got = self.store._parts_codes(True, skeys, addrs, lens)
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: get of %d pages failed: %s", len(keys), e)
             return [False] * len(keys)
-        return [isinstance(g, int) and g == sum(n) for g, n in zip(got, lens)]
+        return [c == 0 and g == sum(n) for c, g, n in zip(codes, got, lens)]
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
@@ -172,23 +177,35 @@ class MooncakeGoHiCache(HiCacheStorage):
             return []
         skeys, addrs, lens = self._pages(keys, host_indices)
         try:
-            res = self.store.batch_put_from_parts(skeys, addrs, lens)
+            codes, _ = self.store._parts_codes(False, skeys, addrs, lens)  # batch_put_from_parts, raw
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: put of %d pages failed: %s", len(keys), e)
             return [False] * len(keys)
-        return [r is None or isinstance(r, errors.ObjectAlreadyExists) for r in res]
+        return [c in (0, _ALREADY_EXISTS) for c in codes]
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """How many of keys, from the first, the store holds (SGLang's
-        prefix semantics: counting stops at the first page missing)."""
+        prefix semantics: counting stops at the first page missing).
+
+        SGLang asks this right before it reads the pages it found, so the
+        question goes as a get session: one master round trip that answers
+        it and also leases the replicas, which the read that follows then
+        uses without asking the master again (the lease keeps the pages
+        from eviction meanwhile; an unused one lapses on its own)."""
         if not keys:
             return 0
+        skeys = [page_key(self.prefix, k) for k in keys]
         try:
-            found = self.store.batch_exists([page_key(self.prefix, k) for k in keys])
+            res = self.store.get_session_start(skeys)
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: exists of %d pages failed: %s", len(keys), e)
             return 0
-        return found.index(False) if False in found else len(found)
+        for i, r in enumerate(res):
+            if r is not None:
+                if not isinstance(r, errors.ObjectNotFound):
+                    log.warning("mooncake-go hicache: exists of page %s failed: %s", keys[i], r)
+                return i
+        return len(keys)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
