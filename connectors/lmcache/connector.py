@@ -82,6 +82,7 @@ class MooncakeGoConnector(RemoteConnector):
         else:
             logger.info("mooncake-go lmcache plugin: LMCache's allocator exposes no contiguous buffer; "
                         "registering each memory object's storage on first use")
+        self._fixed = len(self._regions)  # regions never unregistered: the pool
         self._link = StoreLink(settings, on_new=self._register_all)
         # Fails here (and LMCache reports the plugin unavailable) when the
         # master cannot be reached at start: a wrong address shows at once.
@@ -101,21 +102,29 @@ class MooncakeGoConnector(RemoteConnector):
             store.register_buffer(addr, n)
 
     def _cover(self, store: Store, objs: Sequence[MemoryObj]) -> None:
-        """Registers the storage of every object outside the registered
-        regions (with this client; a later client gets them from
-        _register_all)."""
+        """Registers the tensor storage of every object outside the
+        registered regions (with this client; a later client gets them from
+        _register_all). A registered storage that overlaps a new one was
+        freed (live storages never overlap), so it is unregistered first."""
         with self._regions_lock:
             for o in objs:
                 p, n = o.data_ptr, o.get_size()
                 if any(a <= p and p + n <= a + m for a, m in self._regions):
                     continue
-                if o.raw_data is None or not hasattr(o.raw_data, "untyped_storage"):
+                raw = getattr(o, "raw_data", None)
+                if raw is None or not hasattr(raw, "untyped_storage"):
                     raise ValueError(f"mooncake-go lmcache plugin: memory object at {p:#x} has no tensor storage "
                                      "to register")
-                st = o.raw_data.untyped_storage()
-                region = (st.data_ptr(), st.nbytes())
-                store.register_buffer(*region)
-                self._regions.append(region)
+                st = raw.untyped_storage()
+                a, m = st.data_ptr(), st.nbytes()
+                for r in [r for r in self._regions[self._fixed:] if r[0] < a + m and a < r[0] + r[1]]:
+                    try:
+                        store.unregister_buffer(r[0])
+                    except MooncakeError as e:
+                        logger.debug("mooncake-go lmcache plugin: unregistering %#x: %s", r[0], e)
+                    self._regions.remove(r)
+                store.register_buffer(a, m)
+                self._regions.append((a, m))
 
     # -- calls in worker threads ------------------------------------------
 
@@ -244,7 +253,10 @@ class MooncakeGoConnector(RemoteConnector):
         """n full-chunk memory objects from LMCache's CPU backend, all at
         once if it can; otherwise as many as fit (None for the rest)."""
         cpu = self.local_cpu_backend
-        objs = cpu.batched_allocate(self.meta_shapes, self.meta_dtypes, n, self.meta_fmt, busy_loop=False)
+        try:
+            objs = cpu.batched_allocate(self.meta_shapes, self.meta_dtypes, n, self.meta_fmt, busy_loop=False)
+        except (NotImplementedError, AssertionError):  # an allocator without batches (LMCache's ad hoc one)
+            objs = None
         if objs is not None:
             return list(objs)
         return [cpu.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt, busy_loop=False) for _ in range(n)]

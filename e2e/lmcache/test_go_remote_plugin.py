@@ -300,3 +300,33 @@ def test_store_restart(mooncake_bin, loop):
         if p is not None:
             p.close()
         cluster.stop()
+
+
+def test_allocator_without_pool(plugin, loop):
+    """An allocator that exposes no contiguous buffer (LMCache's ad hoc
+    allocator: one tensor per memory object): the plugin registers each
+    object's tensor storage as it meets it, and round trips still match."""
+    from collections import OrderedDict
+
+    from lmcache.v1.memory_allocators.ad_hoc_memory_allocator import AdHocMemoryAllocator
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+    cfg = plugin.cfg
+    cpu = LocalCPUBackend(cfg, metadata(), "cpu", memory_allocator=AdHocMemoryAllocator("cpu"))
+    made = CreateStorageBackends(cfg, metadata(), loop, existing_backends=OrderedDict(LocalCPUBackend=cpu),
+                                 skip_backends={"LocalCPUBackend"})
+    p = Plugin(cfg, {"LocalCPUBackend": cpu, BACKEND: made[BACKEND]})
+    try:
+        assert p.conn.registered_regions == []
+        chunks = chunks_of(p, 3 * CHUNK, 800)
+        put_all(p, chunks)
+        regions = p.conn.registered_regions
+        assert all(any(a <= o.data_ptr < a + n for a, n in regions) for _, o, _ in chunks)
+        got = p.remote.batched_get_blocking([k for k, _, _ in chunks])
+        assert [mismatches(w, g.byte_array) for (_, _, w), g in zip(chunks, got)] == [0, 0, 0]
+        assert all(in_pool(p, g) for g in got), "a chunk was read outside the registered storages"
+        for g in got:
+            g.ref_count_down()
+        release(chunks)
+    finally:
+        p.close()
