@@ -195,7 +195,7 @@ def test_negative_controls(agent, request):
 def test_backend_parameters_are_checked(cluster):
     """A backend with no master, or a size that is not one, fails to start
     (NIXL_ERR_BACKEND), saying why on stderr."""
-    for params in ({}, {"master_server_address": cluster.master, "global_segment_size": "12Q"},
+    for params in ({}, {"master_server_address": cluster.master, "global_segment_size": "-1x"},
                    {"master_server_address": cluster.master, "rpc_timeout_ms": "2s"}):
         env_master = os.environ.pop("MOONCAKE_MASTER", None)
         try:
