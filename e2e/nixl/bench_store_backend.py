@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -177,6 +178,8 @@ def main() -> None:
             os.close(fd)
         files.cleanup()
         cluster.stop()
+        # plugin_env's folder of links, made for this run only.
+        shutil.rmtree(os.environ["NIXL_PLUGIN_DIR"], ignore_errors=True)
 
 
 if __name__ == "__main__":
