@@ -9,9 +9,12 @@
 #   - configures connectors/trtllm/test with find_package(mooncake CONFIG)
 #     against the moved tree, builds the GoogleTest suite and a program
 #     linked as TensorRT-LLM links its Mooncake wrapper (find_library under
-#     MOONCAKE_ROOT), checks that program recorded no path, runs it;
+#     MOONCAKE_ROOT) and one linked as NIXL's meson build links its plugin
+#     (the library's full path), checks they recorded no path, and runs
+#     them with the tree moved once more;
 #   - runs the suite, with a store (`mooncake up`) for its store tests.
-# Arguments go to the suite (e.g. --gtest_filter='AgentTest.*').
+# Arguments go to the suite (e.g. --gtest_filter='*AgentTest*'). BENCH=1
+# runs connectors/trtllm/test/bench.cpp instead of the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -64,12 +67,37 @@ cmake -S connectors/trtllm/test -B "$tmp/build" -DCMAKE_PREFIX_PATH="$sdk" -DMOO
 	-DCMAKE_BUILD_TYPE=RelWithDebInfo >"$tmp/cmake.log" || { cat "$tmp/cmake.log"; fail "cmake configure failed"; }
 cmake --build "$tmp/build" -j "$(nproc)" >"$tmp/build.log" || { cat "$tmp/build.log"; fail "build failed"; }
 
-# TensorRT-LLM's way of linking: the program records the SONAME, no path,
-# and runs from the library's directory on the search path.
-needed=$(readelf -d "$tmp/build/trtllm_style_link" | awk '/NEEDED/ { print $NF }')
-echo "$needed" | grep -q '^\[libmooncake.so\]$' || fail "trtllm_style_link needs: $needed"
-if echo "$needed" | grep -q /; then fail "trtllm_style_link records a path: $needed"; fi
-LD_LIBRARY_PATH=$sdk/lib "$tmp/build/trtllm_style_link"
+# Consumers linked the ways Mooncake's are: TensorRT-LLM's CMake
+# (find_library under MOONCAKE_ROOT, above) and NIXL's meson
+# (find_library('transfer_engine'), which hands the linker the file's full
+# path: done here by hand, meson is not needed). Each must record a name,
+# never a path into the tree, and run once the tree has moved again, found
+# through the loader's search path.
+${CXX:-g++} -std=c++17 -I"$sdk/include" connectors/trtllm/test/trtllm_style_link.cpp "$sdk/lib/libtransfer_engine.so" \
+	-o "$tmp/build/nixl_style_link"
+for prog in trtllm_style_link nixl_style_link; do
+	needed=$(readelf -d "$tmp/build/$prog" | awk '/NEEDED/ { print $NF }' | tr '\n' ' ')
+	case $needed in
+	*/*) fail "$prog records a path: $needed" ;;
+	*"[libmooncake.so]"*) ;;
+	*) fail "$prog does not need libmooncake.so: $needed" ;;
+	esac
+done
+mv "$sdk" "$tmp/sdk2"
+for prog in trtllm_style_link nixl_style_link; do
+	LD_LIBRARY_PATH=$tmp/sdk2/lib "$tmp/build/$prog" || fail "$prog failed with the tree moved"
+done
+mv "$tmp/sdk2" "$sdk"
+
+# BENCH=1: the benchmark (bench.cpp) instead of the suite, its arguments
+# from BENCH_ARGS, on each transport.
+if [ -n "${BENCH:-}" ]; then
+	for transport in auto tcp; do
+		# shellcheck disable=SC2086 # BENCH_ARGS are words
+		"$tmp/build/mooncake_cxx_bench" $transport ${BENCH_ARGS:-}
+	done
+	exit 0
+fi
 
 # A store for the store tests: embedded master and one storage node.
 $GO build -o "$tmp/mooncake" ./cmd/mooncake
