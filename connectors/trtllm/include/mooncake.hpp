@@ -720,11 +720,18 @@ public:
     // get reads key's value into a new vector of its size.
     std::vector<std::byte> get(const std::string &key) const {
         std::vector<std::byte> out(size(key));
-        uint64_t n = 0;
-        detail::check("get", mc_store_get, handle_, key.c_str(), static_cast<void *>(out.data()),
-                      static_cast<uint64_t>(out.size()), &n);
-        out.resize(n);
-        return out;
+        for (;;) {
+            uint64_t n = 0;
+            detail::Call c;
+            mc_status_t st = mc_store_get(handle_, key.c_str(), out.data(), out.size(), &n, &c.err);
+            if (st == MC_ERR_BUFFER_TOO_SMALL && n > out.size()) { // an upsert grew it meanwhile
+                out.resize(n);
+                continue;
+            }
+            c.check(st, "get");
+            out.resize(n);
+            return out;
+        }
     }
 
     std::size_t size(const std::string &key) const {
