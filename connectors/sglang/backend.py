@@ -118,7 +118,9 @@ class MooncakeGoHiCache(HiCacheStorage):
         super().register_mem_pool_host(mem_pool_host)
         c = self.config
         self.prefix = key_prefix(c.model_name, mla=c.is_mla_model, tp_rank=c.tp_rank, pp_rank=c.pp_rank,
-                                 pp_size=c.pp_size, layer_first=mem_pool_host.layout == "layer_first",
+                                 pp_size=c.pp_size, cp_rank=c.attn_cp_rank, cp_size=c.attn_cp_size,
+                                 dcp_rank=c.dcp_rank, dcp_size=c.dcp_size,
+                                 layer_first=mem_pool_host.layout == "layer_first",
                                  tenant=self.settings.tenant, name=self.settings.key_prefix)
         spans = []
         for name in _POOL_TENSORS:

@@ -17,7 +17,9 @@ The prefix says whose KV the page is: ``[<tenant>/]<name>@<part>``, name
 being the model's basename (or the key_prefix setting) and part
 ``tp<rank>`` for MHA models, whose TP ranks each hold their own heads of
 a page, or ``mla`` for MLA models, whose ranks hold the same latent and
-share one object. ``pp<rank>`` follows with pipeline parallelism, and
+share one object. ``pp<rank>`` follows with pipeline parallelism,
+``cp<rank>`` with context parallelism and ``dcp<rank>`` with decode
+context parallelism (each such rank holds its own shard of a page), and
 ``-lf`` marks a layer_first pool, whose page bytes are ordered otherwise.
 """
 
@@ -43,15 +45,17 @@ def page_key(prefix: str, page_hash: str) -> str:
 
 
 def key_prefix(model: Optional[str], *, mla: bool, tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1,
+               cp_rank: int = 0, cp_size: int = 1, dcp_rank: int = 0, dcp_size: int = 1,
                layer_first: bool = False, tenant: Optional[str] = None, name: Optional[str] = None) -> str:
-    """``[<tenant>/]<name>@<tp<rank>|mla>[pp<rank>][-lf]`` (module doc)."""
+    """``[<tenant>/]<name>@<tp<rank>|mla>[pp<r>][cp<r>][dcp<r>][-lf]`` (module doc)."""
     base = name or os.path.basename(str(model or "").rstrip("/")) or "model"
     for what, v in (("tenant", tenant), ("key_prefix", base)):
         if v and "@" in v:
             raise ValueError(f"mooncake-go hicache: {what} {v!r} must not contain '@'")
     part = "mla" if mla else f"tp{tp_rank}"
-    if pp_size > 1:
-        part += f"pp{pp_rank}"
+    for tag, rank, size in (("pp", pp_rank, pp_size), ("cp", cp_rank, cp_size), ("dcp", dcp_rank, dcp_size)):
+        if size > 1:
+            part += f"{tag}{rank}"
     if layer_first:
         part += "-lf"
     return f"{tenant}/{base}@{part}" if tenant else f"{base}@{part}"

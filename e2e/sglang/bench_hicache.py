@@ -5,13 +5,16 @@ against SGLang's built-in MooncakeStore backend on our compat module
 
     bash e2e/py.sh sglang e2e/sglang/bench_hicache.py [--pages 64] [--repeats 9]
 
-Each repeat writes one batch of pages with batch_set_v1 and reads it back
-with batch_get_v1 into other pages of the same host pool, for each backend
-in turn (the order alternates), with fresh keys, and checks the bytes;
-the store is emptied between repeats. A memcpy of the batch's bytes
-(torch, one thread) is the same-run yardstick of this machine's memory.
-Figures are medians over the repeats, in GB/s of page bytes (and their
-ratio, ours / built-in), printed as a table and as JSON (--json)."""
+Ops, on fresh keys each: set (batch_set_v1 of a batch of pages), get
+(batch_get_v1 of pages just set, into other pages of the same host pool)
+and prefetch (batch_exists then batch_get_v1, as SGLang's prefetch thread
+does), for both backends back to back, their order alternating; reads are
+checked byte for byte, and the store is emptied between repeats. Two
+batch sizes: 64 pages (bytes dominate) and 4 (round trips dominate). A
+warm memcpy of the batch's bytes (torch) is the yardstick of this
+machine's memory. Figures: medians over the repeats of each side's time
+(and GB/s of page bytes) and of the ratio of each pair (built-in time /
+ours: above 1, ours is faster), as a table and as JSON (--json)."""
 
 from __future__ import annotations
 
@@ -81,74 +84,91 @@ def batch_bytes(host, first: int, n: int, page: int) -> torch.Tensor:
     return host.kv_buffer.narrow(d, first * page, n * page)
 
 
-def one_repeat(backend, host, pages: int, page: int, nbytes: int) -> dict:
-    """GB/s of batches with fresh keys: set, then get (batch_get_v1 alone)
-    of what was set; set again under other keys, then prefetch
-    (batch_exists then batch_get_v1: what SGLang's prefetch thread does).
-    Every read is the first of its keys; bytes checked after each."""
-    src, dst = page_tokens(0, pages, page), page_tokens(pages, pages, page)
-    out = {"set": []}
-    for op in ("get", "prefetch"):
-        toks = [int(x) for x in torch.randint(0, 30000, (pages * page,))]
-        keys = get_hash_str(toks, uuid.uuid4().hex * 2, page_size=page)
-        t0 = time.perf_counter()
-        ok = backend.batch_set_v1(keys, src)
-        out["set"].append(nbytes / (time.perf_counter() - t0) / 1e9)
-        assert all(ok), f"set failed: {ok.count(False)} pages"
-        batch_bytes(host, pages, pages, page).zero_()
-        t0 = time.perf_counter()
-        if op == "prefetch":
-            assert backend.batch_exists(keys) == pages
-        ok = backend.batch_get_v1(keys, dst)
-        out[op] = [nbytes / (time.perf_counter() - t0) / 1e9]
-        assert all(ok), f"{op} failed: {ok.count(False)} pages"
-        assert torch.equal(batch_bytes(host, pages, pages, page), batch_bytes(host, 0, pages, page)), "bytes differ"
-    return out
+def fresh_keys(pages: int, page: int) -> list:
+    toks = [int(x) for x in torch.randint(0, 30000, (pages * page,))]
+    return get_hash_str(toks, uuid.uuid4().hex * 2, page_size=page)
 
 
-def memcpy_gbps(nbytes: int) -> float:
-    """One warm copy of nbytes (the buffers touched once first)."""
+def timed(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def memcpy_s(nbytes: int) -> float:
+    """Seconds of one warm copy of nbytes (the buffers touched once first)."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    t0 = time.perf_counter()
-    dst.copy_(src)
-    return nbytes / (time.perf_counter() - t0) / 1e9
+    return timed(lambda: dst.copy_(src))
 
 
-def run(kind: str, args, master: str, raw: Store) -> dict:
-    hosts = {n: pool(kind, args.pages, args.page) for n in ("ours", "builtin")}
+def run(kind: str, pages: int, args, master: str, raw: Store) -> dict:
+    """Each repeat does, for both backends back to back (their order
+    alternating), each op on a fresh batch: set; get (batch_get_v1 of
+    pages just set); prefetch (batch_exists then batch_get_v1, SGLang's
+    prefetch thread). Every read is the first of its keys and is checked
+    byte for byte. The ratio of each pair is taken, so slow phases of a
+    shared machine hit both sides of it."""
+    page = args.page
+    hosts = {n: pool(kind, pages, page) for n in ("ours", "builtin")}
     for h in hosts.values():
-        batch_bytes(h, 0, args.pages, args.page).copy_(
-            torch.randn(batch_bytes(h, 0, args.pages, args.page).shape).to(h.kv_buffer.dtype))
+        view = batch_bytes(h, 0, pages, page)
+        view.copy_(torch.randn(view.shape).to(view.dtype))
     backends = {
         "ours": attach("dynamic", {"backend_name": "mooncake-go", "module_path": "mooncake_go.connectors.sglang",
-                                   "class_name": "MooncakeGoHiCache", "interface_v1": 1, "master": master},
-                       hosts["ours"]),
-        # Its own segment none (0), as ours: both keep pages on the node.
+                                   "class_name": "MooncakeGoHiCache", "interface_v1": 1, "master": master,
+                                   "protocol": "tcp"}, hosts["ours"]),
+        # No segment of its own (0), as ours: both keep pages on the node.
         "builtin": attach("mooncake", {"master_server_address": master, "protocol": "tcp",
                                        "global_segment_size": 0}, hosts["builtin"]),
     }
-    nbytes = batch_bytes(hosts["ours"], 0, args.pages, args.page).numel() * 2
-    res = {n: {op: [] for op in OPS} for n in backends}
+    nbytes = batch_bytes(hosts["ours"], 0, pages, page).numel() * 2
+    src, dst = page_tokens(0, pages, page), page_tokens(pages, pages, page)
+
+    def op(name: str, n: str) -> float:
+        b, h = backends[n], hosts[n]
+        keys = fresh_keys(pages, page)
+        if name == "set":
+            ok = []
+            t = timed(lambda: ok.extend(b.batch_set_v1(keys, src)))
+            assert all(ok), f"{n}: set failed"
+            return t
+        assert all(b.batch_set_v1(keys, src)), f"{n}: set failed"
+        batch_bytes(h, pages, pages, page).zero_()
+        ok = []
+
+        def read():
+            if name == "prefetch":
+                assert b.batch_exists(keys) == pages
+            ok.extend(b.batch_get_v1(keys, dst))
+
+        t = timed(read)
+        assert all(ok), f"{n}: {name} failed"
+        assert torch.equal(batch_bytes(h, pages, pages, page), batch_bytes(h, 0, pages, page)), f"{n}: bytes differ"
+        return t
+
+    secs = {n: {o: [] for o in OPS} for n in backends}
+    ratios = {o: [] for o in OPS}
     copies = []
     for r in range(args.warmup + args.repeats):
-        order = ["ours", "builtin"] if r % 2 == 0 else ["builtin", "ours"]
-        for n in order:
-            got = one_repeat(backends[n], hosts[n], args.pages, args.page, nbytes)
+        for o in OPS:
+            order = ["ours", "builtin"] if r % 2 == 0 else ["builtin", "ours"]
+            t = {n: op(o, n) for n in order}
             if r >= args.warmup:
-                for op in OPS:
-                    res[n][op].extend(got[op])
-            raw.remove_all(force=True)
+                for n in order:
+                    secs[n][o].append(t[n])
+                ratios[o].append(t["builtin"] / t["ours"])
+        raw.remove_all(force=True)
         if r >= args.warmup:
-            copies.append(memcpy_gbps(nbytes))
-    out = {"layout": f"{kind} {hosts['ours'].layout}", "pages": args.pages, "page_bytes": nbytes // args.pages,
-           "memcpy_gbps": statistics.median(copies)}
-    for n in backends:
-        for op in OPS:
-            out[f"{n}_{op}_gbps"] = statistics.median(res[n][op])
-    for op in OPS:
-        out[f"{op}_ratio"] = out[f"ours_{op}_gbps"] / out[f"builtin_{op}_gbps"]
+            copies.append(memcpy_s(nbytes))
+    out = {"layout": f"{kind} {hosts['ours'].layout}", "pages": pages, "page_bytes": nbytes // pages,
+           "memcpy_gbps": nbytes / statistics.median(copies) / 1e9, "repeats": args.repeats}
+    for o in OPS:
+        for n in backends:
+            out[f"{n}_{o}_ms"] = statistics.median(secs[n][o]) * 1e3
+            out[f"{n}_{o}_gbps"] = nbytes / statistics.median(secs[n][o]) / 1e9
+        out[f"{o}_ratio"] = statistics.median(ratios[o])
     for b in backends.values():
         b.close()
     return out
@@ -156,9 +176,9 @@ def run(kind: str, args, master: str, raw: Store) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pages", type=int, default=64, help="pages per batch (SGLang batches up to 128)")
+    ap.add_argument("--pages", default="64,4", help="pages per batch, a list (SGLang batches up to 128)")
     ap.add_argument("--page", type=int, default=32, help="tokens per page")
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--layouts", default="mha,mla")
     ap.add_argument("--json", help="also write the results here")
@@ -167,14 +187,17 @@ def main() -> None:
     try:
         os.environ.update(sglang_env(cluster.master))
         with Store(cluster.master, segment_size=-1) as raw:
-            results = [run(k, args, cluster.master, raw) for k in args.layouts.split(",")]
+            results = [run(k, int(p), args, cluster.master, raw)
+                       for k in args.layouts.split(",") for p in args.pages.split(",")]
     finally:
         cluster.stop()
-    print(f"{'layout':18} {'page':>8} {'op':8} {'ours GB/s':>10} {'built-in':>10} {'ratio':>6} {'memcpy':>8}")
+    print(f"{'layout':16} {'pages':>5} {'page':>7} {'op':8} {'ours ms':>8} {'built-in':>8} {'ours GB/s':>9} "
+          f"{'built-in':>8} {'ratio':>6} {'memcpy GB/s':>11}")
     for r in results:
-        for op in OPS:
-            print(f"{r['layout']:18} {r['page_bytes'] >> 10:>6}Ki {op:8} {r[f'ours_{op}_gbps']:>10.2f} "
-                  f"{r[f'builtin_{op}_gbps']:>10.2f} {r[f'{op}_ratio']:>5.2f}x {r['memcpy_gbps']:>8.2f}")
+        for o in OPS:
+            print(f"{r['layout']:16} {r['pages']:>5} {r['page_bytes'] >> 10:>5}Ki {o:8} {r[f'ours_{o}_ms']:>8.2f} "
+                  f"{r[f'builtin_{o}_ms']:>8.2f} {r[f'ours_{o}_gbps']:>9.2f} {r[f'builtin_{o}_gbps']:>8.2f} "
+                  f"{r[f'{o}_ratio']:>5.2f}x {r['memcpy_gbps']:>11.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -308,3 +308,41 @@ def test_controller_takes_the_zero_copy_path():
     import inspect
 
     assert '"interface_v1"' in inspect.getsource(HiCacheController.attach_storage_backend)
+
+
+def test_copying_interface_reads_the_same_objects(cluster, backends):
+    """Without interface_v1 SGLang moves pages as flat tensors (batch_set /
+    batch_get of get_data_page / get_dummy_flat_data_page). Those objects
+    are the zero-copy ones: a page written one way reads back the other."""
+    host = mha_pool()
+    b = attach(extra_json(cluster.master), host)
+    backends.append(b)
+    keys = hashes(2)
+    fill(host, [0, 1], seed=50)
+    assert b.batch_set_v1(keys[:1], tokens([0])) == [True]
+    assert b.batch_set(keys[1:], [host.get_data_page(1 * PAGE, flat=True)])
+    got = b.batch_get(keys + hashes(1))
+    assert got[2] is None, "a page never written came back"
+    for i in (0, 1):
+        assert torch.equal(got[i], host.get_data_page(i * PAGE, flat=True)), f"page {i} differs"
+    zero(host, [6])
+    assert b.batch_get_v1(keys[1:], tokens([6])) == [True]
+    assert page_bytes(host, 6) == page_bytes(host, 1)
+
+
+@pytest.mark.parametrize("kw,want", [
+    # MHA: each TP rank its own heads.
+    (dict(mla=False, tp_rank=3), "tiny@tp3"),
+    # MLA: one object for every TP rank.
+    (dict(mla=True, tp_rank=3), "tiny@mla"),
+    # Pipeline, context and decode-context ranks hold shards of their own.
+    (dict(mla=False, tp_rank=1, pp_rank=2, pp_size=4), "tiny@tp1pp2"),
+    (dict(mla=True, cp_rank=1, cp_size=2, dcp_rank=1, dcp_size=2), "tiny@mlacp1dcp1"),
+    # layer_first pages order their bytes otherwise.
+    (dict(mla=True, layer_first=True), "tiny@mla-lf"),
+    (dict(mla=False, tenant="acme"), "acme/tiny@tp0"),
+])
+def test_key_prefix(kw, want):
+    from mooncake_go.connectors.sglang import key_prefix
+
+    assert key_prefix("org/tiny", **kw) == want
