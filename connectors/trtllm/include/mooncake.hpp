@@ -14,10 +14,12 @@
 //   batch.submit_with_notify({&req, 1}, "ctx-0", "done");
 //   batch.wait();                                       // throws on failure
 //
-// Lifetimes follow the C ABI: an Engine must outlive what it issued
-// (registered memory, segments, batches) and a Store its buffers; payload
-// memory must stay valid until the transfers using it are final (a Batch
-// waits for its tasks before it frees itself). Owners are move-only; a
+// Lifetimes follow the C ABI: destroy what an Engine issued (registered
+// memory, segments, batches) before the Engine, and a Store's buffers
+// before the Store (owners left behind only fail their calls with
+// MC_ERR_INVALID_HANDLE: handles are never reused); payload memory must
+// stay valid until the transfers using it are final (a Batch waits for its
+// tasks before it frees itself). Owners are move-only; a
 // moved-from owner holds nothing and its calls throw MC_ERR_INVALID_HANDLE.
 // Every call may be made from any thread (the C ABI's guarantee).
 //
@@ -113,6 +115,7 @@ std::string read_string(const char *what, Fn fn, uint64_t handle) {
 inline void check_abi() {
     uint32_t v = mc_abi_version();
     if ((v >> 16) != MC_ABI_VERSION_MAJOR || (v & 0xffff) < MC_ABI_VERSION_MINOR)
+        // MC_ERR_STRUCT_SIZE: the ABI's code for "not this version's layout".
         throw Error(MC_ERR_STRUCT_SIZE, MC_DOMAIN_ABI,
                     "mooncake: library ABI " + std::to_string(v >> 16) + "." + std::to_string(v & 0xffff) +
                         " does not serve header ABI " + std::to_string(MC_ABI_VERSION_MAJOR) + "." +
