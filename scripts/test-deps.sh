@@ -2,6 +2,7 @@
 # Installs what the test suite needs beyond Go, Python and a C compiler:
 #  - Debian libraries the official Mooncake wheel links against;
 #  - redis-server, the Redis yardstick of the store benchmark (bench/store);
+#  - cmake and GoogleTest, for the C++ SDK's suite (make cxx-test);
 #  - the official wheel (mooncake-transfer-engine-non-cuda) in .venv-official,
 #    used only by the cross-implementation tests.
 # A step that cannot be done is reported; the tests that need it then skip
@@ -9,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-need=(libcurl4 libibverbs1 rdma-core librdmacm1 libnuma1 liburing2 redis-server)
+need=(libcurl4 libibverbs1 rdma-core librdmacm1 libnuma1 liburing2 redis-server cmake libgtest-dev)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
