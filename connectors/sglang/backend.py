@@ -31,6 +31,7 @@ from typing import Any, List, Optional
 import torch
 
 from mooncake_go import Store, errors
+from mooncake_go.store import _code_error
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
 from .keys import key_prefix, page_key
@@ -38,6 +39,18 @@ from .keys import key_prefix, page_key
 log = logging.getLogger(__name__)
 
 _ALREADY_EXISTS = -705  # MC_STORE_ERR_OBJECT_ALREADY_EXISTS: the page is there
+_NOT_FOUND = -704  # MC_STORE_ERR_OBJECT_NOT_FOUND: a plain miss
+
+
+def _report(op: str, keys: List[str], codes: List[int], ok: List[bool], quiet) -> None:
+    """Logs a batch's failed pages, one line: how many, and the first one's
+    status (a short read has status 0). Plain misses (quiet) are not failures."""
+    bad = [i for i, good in enumerate(ok) if not good and codes[i] not in quiet]
+    if bad:
+        i = bad[0]
+        what = _code_error(codes[i]) if codes[i] else "short value (another page shape)"
+        log.warning("mooncake-go hicache: %s of %d of %d pages failed; page %s: %s",
+                    op, len(bad), len(keys), keys[i], what)
 
 # Pool tensors that may hold page bytes (kv_buffer: one tensor for K and V
 # or the latent; the others: layouts that keep them apart).
@@ -168,7 +181,9 @@ class MooncakeGoHiCache(HiCacheStorage):
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: get of %d pages failed: %s", len(keys), e)
             return [False] * len(keys)
-        return [c == 0 and g == sum(n) for c, g, n in zip(codes, got, lens)]
+        ok = [c == 0 and g == sum(n) for c, g, n in zip(codes, got, lens)]
+        _report("get", keys, codes, ok, (_NOT_FOUND,))
+        return ok
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
@@ -183,7 +198,9 @@ class MooncakeGoHiCache(HiCacheStorage):
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: put of %d pages failed: %s", len(keys), e)
             return [False] * len(keys)
-        return [c in (0, _ALREADY_EXISTS) for c in codes]
+        ok = [c in (0, _ALREADY_EXISTS) for c in codes]
+        _report("put", keys, codes, ok, ())
+        return ok
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """How many of keys, from the first, the store holds (SGLang's

@@ -216,7 +216,7 @@ def test_tp_ranks(cluster, backends):
     assert page_bytes(h1, 7) == page_bytes(h0, 1) and page_bytes(h1, 8) == page_bytes(h0, 2)
 
 
-def test_corrupted_or_short_value_is_a_miss(cluster, backends):
+def test_corrupted_or_short_value_is_a_miss(cluster, backends, caplog):
     """Negative controls: a page whose stored bytes were changed after the
     put (one byte flipped in the replica, through the transfer engine, as a
     bad memory or a stray write would) fails its CRC and is a miss; so is a
@@ -248,7 +248,11 @@ def test_corrupted_or_short_value_is_a_miss(cluster, backends):
         raw.put(page_key(b.prefix, keys[2]), page_bytes(host, 2)[: len(page_bytes(host, 2)) // 2])
 
     fill(host, [20, 21, 22], seed=31)
+    caplog.clear()
     assert b.batch_get_v1(keys, tokens([20, 21, 22])) == [False, True, False]
+    # Reported, not only missed: the CRC failure is named.
+    assert any("2 of 3 pages failed" in r.getMessage() and "CHECKSUM" in r.getMessage().upper()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert page_bytes(host, 21) == page_bytes(host, 1)  # the good page still reads
     # A wrong key (another model's prefix) is no hit for the good page.
     other = attach(extra_json(cluster.master), mha_pool(), model_name="org/other")
@@ -257,7 +261,7 @@ def test_corrupted_or_short_value_is_a_miss(cluster, backends):
     assert other.batch_get_v1(keys[1:2], tokens([3])) == [False]
 
 
-def test_store_restart(mooncake_bin, backends):
+def test_store_restart(mooncake_bin, backends, caplog):
     """The store goes away mid-run: gets and exists report misses, sets
     report failures, nothing raises; once a store is back at the same
     address the same backend writes and reads again (the old pages went
@@ -273,9 +277,14 @@ def test_store_restart(mooncake_bin, backends):
         fill(host, [0, 1], seed=40)
         assert b.batch_set_v1(keys, tokens([0, 1])) == [True, True]
         c.stop()
+        caplog.clear()
         assert b.batch_exists(keys) == 0
         assert b.batch_get_v1(keys, tokens([4, 5])) == [False, False]
         assert b.batch_set_v1(keys, tokens([0, 1])) == [False, False]
+        # Each failure is reported (a store away is no plain miss).
+        logged = [r.getMessage() for r in caplog.records if r.name.startswith("mooncake_go.connectors.sglang")]
+        for op in ("exists", "get", "put"):
+            assert any(m.startswith(f"mooncake-go hicache: {op} ") for m in logged), (op, logged)
         c = start_cluster(mooncake_bin, *args)
         # The client reconnects on its own, at gRPC's reconnect pace (its
         # backoff grew while the master was away): wait for that, bounded.
