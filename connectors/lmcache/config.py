@@ -69,7 +69,7 @@ class Settings:
     prefer_local: bool = False
     #: a batch is cut into up to this many slices moved at once (the
     #: store checksums and copies one slice on one thread).
-    streams: int = 2
+    streams: int = 1
     #: slices are at least this many bytes: smaller batches go whole.
     stream_min_bytes: int = 8 << 20
     #: seconds one store call may take (master RPC and transfer deadline).
