@@ -7,9 +7,10 @@ in place: the pool's buffer is registered with the store once, and a batch
 goes out as the addresses of its pages' pieces (K and V of a page_first MHA
 page, one piece per layer of a layer_first pool), which the store gathers
 into one value on put and scatters back on get (batch_put_from_parts /
-batch_get_into_parts), with no copy in this process. One object per page
-(where SGLang's own backend writes K and V apart) halves the master's work
-per page; a put needs no existence check first, the store being write-once.
+batch_get_into_parts), with no copy in this process: one object per page
+where SGLang's own backend writes K and V apart. A put needs no existence
+check first, the store being write-once, and an existence check primes
+the read that follows it (batch_exists).
 
 A read is a hit only if the whole page came back: the store checks each
 value's CRC-32C, and a value of another length than the page (written by
@@ -51,6 +52,7 @@ def _report(op: str, keys: List[str], codes: List[int], ok: List[bool], quiet) -
         what = _code_error(codes[i]) if codes[i] else "short value (another page shape)"
         log.warning("mooncake-go hicache: %s of %d of %d pages failed; page %s: %s",
                     op, len(bad), len(keys), keys[i], what)
+
 
 # Pool tensors that may hold page bytes (kv_buffer: one tensor for K and V
 # or the latent; the others: layouts that keep them apart).
@@ -120,7 +122,6 @@ class MooncakeGoHiCache(HiCacheStorage):
                            rpc_timeout_ms=s.rpc_timeout_ms)
         self.mem_pool_host = None
         self.prefix = ""
-        self._page_bytes = 0
         self._registered: List[torch.Tensor] = []
 
     # -- the host pool ---------------------------------------------------
@@ -151,8 +152,8 @@ class MooncakeGoHiCache(HiCacheStorage):
             raise ValueError(f"mooncake-go hicache: {type(mem_pool_host).__name__} has no KV buffer to register")
 
     def _pages(self, keys: List[str], host_indices: torch.Tensor):
-        """(store keys, per-page piece addresses, per-page piece sizes, page
-        bytes) of a batch, from the pool's own zero-copy metadata."""
+        """(store keys, per-page piece addresses, per-page piece sizes) of a
+        batch, from the pool's own zero-copy metadata."""
         if self.mem_pool_host is None:
             raise RuntimeError("mooncake-go hicache: register_mem_pool_host was not called")
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
