@@ -84,7 +84,10 @@ class Settings:
         e.g. `mooncake up`'s, and outlive this process].
     local_buffer_size: staging for unregistered memory [16 MiB; pages
         never use it].
-    protocol, local_hostname: the store's transfer engine [library default].
+    protocol: the store's transfer engine [library default].
+    local_hostname: the address the engine listens on [env
+        MOONCAKE_LOCAL_HOSTNAME, which SGLang's Mooncake setups set, or the
+        library's choice: the first non-loopback IPv4].
     replicas: memory replicas per page [1].
     rpc_timeout_ms: per call to the master [the library's 30 s]; a store
         that went away costs each batch up to this long.
@@ -101,7 +104,7 @@ class Settings:
         self.segment_size = _size(seg, "segment_size")
         self.local_buffer_size = _size(extra.get("local_buffer_size", 16 << 20), "local_buffer_size")
         self.protocol = extra.get("protocol")
-        self.local_hostname = extra.get("local_hostname")
+        self.local_hostname = extra.get("local_hostname") or os.environ.get("MOONCAKE_LOCAL_HOSTNAME")
         self.replicas = int(extra.get("replicas", 0))
         self.rpc_timeout_ms = int(extra.get("rpc_timeout_ms", 0))
         self.tenant = extra.get("tenant")

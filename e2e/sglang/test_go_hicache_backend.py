@@ -355,3 +355,12 @@ def test_key_prefix(kw, want):
     from mooncake_go.connectors.sglang import key_prefix
 
     assert key_prefix("org/tiny", **kw) == want
+
+
+def test_local_hostname_from_the_environment(sglang_environ, backends):
+    """SGLang's Mooncake setups name this host in MOONCAKE_LOCAL_HOSTNAME
+    (sglang_env: 127.0.0.1); without a local_hostname in the extra config
+    the backend's engine listens there, as SGLang's own backend does."""
+    b = attach(extra_json(sglang_environ.master), mha_pool())
+    backends.append(b)
+    assert b.store.name.startswith("127.0.0.1:"), b.store.name
