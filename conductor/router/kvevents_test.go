@@ -2,6 +2,8 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -105,4 +107,67 @@ func TestKVEventsNeedAnIndexerAndEngineHashes(t *testing.T) {
 	defer r.Close()
 	assert.ErrorIs(t, r.Register(bad), ErrInvalidInstance)
 	require.NoError(t, r.Register(in))
+}
+
+// A prompt whose prefix a busy instance holds goes to an idle one; under
+// the global policy that one pulls the prefix from the store (Algorithm 1:
+// the pull beats both the queue and a recompute), under the local policy
+// it recomputes it. The store's blocks come from a master's KV events.
+func TestGlobalPolicyPullsFromTheStoreInsteadOfQueueing(t *testing.T) {
+	for _, tc := range []struct {
+		policy conductor.Policy
+		reused int // blocks
+	}{{conductor.GlobalCacheAware, 128}, {conductor.LocalCacheAware, 0}} {
+		t.Run(tc.policy.String(), func(t *testing.T) {
+			sched, err := conductor.New(conductor.Config{Policy: tc.policy, Admission: conductor.RejectNone, BlockTokens: 16})
+			require.NoError(t, err)
+			x := indexer.New(indexer.Config{Mirror: sched})
+			t.Cleanup(x.Close)
+			_, es := cluster(t, 2, 1)
+			engineEvents, storeEvents := kvtest.New(t, "127.0.0.1:0", false), kvtest.New(t, "127.0.0.1:0", false)
+			h := newHarness(t, sched, func(c *Config) {
+				c.BlockHash, c.BlockSize, c.Indexer, c.Model = "vllm", 16, x, "tiny"
+				c.PrefillTimeout = 2 * time.Second
+				c.Instances[0].KVEvents = engineEvents.Endpoint
+			}, es...)
+			require.NoError(t, x.Register(indexer.Registration{Endpoint: storeEvents.Endpoint, Type: indexer.TypeMooncake,
+				Model: "tiny", Instance: conductor.StoreHolder, BlockSize: 16}))
+			engineEvents.WaitSubscribed()
+			storeEvents.WaitSubscribed()
+
+			scheme, err := blockhash.Parse("vllm", 16, "")
+			require.NoError(t, err)
+			prompt := make([]int, 2048)
+			for i := range prompt {
+				prompt[i] = 11 + i%1000
+			}
+			blocks := scheme.Blocks(nil, prompt)
+			engineEvents.Publish(kvtest.Batch(0, kvtest.Stored("GPU", blocks...)), true)
+			storeEvents.Publish(kvtest.Batch(0, map[string]any{"event_type": "stored", "seq_hashes": blocks, "medium": "cpu"}), true)
+			require.Eventually(t, func() bool {
+				l := sched.Longest(blocks)
+				return l["p0"] == len(blocks) && l[conductor.StoreHolder] == len(blocks)
+			}, 5*time.Second, 10*time.Millisecond)
+
+			// p0 gets a long prompt that hangs in its prefill: its queue is busy.
+			es[0].setFault(faultHang)
+			other := make([]int, 4000)
+			for i := range other {
+				other[i] = 1500 + i%500
+			}
+			done := make(chan answer, 1)
+			go func() {
+				done <- h.do("POST", "/v1/completions", map[string]any{"model": "tiny", "prompt": other, "max_tokens": 2})
+			}()
+			require.Eventually(t, func() bool { return es[0].calls.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+
+			a := h.do("POST", "/v1/completions", map[string]any{"model": "tiny", "prompt": prompt, "max_tokens": 2})
+			require.Equal(t, http.StatusOK, a.status, string(a.body))
+			assert.Equal(t, "p1", a.header.Get("X-Conductor-Prefill"))
+			m := h.do("GET", "/metrics", nil)
+			assert.Contains(t, string(m.body), fmt.Sprintf("mooncake_conductor_reused_blocks_total %d\n", tc.reused))
+			es[0].setFault(faultNone)
+			assert.Equal(t, http.StatusGatewayTimeout, (<-done).status)
+		})
+	}
 }
