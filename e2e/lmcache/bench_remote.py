@@ -92,6 +92,12 @@ class Side:
         if self.remote.connection is None:
             raise RuntimeError(f"{name}: LMCache could not create its connector")
         self.db = ChunkedTokenDatabase(self.cfg, self.md)
+        # Fault the whole pool in once, as a pinned (page-locked) pool is in
+        # a real deployment: otherwise a connector pays first-touch page
+        # faults on whichever part of the pool its allocations land.
+        buf = getattr(self.cpu.memory_allocator, "buffer", None)
+        if buf is not None:
+            buf.fill_(0)
 
     def chunks(self, seed: int):
         """Fresh keys (tokens of their own) and memory objects filled with
