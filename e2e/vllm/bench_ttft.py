@@ -6,15 +6,17 @@ prompts, same run, medians of --repeat requests per point:
 - disaggregated serving behind `mooncake conductor`, from the request to
   the first decoded token: our connector (MooncakeGoConnector) vs vLLM's
   built-in MooncakeConnector on our package, each a prefill and a decode
-  vLLM instance, and vs no disaggregation (one instance, streamed
-  directly);
+  vLLM instance, both deployments up at once and their requests taking
+  turns; and no disaggregation (one instance alone, streamed directly);
 - the store tier: a prompt prefilled once on instance A (which saves its
   blocks to Mooncake Store), then sent to instance B, which loads them from
   the store, vs a prompt B has to compute (a store miss), on the same B.
 
-The figures are this machine's (2 CPU cores, a 2-layer model): transfers
-and HTTP hops weigh much more than a real model's prefill would. Results
-go to --out as JSON, and a table to stdout.
+The figures are this machine's (2 CPU cores, a 2-layer model): every
+running vLLM instance keeps a core busy, so with several up each request
+waits for CPU, and transfers and HTTP hops weigh much more than a real
+model's prefill would. Compare figures of one part with each other only.
+Results go to --out as JSON, and a table to stdout.
 """
 
 from __future__ import annotations
@@ -115,21 +117,43 @@ class Bench:
             print(f"  {name:<10} {n:>5} tokens: TTFT median {statistics.median(xs) * 1e3:7.1f} ms "
                   f"(min {min(xs) * 1e3:.1f}, max {max(xs) * 1e3:.1f})", flush=True)
 
-    def pd(self, name: str, prefill_kv: dict, decode_kv: dict, boot: int | None = None) -> None:
-        env = {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(boot)} if boot else None
-        p, d = self.servers([(f"{name}-p", prefill_kv, env), (f"{name}-d", decode_kv, None)])
+    def pd(self) -> None:
+        """Both disaggregated deployments up at once, each a prefill and a
+        decode instance behind its own conductor, their requests taking
+        turns: the machine's drift and the other processes' load weigh on
+        both alike."""
+        boot = free_port()
+        env = {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(boot)}
+        servers = self.servers([("builtin-p", builtin("kv_producer", "builtin-p"), env),
+                                ("builtin-d", builtin("kv_consumer", "builtin-d"), None),
+                                ("ours-p", ours(), None), ("ours-d", ours(), None)])
+        procs = []
         try:
-            spec = f"p={p.url}"
-            if boot:
-                spec += f",engine_id={name}-p,bootstrap_addr=http://127.0.0.1:{boot}"
-            proc, url = self.conductor(name, spec, f"d={d.url}")
-            try:
-                self.measure(name, url, self.args.lengths)
-            finally:
-                stop_process(proc, grace=5, group=True)
+            bp, bd, op, od = servers
+            proc, burl = self.conductor("builtin", f"p={bp.url},engine_id=builtin-p,bootstrap_addr=http://127.0.0.1:{boot}",
+                                        f"d={bd.url}")
+            procs.append(proc)
+            proc, ourl = self.conductor("ours", f"p={op.url}", f"d={od.url}")
+            procs.append(proc)
+            urls = {"builtin": burl, "ours": ourl}
+            for url in urls.values():
+                ttft(url, self.prompt(256))  # warm-up
+            for n in self.args.lengths:
+                xs = {k: [] for k in urls}
+                for _ in range(self.args.repeat):
+                    for k, url in urls.items():
+                        xs[k].append(ttft(url, self.prompt(n)))
+                for k, v in xs.items():
+                    self.results.setdefault(k, {})[n] = statistics.median(v)
+                print(f"  PD {n:>5} tokens: builtin {statistics.median(xs['builtin']) * 1e3:7.1f} ms, "
+                      f"ours {statistics.median(xs['ours']) * 1e3:7.1f} ms "
+                      f"(ranges {min(xs['builtin']) * 1e3:.0f}-{max(xs['builtin']) * 1e3:.0f}, "
+                      f"{min(xs['ours']) * 1e3:.0f}-{max(xs['ours']) * 1e3:.0f})", flush=True)
         finally:
-            p.stop()
-            d.stop()
+            for proc in procs:
+                stop_process(proc, grace=5, group=True)
+            for s in servers:
+                s.stop()
 
     def single(self) -> None:
         (s,) = self.servers([("single", None, None)])
@@ -183,17 +207,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "vllm-ttft.json")
     ap.add_argument("--logs", type=Path, default=None)
-    ap.add_argument("--only", default="single,builtin,ours,store", help="which parts to run")
+    ap.add_argument("--only", default="single,pd,store", help="which parts to run")
     args = ap.parse_args()
     b = Bench(args)
     print(f"logs: {b.logs}", flush=True)
     parts = args.only.split(",")
     if "single" in parts:
         b.single()
-    if "builtin" in parts:
-        b.pd("builtin", builtin("kv_producer", "builtin-p"), builtin("kv_consumer", "builtin-d"), boot=free_port())
-    if "ours" in parts:
-        b.pd("ours", ours(), ours())
+    if "pd" in parts:
+        b.pd()
     if "store" in parts:
         b.store_tier()
 
