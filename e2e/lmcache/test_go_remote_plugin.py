@@ -10,6 +10,8 @@ tasks, contains, prefix lookups, batched gets), plus our lookup client.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -330,3 +332,45 @@ def test_allocator_without_pool(plugin, loop):
         release(chunks)
     finally:
         p.close()
+
+
+def test_cancelled_get_keeps_buffers_until_the_store_is_done(mooncake_bin, loop):
+    """LMCache cancels a get that outlives blocking_timeout_secs, while the
+    store may still be writing into the chunks' buffers: they must not go
+    back to the pool (to be handed out again) until the store call
+    returns, and must all go back then. The store is frozen (SIGSTOP) so
+    the call is certainly in flight when the get is cancelled."""
+    cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "256MiB")
+    p = None
+    stopped = False
+    try:
+        cfg, made = make_backends(cluster.master, loop, timeout=5, retry=0)
+        p = Plugin(cfg, made)
+        chunks = chunks_of(p, 3 * CHUNK, 900)
+        put_all(p, chunks)
+        release(chunks)
+        keys = [k for k, _, _ in chunks]
+        pool = p.cpu.memory_allocator.pin_allocator
+        idle = pool.num_active_allocations
+
+        async def start():
+            return asyncio.ensure_future(p.conn.batched_get(keys))
+
+        os.kill(cluster.proc.pid, signal.SIGSTOP)
+        stopped = True
+        task = asyncio.run_coroutine_threadsafe(start(), loop).result(WAIT)
+        wait_for(lambda: pool.num_active_allocations == idle + len(keys), "the get to allocate its chunks")
+        loop.call_soon_threadsafe(task.cancel)
+        wait_for(task.done, "the get to be cancelled")
+        assert task.cancelled()
+        assert pool.num_active_allocations == idle + len(keys), \
+            "a cancelled get gave buffers back while the store call was still in flight"
+        os.kill(cluster.proc.pid, signal.SIGCONT)
+        stopped = False
+        wait_for(lambda: pool.num_active_allocations == idle, "the buffers to go back once the store call ended")
+    finally:
+        if stopped:
+            os.kill(cluster.proc.pid, signal.SIGCONT)
+        if p is not None:
+            p.close()
+        cluster.stop()
