@@ -5,7 +5,7 @@ import (
 	"sync"
 
 	"github.com/mooncake-go/mooncake/engine"
-	"github.com/mooncake-go/mooncake/store/master"
+	"github.com/mooncake-go/mooncake/store/alloc"
 )
 
 // stage is the client's registered staging memory: values that live in Go
@@ -16,7 +16,7 @@ type stage struct {
 	buf *engine.Buffer
 
 	mu    sync.Mutex
-	alloc *master.Allocator
+	alloc *alloc.Allocator
 	freed chan struct{} // closed and replaced on every release
 }
 
@@ -25,7 +25,7 @@ func newStage(e *engine.Engine, size int64) (*stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := master.NewAllocator(uint64(size))
+	a, err := alloc.New(uint64(size))
 	if err != nil {
 		_ = buf.Free()
 		return nil, err

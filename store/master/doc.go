@@ -14,7 +14,8 @@
 //
 // # Pieces
 //
-//   - Allocator (alloc.go): O(1) two-level segregated fit per segment.
+//   - Allocation: one store/alloc.Allocator (O(1) two-level segregated
+//     fit) per mounted segment.
 //   - Service (service.go, segments.go, objects.go, evict.go, tier.go): the
 //     metadata core with Mooncake's semantics — write-once put and upsert,
 //     leases granted on reads (10 s), soft and hard pins, eviction at 0.90
@@ -51,19 +52,11 @@
 //     from the live replicas, gives every object a fresh lease (readers of
 //     the old leader may still be copying) and serves.
 //
-// # Allocator
+// # Allocation
 //
-// An Allocator manages the offsets [0, size) of one mounted segment; the
-// master adds the segment's base address. It is a two-level segregated fit
-// over floating-point size classes (16 per power of two) with immediate
-// coalescing, so Alloc and Free are O(1) and equal-size KV blocks reuse
-// holes of exactly their size:
-//
-//	a, _ := master.NewAllocator(64 << 30) // 64 GiB segment, 64-byte alignment
-//	off, ok := a.Alloc(512 << 10)         // ok=false: no room, evict and retry
-//	addr := seg.Base + off                // what the client writes to
-//	_ = a.Free(off)                       // on remove or eviction
-//
-// An Allocator is not safe for concurrent use; the master serialises the
-// calls on each segment.
+// Each mounted segment has an alloc.Allocator over its offsets [0, size);
+// the master adds the segment's base address. The allocator lives in the
+// leaf package store/alloc because clients use it too (their staging
+// buffer), and a client must not link the master. The master serialises
+// the calls on each segment.
 package master

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/mooncake-go/mooncake/store/alloc"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -194,13 +195,13 @@ func (st *state) onDisk(l *storepb.ReplicaLocation) bool {
 // flight stay in flight: their writers may still end them.
 func (s *Service) restore(st *state) error {
 	now := s.now()
-	used := make(map[string][]span)
+	used := make(map[string][]alloc.Span)
 	keep := func(locs []*storepb.ReplicaLocation) []*storepb.ReplicaLocation {
 		out := locs[:0:0]
 		for _, l := range locs {
 			if _, ok := st.segs[l.SegmentId]; ok {
 				out = append(out, l)
-				used[l.SegmentId] = append(used[l.SegmentId], span{l.Offset, l.Size})
+				used[l.SegmentId] = append(used[l.SegmentId], alloc.Span{Off: l.Offset, Size: l.Size})
 			}
 		}
 		return out
@@ -222,7 +223,7 @@ func (s *Service) restore(st *state) error {
 	s.segs, s.segList, s.clients, s.deferred = make(map[string]*segment), nil, make(map[string]*client), nil
 	s.diskTiers = 0
 	for id, m := range st.segs {
-		a, err := restoreAllocator(m.Segment.Size, used[id])
+		a, err := alloc.Restore(m.Segment.Size, used[id])
 		if err != nil {
 			return fmt.Errorf("master: restore segment %s: %w", id, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/mooncake-go/mooncake/store/alloc"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -198,17 +199,17 @@ func FuzzJournal(f *testing.F) {
 		}
 		// Whatever was restored, new allocations never overlap it.
 		for _, sg := range s.segList {
-			var used []span
+			var used []alloc.Span
 			for i := range s.shards {
 				for _, o := range s.shards[i].objects {
 					for _, r := range o.replicas {
 						if r.seg == sg {
-							used = append(used, span{r.off, r.size})
+							used = append(used, alloc.Span{Off: r.off, Size: r.size})
 						}
 					}
 				}
 			}
-			if off, ok := sg.alloc.Alloc(64); ok && slices.ContainsFunc(used, func(u span) bool { return off < u.off+u.size && u.off < off+64 }) {
+			if off, ok := sg.alloc.Alloc(64); ok && slices.ContainsFunc(used, func(u alloc.Span) bool { return off < u.Off+u.Size && u.Off < off+64 }) {
 				t.Fatalf("allocation at %d overlaps a restored replica", off)
 			}
 		}

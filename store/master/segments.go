@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mooncake-go/mooncake/store/alloc"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -15,7 +16,7 @@ type segment struct {
 	base, size                 uint64
 	medium                     storepb.Medium // DISK: an SSD tier, for spills only
 	client                     string
-	alloc                      *Allocator
+	alloc                      *alloc.Allocator
 	idx                        int // position in Service.segList
 	// dead is set (under segMu) when the segment is unmounted; replicas on
 	// it are filtered out of every answer at once and dropped by the sweep
@@ -101,7 +102,7 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 		s.touchLocked(clientID)
 		return 0, nil
 	}
-	a, err := NewAllocator(seg.Size)
+	a, err := alloc.New(seg.Size)
 	if err != nil {
 		return 0, storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
 	}
@@ -122,7 +123,7 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 
 // newSegment is seg, mounted by clientID at position idx of segList, with
 // its allocator a.
-func newSegment(clientID string, seg *storepb.Segment, a *Allocator, idx int) *segment {
+func newSegment(clientID string, seg *storepb.Segment, a *alloc.Allocator, idx int) *segment {
 	return &segment{
 		id: seg.Id, name: seg.Name, endpoint: seg.TransportEndpoint, hostID: seg.HostId, protocol: seg.Protocol,
 		base: seg.Base, size: seg.Size, client: clientID, alloc: a, idx: idx, medium: seg.Medium,

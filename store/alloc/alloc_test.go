@@ -1,4 +1,4 @@
-package master
+package alloc
 
 import (
 	"errors"
@@ -226,7 +226,7 @@ func TestNewAllocator(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		size      uint64
-		opts      []AllocOption
+		opts      []Option
 		wantSize  uint64
 		wantAlign uint64
 		wantErr   string
@@ -236,22 +236,22 @@ func TestNewAllocator(t *testing.T) {
 		// A ragged tail is not managed: the size rounds down.
 		{name: "ragged size rounds down", size: 1000, wantSize: 960, wantAlign: 64},
 		// Byte granularity manages every byte.
-		{name: "alignment 1", size: 1000, opts: []AllocOption{WithAllocAlignment(1)}, wantSize: 1000, wantAlign: 1},
+		{name: "alignment 1", size: 1000, opts: []Option{WithAlignment(1)}, wantSize: 1000, wantAlign: 1},
 		// Zero means the default.
-		{name: "alignment 0", size: 4096, opts: []AllocOption{WithAllocAlignment(0)}, wantSize: 4096, wantAlign: 64},
+		{name: "alignment 0", size: 4096, opts: []Option{WithAlignment(0)}, wantSize: 4096, wantAlign: 64},
 		// Page alignment for O_DIRECT spills.
-		{name: "page alignment", size: 10000, opts: []AllocOption{WithAllocAlignment(4096)}, wantSize: 8192, wantAlign: 4096},
+		{name: "page alignment", size: 10000, opts: []Option{WithAlignment(4096)}, wantSize: 8192, wantAlign: 4096},
 		// The largest possible segment.
 		{name: "max size", size: math.MaxUint64, wantSize: math.MaxUint64 &^ 63, wantAlign: 64},
 		// Alignments must be powers of two.
-		{name: "alignment 48", size: 4096, opts: []AllocOption{WithAllocAlignment(48)}, wantErr: "alignment 48"},
+		{name: "alignment 48", size: 4096, opts: []Option{WithAlignment(48)}, wantErr: "alignment 48"},
 		// Nothing left to manage.
 		{name: "smaller than alignment", size: 63, wantErr: "size 63"},
 		// Nothing at all.
 		{name: "zero size", size: 0, wantErr: "size 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := NewAllocator(tc.size, tc.opts...)
+			a, err := New(tc.size, tc.opts...)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				return
@@ -347,7 +347,7 @@ func TestAllocatorSteps(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			al, err := NewAllocator(tc.size)
+			al, err := New(tc.size)
 			require.NoError(t, err)
 			for i, s := range tc.steps {
 				if s.free {
@@ -395,7 +395,7 @@ func TestAllocatorRejects(t *testing.T) {
 		{"remainder+1", 4096, size - 4096 + 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := NewAllocator(size)
+			a, err := New(size)
 			require.NoError(t, err)
 			if tc.prefill > 0 {
 				_, ok := a.Alloc(tc.prefill)
@@ -431,7 +431,7 @@ func TestAllocatorExhaustion(t *testing.T) {
 		{"640KiB blocks", 64<<20 + 100<<10, 640 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := NewAllocator(tc.size)
+			a, err := New(tc.size)
 			require.NoError(t, err)
 			var offs []uint64
 			for {
@@ -471,7 +471,7 @@ func TestAllocatorCoalesce(t *testing.T) {
 	for seed := range uint64(5) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
-			a, err := NewAllocator(16<<20 + 12345)
+			a, err := New(16<<20 + 12345)
 			require.NoError(t, err)
 			var offs []uint64
 			for fails := 0; fails < 20; {
@@ -518,7 +518,7 @@ func TestAllocatorFreeErrors(t *testing.T) {
 		{"misaligned", func(live []uint64) uint64 { return live[1] + 1 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := NewAllocator(1 << 20)
+			a, err := New(1 << 20)
 			require.NoError(t, err)
 			var live []uint64
 			for range 3 {
@@ -544,7 +544,7 @@ func TestAllocatorFreeErrors(t *testing.T) {
 func TestAllocatorAlignment(t *testing.T) {
 	for _, align := range []uint64{1, 8, 64, 4096, 2 << 20} {
 		t.Run(fmt.Sprint(align), func(t *testing.T) {
-			a, err := NewAllocator(256<<20+3, WithAllocAlignment(align))
+			a, err := New(256<<20+3, WithAlignment(align))
 			require.NoError(t, err)
 			rng := rand.New(rand.NewPCG(align, 1))
 			var want uint64
@@ -603,7 +603,7 @@ func TestAllocatorRandomized(t *testing.T) {
 	for _, align := range []uint64{1, 64, 4096} {
 		for seed := range uint64(3) {
 			t.Run(fmt.Sprintf("align%d/seed%d", align, seed), func(t *testing.T) {
-				a, err := NewAllocator(4<<20+123, WithAllocAlignment(align))
+				a, err := New(4<<20+123, WithAlignment(align))
 				require.NoError(t, err)
 				h := newOurHarness(a)
 				require.NoError(t, randomOps(h, rand.New(rand.NewPCG(seed, align)), ops))
@@ -669,7 +669,7 @@ func FuzzAllocator(f *testing.F) {
 			return
 		}
 		align := uint64(1) << (data[0] % 13)
-		a, err := NewAllocator((uint64(data[1])+1)<<12+uint64(data[0]), WithAllocAlignment(align))
+		a, err := New((uint64(data[1])+1)<<12+uint64(data[0]), WithAlignment(align))
 		if err != nil {
 			return // smaller than its alignment
 		}
@@ -700,7 +700,7 @@ func FuzzAllocator(f *testing.F) {
 }
 
 func ExampleAllocator() {
-	a, err := NewAllocator(1 << 20) // a 1 MiB segment
+	a, err := New(1 << 20) // a 1 MiB segment
 	if err != nil {
 		panic(err)
 	}

@@ -1,4 +1,4 @@
-package master
+package alloc
 
 import (
 	"cmp"
@@ -125,8 +125,8 @@ func BenchmarkAllocFree(b *testing.B) {
 		name string
 		new  func() segAllocator
 	}{
-		{"ours", func() segAllocator { a, _ := NewAllocator(size); return a }},
-		{"firstfit", func() segAllocator { return newFirstFitAlloc(size, DefaultAllocAlignment) }},
+		{"ours", func() segAllocator { a, _ := New(size); return a }},
+		{"firstfit", func() segAllocator { return newFirstFitAlloc(size, DefaultAlignment) }},
 	} {
 		b.Run(impl.name, func(b *testing.B) {
 			a := impl.new()
@@ -270,12 +270,12 @@ func BenchmarkKVUtilization(b *testing.B) {
 		b.Run(mix.name, func(b *testing.B) {
 			var ours, ff kvResult
 			for i := range b.N {
-				a, err := NewAllocator(1 << 30)
+				a, err := New(1 << 30)
 				if err != nil {
 					b.Fatal(err)
 				}
 				ours.add(kvRun(a, uint64(i)+1, mix.large))
-				ff.add(kvRun(newFirstFitAlloc(1<<30, DefaultAllocAlignment), uint64(i)+1, mix.large))
+				ff.add(kvRun(newFirstFitAlloc(1<<30, DefaultAlignment), uint64(i)+1, mix.large))
 			}
 			n := float64(b.N)
 			b.ReportMetric(ours.utilFirst/n, "util")

@@ -1,4 +1,4 @@
-package master
+package alloc
 
 import (
 	"math/rand/v2"
@@ -12,7 +12,7 @@ import (
 // copies: same used bytes, same live offsets, frees merge back to one block.
 func TestRestoreAllocatorMatchesLive(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	a, err := NewAllocator(64 << 20)
+	a, err := New(64 << 20)
 	require.NoError(t, err)
 	live := map[uint64]uint64{}
 	for range 5000 {
@@ -29,11 +29,11 @@ func TestRestoreAllocatorMatchesLive(t *testing.T) {
 			live[off] = n
 		}
 	}
-	var spans []span
+	var spans []Span
 	for off, n := range live {
-		spans = append(spans, span{off, n})
+		spans = append(spans, Span{off, n})
 	}
-	b, err := restoreAllocator(64<<20, spans)
+	b, err := Restore(64<<20, spans)
 	require.NoError(t, err)
 	assert.Equal(t, a.Used(), b.Used())
 	assert.Equal(t, a.LargestFree(), b.LargestFree())
@@ -62,15 +62,15 @@ func TestRestoreAllocatorMatchesLive(t *testing.T) {
 func TestRestoreAllocatorRejects(t *testing.T) {
 	cases := []struct {
 		name  string
-		spans []span
+		spans []Span
 	}{
-		{"overlap", []span{{0, 128}, {64, 64}}},
-		{"unaligned", []span{{3, 64}}},
-		{"outside", []span{{1 << 20, 64}}},
-		{"empty", []span{{0, 0}}},
+		{"overlap", []Span{{0, 128}, {64, 64}}},
+		{"unaligned", []Span{{3, 64}}},
+		{"outside", []Span{{1 << 20, 64}}},
+		{"empty", []Span{{0, 0}}},
 	}
 	for _, c := range cases {
-		_, err := restoreAllocator(1<<20, c.spans)
+		_, err := Restore(1<<20, c.spans)
 		assert.Error(t, err, c.name)
 	}
 }

@@ -1,4 +1,4 @@
-package master
+package alloc
 
 import (
 	"errors"
@@ -37,31 +37,31 @@ const (
 	firstNode = 1
 )
 
-// DefaultAllocAlignment is the default alignment of offsets and granule of
+// DefaultAlignment is the default alignment of offsets and granule of
 // sizes: one CPU cache line. Replicas never share a line, memcpy and NIC DMA
 // run at full speed, and the rounding wastes under 64 bytes per object,
 // nothing against KV blocks of hundreds of KiB. Block metadata is per block,
 // not per granule, so a coarser granule would save no memory.
-const DefaultAllocAlignment = 64
+const DefaultAlignment = 64
 
 // ErrNotAllocated is returned by Allocator.Free for an offset that is not
 // the start of a live allocation: a double free, or an offset the allocator
 // never returned.
-var ErrNotAllocated = errors.New("master: offset not allocated")
+var ErrNotAllocated = errors.New("alloc: offset not allocated")
 
-// AllocOption configures NewAllocator.
-type AllocOption func(*allocConfig)
+// Option configures New.
+type Option func(*config)
 
-type allocConfig struct {
+type config struct {
 	alignment uint64
 }
 
-// WithAllocAlignment sets the alignment of every offset and the granule
+// WithAlignment sets the alignment of every offset and the granule
 // every size is rounded up to. It must be a power of two; zero means
-// DefaultAllocAlignment. Page alignment (4096) suits replicas that are also
+// DefaultAlignment. Page alignment (4096) suits replicas that are also
 // written to disk with O_DIRECT.
-func WithAllocAlignment(n uint64) AllocOption {
-	return func(c *allocConfig) { c.alignment = n }
+func WithAlignment(n uint64) Option {
+	return func(c *config) { c.alignment = n }
 }
 
 // Allocator hands out ranges of one segment as offsets in [0, Size()); the
@@ -82,8 +82,8 @@ func WithAllocAlignment(n uint64) AllocOption {
 // most of the bytes, first fit's drift of small blocks to low addresses
 // keeps bigger holes and it packs better (~86% vs ~80%).
 //
-// An Allocator is not safe for concurrent use: the master shards segments
-// and serialises calls on each.
+// An Allocator is not safe for concurrent use: the master serialises the
+// calls on each segment, the client's staging buffer holds a mutex.
 type Allocator struct {
 	size  uint64 // usable bytes, a multiple of align
 	align uint64
@@ -110,22 +110,22 @@ type node struct {
 	free               bool
 }
 
-// NewAllocator returns an allocator of size bytes, all free. Size is rounded
+// New returns an allocator of size bytes, all free. Size is rounded
 // down to the alignment and must leave at least one granule.
-func NewAllocator(size uint64, opts ...AllocOption) (*Allocator, error) {
-	cfg := allocConfig{alignment: DefaultAllocAlignment}
+func New(size uint64, opts ...Option) (*Allocator, error) {
+	cfg := config{alignment: DefaultAlignment}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if cfg.alignment == 0 {
-		cfg.alignment = DefaultAllocAlignment
+		cfg.alignment = DefaultAlignment
 	}
 	if cfg.alignment&(cfg.alignment-1) != 0 {
-		return nil, fmt.Errorf("master: allocator alignment %d is not a power of two", cfg.alignment)
+		return nil, fmt.Errorf("alloc: allocator alignment %d is not a power of two", cfg.alignment)
 	}
 	usable := size &^ (cfg.alignment - 1)
 	if usable == 0 {
-		return nil, fmt.Errorf("master: allocator size %d is smaller than its alignment %d", size, cfg.alignment)
+		return nil, fmt.Errorf("alloc: allocator size %d is smaller than its alignment %d", size, cfg.alignment)
 	}
 	a := &Allocator{
 		size:  usable,
@@ -259,7 +259,7 @@ func (a *Allocator) absorbNext(idx uint32) {
 	a.spare = nx
 }
 
-// Size returns the bytes under management: the size given to NewAllocator
+// Size returns the bytes under management: the size given to New
 // rounded down to the alignment.
 func (a *Allocator) Size() uint64 { return a.size }
 
@@ -298,8 +298,8 @@ func (a *Allocator) LargestFree() uint64 {
 	return largest
 }
 
-// AllocStats is a snapshot of an Allocator.
-type AllocStats struct {
+// Stats is a snapshot of an Allocator.
+type Stats struct {
 	Size        uint64 // bytes under management
 	Used        uint64 // bytes allocated, rounded to the alignment
 	Free        uint64 // Size - Used
@@ -314,7 +314,7 @@ type AllocStats struct {
 
 // Fragmentation returns 1 - LargestFree/Free: 0 when the free space is one
 // block (or there is none), near 1 when it is scattered in small pieces.
-func (s AllocStats) Fragmentation() float64 {
+func (s Stats) Fragmentation() float64 {
 	if s.Free == 0 {
 		return 0
 	}
@@ -322,8 +322,8 @@ func (s AllocStats) Fragmentation() float64 {
 }
 
 // Stats returns a snapshot of the allocator's state and counters.
-func (a *Allocator) Stats() AllocStats {
-	return AllocStats{
+func (a *Allocator) Stats() Stats {
+	return Stats{
 		Size:        a.size,
 		Used:        a.used,
 		Free:        a.size - a.used,
