@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
-	"github.com/mooncake-go/mooncake/store/ha"
+	"github.com/mooncake-go/mooncake/store/masterview"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -65,7 +65,7 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 	}
 	addr := m.addr
 	if m.etcd != nil {
-		a, _, err := ha.Leader(ctx, m.etcd, m.cluster)
+		a, _, err := masterview.Leader(ctx, m.etcd, m.cluster)
 		if err != nil {
 			return nil, 0, err
 		}

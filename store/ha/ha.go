@@ -22,28 +22,23 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/mooncake-go/mooncake/store/masterview"
 )
 
 // DefaultTTL is the leader key's lease.
 const DefaultTTL = 3 * time.Second
 
 // ErrNoLeader is returned by Leader while no master leads the cluster.
-var ErrNoLeader = errors.New("ha: no leader")
+var ErrNoLeader = masterview.ErrNoLeader
 
-// ViewKey is the etcd key the leader holds.
-func ViewKey(clusterID string) string { return "mooncake-store/" + clusterID + "/master_view" }
+// ViewKey is the etcd key the leader holds. Clients find the leader with
+// store/masterview, which does not link the election.
+func ViewKey(clusterID string) string { return masterview.Key(clusterID) }
 
 // Leader returns the leader's address and term, or ErrNoLeader.
 func Leader(ctx context.Context, cli *clientv3.Client, clusterID string) (addr string, term int64, err error) {
-	resp, err := cli.Get(ctx, ViewKey(clusterID))
-	if err != nil {
-		return "", 0, fmt.Errorf("ha: read leader: %w", err)
-	}
-	if len(resp.Kvs) == 0 {
-		return "", 0, ErrNoLeader
-	}
-	kv := resp.Kvs[0]
-	return string(kv.Value), kv.CreateRevision, nil
+	return masterview.Leader(ctx, cli, clusterID)
 }
 
 // Leadership is a won election. It ends when Resign is called, ctx of
