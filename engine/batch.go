@@ -108,7 +108,7 @@ func (e *Engine) FreeBatch(id BatchID) error {
 	b.mu.Unlock()
 	if busy {
 		b.release()
-		return &Error{CodeBatchBusy, fmt.Sprintf("free batch %d: tasks still running", id)}
+		return errorf(CodeBatchBusy, "free batch %d: tasks still running", id)
 	}
 	delete(e.batches, id)
 	return nil
@@ -164,8 +164,8 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts ...SubmitOption) error 
 	b.mu.Lock()
 	if len(b.tasks)+len(reqs) > b.capacity {
 		b.mu.Unlock()
-		return &Error{CodeTooManyRequests, fmt.Sprintf("batch %d holds %d tasks: %d submitted, %d more asked",
-			id, b.capacity, len(b.tasks), len(reqs))}
+		return errorf(CodeTooManyRequests, "batch %d holds %d tasks: %d submitted, %d more asked",
+			id, b.capacity, len(b.tasks), len(reqs))
 	}
 	if o.notify != nil {
 		b.notify = &pendingNotify{seg: segs[0], n: *o.notify}

@@ -46,16 +46,16 @@ func (e *Engine) AllocateBuffer(size int, location string) (*Buffer, error) {
 	}
 	fd, err := unix.MemfdCreate("mooncake-buffer", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, errorf(CodeMemory, "allocate buffer: memfd_create: %v", err)
+		return nil, wrapf(CodeMemory, err, "allocate buffer: memfd_create")
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
-		return nil, errorf(CodeMemory, "allocate buffer of %d bytes: %v", size, err)
+		return nil, wrapf(CodeMemory, err, "allocate buffer of %d bytes", size)
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return nil, errorf(CodeMemory, "allocate buffer of %d bytes: mmap: %v", size, err)
+		return nil, wrapf(CodeMemory, err, "allocate buffer of %d bytes: mmap", size)
 	}
 	b := &Buffer{e: e, mem: mem, fd: fd}
 	if err := e.register(uint64(b.Addr()), uint64(size), location, true, fd); err != nil {

@@ -106,15 +106,15 @@ func New(cfg Config) (e *Engine, err error) {
 		}
 	}()
 	if e.meta, err = metadata.Open(cfg.Metadata); err != nil {
-		return nil, &Error{CodeMetadata, err.Error()}
+		return nil, &Error{Code: CodeMetadata, Err: err}
 	}
 	if e.server, err = tcp.Listen(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.DataPort)), tcp.ServerConfig{
 		Memory: e.mem, Secret: e.secret, Logger: e.log, Served: e.m.served,
 	}); err != nil {
-		return nil, &Error{CodeSocket, err.Error()}
+		return nil, &Error{Code: CodeSocket, Err: err}
 	}
 	if e.hs, err = metadata.ServeHandshake(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.RPCPort)), e.handshake, e.secret, e.log); err != nil {
-		return nil, &Error{CodeSocket, err.Error()}
+		return nil, &Error{Code: CodeSocket, Err: err}
 	}
 	e.tcp = tcp.NewClient(tcp.ClientConfig{
 		Lanes: cfg.Lanes, MaxRetries: cfg.MaxRetries, Secret: e.secret, V1: cfg.TCPv1, Logger: e.log,
@@ -122,10 +122,10 @@ func New(cfg Config) (e *Engine, err error) {
 	if cfg.Transport != "tcp" {
 		e.hostID = shm.HostID()
 		if e.ctrl, err = shm.NewControl(); err != nil {
-			return nil, errorf(CodeMemory, "shared-memory control page: %v", err)
+			return nil, wrapf(CodeMemory, err, "shared-memory control page")
 		}
 		if e.start, err = shm.StartTime(os.Getpid()); err != nil {
-			return nil, errorf(CodeMemory, "own start time: %v", err)
+			return nil, wrapf(CodeMemory, err, "own start time")
 		}
 		e.shm = shm.NewPool(0)
 	}
@@ -144,7 +144,7 @@ func New(cfg Config) (e *Engine, err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err = e.meta.Put(ctx, metadata.RPCMetaKey(e.name), rpc); err != nil {
-			return nil, &Error{CodeMetadata, fmt.Sprintf("publish rpc_meta: %v", err)}
+			return nil, wrapf(CodeMetadata, err, "publish rpc_meta")
 		}
 		if err = e.publish(ctx); err != nil {
 			return nil, err
@@ -326,10 +326,10 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 func (e *Engine) publish(ctx context.Context) error {
 	b, err := json.Marshal(e.descriptor())
 	if err != nil {
-		return errorf(CodeMalformedJSON, "encode descriptor: %v", err)
+		return wrapf(CodeMalformedJSON, err, "encode descriptor")
 	}
 	if err := e.meta.Put(ctx, metadata.SegmentKey(e.name), b); err != nil {
-		return errorf(CodeMetadata, "publish segment %s: %v", e.name, err)
+		return wrapf(CodeMetadata, err, "publish segment %s", e.name)
 	}
 	return nil
 }
@@ -342,7 +342,7 @@ func (e *Engine) handshake(typ byte, body []byte, remote net.Addr) ([]byte, erro
 	case metadata.TypeNotify:
 		var n Notify
 		if err := json.Unmarshal(body, &n); err != nil {
-			return nil, fmt.Errorf("notify from %s: %v", remote, err)
+			return nil, fmt.Errorf("notify from %s: %w", remote, err)
 		}
 		e.notifyMu.Lock()
 		if len(e.notifies) >= maxNotifies {
@@ -411,18 +411,18 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 	} else {
 		raw, err := e.meta.Get(ctx, metadata.SegmentKey(name))
 		if err != nil {
-			return nil, &Error{CodeMetadata, fmt.Sprintf("open segment %s: %v", name, err)}
+			return nil, wrapf(CodeMetadata, err, "open segment %s", name)
 		}
 		if desc, err = metadata.ParseSegmentDesc(raw); err != nil {
-			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
+			return nil, wrapf(CodeMalformedJSON, err, "open segment %s", name)
 		}
 		raw, err = e.meta.Get(ctx, metadata.RPCMetaKey(name))
 		if err != nil {
-			return nil, &Error{CodeMetadata, fmt.Sprintf("open segment %s: rpc_meta: %v", name, err)}
+			return nil, wrapf(CodeMetadata, err, "open segment %s: rpc_meta", name)
 		}
 		rpc, err := metadata.ParseRPCMeta(raw)
 		if err != nil {
-			return nil, &Error{CodeMalformedJSON, fmt.Sprintf("open segment %s: %v", name, err)}
+			return nil, wrapf(CodeMalformedJSON, err, "open segment %s", name)
 		}
 		host, seg.rpcAddr = rpc.IPOrHostName, net.JoinHostPort(rpc.IPOrHostName, strconv.Itoa(rpc.RPCPort))
 	}
@@ -447,7 +447,7 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 			if seg.shm != nil {
 				seg.shm.Close()
 			}
-			return nil, errorf(CodeContext, "open segment %s: %v", name, err)
+			return nil, wrapf(CodeContext, err, "open segment %s", name)
 		}
 	}
 	switch {
@@ -465,11 +465,11 @@ func (e *Engine) askDescriptor(ctx context.Context, what, rpcAddr string) (*meta
 	mine, _ := json.Marshal(e.descriptor())
 	reply, err := metadata.Call(ctx, rpcAddr, metadata.TypeMetadata, mine, e.secret)
 	if err != nil {
-		return nil, &Error{CodeSocket, fmt.Sprintf("%s: %v", what, err)}
+		return nil, wrapf(CodeSocket, err, "%s", what)
 	}
 	desc, err := metadata.ParseSegmentDesc(reply)
 	if err != nil {
-		return nil, &Error{CodeMalformedJSON, fmt.Sprintf("%s: %v", what, err)}
+		return nil, wrapf(CodeMalformedJSON, err, "%s", what)
 	}
 	return desc, nil
 }
@@ -558,7 +558,7 @@ func (e *Engine) Probe(ctx context.Context, name string) error {
 	}
 	reply, err := metadata.Call(ctx, addr, metadata.TypeProbe, []byte(`{}`), e.secret)
 	if err != nil {
-		return &Error{CodeSocket, fmt.Sprintf("probe %s: %v", name, err)}
+		return wrapf(CodeSocket, err, "probe %s", name)
 	}
 	var r struct{ Status string }
 	if json.Unmarshal(reply, &r) != nil || r.Status != "success" {
@@ -587,11 +587,11 @@ func (e *Engine) rpcAddr(ctx context.Context, name string) (string, error) {
 	}
 	raw, err := e.meta.Get(ctx, metadata.RPCMetaKey(name))
 	if err != nil {
-		return "", &Error{CodeMetadata, fmt.Sprintf("segment %s: rpc_meta: %v", name, err)}
+		return "", wrapf(CodeMetadata, err, "segment %s: rpc_meta", name)
 	}
 	rpc, err := metadata.ParseRPCMeta(raw)
 	if err != nil {
-		return "", &Error{CodeMalformedJSON, err.Error()}
+		return "", wrapf(CodeMalformedJSON, err, "segment %s: rpc_meta", name)
 	}
 	return net.JoinHostPort(rpc.IPOrHostName, strconv.Itoa(rpc.RPCPort)), nil
 }
@@ -608,7 +608,7 @@ func (e *Engine) SendNotify(ctx context.Context, name string, n Notify) error {
 	}
 	body, _ := json.Marshal(n)
 	if _, err := metadata.Call(ctx, addr, metadata.TypeNotify, body, e.secret); err != nil {
-		return &Error{CodeSocket, fmt.Sprintf("notify %s: %v", name, err)}
+		return wrapf(CodeSocket, err, "notify %s", name)
 	}
 	return nil
 }

@@ -48,13 +48,29 @@ func (c Code) String() string {
 }
 
 // Error is an engine error carrying its code. Sentinels below are *Error
-// values; errors.Is matches any *Error with the same code.
+// values; errors.Is matches any *Error with the same code, and, through
+// Unwrap, the cause the error was built from (a context's error, a
+// transport or metadata failure), so that errors.Is(err, context.Canceled)
+// holds for a call its context ended.
 type Error struct {
 	Code Code
-	Msg  string
+	Msg  string // what failed; the cause's text follows it in Error
+	Err  error  // the cause, or nil
 }
 
-func (e *Error) Error() string { return "engine: " + e.Msg }
+func (e *Error) Error() string {
+	switch {
+	case e.Err == nil:
+		return "engine: " + e.Msg
+	case e.Msg == "":
+		return "engine: " + e.Err.Error()
+	}
+	return "engine: " + e.Msg + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause, so that errors.Is and errors.As see through
+// the code to it.
+func (e *Error) Unwrap() error { return e.Err }
 
 // Is makes errors.Is(err, ErrBatchBusy) true for every error of that code.
 func (e *Error) Is(target error) bool {
@@ -66,21 +82,26 @@ func errorf(code Code, format string, args ...any) error {
 	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
 
+// wrapf is errorf for a failure caused by err, which the result keeps.
+func wrapf(code Code, err error, format string, args ...any) error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
 // Sentinels, one per code the engine returns.
 var (
-	ErrInvalidArgument      = &Error{CodeInvalidArgument, "invalid argument"}
-	ErrTooManyRequests      = &Error{CodeTooManyRequests, "too many requests"}
-	ErrAddressNotRegistered = &Error{CodeAddressNotRegistered, "address not registered"}
-	ErrBatchBusy            = &Error{CodeBatchBusy, "batch busy"}
-	ErrAddressOverlapped    = &Error{CodeAddressOverlapped, "address overlapped"}
-	ErrSocket               = &Error{CodeSocket, "socket"}
-	ErrMalformedJSON        = &Error{CodeMalformedJSON, "malformed json"}
-	ErrRejectHandshake      = &Error{CodeRejectHandshake, "handshake rejected"}
-	ErrMetadata             = &Error{CodeMetadata, "metadata"}
-	ErrMemory               = &Error{CodeMemory, "memory"}
-	ErrNotImplemented       = &Error{CodeNotImplemented, "not implemented"}
+	ErrInvalidArgument      = &Error{Code: CodeInvalidArgument, Msg: "invalid argument"}
+	ErrTooManyRequests      = &Error{Code: CodeTooManyRequests, Msg: "too many requests"}
+	ErrAddressNotRegistered = &Error{Code: CodeAddressNotRegistered, Msg: "address not registered"}
+	ErrBatchBusy            = &Error{Code: CodeBatchBusy, Msg: "batch busy"}
+	ErrAddressOverlapped    = &Error{Code: CodeAddressOverlapped, Msg: "address overlapped"}
+	ErrSocket               = &Error{Code: CodeSocket, Msg: "socket"}
+	ErrMalformedJSON        = &Error{Code: CodeMalformedJSON, Msg: "malformed json"}
+	ErrRejectHandshake      = &Error{Code: CodeRejectHandshake, Msg: "handshake rejected"}
+	ErrMetadata             = &Error{Code: CodeMetadata, Msg: "metadata"}
+	ErrMemory               = &Error{Code: CodeMemory, Msg: "memory"}
+	ErrNotImplemented       = &Error{Code: CodeNotImplemented, Msg: "not implemented"}
 	// ErrClosed is returned by calls on a closed engine.
-	ErrClosed = &Error{CodeContext, "engine closed"}
+	ErrClosed = &Error{Code: CodeContext, Msg: "engine closed"}
 )
 
 // CodeOf returns the code of err: CodeOK for nil, the carried code for an

@@ -87,8 +87,8 @@ func (g *registry) add(nr *region) error {
 	old := g.list()
 	for _, r := range old {
 		if nr.addr < r.end() && r.addr < nr.end() {
-			return &Error{CodeAddressOverlapped, fmt.Sprintf("register memory %#x+%d overlaps %#x+%d",
-				nr.addr, nr.length, r.addr, r.length)}
+			return errorf(CodeAddressOverlapped, "register memory %#x+%d overlaps %#x+%d",
+				nr.addr, nr.length, r.addr, r.length)
 		}
 	}
 	g.seq++

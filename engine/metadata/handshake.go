@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
@@ -127,6 +128,25 @@ func (s *HandshakeServer) serve(c net.Conn) {
 // reply body. The context bounds the whole exchange (Mooncake: 5 s connect,
 // 60 s receive).
 func Call(ctx context.Context, addr string, typ byte, body []byte, secret []byte) ([]byte, error) {
+	reply, err := call(ctx, addr, typ, body, secret)
+	if err == nil {
+		return reply, nil
+	}
+	// A call its context ended fails on the socket deadline that ctx set,
+	// an i/o timeout; keep ctx's error in the chain so that callers can
+	// test errors.Is(err, context.Canceled) or DeadlineExceeded. The socket
+	// deadline may pass a moment before ctx's timer fires.
+	cerr := ctx.Err()
+	if d, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(d) && errors.Is(err, os.ErrDeadlineExceeded) {
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w: %w", cerr, err)
+	}
+	return nil, err
+}
+
+func call(ctx context.Context, addr string, typ byte, body []byte, secret []byte) ([]byte, error) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {

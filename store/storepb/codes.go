@@ -45,18 +45,37 @@ func (c Code) String() string {
 }
 
 // Error is a store error with its code. errors.Is matches errors of the
-// same code, so callers test against the sentinels below.
+// same code, so callers test against the sentinels below, and, through
+// Unwrap, the cause the error was built from (a context's error, an
+// engine or transport failure). A cause does not cross the wire: a Result
+// carries its text only.
 type Error struct {
 	Code Code
-	Msg  string
+	Msg  string // what failed; the cause's text follows it in Error
+	Err  error  // the cause, or nil
 }
 
 func (e *Error) Error() string {
-	if e.Msg == "" {
-		return "store: " + e.Code.String()
+	if d := e.detail(); d != "" {
+		return "store: " + e.Code.String() + ": " + d
 	}
-	return "store: " + e.Code.String() + ": " + e.Msg
+	return "store: " + e.Code.String()
 }
+
+// detail is the message and the cause's text, as a Result carries them.
+func (e *Error) detail() string {
+	switch {
+	case e.Err == nil:
+		return e.Msg
+	case e.Msg == "":
+		return e.Err.Error()
+	}
+	return e.Msg + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause, so that errors.Is and errors.As see through
+// the code to it.
+func (e *Error) Unwrap() error { return e.Err }
 
 // Is reports whether target is an *Error with the same code.
 func (e *Error) Is(target error) bool {
@@ -91,7 +110,7 @@ func NewResult(err error) *Result {
 	case !errors.As(err, &e):
 		return &Result{Code: int32(Internal), Message: err.Error()}
 	case err == error(e):
-		return &Result{Code: int32(e.Code), Message: e.Msg}
+		return &Result{Code: int32(e.Code), Message: e.detail()}
 	}
 	return &Result{Code: int32(e.Code), Message: err.Error()}
 }

@@ -1,6 +1,7 @@
 package storepb
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -43,6 +44,30 @@ func TestCodeNames(t *testing.T) {
 	require.Equal(t, int32(-200), int32(NoAvailableHandle))
 	require.Equal(t, "ERROR_-12345", Code(-12345).String())
 	require.Equal(t, "store: OBJECT_NOT_FOUND: k", (&Error{Code: ObjectNotFound, Msg: "k"}).Error())
+}
+
+// TestErrorKeepsCause: an *Error matches its code's sentinel and its
+// cause; the cause's text follows the message in Error and in the Result
+// that carries the error over the wire, where the cause itself is lost.
+func TestErrorKeepsCause(t *testing.T) {
+	cause := fmt.Errorf("dial: %w", context.Canceled)
+	err := error(&Error{Code: RPCFail, Msg: "put k", Err: cause})
+	require.ErrorIs(t, err, ErrRPCFail)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, ErrRPCTimeout)
+	require.Equal(t, cause, errors.Unwrap(err))
+	require.Equal(t, "store: RPC_FAIL: put k: dial: context canceled", err.Error())
+	require.Equal(t, "store: RPC_FAIL: dial: context canceled", (&Error{Code: RPCFail, Err: cause}).Error())
+	require.Equal(t, "store: RPC_FAIL", ErrRPCFail.Error())
+	require.Nil(t, errors.Unwrap(ErrRPCFail))
+
+	r := NewResult(err)
+	require.Equal(t, int32(RPCFail), r.Code)
+	require.Equal(t, "put k: dial: context canceled", r.Message)
+	back := r.AsError()
+	require.ErrorIs(t, back, ErrRPCFail)
+	require.NotErrorIs(t, back, context.Canceled, "a cause does not cross the wire")
+	require.Equal(t, err.Error(), back.Error())
 }
 
 // FuzzUnmarshal: messages from the network never panic the decoder.
