@@ -106,7 +106,7 @@ single-thread memcpy for shm. The report gives medians and ours/yardstick.`,
 	f := c.Flags()
 	f.StringVar(&transport, "transport", "tcp", "engine data path: tcp or shm")
 	f.StringVar(&op, "op", "write", "request direction: read or write")
-	f.Var(&block, "block-size", "bytes per request (4096, 128KiB, 4MiB, 1M)")
+	f.Var(&block, "block-size", "bytes per request (4096, 128KiB, 4MB, 1M; units are 1024-based)")
 	f.IntVar(&o.BatchSize, "batch-size", 64, "requests per batch")
 	f.IntVar(&o.Threads, "threads", 1, "submitting workers")
 	f.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each run")

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
-	"github.com/mooncake-go/mooncake/bench/te"
+	"github.com/mooncake-go/mooncake/internal/size"
 )
 
 // settings reads a command's configuration with viper, highest first: its
@@ -50,14 +50,14 @@ func (s *settings) boolean(key string) bool  { return s.v.GetBool(key) }
 func (s *settings) float(key string) float64 { return s.v.GetFloat64(key) }
 func (s *settings) integer(key string) int   { return s.v.GetInt(key) }
 
-// size reads a byte count: "1073741824", "1GiB", "16MB".
+// size reads a byte count: "1073741824", "1GiB", "16GB" (every unit
+// 1024-based, as Mooncake reads them: 16GB is 16 GiB; see internal/size).
 func (s *settings) size(key string) (int64, error) {
-	raw := strings.TrimSpace(s.v.GetString(key))
-	n, err := te.ParseSize(raw)
+	n, err := size.Parse(s.v.GetString(key))
 	if err != nil {
 		return 0, fmt.Errorf("--%s: %w", key, err)
 	}
-	return int64(n), nil
+	return n, nil
 }
 
 // duration reads a duration: "10s", "1h", or a bare number in unit.
@@ -81,8 +81,6 @@ func addConfigFlag(fs *pflag.FlagSet, env string) {
 	fs.String("config_path", "", "configuration file (JSON, YAML or TOML) whose keys are the flag names (env "+env+")")
 }
 
-// parseSize reads a human byte count ("1GiB", "16MB", "4096").
-func parseSize(s string) (int64, error) {
-	n, err := te.ParseSize(s)
-	return int64(n), err
-}
+// parseSize reads a human byte count ("1GiB", "16MB", "4096"; units are
+// 1024-based, see internal/size).
+func parseSize(s string) (int64, error) { return size.Parse(s) }

@@ -56,7 +56,7 @@ config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.`,
 	f.String("metadata_server", "P2PHANDSHAKE", "Transfer Engine metadata: P2PHANDSHAKE, etcd://, http://")
 	f.String("protocol", "tcp", "Transfer Engine protocol (tcp)")
 	f.String("transport", "auto", "data path to peers: auto (shared memory on this host, else TCP) or tcp")
-	f.String("global_segment_size", "3355443200", "bytes contributed to the pool (3.125 GiB, as Mooncake); accepts 4GiB, 16MB")
+	f.String("global_segment_size", "3355443200", "bytes contributed to the pool (3.125 GiB, as Mooncake); accepts 4GiB, 16GB (units are 1024-based, as in Mooncake: 16GB = 16GiB)")
 	f.String("local_buffer_size", "16MiB", "staging buffer")
 	f.String("local_hostname", "", "address peers reach this node at (zero: the first non-loopback IPv4)")
 	f.String("cluster_id", client.DefaultClusterID, "HA cluster name")

@@ -9,9 +9,10 @@ differ in one setting.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional
+
+from mooncake_go._size import parse_size as _parse_size
 
 #: The plugin type LMCache routes to this adapter: remote_storage_plugins
 #: entries "mooncake_go" or "mooncake_go.<instance>".
@@ -20,20 +21,15 @@ PLUGIN_TYPE = "mooncake_go"
 #: Keys under the plugin's prefix that LMCache reads, not us.
 _LMCACHE_KEYS = {"module_path", "class_name"}
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
 
 def parse_size(v: Any, name: str) -> int:
-    """Bytes from an int or a string like "64MB", "1GiB" (binary units)."""
-    if isinstance(v, bool):
-        raise ValueError(f"mooncake-go lmcache plugin: {name} must be a size, not {v!r}")
-    if isinstance(v, (int, float)):
-        return int(v)
-    m = _SIZE.match(str(v))
-    if not m:
-        raise ValueError(f"mooncake-go lmcache plugin: {name}={v!r} is not a size like 64MB")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()])
+    """Bytes from an int or a string like "64MB", "1GiB", "512k": every unit
+    1024-based, as Mooncake reads them (mooncake_go's one parser, which the
+    CLI agrees with)."""
+    try:
+        return _parse_size(v)
+    except ValueError as e:
+        raise ValueError(f"mooncake-go lmcache plugin: {name}: {e}") from e
 
 
 def _bool(v: Any, name: str) -> bool:

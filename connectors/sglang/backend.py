@@ -32,6 +32,7 @@ from typing import Any, List, Optional
 import torch
 
 from mooncake_go import Store, errors
+from mooncake_go._size import parse_size
 from mooncake_go.store import _code_error
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
@@ -60,19 +61,12 @@ _POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k
 
 
 def _size(v: Any, name: str) -> int:
-    """Bytes from an int or "64MB"/"1GB"/"512KiB" (binary units)."""
-    if isinstance(v, bool):
-        raise ValueError(f"mooncake-go hicache: {name} must be a size, not {v!r}")
-    if isinstance(v, (int, float)):
-        return int(v)
-    s = str(v).strip().lower().rstrip("b").rstrip("i")
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    """Bytes from an int or "64MB"/"1GB"/"512KiB" (every unit 1024-based, as
+    Mooncake reads them: mooncake_go's one parser)."""
     try:
-        if s and s[-1] in units:
-            return int(float(s[:-1]) * units[s[-1]])
-        return int(float(s))
-    except ValueError:
-        raise ValueError(f"mooncake-go hicache: {name}={v!r} is not a size like 64MB") from None
+        return parse_size(v)
+    except ValueError as e:
+        raise ValueError(f"mooncake-go hicache: {name}: {e}") from e
 
 
 class Settings:

@@ -14,26 +14,22 @@ LoRA and multimodal inputs), so equal keys mean equal KV.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from mooncake_go._size import parse_size as _parse_size
+
 _MASK64 = (1 << 64) - 1
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_size(v: Any, name: str) -> int:
-    """Bytes from an int or a string like "64MB", "1GiB", "512k"
-    (binary units, as Mooncake reads them)."""
-    if isinstance(v, bool):
-        raise ValueError(f"mooncake-go connector: {name} must be a size, not {v!r}")
-    if isinstance(v, (int, float)):
-        return int(v)
-    m = _SIZE.match(str(v))
-    if not m:
-        raise ValueError(f"mooncake-go connector: {name}={v!r} is not a size like 64MB")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()])
+    """Bytes from an int or a string like "64MB", "1GiB", "512k": every unit
+    1024-based, as Mooncake reads them (mooncake_go's one parser, which the
+    CLI agrees with)."""
+    try:
+        return _parse_size(v)
+    except ValueError as e:
+        raise ValueError(f"mooncake-go connector: {name}: {e}") from e
 
 
 def block_id64(block_hash: Any) -> int:

@@ -28,11 +28,11 @@ import ctypes
 import enum
 import logging
 import os
-import re
 from typing import Dict, List, Optional
 
 import mooncake_go
 from mooncake_go import _lib, errors
+from mooncake_go._size import parse_size as _parse_size  # 4GB = 4 GiB, as Mooncake and the CLI
 from mooncake_go.store import Replicate
 
 from ._tensor_ext import TensorExt  # parallelism layouts, tp_from, safetensors
@@ -125,20 +125,6 @@ def _memory(addr: int, n: int):
     """The n bytes at addr, uncopied (a ctypes array; b"" for none)."""
     n = int(n)
     return (ctypes.c_char * n).from_address(int(addr)) if n > 0 else b""
-
-
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgtp]?)(i?b?)?\s*$", re.IGNORECASE)
-
-
-def _parse_size(v) -> int:
-    """4GB, 512MiB, 1024 -> bytes (binary units, as Mooncake's parser)."""
-    if isinstance(v, (int, float)):
-        return int(v)
-    m = _SIZE.match(str(v))
-    if not m:
-        raise ValueError(f"bad size {v!r}")
-    num, unit = float(m.group(1)), m.group(2).lower()
-    return int(num * (1 << (10 * " kmgtp".index(unit or " "))))
 
 
 def _code(e: errors.MooncakeError) -> int:
