@@ -54,13 +54,17 @@ type Client struct {
 	shut bool
 }
 
+// ErrClosed is the cause of the InvalidParams error of a call on a closed
+// client: errors.Is(err, ErrClosed) tells it from a bad argument.
+var ErrClosed = errors.New("client closed")
+
 // enter admits a put or get, or returns the error it fails with once the
 // client is closed; a nil error must be followed by leave.
 func (c *Client) enter() error {
 	c.gate.RLock()
 	if c.shut {
 		c.gate.RUnlock()
-		return &storepb.Error{Code: storepb.InvalidParams, Msg: "client closed"}
+		return &storepb.Error{Code: storepb.InvalidParams, Err: ErrClosed}
 	}
 	return nil
 }

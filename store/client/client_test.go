@@ -510,7 +510,7 @@ func TestCloseWhileReading(t *testing.T) {
 					}
 				}
 				if err != nil {
-					assert.ErrorContains(t, err, "client closed")
+					assert.ErrorIs(t, err, ErrClosed)
 					return
 				}
 			}

@@ -300,7 +300,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 				flush()
 				var err error
 				if buf, err = c.stage.acquire(ctx, n); err != nil {
-					it.err = &storepb.Error{Code: storepb.TransferFail, Msg: err.Error()}
+					it.err = &storepb.Error{Code: storepb.TransferFail, Err: err}
 					return
 				}
 			}

@@ -117,7 +117,7 @@ func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc s
 		if err == nil {
 			err = f(ctx, rpc)
 			if err == nil || status.Code(err) != codes.Unavailable {
-				return rpcErr(err)
+				return rpcErr(ctx, err)
 			}
 			if m.etcd != nil {
 				m.drop(gen)
@@ -125,15 +125,18 @@ func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc s
 		}
 		select {
 		case <-ctx.Done():
-			return rpcErr(fmt.Errorf("%w (last: %v)", ctx.Err(), err))
+			return rpcErr(ctx, fmt.Errorf("%w (last: %v)", ctx.Err(), err))
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 	}
 }
 
-// rpcErr maps transport failures to the store's codes; store errors pass.
-func rpcErr(err error) error {
+// rpcErr maps transport failures to the store's codes, keeping the failure
+// as the cause; store errors pass. gRPC reports a call its context ended
+// as a status, which is not the context's error: that is added to the
+// chain, so that callers can test errors.Is(err, context.Canceled).
+func rpcErr(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -141,10 +144,13 @@ func rpcErr(err error) error {
 	if errors.As(err, &se) {
 		return err
 	}
-	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
-		return &storepb.Error{Code: storepb.RPCTimeout, Msg: err.Error()}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w: %w", cerr, err)
 	}
-	return &storepb.Error{Code: storepb.RPCFail, Msg: err.Error()}
+	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+		return &storepb.Error{Code: storepb.RPCTimeout, Err: err}
+	}
+	return &storepb.Error{Code: storepb.RPCFail, Err: err}
 }
 
 // errBatchSize is the error of a batch answer with the wrong number of

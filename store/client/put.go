@@ -101,7 +101,7 @@ func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item
 		rc = &c.cfg.Replicate
 	}
 	if err := rc.validate(); err != nil {
-		return fill(len(keys), &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()})
+		return fill(len(keys), &storepb.Error{Code: storepb.InvalidParams, Err: err})
 	}
 	items := make([]*putItem, len(keys))
 	var live []*putItem
@@ -236,7 +236,7 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 				flush()
 				var err error
 				if buf, err = c.stage.acquire(ctx, n); err != nil {
-					it.err = &storepb.Error{Code: storepb.TransferFail, Msg: err.Error()}
+					it.err = &storepb.Error{Code: storepb.TransferFail, Err: err}
 					return
 				}
 			}

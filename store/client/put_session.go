@@ -136,7 +136,7 @@ func (c *Client) StartPutSession(ctx context.Context, keys []string, sizes []uin
 		rc = &c.cfg.Replicate
 	}
 	if err := rc.validate(); err != nil {
-		return fill(len(keys), &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()})
+		return fill(len(keys), &storepb.Error{Code: storepb.InvalidParams, Err: err})
 	}
 	errs := make([]error, len(keys))
 	items := make([]*putItem, len(keys))

@@ -85,7 +85,7 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 		crc = crc || x.crc
 		id, err := c.segs.open(ctx, x.seg)
 		if err != nil {
-			x.err = transferErr("open segment %s: %v", x.seg, err)
+			x.err = transferErr(err, "open segment %s", x.seg)
 			continue
 		}
 		remote = append(remote, x)
@@ -102,7 +102,7 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	}
 	b, err := c.eng.AllocateBatch(len(reqs))
 	if err != nil {
-		fail(transferErr("allocate batch: %v", err))
+		fail(transferErr(err, "allocate batch"))
 		return
 	}
 	var opts []engine.SubmitOption
@@ -117,7 +117,7 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	}
 	if err := c.eng.Submit(b, reqs, opts...); err != nil {
 		_ = c.eng.FreeBatch(b)
-		fail(transferErr("submit: %v", err))
+		fail(transferErr(err, "submit"))
 		return
 	}
 	// Every request has a deadline, so the batch ends without ctx; the
@@ -127,9 +127,9 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 		st, err := c.eng.TaskStatus(b, i)
 		switch {
 		case err != nil:
-			x.err = transferErr("task %d: %v", i, err)
+			x.err = transferErr(err, "task %d", i)
 		case st.Status != engine.Completed:
-			x.err = transferErr("%v %s %#x+%d: %v", x.op, x.seg, x.remote, len(x.local), st.Err)
+			x.err = transferErr(st.Err, "%v %s %#x+%d", x.op, x.seg, x.remote, len(x.local))
 		default:
 			x.sum = st.Checksum
 		}
@@ -137,8 +137,9 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	_ = c.eng.FreeBatch(b)
 }
 
-func transferErr(format string, args ...any) error {
-	return &storepb.Error{Code: storepb.TransferFail, Msg: fmt.Sprintf(format, args...)}
+// transferErr is a TransferFail caused by err (nil when there is none).
+func transferErr(err error, format string, args ...any) error {
+	return &storepb.Error{Code: storepb.TransferFail, Msg: fmt.Sprintf(format, args...), Err: err}
 }
 
 // registrations are caller buffers registered with the engine through
@@ -215,7 +216,7 @@ func (c *Client) RegisterBuffer(b []byte) error {
 		return &storepb.Error{Code: storepb.InvalidParams, Msg: "register an empty buffer"}
 	}
 	if err := c.eng.RegisterMemory(engine.AddrOf(b), uint64(len(b)), "", false); err != nil {
-		return &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()}
+		return &storepb.Error{Code: storepb.InvalidParams, Err: err}
 	}
 	c.regs.add(b)
 	return nil
@@ -227,7 +228,7 @@ func (c *Client) UnregisterBuffer(b []byte) error {
 		return &storepb.Error{Code: storepb.InvalidParams, Msg: "buffer is not registered"}
 	}
 	if err := c.eng.UnregisterMemory(engine.AddrOf(b)); err != nil {
-		return &storepb.Error{Code: storepb.InvalidParams, Msg: err.Error()}
+		return &storepb.Error{Code: storepb.InvalidParams, Err: err}
 	}
 	return nil
 }
