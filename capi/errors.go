@@ -114,11 +114,16 @@ func (c call) fail(err error) C.mc_status_t {
 	var code C.mc_status_t
 	dom := c.dom
 	var ae *abiError
+	var ee *engine.Error
 	switch {
 	case errors.As(err, &ae):
 		code, dom = ae.code, domainABI
 	case c.dom == domainStore:
 		code = storeCode(err)
+	case errors.As(err, &ee):
+		// The engine's own code, even where a context's deadline is the
+		// cause (a handshake that timed out is a socket error).
+		code = C.mc_status_t(ee.Code)
 	case errors.Is(err, context.DeadlineExceeded):
 		code, dom = C.MC_ERR_TIMED_OUT, domainABI
 	default:
@@ -138,6 +143,8 @@ func storeCode(err error) C.mc_status_t {
 		return C.mc_status_t(se.Code)
 	case errors.As(err, &ee) && ee.Code == engine.CodeInvalidArgument:
 		return C.MC_STORE_ERR_INVALID_PARAMS
+	case ee != nil:
+		return C.MC_STORE_ERR_INTERNAL // even with a deadline as its cause
 	case errors.Is(err, context.DeadlineExceeded):
 		return C.MC_STORE_ERR_RPC_TIMEOUT
 	}

@@ -121,6 +121,7 @@ void test_compat_cross_api(void);
 void test_compat_register_after_open(void);
 void test_bad_handles(void);
 void test_bad_arguments(void);
+void test_silent_peer(void);
 void test_use_after_destroy(void);
 void test_compat_bad_input(void);
 void test_panic_recovered(void);

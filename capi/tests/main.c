@@ -56,6 +56,7 @@ static const struct {
     {"compat_register_after_open", test_compat_register_after_open, 0},
     {"bad_handles", test_bad_handles, 0},
     {"bad_arguments", test_bad_arguments, 0},
+    {"silent_peer", test_silent_peer, 0},
     {"use_after_destroy", test_use_after_destroy, 0},
     {"compat_bad_input", test_compat_bad_input, 0},
     {"panic_recovered", test_panic_recovered, 0},

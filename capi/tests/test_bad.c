@@ -1,6 +1,11 @@
 /* Bad input is answered with error codes, never a crash: NULL pointers,
  * made-up, foreign and stale handles, wrong lengths and sizes, use after
  * destroy, and a panic inside the library. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "harness.h"
 #include "transfer_engine_c.h"
 
@@ -354,4 +359,36 @@ void test_no_leaks(void) {
     CHECK_MC(MC_OK, mc_debug_live_handles(&ne, &ns, &E));
     CHECK_EQ(ne, 0);
     CHECK_EQ(ns, 0);
+}
+
+/* A peer whose handshake socket accepts but never answers makes
+ * mc_engine_open_segment fail within the engine's timeout with the engine's
+ * socket error, as before the engine kept the deadline as the cause: a
+ * handshake that timed out is not MC_ERR_TIMED_OUT. */
+void test_silent_peer(void) {
+    int ln = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(ln >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    REQUIRE(bind(ln, (struct sockaddr *)&sa, sizeof sa) == 0);
+    REQUIRE(listen(ln, 4) == 0); /* the kernel completes connects; nobody reads */
+    REQUIRE(getsockname(ln, (struct sockaddr *)&sa, &sl) == 0);
+    char name[32];
+    snprintf(name, sizeof name, "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+
+    mc_engine_config_t cfg;
+    mc_engine_config_init(&cfg);
+    cfg.host = "127.0.0.1";
+    cfg.transport = "tcp";
+    cfg.timeout_ms = 300;
+    mc_engine_t e = 0;
+    mc_error_t err;
+    if (mc_engine_create(&cfg, &e, &err) != MC_OK) {
+        close(ln);
+        REQUIRE(!"mc_engine_create");
+    }
+    mc_segment_t seg;
+    CHECK_MC(MC_TE_ERR_SOCKET, mc_engine_open_segment(e, name, &seg, &E));
+    CHECK_MC(MC_OK, mc_engine_destroy(e, &E));
+    close(ln);
 }
