@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/mooncake-go/mooncake/engine"
@@ -48,13 +49,17 @@ func (it *putItem) checksum() uint32 {
 	return nonZero(sum)
 }
 
+// ErrNotRegistered is the cause of the InvalidParams error of a part
+// outside the memory registered with RegisterBuffer.
+var ErrNotRegistered = errors.New("not in registered memory")
+
 // checkParts reports the first non-empty part of key's that is not in
 // registered memory.
 func (c *Client) checkParts(op, key string, parts [][]byte) error {
 	for j, p := range parts {
 		if len(p) > 0 && !c.registered(p) {
 			return &storepb.Error{Code: storepb.InvalidParams,
-				Msg: fmt.Sprintf("%s %s: part %d (%d bytes) is not in registered memory", op, quote(key), j, len(p))}
+				Msg: fmt.Sprintf("%s %s: part %d (%d bytes)", op, quote(key), j, len(p)), Err: ErrNotRegistered}
 		}
 	}
 	return nil

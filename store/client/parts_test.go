@@ -3,7 +3,6 @@ package client
 import (
 	"bytes"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -169,7 +168,7 @@ func TestPartsBadInput(t *testing.T) {
 	require.NoError(t, errs[0])
 	assert.Equal(t, storepb.InvalidParams, codeOf(errs[1]))
 	assert.Contains(t, errs[1].Error(), "part 1")
-	assert.Contains(t, errs[1].Error(), "not in registered memory")
+	assert.ErrorIs(t, errs[1], ErrNotRegistered)
 	for _, err := range errs[2:] {
 		assert.Equal(t, storepb.InvalidParams, codeOf(err), "%v", err)
 	}
@@ -192,7 +191,7 @@ func TestPartsBadInput(t *testing.T) {
 	ns, gerrs := b.BatchGetIntoParts(ctx, []string{"ok", "ok", "missing", ""},
 		[][][]byte{{dst[:50], loose2}, {dst[:5], dst[10:200]}, {dst[300:400]}, {dst[500:600]}})
 	assert.Equal(t, storepb.InvalidParams, codeOf(gerrs[0]))
-	assert.True(t, strings.Contains(gerrs[0].Error(), "not in registered memory"), "%v", gerrs[0])
+	assert.ErrorIs(t, gerrs[0], ErrNotRegistered)
 	assert.Equal(t, 0, ns[0])
 	require.NoError(t, gerrs[1])
 	assert.Equal(t, 110, ns[1])
