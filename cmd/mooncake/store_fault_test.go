@@ -318,7 +318,7 @@ func TestNodeConfigSources(t *testing.T) {
 		"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER=true", "MOONCAKE_CLIENT_HTTP_PORT=0")
 	httpAddr := strings.TrimPrefix(startProc(t, cmd, "node http addr=127.0.0.1:"), "node http addr=")
 	st := m.Service().Stats()
-	assert.Equal(t, uint64(32e6), st.Capacity)
+	assert.Equal(t, uint64(32<<20), st.Capacity, "32MB in the config file: Mooncake's units are 1024-based")
 	assert.Equal(t, uint64(8<<20), st.DiskCapacity, "the SSD tier from MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
 	// Its HTTP server: health and the engine's metrics.
 	for path, want := range map[string]string{"/health": `"status":"ok"`, "/metrics": "mooncake_transfer_read_bytes 0"} {

@@ -165,6 +165,16 @@ func TestIndexerTiersRanksAndMirror(t *testing.T) {
 	pool.Publish(kvtest.Batch(0, map[string]any{"event_type": "stored", "seq_hashes": []uint64{4}, "medium": "cpu", "object_key": "4"}), true)
 	other.Publish(kvtest.Batch(0, kvtest.Stored("", 1)), true)
 
+	// Every publisher's batch is in before the answer is checked (engine-a
+	// reaches 4 blocks with rank 1 and the pool alone).
+	require.Eventually(t, func() bool {
+		for _, st := range s.x.Stats() {
+			if st.Events.Batches == 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond)
 	q := map[string]any{"model": "m", "block_size": 16, "seq_hashes": []uint64{1, 2, 3, 4, 5}}
 	a := s.waitHits(q, "engine-a", 4*16)
 	ea := a["default"]["engine-a"]
