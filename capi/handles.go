@@ -6,8 +6,11 @@ package main
 import "C"
 
 import (
+	"context"
+	"fmt"
 	"runtime/cgo"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
@@ -27,14 +30,57 @@ func newHandle(v any) uint64 {
 	return uint64(h)
 }
 
+// lifetime is what every handle's object carries besides the object: the
+// context its blocking calls derive from, which destroying the handle
+// cancels so that they return rather than hold the destroy up, and the
+// poison a panic leaves (after a panic the object's state is not to be
+// trusted, so the handle refuses every call but its destroy).
+type lifetime struct {
+	kind   string // "engine" or "store", for messages
+	ctx    context.Context
+	cancel context.CancelFunc
+	poison atomic.Pointer[string] // the first panic's value, printed
+}
+
+func (l *lifetime) init(kind string) {
+	l.kind = kind
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+}
+
+// run runs f as one call on the handle h: refused once the handle is
+// poisoned; a panic in f poisons it and goes on up to guard or teCall; an
+// error of f once the handle was destroyed is MC_ERR_CANCELED, whatever
+// code it had (the destroy is why it failed).
+func (l *lifetime) run(h uint64, f func() error) error {
+	if p := l.poison.Load(); p != nil {
+		return abiErrorf(C.MC_ERR_PANIC, "%s handle %d is poisoned: an earlier call on it panicked (%s); only its destroy/close works",
+			l.kind, h, *p)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			msg := fmt.Sprint(r)
+			l.poison.CompareAndSwap(nil, &msg)
+			panic(r)
+		}
+	}()
+	err := f()
+	if err != nil && l.ctx.Err() != nil {
+		return abiErrorf(C.MC_ERR_CANCELED, "%s handle %d was destroyed during the call: %v", l.kind, h, err)
+	}
+	return err
+}
+
 // newEngineObj wraps e for C; timeout is the engine's request timeout.
 func newEngineObj(e *engine.Engine, timeout time.Duration) *engineObj {
-	return &engineObj{Engine: e, timeout: timeout, bufs: map[uintptr]*engine.Buffer{}}
+	o := &engineObj{Engine: e, timeout: timeout, bufs: map[uintptr]*engine.Buffer{}}
+	o.init("engine")
+	return o
 }
 
 // engineObj is an engine as C sees it.
 type engineObj struct {
 	*engine.Engine
+	lifetime
 	// timeout bounds calls that wait on a peer (opening a segment, sending
 	// a notification): the engine's request timeout.
 	timeout time.Duration
@@ -43,9 +89,18 @@ type engineObj struct {
 	bufs map[uintptr]*engine.Buffer // from mc_engine_allocate_buffer
 }
 
+// newStoreObj wraps c for C; opTimeout bounds each call (0: no bound).
+func newStoreObj(c *client.Client, opTimeout time.Duration) *storeObj {
+	s := &storeObj{Client: c, opTimeout: opTimeout}
+	s.init("store")
+	return s
+}
+
 // storeObj is a store client as C sees it.
 type storeObj struct {
 	*client.Client
+	lifetime
+	opTimeout time.Duration // mc_store_config_t.op_timeout_ms
 
 	// ops is held for reading by every call in progress on the store and
 	// for writing by close, so that a call racing close either finishes
@@ -53,6 +108,15 @@ type storeObj struct {
 	// gets in progress before it frees their memory).
 	ops    sync.RWMutex
 	closed bool // under ops
+}
+
+// callCtx is the context of one call on the store: canceled when the
+// store closes, and past op_timeout_ms when the config set one.
+func (s *storeObj) callCtx() (context.Context, context.CancelFunc) {
+	if s.opTimeout > 0 {
+		return context.WithTimeout(s.ctx, s.opTimeout)
+	}
+	return context.WithCancel(s.ctx)
 }
 
 // enterStore looks the store h up and marks a call in progress on it; the
@@ -73,8 +137,10 @@ func enterStore(h uint64) (*storeObj, error) {
 // leave ends a call that enterStore began.
 func (s *storeObj) leave() { s.ops.RUnlock() }
 
-// close waits for the calls in progress, then closes the client.
+// close cancels the calls in progress and waits for them to return, then
+// closes the client.
 func (s *storeObj) close() error {
+	s.cancel()
 	s.ops.Lock()
 	defer s.ops.Unlock()
 	s.closed = true
@@ -133,26 +199,36 @@ func engineCall(h C.mc_engine_t, cerr *C.mc_error_t, f func(e *engineObj) error)
 		if err != nil {
 			return err
 		}
-		return f(e)
+		return e.run(uint64(h), func() error { return f(e) })
 	})
 }
 
 // storeCall is the body of a store export: f runs on the store h under
-// guard, as a call in progress (enterStore).
-func storeCall(h C.mc_store_t, cerr *C.mc_error_t, f func(s *storeObj) error) C.mc_status_t {
+// guard, as a call in progress (enterStore), with the call's context
+// (callCtx). A call that ran past op_timeout_ms is MC_ERR_TIMED_OUT.
+func storeCall(h C.mc_store_t, cerr *C.mc_error_t, f func(ctx context.Context, s *storeObj) error) C.mc_status_t {
 	return guard(cerr, domainStore, func() error {
 		s, err := enterStore(uint64(h))
 		if err != nil {
 			return err
 		}
 		defer s.leave()
-		return f(s)
+		return s.run(uint64(h), func() error {
+			ctx, cancel := s.callCtx()
+			defer cancel()
+			err := f(ctx, s)
+			if err != nil && s.ctx.Err() == nil && ctx.Err() == context.DeadlineExceeded {
+				return abiErrorf(C.MC_ERR_TIMED_OUT, "store handle %d: call not done after op_timeout_ms %d: %v", h, s.opTimeout.Milliseconds(), err)
+			}
+			return err
+		})
 	})
 }
 
-// close frees the buffers left from mc_engine_allocate_buffer and closes
-// the engine.
+// close cancels the calls in progress, frees the buffers left from
+// mc_engine_allocate_buffer and closes the engine.
 func (e *engineObj) close() error {
+	e.cancel()
 	e.mu.Lock()
 	bufs := e.bufs
 	e.bufs = nil

@@ -34,6 +34,7 @@ const char *mc_status_name(int32_t domain, mc_status_t code) {
     case MC_ERR_TIMED_OUT: return "TIMED_OUT";
     case MC_ERR_STRUCT_SIZE: return "STRUCT_SIZE";
     case MC_ERR_TRANSFER_FAILED: return "TRANSFER_FAILED";
+    case MC_ERR_CANCELED: return "CANCELED";
     }
     if (domain == MC_DOMAIN_ENGINE) {
         switch (code) {

@@ -31,7 +31,7 @@ func mcgoStoreCreate(cfg *C.mc_store_config_t, out *C.mc_store_t, cerr *C.mc_err
 			return nullArg("out")
 		}
 		*out = 0
-		sc, err := storeConfig(cfg)
+		sc, opTimeout, err := storeConfig(cfg)
 		if err != nil {
 			return err
 		}
@@ -39,22 +39,25 @@ func mcgoStoreCreate(cfg *C.mc_store_config_t, out *C.mc_store_t, cerr *C.mc_err
 		if err != nil {
 			return err
 		}
-		*out = C.mc_store_t(newHandle(&storeObj{Client: cl}))
+		*out = C.mc_store_t(newHandle(newStoreObj(cl, opTimeout)))
 		return nil
 	})
 }
 
-// storeConfig reads a C store config.
-func storeConfig(p *C.mc_store_config_t) (client.Config, error) {
-	if p.struct_size < C.sizeof_mc_store_config_t {
-		return client.Config{}, abiErrorf(C.MC_ERR_STRUCT_SIZE, "mc_store_config_t.struct_size %d (want %d)",
-			p.struct_size, C.sizeof_mc_store_config_t)
+// storeConfig reads a C store config; the second result is its
+// op_timeout_ms.
+func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
+	c, err := readStruct(p, p.struct_size, C.MC_STORE_CONFIG_SIZE_V1, "mc_store_config_t")
+	if err != nil {
+		return client.Config{}, 0, err
 	}
+	p = &c
 	if p.reserved != 0 {
-		return client.Config{}, invalidParams("mc_store_config_t.reserved must be 0")
+		return client.Config{}, 0, invalidParams("mc_store_config_t.reserved must be 0")
 	}
-	if p.rpc_timeout_ms > maxMillis {
-		return client.Config{}, invalidParams("mc_store_config_t.rpc_timeout_ms %d out of range", p.rpc_timeout_ms)
+	if p.rpc_timeout_ms > maxMillis || p.op_timeout_ms > maxMillis {
+		return client.Config{}, 0, invalidParams("mc_store_config_t: rpc_timeout_ms %d or op_timeout_ms %d out of range",
+			p.rpc_timeout_ms, p.op_timeout_ms)
 	}
 	cfg := client.Config{
 		Master:          cString(p.master),
@@ -71,7 +74,7 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, error) {
 	if p.engine != 0 {
 		e, err := engines.of(uint64(p.engine))
 		if err != nil {
-			return client.Config{}, err
+			return client.Config{}, 0, err
 		}
 		cfg.Engine = e.Engine
 	} else {
@@ -79,7 +82,7 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, error) {
 		if h, port, err := net.SplitHostPort(cfg.EngineConfig.Host); err == nil {
 			n, err := strconv.Atoi(port)
 			if err != nil || n < 0 || n > 65535 {
-				return client.Config{}, invalidParams("mc_store_config_t.local_hostname %q: bad port", cfg.EngineConfig.Host)
+				return client.Config{}, 0, invalidParams("mc_store_config_t.local_hostname %q: bad port", cfg.EngineConfig.Host)
 			}
 			cfg.EngineConfig.Host, cfg.EngineConfig.RPCPort = h, n
 		}
@@ -91,13 +94,13 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, error) {
 		case "shm", "auto":
 			cfg.EngineConfig.Transport = proto
 		default:
-			return client.Config{}, invalidParams("mc_store_config_t.protocol %q (want tcp, rdma, shm or auto)", proto)
+			return client.Config{}, 0, invalidParams("mc_store_config_t.protocol %q (want tcp, rdma, shm or auto)", proto)
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return client.Config{}, invalidParams("%v", err)
+		return client.Config{}, 0, invalidParams("%v", err)
 	}
-	return cfg, nil
+	return cfg, time.Duration(p.op_timeout_ms) * time.Millisecond, nil
 }
 
 //export mcgoStoreClose
@@ -109,7 +112,7 @@ func mcgoStoreClose(h C.mc_store_t, cerr *C.mc_error_t) C.mc_status_t {
 
 //export mcgoStoreName
 func mcgoStoreName(h C.mc_store_t, buf *C.char, bufLen C.size_t, lenOut *C.size_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error { return writeOut(buf, bufLen, lenOut, s.SegmentName()) })
+	return storeCall(h, cerr, func(_ context.Context, s *storeObj) error { return writeOut(buf, bufLen, lenOut, s.SegmentName()) })
 }
 
 // bytesAt views n bytes of C memory at p; NULL is only valid for n == 0.
@@ -128,7 +131,7 @@ func bytesAt(p unsafe.Pointer, n C.uint64_t, what string) ([]byte, error) {
 
 //export mcgoStoreRegisterBuffer
 func mcgoStoreRegisterBuffer(h C.mc_store_t, addr unsafe.Pointer, length C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(_ context.Context, s *storeObj) error {
 		if addr == nil {
 			return nullArg("addr")
 		}
@@ -142,7 +145,7 @@ func mcgoStoreRegisterBuffer(h C.mc_store_t, addr unsafe.Pointer, length C.uint6
 
 //export mcgoStoreUnregisterBuffer
 func mcgoStoreUnregisterBuffer(h C.mc_store_t, addr unsafe.Pointer, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(_ context.Context, s *storeObj) error {
 		if addr == nil {
 			return nullArg("addr")
 		}
@@ -156,10 +159,11 @@ func replicate(p *C.mc_replicate_config_t) (*client.ReplicateConfig, error) {
 	if p == nil {
 		return nil, nil
 	}
-	if p.struct_size < C.sizeof_mc_replicate_config_t {
-		return nil, abiErrorf(C.MC_ERR_STRUCT_SIZE, "mc_replicate_config_t.struct_size %d (want %d)",
-			p.struct_size, C.sizeof_mc_replicate_config_t)
+	c, err := readStruct(p, p.struct_size, C.MC_REPLICATE_CONFIG_SIZE_V1, "mc_replicate_config_t")
+	if err != nil {
+		return nil, err
 	}
+	p = &c
 	if p.soft_pin_ttl_ms > maxMillis || p.replicas > math.MaxInt32 || p.n_preferred > maxCount {
 		return nil, invalidParams("mc_replicate_config_t: replicas %d, soft_pin_ttl_ms %d or n_preferred %d out of range",
 			p.replicas, p.soft_pin_ttl_ms, p.n_preferred)
@@ -188,7 +192,7 @@ func replicate(p *C.mc_replicate_config_t) (*client.ReplicateConfig, error) {
 // put is the body of put, put_from and upsert; f is the client's method.
 func put(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C.uint64_t, crc *C.mc_replicate_config_t, cerr *C.mc_error_t,
 	f func(s *storeObj, ctx context.Context, key string, v []byte, rc *client.ReplicateConfig) error) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		if key == nil {
 			return nullArg("key")
 		}
@@ -200,7 +204,7 @@ func put(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C.uint64_t, c
 		if err != nil {
 			return err
 		}
-		return f(s, context.Background(), C.GoString(key), v, rc)
+		return f(s, ctx, C.GoString(key), v, rc)
 	})
 }
 
@@ -221,7 +225,7 @@ func mcgoStoreUpsert(h C.mc_store_t, key *C.char, value unsafe.Pointer, length C
 
 //export mcgoStoreGet
 func mcgoStoreGet(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		if key == nil {
 			return nullArg("key")
 		}
@@ -233,7 +237,7 @@ func mcgoStoreGet(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint
 		if err != nil {
 			return err
 		}
-		ctx, k := context.Background(), C.GoString(key)
+		k := C.GoString(key)
 		if len(dst) > 0 {
 			n, err := s.GetInto(ctx, k, dst)
 			if err == nil {
@@ -259,7 +263,7 @@ func mcgoStoreGet(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint
 
 //export mcgoStoreGetInto
 func mcgoStoreGetInto(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.uint64_t, lenOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		if key == nil {
 			return nullArg("key")
 		}
@@ -273,7 +277,7 @@ func mcgoStoreGetInto(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.
 		if err != nil {
 			return err
 		}
-		n, err := s.GetInto(context.Background(), C.GoString(key), dst)
+		n, err := s.GetInto(ctx, C.GoString(key), dst)
 		if err != nil {
 			return err
 		}
@@ -287,13 +291,13 @@ func mcgoStoreGetInto(h C.mc_store_t, key *C.char, buf unsafe.Pointer, bufLen C.
 // keyCall is the body of a call on one key that writes a result to out
 // (zeroed first): key and out must not be NULL, named as what.
 func keyCall[T any](h C.mc_store_t, key *C.char, out *T, what string, cerr *C.mc_error_t, f func(s *storeObj, ctx context.Context, key string) (T, error)) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		if key == nil || out == nil {
 			return nullArg(what)
 		}
 		var zero T
 		*out = zero
-		v, err := f(s, context.Background(), C.GoString(key))
+		v, err := f(s, ctx, C.GoString(key))
 		if err != nil {
 			return err
 		}
@@ -368,7 +372,7 @@ func buffersAt(p *unsafe.Pointer, lens *C.uint64_t, count C.size_t, what string)
 // the first fails the call (batchResult).
 func batchCall(h C.mc_store_t, keys **C.char, count C.size_t, codesOut *C.mc_status_t, cerr *C.mc_error_t,
 	prepare func(s *storeObj, ks []string) (op func(ctx context.Context) []error, err error)) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		ks, err := keysAt(keys, count)
 		if err != nil {
 			return err
@@ -377,7 +381,7 @@ func batchCall(h C.mc_store_t, keys **C.char, count C.size_t, codesOut *C.mc_sta
 		if err != nil || len(ks) == 0 {
 			return err
 		}
-		return batchResult(ks, op(context.Background()), codesOut)
+		return batchResult(ks, op(ctx), codesOut)
 	})
 }
 
@@ -476,11 +480,11 @@ func mcgoStoreBatchExist(h C.mc_store_t, keys **C.char, count C.size_t, existsOu
 
 //export mcgoStoreRemove
 func mcgoStoreRemove(h C.mc_store_t, key *C.char, force C.int, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		if key == nil {
 			return nullArg("key")
 		}
-		return s.Remove(context.Background(), C.GoString(key), force != 0)
+		return s.Remove(ctx, C.GoString(key), force != 0)
 	})
 }
 
@@ -493,19 +497,19 @@ func mcgoStoreBatchRemove(h C.mc_store_t, keys **C.char, count C.size_t, force C
 
 //export mcgoStoreRemoveAll
 func mcgoStoreRemoveAll(h C.mc_store_t, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
-		n, err := s.RemoveAll(context.Background(), force != 0)
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
+		n, err := s.RemoveAll(ctx, force != 0)
 		return storeCount(removedOut, n, err)
 	})
 }
 
 //export mcgoStoreRemoveByRegex
 func mcgoStoreRemoveByRegex(h C.mc_store_t, regex *C.char, force C.int, removedOut *C.uint64_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		if regex == nil {
 			return nullArg("regex")
 		}
-		n, err := s.RemoveByRegex(context.Background(), C.GoString(regex), force != 0)
+		n, err := s.RemoveByRegex(ctx, C.GoString(regex), force != 0)
 		return storeCount(removedOut, n, err)
 	})
 }

@@ -72,7 +72,7 @@ func mcgoStoreBatchGetSessionStart(h C.mc_store_t, keys **C.char, count C.size_t
 
 //export mcgoStoreBatchGetSessionEnd
 func mcgoStoreBatchGetSessionEnd(h C.mc_store_t, keys **C.char, count C.size_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(_ context.Context, s *storeObj) error {
 		ks, err := keysAt(keys, count)
 		if err != nil {
 			return err
@@ -140,7 +140,7 @@ func mcgoStoreBatchPutSessionRevoke(h C.mc_store_t, keys **C.char, count C.size_
 
 //export mcgoStoreGetReplicas
 func mcgoStoreGetReplicas(h C.mc_store_t, key *C.char, out *C.mc_replica_desc_t, capacity C.size_t, countOut *C.size_t, cerr *C.mc_error_t) C.mc_status_t {
-	return storeCall(h, cerr, func(s *storeObj) error {
+	return storeCall(h, cerr, func(ctx context.Context, s *storeObj) error {
 		if key == nil || countOut == nil {
 			return nullArg("key or count_out")
 		}
@@ -149,7 +149,7 @@ func mcgoStoreGetReplicas(h C.mc_store_t, key *C.char, out *C.mc_replica_desc_t,
 			return nullArg("out")
 		}
 		k := C.GoString(key)
-		reps, errs := s.BatchReplicas(context.Background(), []string{k})
+		reps, errs := s.BatchReplicas(ctx, []string{k})
 		if errs[0] != nil {
 			return errs[0]
 		}

@@ -50,13 +50,25 @@
  * MC_ERR_BUFFER_TOO_SMALL.
  *
  * Threads. Every function may be called from any thread, concurrently,
- * on the same handle. Destroying a handle while other threads use it is
- * safe: their calls fail with MC_ERR_INVALID_HANDLE or a "closed" error.
- * Blocking calls (open segment, wait, every store call) block only the
- * calling thread.
+ * on the same handle. Blocking calls (open segment, send notify, wait,
+ * every store call) block only the calling thread, each up to its own
+ * limit: the engine's timeout_ms for opening a segment and sending a
+ * notification, the timeout_ms argument of mc_engine_wait, the store's
+ * rpc_timeout_ms per master call and op_timeout_ms per call (ABI 1.5).
+ * Destroying a handle (mc_engine_destroy, mc_store_close) while other
+ * threads use it is safe, and cancels what they are blocked in rather
+ * than waiting for it: a call in progress on the handle returns
+ * MC_ERR_CANCELED promptly, one that starts afterwards
+ * MC_ERR_INVALID_HANDLE.
  *
  * Panics. Every entry point recovers from an internal Go panic and returns
  * MC_ERR_PANIC with the panic's message; the host process keeps running.
+ * A panic in a call on a handle poisons the handle: the object behind it
+ * may be left half-updated, so every later call on it fails at once with
+ * MC_ERR_PANIC and a message that says so (naming the first panic), except
+ * its destroy/close, which still releases it. Other handles are not
+ * affected. In the Mooncake API (transfer_engine_c.h) a poisoned engine's
+ * calls return their failure value.
  *
  * Process. One libmooncake.so per process (a Go runtime cannot be loaded
  * twice, and it cannot be unloaded: never dlclose it). libtransfer_engine.so
@@ -83,15 +95,43 @@
  *
  * VERSIONING
  *
- * MC_ABI_VERSION is (major << 16) | minor. A minor bump only adds functions
- * or appends fields to structs that carry a struct_size; a major bump
- * breaks compatibility. A program compiled against this header should check
- * at start that (mc_abi_version() >> 16) == MC_ABI_VERSION_MAJOR and
- * (mc_abi_version() & 0xffff) >= MC_ABI_VERSION_MINOR. Config structs start
- * with struct_size, which the caller sets to sizeof(the struct) (the
- * *_init helpers do); the library reads only the fields that size covers
- * and treats the rest as zero, and rejects a size below the first
- * version's.
+ * MC_ABI_VERSION is (major << 16) | minor. A minor bump only adds functions,
+ * appends codes to the status enum, or appends fields to structs that
+ * carry a struct_size; a major bump breaks compatibility. A program
+ * compiled against this header should check at start that
+ * (mc_abi_version() >> 16) == MC_ABI_VERSION_MAJOR and
+ * (mc_abi_version() & 0xffff) >= MC_ABI_VERSION_MINOR.
+ *
+ * How structs grow. The structs a caller passes in (mc_engine_config_t,
+ * mc_store_config_t, mc_replicate_config_t) start with uint32_t
+ * struct_size, which the caller sets to sizeof(the struct) of the header
+ * it was compiled against; the *_init helpers do, after zeroing it. Every
+ * version of such a struct is a prefix of the next: fields are only ever
+ * appended, never moved, resized or removed, and each one's zero value
+ * means its default, so that a field a caller does not know of is zero.
+ * For each struct, MC_<STRUCT>_SIZE_V<n> is its size as of its version n
+ * (the version of the ABI that made it is written beside it). The library
+ * of any later minor version:
+ *
+ *   - refuses a struct_size below MC_<STRUCT>_SIZE_V1, or above 65536,
+ *     with MC_ERR_STRUCT_SIZE (struct_size was not set);
+ *   - reads the first struct_size bytes and no more, so a caller built
+ *     against an older header keeps working: the fields appended since
+ *     take their defaults;
+ *   - accepts a struct_size larger than its own sizeof (a caller built
+ *     against a newer header) only when every byte past its own struct is
+ *     zero, that is when the caller left the fields this library does not
+ *     know at their defaults; a nonzero byte there is MC_ERR_STRUCT_SIZE,
+ *     with the offset in the message, rather than a setting silently
+ *     ignored. Callers that may run on an older library therefore set new
+ *     fields only after checking mc_abi_version().
+ *
+ * A struct the library fills in for the caller that grows the same way
+ * will carry a struct_size set by the caller too, and the library will
+ * write only the first struct_size bytes of it. The output structs of
+ * this version (mc_transfer_status_t, mc_buffer_desc_t, mc_notify_t,
+ * mc_replica_desc_t, mc_error_t) have none: they are fixed for major
+ * version 1, and what they would need is added as new functions.
  */
 #ifndef MOONCAKE_H
 #define MOONCAKE_H
@@ -111,9 +151,13 @@ extern "C" {
  * (mc_store_batch_get_session_start/_end), replica descriptors
  * (mc_store_get_replicas).
  * 1.4: put sessions (mc_store_batch_put_session_start/_end/_revoke) and
- * ranged writes into them (mc_store_batch_put_ranges). */
+ * ranged writes into them (mc_store_batch_put_ranges).
+ * 1.5: mc_store_config_t.op_timeout_ms (MC_STORE_CONFIG_SIZE_V2);
+ * destroying a handle cancels the calls in progress on it
+ * (MC_ERR_CANCELED); a panic poisons its handle; structs of a newer
+ * header are accepted when their unknown fields are zero (VERSIONING). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 4
+#define MC_ABI_VERSION_MINOR 5
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -139,11 +183,12 @@ enum {
     /* The ABI's own codes, returned by engine and store functions alike. */
     MC_ERR_INVALID_HANDLE = -9001,   /* 0, destroyed, foreign or unknown handle */
     MC_ERR_NULL_ARGUMENT = -9002,    /* a required pointer argument is NULL */
-    MC_ERR_PANIC = -9003,            /* internal panic, recovered; or forked after use (see Fork) */
+    MC_ERR_PANIC = -9003,            /* internal panic, recovered; the handle is poisoned (see Panics); or forked after use (see Fork) */
     MC_ERR_BUFFER_TOO_SMALL = -9004, /* output did not fit; see *len_out */
-    MC_ERR_TIMED_OUT = -9005,        /* mc_engine_wait: timeout before final */
-    MC_ERR_STRUCT_SIZE = -9006,      /* struct_size smaller than version 1's */
+    MC_ERR_TIMED_OUT = -9005,        /* mc_engine_wait's timeout_ms, or a store's op_timeout_ms, ran out */
+    MC_ERR_STRUCT_SIZE = -9006,      /* struct_size out of range, or unknown fields set (see VERSIONING) */
     MC_ERR_TRANSFER_FAILED = -9007,  /* a task failed without a finer code */
+    MC_ERR_CANCELED = -9008,         /* the handle was destroyed while the call was in progress (1.5) */
 
     /* Transfer Engine codes (engine.Code), numbered as Mooncake's error.h. */
     MC_TE_ERR_INVALID_ARGUMENT = -1,
@@ -206,7 +251,7 @@ typedef uint64_t mc_batch_t;   /* per-engine batch id, never 0 */
 
 /* Engine configuration. Zero (NULL) fields mean the default given. */
 typedef struct mc_engine_config {
-    uint32_t struct_size; /* sizeof(mc_engine_config_t) */
+    uint32_t struct_size; /* sizeof(mc_engine_config_t); see VERSIONING */
     uint32_t lanes;       /* TCP connections per peer; 0: 4 (MC_TCP_LANES_PER_PEER) */
     /* "P2PHANDSHAKE" (NULL), "etcd://h:p", "http://h:p/metadata", "memory://name" */
     const char *metadata;
@@ -215,7 +260,7 @@ typedef struct mc_engine_config {
     const char *local_server_name;
     /* address peers reach this engine at and its sockets bind; NULL:
      * MC_TCP_BIND_ADDRESS, else the host of local_server_name if an IP, else
-     * the first non-loopback IPv4 */
+     * the first non-loopback IPv4, else 127.0.0.1 */
     const char *host;
     /* "auto" (NULL: shared memory on this host, TCP elsewhere), "tcp", "shm" */
     const char *transport;
@@ -223,11 +268,17 @@ typedef struct mc_engine_config {
     const char *secret;
     uint32_t rpc_port;    /* handshake port; 0: a free port */
     uint32_t data_port;   /* TCP data port; 0: a free port */
-    uint64_t slice_size;  /* bytes per slice; 0: 1 MiB (at least 4096) */
-    uint64_t timeout_ms;  /* per-request deadline; 0: MC_TRANSFER_TIMEOUT s, else 30 s */
+    uint64_t slice_size;  /* largest piece a request is cut into; 0: 128 KiB (else at least 4096) */
+    /* deadline of each request from its submission (0: MC_TRANSFER_TIMEOUT
+     * s, else 30 s); also bounds opening a segment and sending a
+     * notification (0: 30 s) */
+    uint64_t timeout_ms;
     uint32_t max_retries; /* retries of a slice on another lane; 0: 3 */
     uint32_t reserved;    /* must be 0 */
 } mc_engine_config_t;
+
+/* Sizes of the versions of mc_engine_config_t (see VERSIONING). */
+#define MC_ENGINE_CONFIG_SIZE_V1 (offsetof(mc_engine_config_t, reserved) + sizeof(uint32_t)) /* ABI 1.0 */
 
 /* mc_engine_config_init zeroes *cfg and sets struct_size. */
 static inline void mc_engine_config_init(mc_engine_config_t *cfg) {
@@ -288,9 +339,10 @@ typedef struct mc_notify {
  * cfg may be NULL for all defaults. */
 mc_status_t mc_engine_create(const mc_engine_config_t *cfg, mc_engine_t *out, mc_error_t *err);
 
-/* mc_engine_destroy closes the engine: in-flight transfers fail, its
- * sockets close, buffers from mc_engine_allocate_buffer are unmapped, and
- * the handle becomes invalid. Memory the caller registered is not freed
+/* mc_engine_destroy closes the engine: calls blocked on it in other
+ * threads (open segment, send notify, wait) return MC_ERR_CANCELED,
+ * in-flight transfers fail, its sockets close, buffers from
+ * mc_engine_allocate_buffer are unmapped, and the handle becomes invalid. Memory the caller registered is not freed
  * (it is the caller's). Destroying an invalid handle returns
  * MC_ERR_INVALID_HANDLE. */
 mc_status_t mc_engine_destroy(mc_engine_t engine, mc_error_t *err);
@@ -328,7 +380,8 @@ mc_status_t mc_engine_free_buffer(mc_engine_t engine, void *addr, mc_error_t *er
 /* mc_engine_open_segment resolves a peer by segment name (in P2PHANDSHAKE
  * mode "host:rpcport") and stores its id in *out; opening a name twice
  * gives the same id, the engine's own name gives MC_LOCAL_SEGMENT. Blocks
- * up to the engine's timeout. */
+ * up to the engine's timeout_ms (0: 30 s), or until the engine is
+ * destroyed (MC_ERR_CANCELED). */
 mc_status_t mc_engine_open_segment(mc_engine_t engine, const char *name, mc_segment_t *out, mc_error_t *err);
 
 /* mc_engine_close_segment forgets an opened segment. */
@@ -375,7 +428,8 @@ mc_status_t mc_engine_batch_status(mc_engine_t engine, mc_batch_t batch, mc_tran
 /* mc_engine_wait blocks until every task of batch is final or timeout_ms
  * passes (timeout_ms < 0: no limit). It returns MC_OK when every task
  * completed; the code of the first failure (or MC_ERR_TRANSFER_FAILED)
- * when the batch finished otherwise; MC_ERR_TIMED_OUT when time ran out.
+ * when the batch finished otherwise; MC_ERR_TIMED_OUT when time ran out;
+ * MC_ERR_CANCELED when the engine was destroyed meanwhile.
  * out (may be NULL) receives the batch summary in every case. */
 mc_status_t mc_engine_wait(mc_engine_t engine, mc_batch_t batch, int64_t timeout_ms,
                            mc_transfer_status_t *out, mc_error_t *err);
@@ -405,7 +459,7 @@ typedef uint64_t mc_store_t; /* opaque handle, 0 = none */
 /* Store client configuration (Mooncake's setup arguments). Zero (NULL)
  * fields mean the default given. */
 typedef struct mc_store_config {
-    uint32_t struct_size; /* sizeof(mc_store_config_t) */
+    uint32_t struct_size; /* sizeof(mc_store_config_t); see VERSIONING */
     uint32_t replicas;    /* default replicas per put; 0: 1 */
     /* the master: "host:port", or "etcd://h1:2379;h2:2379" to follow the HA
      * leader. Required. */
@@ -433,7 +487,17 @@ typedef struct mc_store_config {
     mc_engine_t engine;
     uint32_t no_checksum; /* nonzero: no CRC-32C on put, no check on get */
     uint32_t reserved;    /* must be 0 */
+    /* ABI 1.5 (MC_STORE_CONFIG_SIZE_V2): the limit of each call on the
+     * store, from its start to its return, master calls and transfers
+     * included; past it the call fails with MC_ERR_TIMED_OUT (the per-key
+     * codes of a batch are the store's). 0: none beyond rpc_timeout_ms
+     * per master call and the engine's per request. */
+    uint64_t op_timeout_ms;
 } mc_store_config_t;
+
+/* Sizes of the versions of mc_store_config_t (see VERSIONING). */
+#define MC_STORE_CONFIG_SIZE_V1 (offsetof(mc_store_config_t, reserved) + sizeof(uint32_t))      /* ABI 1.0 */
+#define MC_STORE_CONFIG_SIZE_V2 (offsetof(mc_store_config_t, op_timeout_ms) + sizeof(uint64_t)) /* ABI 1.5 */
 
 /* mc_store_config_init zeroes *cfg and sets struct_size. */
 static inline void mc_store_config_init(mc_store_config_t *cfg) {
@@ -444,7 +508,7 @@ static inline void mc_store_config_init(mc_store_config_t *cfg) {
 /* How one put is replicated (Mooncake's ReplicateConfig). Passing NULL
  * where one is taken means the store's default. */
 typedef struct mc_replicate_config {
-    uint32_t struct_size;    /* sizeof(mc_replicate_config_t) */
+    uint32_t struct_size;    /* sizeof(mc_replicate_config_t); see VERSIONING */
     uint32_t replicas;       /* memory replicas on distinct segments; 0: 1 */
     uint32_t soft_pin;       /* nonzero: kept through eviction until the pin expires */
     uint32_t hard_pin;       /* nonzero: never evicted */
@@ -453,6 +517,9 @@ typedef struct mc_replicate_config {
     uint32_t n_preferred;    /* entries in preferred_segments */
     const char *const *preferred_segments; /* segment names to place on first */
 } mc_replicate_config_t;
+
+/* Sizes of the versions of mc_replicate_config_t (see VERSIONING). */
+#define MC_REPLICATE_CONFIG_SIZE_V1 (offsetof(mc_replicate_config_t, preferred_segments) + sizeof(void *)) /* ABI 1.0 */
 
 static inline void mc_replicate_config_init(mc_replicate_config_t *rc) {
     memset(rc, 0, sizeof *rc);
@@ -467,8 +534,10 @@ mc_status_t mc_store_create(const mc_store_config_t *cfg, mc_store_t *out, mc_er
 /* mc_store_close unmounts the segment (its replicas leave the pool), frees
  * what create allocated, closes the engine if it started it, and
  * invalidates the handle. Calls on the store in progress in other threads
- * finish first (close waits for them); calls made after it fail with
- * MC_ERR_INVALID_HANDLE. */
+ * are canceled: they return MC_ERR_CANCELED as soon as what they wait on
+ * (the master, a transfer) gives up, and close returns once they have
+ * (they may be copying from or into memory close frees). Calls made after
+ * it fail with MC_ERR_INVALID_HANDLE. */
 mc_status_t mc_store_close(mc_store_t store, mc_error_t *err);
 
 /* mc_store_name writes the client's segment name (its engine's; Mooncake's
@@ -737,7 +806,7 @@ mc_status_t mc_store_batch_put_session_revoke(mc_store_t store, const char *cons
 
 /* mc_debug_panic panics inside the library on purpose and returns the
  * recovered MC_ERR_PANIC: bindings use it to check that a panic never
- * takes the process down. */
+ * takes the process down. It names no handle, so it poisons none. */
 mc_status_t mc_debug_panic(mc_error_t *err);
 
 /* mc_debug_live_handles stores the number of live engine and store handles
