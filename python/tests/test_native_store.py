@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import uuid
 
@@ -244,3 +245,135 @@ def test_close_while_threads_read(master):
         assert not unexpected, unexpected
         with pytest.raises(errors.InvalidHandle):
             st.get_size(keys[0])
+
+
+def test_get_reads_in_one_call(store, monkeypatch):
+    """get of a value no larger than the last one read is one call into the
+    library (it used to ask for the size first: two calls, and a copy out
+    of a zeroed buffer); a larger value costs a second call, a smaller one
+    none, and every size comes back whole."""
+    from mooncake_go import _lib
+
+    calls = []
+    real = _lib.lib.mc_store_get
+
+    def counting(*args):
+        calls.append(args[3])  # the buffer's length
+        return real(*args)
+
+    monkeypatch.setattr(_lib.lib, "mc_store_get", counting)
+    big, bigger, small = key(), key(), key()
+    values = {big: bytes(range(256)) * 4096, bigger: b"\x07" * (3 << 20), small: b"tiny"}
+    for k, v in values.items():
+        store.put(k, v)
+    cases = [  # (key, calls expected)
+        (big, 2),     # the first get of 1 MiB: guessed small, told the size
+        (big, 1),     # the same size again: one call
+        (bigger, 2),  # larger than the last: the size, then the value
+        (small, 1),   # smaller: read into the larger guess, then cut
+        (small, 1),
+        (big, 2),
+    ]
+    for k, want in cases:
+        calls.clear()
+        assert store.get(k) == values[k]
+        assert len(calls) == want, (k, calls)
+
+
+def test_upsert_from_any_memory(store):
+    """upsert_from / batch_upsert_from read any memory (registered or not)
+    and replace existing values; None or the error per key."""
+    np = numpy_or_skip()
+    loose = np.frombuffer(b"first value", dtype=np.uint8).copy()
+    k = key()
+    store.upsert_from(k, loose)
+    assert store.get(k) == b"first value"
+    store.upsert_from(k, int(loose.ctypes.data), 5)  # a raw address and a length
+    assert store.get(k) == b"first"
+    a, b = key(), key()
+    store.put(a, b"old")
+    src = np.frombuffer(b"AAAABBBBBB", dtype=np.uint8).copy()
+    assert store.batch_upsert_from([a, b, ""], [src[:4], src[4:], src[:1]]) == [None, None, AnyError()]
+    assert [store.get(a), store.get(b)] == [b"AAAA", b"BBBBBB"]
+    assert store.batch_upsert_from([a], [int(src.ctypes.data)], [2]) == [None]
+    assert store.get(a) == b"AA"
+    with pytest.raises(ValueError):
+        store.batch_upsert_from([a, b], [src])
+
+
+class AnyError:
+    """Equal to any MooncakeError: a result list's failure slot."""
+
+    def __eq__(self, other):
+        return isinstance(other, errors.MooncakeError)
+
+
+def test_batch_exists_errors_in_place(store):
+    """batch_exists raises a refused key's error, or with
+    raise_on_error=False returns it in the key's place."""
+    k = key()
+    store.put(k, b"v")
+    with pytest.raises(errors.InvalidParams):
+        store.batch_exists([k, ""])
+    got = store.batch_exists([k, "", key()], raise_on_error=False)
+    assert got[0] is True and got[2] is False
+    assert isinstance(got[1], errors.InvalidParams)
+
+
+def test_parts_lists_that_differ_fail_their_key(store):
+    """A key whose parts and sizes differ in length gets InvalidParams and
+    is not sent; the other keys of the batch go through."""
+    np = numpy_or_skip()
+    src = np.arange(4096, dtype=np.uint8)
+    store.register_buffer(src)
+    try:
+        p = int(src.ctypes.data)
+        a, b = key("parts"), key("parts")
+        res = store.batch_put_from_parts([a, b], [[p, p + 100], [p]], [[10, 20], [10, 10]])
+        assert res[0] is None and isinstance(res[1], errors.InvalidParams)
+        assert store.get(a) == src[:10].tobytes() + src[100:120].tobytes()
+        assert not store.exists(b)
+        out = np.zeros(64, dtype=np.uint8)
+        store.register_buffer(out)
+        try:
+            q = int(out.ctypes.data)
+            res = store.batch_get_into_parts([a, a], [[q], [q, q + 32]], [[30], [30]])
+            assert res[0] == 30 and isinstance(res[1], errors.InvalidParams)
+        finally:
+            store.unregister_buffer(out)
+        with pytest.raises(ValueError):
+            store.batch_put_from_parts([a], [[p]], [[-1]])  # a negative size
+    finally:
+        store.unregister_buffer(src)
+
+
+def test_ranges_of_raw_addresses(store):
+    """batch_get_ranges takes (offset, buffer, length) as well as (offset,
+    buffer): raw addresses with their lengths, as the compat layer has
+    them; malformed ranges raise ValueError."""
+    np = numpy_or_skip()
+    k = key()
+    store.put(k, bytes(range(100)))
+    out = np.zeros(64, dtype=np.uint8)
+    q = int(out.ctypes.data)
+    got = store.batch_get_ranges([k], [[(10, q, 5), (50, out[20:23])]])
+    assert got == [8]
+    assert out[:5].tobytes() == bytes(range(10, 15)) and out[20:23].tobytes() == bytes([50, 51, 52])
+    res = store.batch_get_ranges([k], [[(98, q, 5)]])  # past the end
+    assert isinstance(res[0], errors.InvalidParams)
+    for bad in ([(0,)], [(0, q, 1, 2)], [(-1, q, 1)]):
+        with pytest.raises(ValueError):
+            store.batch_get_ranges([k], [bad])
+
+
+def test_supports_and_public_helpers():
+    """Store.supports names the library's optional features; address and
+    parse_size are public (the compat layer and connectors use them)."""
+    assert mg.Store.supports("ranges") and mg.Store.supports("put_sessions")
+    with pytest.raises(ValueError, match="unknown feature"):
+        mg.Store.supports("teleport")
+    b = bytearray(b"abc")
+    addr, n = mg.address(b)
+    assert n == 3 and ctypes.string_at(addr, n) == b"abc"
+    assert mg.parse_size("16GB") == 16 << 30
+    assert {"address", "parse_size"} <= set(mg.__all__)

@@ -332,7 +332,7 @@ def tensor_bytes(t):
     """(a view of the bytes of a CPU tensor or array, the object that
     owns them): uncopied where t is contiguous. Keep the owner alive while
     the view is used."""
-    from mooncake_go._buffers import address
+    from mooncake_go import address
     contiguous = getattr(t, "contiguous", None)
     if callable(contiguous) and hasattr(t, "data_ptr"):
         t = contiguous()

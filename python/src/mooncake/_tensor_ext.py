@@ -31,8 +31,8 @@ import threading
 import time
 from typing import List, Optional
 
-from mooncake_go import _lib, errors
-from mooncake_go._buffers import address
+import mooncake_go
+from mooncake_go import address, errors
 
 from . import _store_ext as _x
 
@@ -331,7 +331,7 @@ class TensorExt:
         put answers, write-once) and a library before ABI 1.4 take the
         ordinary path, which needs each value in one buffer."""
         codes: List[Optional[int]] = [None] * len(keys)
-        if not upsert and keys and _lib.available("mc_store_batch_put_ranges"):
+        if not upsert and keys and mooncake_go.Store.supports("put_sessions"):
             self._write_sessions(keys, values, config, codes)
         rest = [i for i, c in enumerate(codes) if c is None]
         if rest:
@@ -346,23 +346,21 @@ class TensorExt:
         try:
             ranges = [_ranges(ps) for ps in values]
             st = self._s()
-            started = st._put_session_start_codes(keys, [sum(n for _, n, _ in r) for r in ranges],
-                                                  None if config is None else config._native())
+            started = st.put_session_start(keys, [sum(n for _, n, _ in r) for r in ranges],
+                                           None if config is None else config._native())
         except (ValueError, TypeError, errors.MooncakeError):
             return
-        live = [i for i, c in enumerate(started) if c == 0]
+        live = [i for i, r in enumerate(started) if r is None]
         try:
             if live:
-                rs = [ranges[i] for i in live]
-                wrote, _ = st._parts_codes(False, [keys[i] for i in live], [[a for a, _, _ in r] for r in rs],
-                                           [[n for _, n, _ in r] for r in rs],
-                                           offset_lists=[[o for _, _, o in r] for r in rs])
-                for i, c in zip(live, wrote):
-                    codes[i] = c if c else None
+                wrote = st.batch_put_ranges([keys[i] for i in live],
+                                            [[(o, a, n) for a, n, o in ranges[i]] for i in live])
+                for i, r in zip(live, wrote):
+                    codes[i] = _rc(r) if isinstance(r, errors.MooncakeError) else None
                 done = [i for i in live if codes[i] is None]
                 if done:
-                    for i, c in zip(done, st._put_session_codes(True, [keys[i] for i in done])):
-                        codes[i] = c
+                    for i, r in zip(done, st.put_session_end([keys[i] for i in done])):
+                        codes[i] = 0 if r is None else _rc(r)
         except errors.MooncakeError as e:
             for i in live:
                 if codes[i] is None:
@@ -371,7 +369,7 @@ class TensorExt:
         failed = [keys[i] for i in live if codes[i] != 0]
         if failed:
             try:
-                st._put_session_codes(False, failed)
+                st.put_session_revoke(failed)
             except errors.MooncakeError as e:
                 log.warning("revoking the put sessions of %d keys: %s", len(failed), e)
 

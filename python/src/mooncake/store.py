@@ -31,13 +31,12 @@ import os
 from typing import Dict, List, Optional
 
 import mooncake_go
-from mooncake_go import _lib, errors
-from mooncake_go._size import parse_size as _parse_size  # 4GB = 4 GiB, as Mooncake and the CLI
+from mooncake_go import errors
+from mooncake_go import parse_size as _parse_size  # 4GB = 4 GiB, as Mooncake and the CLI
 from mooncake_go.store import Replicate
 
 from ._tensor_ext import TensorExt  # parallelism layouts, tp_from, safetensors
 
-lib = _lib.lib
 log = logging.getLogger("mooncake.store")
 
 # Mooncake's ErrorCode values the compat layer returns itself.
@@ -129,6 +128,18 @@ def _memory(addr: int, n: int):
 
 def _code(e: errors.MooncakeError) -> int:
     return e.code if e.code < 0 else _INTERNAL
+
+
+def _codes(results: list) -> List[int]:
+    """The official integers for the results of a mooncake_go batch call:
+    0 for None, a length as it is, an error's code."""
+    return [0 if r is None else r if isinstance(r, int) else _code(r) for r in results]
+
+
+def _ints(xs) -> List[int]:
+    """Addresses or sizes as Python ints (numpy's integers too): the
+    native API reads an int as an address, anything else as a buffer."""
+    return [int(x) for x in xs]
 
 
 def _rc(config: Optional[ReplicateConfig]) -> Optional[Replicate]:
@@ -287,8 +298,9 @@ class MooncakeDistributedStore(TensorExt):
         if len(keys) != len(values):
             return [_INVALID_PARAMS] * len(keys)
         try:
-            fn = lib.mc_store_batch_upsert if upsert else lib.mc_store_batch_put
-            return self._s()._put_values_codes(fn, keys, values, _rc(config))
+            st = self._s()
+            put = st.batch_upsert if upsert else st.batch_put
+            return _codes(put(keys, values, _rc(config)))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
 
@@ -337,9 +349,7 @@ class MooncakeDistributedStore(TensorExt):
     def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None) -> int:
         # Upsert reads any memory: registered memory is read directly.
         try:
-            st = self._s()
-            _lib.call(lib.mc_store_upsert, st.handle, _lib.cstr(key), int(buffer_ptr), int(size),
-                      None if config is None else config._native()._c())
+            self._s().upsert_from(key, int(buffer_ptr), int(size), _rc(config))
             return 0
         except errors.MooncakeError as e:
             return _code(e)
@@ -360,16 +370,18 @@ class MooncakeDistributedStore(TensorExt):
     def batch_put_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int],
                        config: Optional[ReplicateConfig] = None) -> List[int]:
         """0 or a negative code per key."""
-        return self._batch_from(lib.mc_store_batch_put_from, keys, buffer_ptrs, sizes, config)
+        return self._batch_from(False, keys, buffer_ptrs, sizes, config)
 
     def batch_upsert_from(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int],
                           config: Optional[ReplicateConfig] = None) -> List[int]:
-        return self._batch_from(lib.mc_store_batch_upsert, keys, buffer_ptrs, sizes, config)
+        return self._batch_from(True, keys, buffer_ptrs, sizes, config)
 
-    def _batch_from(self, fn, keys, buffer_ptrs, sizes, config) -> List[int]:
+    def _batch_from(self, upsert: bool, keys, buffer_ptrs, sizes, config) -> List[int]:
         try:
-            return self._s()._put_codes(fn, keys, list(buffer_ptrs), list(sizes), _rc(config))
-        except ValueError:
+            st = self._s()
+            put = st.batch_upsert_from if upsert else st.batch_put_from
+            return _codes(put(keys, _ints(buffer_ptrs), _ints(sizes), _rc(config)))
+        except (ValueError, TypeError):
             return [_INVALID_PARAMS] * len(keys)
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
@@ -377,12 +389,11 @@ class MooncakeDistributedStore(TensorExt):
     def batch_get_into(self, keys: List[str], buffer_ptrs: List[int], sizes: List[int]) -> List[int]:
         """Bytes read (> 0) or a negative code per key."""
         try:
-            codes, lens = self._s()._get_into_codes(keys, list(buffer_ptrs), list(sizes))
-        except ValueError:
+            return _codes(self._s().batch_get_into(keys, _ints(buffer_ptrs), _ints(sizes)))
+        except (ValueError, TypeError):
             return [_INVALID_PARAMS] * len(keys)
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
-        return [n if c == 0 else c for c, n in zip(codes, lens)]
 
     def batch_put_from_multi_buffers(self, keys: List[str], all_buffer_ptrs: List[List[int]],
                                      all_sizes: List[List[int]], config: Optional[ReplicateConfig] = None) -> List[int]:
@@ -392,7 +403,8 @@ class MooncakeDistributedStore(TensorExt):
         if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
             return [_INVALID_PARAMS] * len(keys)
         try:
-            return self._s()._parts_codes(False, keys, all_buffer_ptrs, all_sizes, _rc(config))[0]
+            parts = [_ints(ps) for ps in all_buffer_ptrs]
+            return _codes(self._s().batch_put_from_parts(keys, parts, all_sizes, _rc(config)))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
         except (ValueError, TypeError, OverflowError):
@@ -405,12 +417,12 @@ class MooncakeDistributedStore(TensorExt):
         if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
             return [_INVALID_PARAMS] * len(keys)
         try:
-            codes, lens = self._s()._parts_codes(True, keys, all_buffer_ptrs, all_sizes)
+            parts = [_ints(ps) for ps in all_buffer_ptrs]
+            return _codes(self._s().batch_get_into_parts(keys, parts, all_sizes))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
         except (ValueError, TypeError, OverflowError):
             return [_INVALID_PARAMS] * len(keys)
-        return [n if c == 0 else c for c, n in zip(codes, lens)]
 
     def is_exist(self, key: str) -> int:
         """1 present, 0 absent, -1 error."""
@@ -422,10 +434,10 @@ class MooncakeDistributedStore(TensorExt):
     def batch_is_exist(self, keys: List[str]) -> List[int]:
         """1/0/-1 per key."""
         try:
-            ex, codes = self._s()._exist_codes(keys)
+            got = self._s().batch_exists(keys, raise_on_error=False)
         except errors.MooncakeError:
             return [-1] * len(keys)
-        return [-1 if c != 0 else (1 if x == 1 else 0) for x, c in zip(ex, codes)]
+        return [int(x) if isinstance(x, bool) else -1 for x in got]
 
     def get_size(self, key: str) -> int:
         try:
@@ -443,7 +455,7 @@ class MooncakeDistributedStore(TensorExt):
     def batch_remove(self, keys: List[str], force: bool = False) -> List[int]:
         """0 or a negative code per key."""
         try:
-            return self._s()._remove_codes(keys, force)
+            return _codes(self._s().batch_remove(keys, force))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
 
@@ -486,6 +498,35 @@ from ._store_ext import (  # noqa: E402,F401
 for _e in (ObjectDataType, ReplicaStatus, TaskStatus, TaskType):
     globals().update(_e.__members__)
 del _e
+
+
+def _ranged_codes(st: "mooncake_go.Store", get: bool, keys, ptr_lists, size_lists, offset_lists) -> List[int]:
+    """Bytes moved or a negative code per key of a ranged read (get) or a
+    put session's write of keys[i]: size_lists[i][j] bytes between
+    ptr_lists[i][j] and offset offset_lists[i][j] of the value. A key
+    whose three lists differ in length is -600 without being sent; outer
+    lists that differ in number raise ValueError."""
+    n = len(keys)
+    if len(ptr_lists) != n or len(size_lists) != n or len(offset_lists) != n:
+        raise ValueError("keys, buffer lists, size lists and offset lists differ in number")
+    codes = [_INVALID_PARAMS] * n
+    send = [i for i in range(n) if len(ptr_lists[i]) == len(size_lists[i]) == len(offset_lists[i])]
+    if send:
+        ranges = [list(zip(_ints(offset_lists[i]), _ints(ptr_lists[i]), _ints(size_lists[i]))) for i in send]
+        move = st.batch_get_ranges if get else st.batch_put_ranges
+        for i, c in zip(send, _codes(move([keys[i] for i in send], ranges))):
+            codes[i] = c
+    return codes
+
+
+def _ranged(store, get: bool, keys, ptr_lists, size_lists, offset_lists) -> List[int]:
+    """_ranged_codes on the store store() returns, with its errors as codes."""
+    try:
+        return _ranged_codes(store(), get, keys, ptr_lists, size_lists, offset_lists)
+    except errors.MooncakeError as e:
+        return [_code(e)] * len(keys)
+    except (ValueError, TypeError, OverflowError):
+        return [_INVALID_PARAMS] * len(keys)
 
 
 def _tp_key(key: str, rank: int, tp_size: int) -> str:
@@ -542,7 +583,7 @@ class _StoreExt:
         """Looks the keys up once and keeps their replicas for the ranged
         reads that follow; 0 or a negative code per key."""
         try:
-            return self._s()._session_start_codes(keys)
+            return _codes(self._s().get_session_start(keys))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
 
@@ -559,14 +600,7 @@ class _StoreExt:
         all_src_offsets[i][j] of its value into all_buffer_ptrs[i][j];
         bytes read (the sum of the sizes) or a negative code per key. Keys
         without a session are looked up as any get."""
-        try:
-            codes, outs = self._s()._parts_codes(True, keys, all_buffer_ptrs, all_sizes,
-                                                 offset_lists=all_src_offsets)
-        except errors.MooncakeError as e:
-            return [_code(e)] * len(keys)
-        except (ValueError, TypeError, OverflowError):
-            return [_INVALID_PARAMS] * len(keys)
-        return [n if c == 0 else c for c, n in zip(codes, outs)]
+        return _ranged(self._s, True, keys, all_buffer_ptrs, all_sizes, all_src_offsets)
 
     def batch_put_session_start(self, keys: List[str], sizes: List[int],
                                 config: Optional[ReplicateConfig] = None) -> List[int]:
@@ -577,7 +611,7 @@ class _StoreExt:
         batch_put_from_multi_buffer_ranges and become readable at
         batch_put_session_end."""
         try:
-            return self._s()._put_session_start_codes(keys, sizes, _rc(config))
+            return _codes(self._s().put_session_start(keys, sizes, _rc(config)))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
         except (ValueError, TypeError, OverflowError):
@@ -589,20 +623,13 @@ class _StoreExt:
         at offset all_dst_offsets[i][j] of its value, which a put session
         reserved; bytes written (the sum of the sizes) or a negative code
         per key (-600 without a session or for a range past the size)."""
-        try:
-            codes, outs = self._s()._parts_codes(False, keys, all_buffer_ptrs, all_sizes,
-                                                 offset_lists=all_dst_offsets)
-        except errors.MooncakeError as e:
-            return [_code(e)] * len(keys)
-        except (ValueError, TypeError, OverflowError):
-            return [_INVALID_PARAMS] * len(keys)
-        return [n if c == 0 else c for c, n in zip(codes, outs)]
+        return _ranged(self._s, False, keys, all_buffer_ptrs, all_sizes, all_dst_offsets)
 
     def batch_put_session_end(self, keys: List[str]) -> List[int]:
         """Makes the values of keys readable and closes their sessions: 0
         or a negative code per key (-600 without a session)."""
         try:
-            return self._s()._put_session_codes(True, keys)
+            return _codes(self._s().put_session_end(keys))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
 
@@ -610,7 +637,7 @@ class _StoreExt:
         """Gives back the room reserved for keys and closes their sessions;
         the values never become readable. 0 or a negative code per key."""
         try:
-            return self._s()._put_session_codes(False, keys)
+            return _codes(self._s().put_session_revoke(keys))
         except errors.MooncakeError as e:
             return [_code(e)] * len(keys)
 
@@ -633,7 +660,7 @@ class _StoreExt:
                     sizes.append(list(ns))
                     row.append(len(ns))
                 shape.append(row)
-            codes, _ = self._s()._parts_codes(True, keys, ptrs, sizes, offset_lists=srcs)
+            codes = _ranged_codes(self._s(), True, keys, ptrs, sizes, srcs)
         except errors.MooncakeError as e:
             return [[[_code(e)] * n for n in row] for row in shape] if shape else []
         except (ValueError, TypeError, OverflowError, IndexError):
@@ -643,7 +670,7 @@ class _StoreExt:
             r = []
             for n in row:
                 c = codes[f]
-                r.append([int(x) if c == 0 else c for x in sizes[f]])
+                r.append([int(x) if c >= 0 else c for x in sizes[f]])
                 f += 1
             out.append(r)
         return out

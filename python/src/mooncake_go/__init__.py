@@ -14,11 +14,16 @@ releases the GIL for its duration.
 
 The official Mooncake Python API (``mooncake.engine.TransferEngine``,
 ``mooncake.store.MooncakeDistributedStore``) is provided by the ``mooncake``
-package of this distribution, on top of this one.
+package of this distribution, on top of this one, with this package's
+public names only: :func:`address` (what a buffer argument resolves to)
+and :func:`parse_size` (sizes as Mooncake spells them) are public for it
+and for connectors.
 """
 
 from . import errors
+from ._buffers import Buffer, address
 from ._lib import live_handles
+from ._size import parse_size
 from .engine import LOCAL_SEGMENT, Notify, Op, Request, RequestArray, SharedBuffer, State, Status, TransferEngine
 from .errors import MooncakeError
 from .store import Replicate, Store
@@ -54,4 +59,7 @@ __all__ = [
     "abi_version",
     "library_path",
     "live_handles",
+    "address",
+    "parse_size",
+    "Buffer",
 ]

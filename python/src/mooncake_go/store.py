@@ -31,6 +31,8 @@ from .engine import TransferEngine
 
 lib = _lib.lib
 Result = Union[None, int, errors.MooncakeError]
+# A piece of a value: (offset in the value, buffer) or (offset, buffer, length).
+Range = Union[Tuple[int, Buffer], Tuple[int, Buffer, int]]
 
 
 @dataclass
@@ -120,6 +122,8 @@ class Store(_lib.Owned):
         cfg.rpc_timeout_ms = rpc_timeout_ms
         cfg.engine = engine.handle if engine is not None else 0
         cfg.no_checksum = 0 if checksum else 1
+        # get's first guess at a value's size: the last value it read.
+        self._get_hint = _GET_HINT_MIN
         h = c_uint64()
         _lib.call(lib.mc_store_create, byref(cfg), byref(h))
         self._own(h.value, lib.mc_store_close)
@@ -163,20 +167,38 @@ class Store(_lib.Owned):
         addr, n = address(buf, length)
         _lib.call(lib.mc_store_put_from, self.handle, _lib.cstr(key), addr, n, _rc(replicate))
 
+    def upsert_from(self, key: str, buf: Buffer, length: Optional[int] = None,
+                    replicate: Optional[Replicate] = None) -> None:
+        """Stores ``length`` bytes of buf under key, replacing an existing
+        value. Unlike put_from, buf may be any memory: registered memory is
+        read directly, other memory through the staging buffer."""
+        addr, n = address(buf, length)
+        _lib.call(lib.mc_store_upsert, self.handle, _lib.cstr(key), addr, n, _rc(replicate))
+
     def get(self, key: str) -> bytes:
-        """The value of key (raises ObjectNotFound when absent)."""
+        """The value of key (raises ObjectNotFound when absent).
+
+        The bytes returned are read into directly (one copy, from the
+        staging buffer), in one call when the value is no larger than the
+        last one this store's get read: a KV cache's values share a size.
+        A larger value costs a second call (the first reports its size); a
+        smaller one a copy of its bytes."""
         k = _lib.cstr(key)
         n = c_uint64()
         e = _lib._err()
-        size = 4096
+        size = self._get_hint
         while True:
-            buf = ctypes.create_string_buffer(size)
-            rc = lib.mc_store_get(self.handle, k, buf, size, byref(n), e)
+            buf, addr = _new_bytes(size)
+            rc = lib.mc_store_get(self.handle, k, addr, size, byref(n), e)
             if rc == 0:
-                return ctypes.string_at(buf, n.value)
+                got = n.value
+                self._get_hint = max(got, _GET_HINT_MIN)
+                if got == size and isinstance(buf, bytes):
+                    return buf
+                return ctypes.string_at(addr, got)
             if rc != errors.BUFFER_TOO_SMALL:
                 raise _lib.error_from(e)
-            size = n.value  # the value grew between the two calls: retry
+            size = n.value  # reported by this call; retried if the value grows meanwhile
 
     def get_into(self, key: str, buf: Buffer, length: Optional[int] = None) -> int:
         """Reads the value of key into buf; returns its length."""
@@ -215,8 +237,8 @@ class Store(_lib.Owned):
         return out.value
 
     # -- batches ---------------------------------------------------------
-    # The *_codes helpers return raw status codes (the compat layer's
-    # currency); the public batch methods turn them into results.
+    # The _*_codes helpers return the library's status codes, one per key;
+    # the public batch methods turn them into results.
 
     def _put_codes(self, fn, keys: Sequence[str], addrs, lengths, replicate) -> List[int]:
         n = len(keys)
@@ -267,14 +289,25 @@ class Store(_lib.Owned):
         """Puts values (any memory) under keys; None or the error per key."""
         return _results(self._put_values_codes(lib.mc_store_batch_put, keys, values, replicate))
 
-    def batch_upsert(self, keys: Sequence[str], values: Sequence, replicate: Optional[Replicate] = None) -> List[Result]:
+    def batch_upsert(self, keys: Sequence[str], values: Sequence,
+                     replicate: Optional[Replicate] = None) -> List[Result]:
+        """Upserts values (any memory) under keys; None or the error per key."""
         return _results(self._put_values_codes(lib.mc_store_batch_upsert, keys, values, replicate))
 
     def batch_put_from(self, keys: Sequence[str], bufs: Sequence[Buffer], lengths: Optional[Sequence[int]] = None,
                        replicate: Optional[Replicate] = None) -> List[Result]:
-        """put_from of registered buffers; None or the error per key."""
+        """put_from of registered buffers (``lengths[i]`` bytes of
+        ``bufs[i]``, or all of it); None or the error per key. Keys,
+        buffers and lengths that differ in number raise ValueError."""
         addrs, lens = _resolve_many(bufs, lengths, writable=False)
         return _results(self._put_codes(lib.mc_store_batch_put_from, keys, addrs, lens, replicate))
+
+    def batch_upsert_from(self, keys: Sequence[str], bufs: Sequence[Buffer], lengths: Optional[Sequence[int]] = None,
+                          replicate: Optional[Replicate] = None) -> List[Result]:
+        """upsert_from of many buffers (any memory, as upsert_from); None
+        or the error per key."""
+        addrs, lens = _resolve_many(bufs, lengths, writable=False)
+        return _results(self._put_codes(lib.mc_store_batch_upsert, keys, addrs, lens, replicate))
 
     def batch_get_into(self, keys: Sequence[str], bufs: Sequence[Buffer],
                        lengths: Optional[Sequence[int]] = None) -> List[Result]:
@@ -338,7 +371,9 @@ class Store(_lib.Owned):
         each, or all of them), e.g. one per layer of a KV cache. Every part
         must lie in a registered buffer; the bytes go from the parts
         straight to the replicas, without a copy. None or the error per
-        key."""
+        key: a key whose ``parts[i]`` and ``sizes[i]`` differ in length
+        gets InvalidParams without being sent. Outer lists that differ in
+        number, or a negative size, raise ValueError."""
         addrs, lens = _resolve_parts(parts, sizes, writable=False)
         return _results(self._parts_codes(False, keys, addrs, lens, replicate)[0])
 
@@ -347,24 +382,22 @@ class Store(_lib.Owned):
         """Reads each value across its parts in order, straight into them
         (registered buffers only). A value longer than its parts together
         fails (nothing read); a shorter one fills a prefix. The value's
-        length or the error per key."""
+        length or the error per key (lists as batch_put_from_parts)."""
         addrs, lens = _resolve_parts(parts, sizes, writable=True)
         codes, outs = self._parts_codes(True, keys, addrs, lens)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
     # -- ranged reads, get sessions, replicas (ABI 1.3) ------------------
 
-    def batch_get_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Tuple[int, Buffer]]]) -> List[Result]:
+    def batch_get_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Range]]) -> List[Result]:
         """Reads pieces of values: ``ranges[i]`` is a list of
-        ``(offset in the value, buffer)`` for ``keys[i]``; each buffer is
-        filled with the value's bytes from that offset. Bytes read or the
-        error per key (a range past the value's end: InvalidParams)."""
-        addrs, lens, srcs = [], [], []
-        for rs in ranges:
-            pairs = [(int(off), address(b, None, writable=True)) for off, b in rs]
-            srcs.append([off for off, _ in pairs])
-            addrs.append([a for _, (a, _) in pairs])
-            lens.append([n for _, (_, n) in pairs])
+        ``(offset in the value, buffer)`` or ``(offset, buffer, length)``
+        for ``keys[i]``; each buffer (its first ``length`` bytes) is filled
+        with the value's bytes from that offset. Bytes read or the error
+        per key (a range past the value's end: InvalidParams). Keys and
+        range lists that differ in number, or a negative offset or
+        length, raise ValueError."""
+        addrs, lens, srcs = _resolve_ranges(ranges, writable=True)
         codes, outs = self._parts_codes(True, keys, addrs, lens, offset_lists=srcs)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
@@ -415,18 +448,14 @@ class Store(_lib.Owned):
         error per key (a key that exists: ObjectAlreadyExists)."""
         return _results(self._put_session_start_codes(keys, sizes, replicate))
 
-    def batch_put_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Tuple[int, Buffer]]]) -> List[Result]:
+    def batch_put_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Range]]) -> List[Result]:
         """Writes pieces of the values of open put sessions: ``ranges[i]``
-        is a list of ``(offset in the value, buffer)`` for ``keys[i]``;
-        each buffer's bytes land at that offset, in any order. Bytes
-        written or the error per key (no session, or a range past the
-        size: InvalidParams)."""
-        addrs, lens, dsts = [], [], []
-        for rs in ranges:
-            pairs = [(int(off), address(b, None, writable=False)) for off, b in rs]
-            dsts.append([off for off, _ in pairs])
-            addrs.append([a for _, (a, _) in pairs])
-            lens.append([n for _, (_, n) in pairs])
+        is a list of ``(offset in the value, buffer)`` or ``(offset,
+        buffer, length)`` for ``keys[i]``; each buffer's bytes land at that
+        offset, in any order. Bytes written or the error per key (no
+        session, or a range past the size: InvalidParams); malformed lists
+        raise ValueError, as for batch_get_ranges."""
+        addrs, lens, dsts = _resolve_ranges(ranges, writable=False)
         codes, outs = self._parts_codes(False, keys, addrs, lens, offset_lists=dsts)
         return [o if c == 0 else _code_error(c) for c, o in zip(codes, outs)]
 
@@ -490,15 +519,29 @@ class Store(_lib.Owned):
         per key."""
         return _results(self._remove_codes(keys, force))
 
-    def batch_exists(self, keys: Sequence[str]) -> List[bool]:
-        """Whether each key is readable (a refused key raises)."""
+    def batch_exists(self, keys: Sequence[str], *, raise_on_error: bool = True
+                     ) -> List[Union[bool, errors.MooncakeError]]:
+        """Whether each key is readable. A key the master refuses raises
+        its error, or with ``raise_on_error=False`` has it in its place."""
         ex, codes = self._exist_codes(keys)
-        for c in codes:
-            if c != 0:
-                raise _code_error(c)
-        return [x == 1 for x in ex]
+        if raise_on_error:
+            for c in codes:
+                if c != 0:
+                    raise _code_error(c)
+        return [x == 1 if c == 0 else _code_error(c) for x, c in zip(ex, codes)]
 
     # -- lifecycle -------------------------------------------------------
+
+    @staticmethod
+    def supports(feature: str) -> bool:
+        """Whether the loaded library has feature (its ABI minor is recent
+        enough): "ranges" (batch_get_ranges), "get_sessions", "replicas"
+        (ABI 1.3), "put_sessions" (put_session_*, batch_put_ranges; ABI
+        1.4). Without it the feature's methods raise InvalidParams saying
+        which version they need. Loads the library."""
+        if feature not in _FEATURES:
+            raise ValueError(f"unknown feature {feature!r} (want one of {', '.join(sorted(_FEATURES))})")
+        return _lib.available(_FEATURES[feature])
 
     def close(self) -> None:
         """Leaves the pool (this client's replicas go with it). Idempotent."""
@@ -510,8 +553,46 @@ class Store(_lib.Owned):
 
 _INVALID_PARAMS = -600  # MC_STORE_ERR_INVALID_PARAMS
 
+# Store.supports's features, each named by a function that has it.
+_FEATURES = {
+    "ranges": "mc_store_batch_get_ranges",
+    "get_sessions": "mc_store_batch_get_session_start",
+    "replicas": "mc_store_get_replicas",
+    "put_sessions": "mc_store_batch_put_session_start",
+}
+
 # Codes for which a batch call did not run at all (no per-key codes).
 _WHOLE_CALL_FAILURES = frozenset({errors.INVALID_HANDLE, errors.NULL_ARGUMENT, errors.PANIC, errors.STRUCT_SIZE})
+
+# get reads into a buffer of at least this many bytes.
+_GET_HINT_MIN = 4096
+
+
+def _new_bytes(size: int):
+    """(a buffer of size bytes for the library to fill, its address). On
+    CPython the buffer is a new bytes object, uninitialised: nothing else
+    holds it until get returns it, so filling it in place is safe, and it
+    saves both the zeroing of a ctypes buffer and the copy out of it.
+    Sizes below 2 never come here (CPython shares those bytes objects)."""
+    if _PyBytes_FromStringAndSize is not None:
+        b = _PyBytes_FromStringAndSize(None, size)
+        return b, ctypes.cast(c_char_p(b), c_void_p).value or 0
+    buf = ctypes.create_string_buffer(size)
+    return buf, ctypes.addressof(buf)
+
+
+def _bytes_constructor():
+    try:
+        fn = ctypes.pythonapi.PyBytes_FromStringAndSize
+    except (AttributeError, ValueError):  # not CPython
+        return None
+    fn.restype = ctypes.py_object
+    fn.argtypes = [c_char_p, ctypes.c_ssize_t]
+    return fn
+
+
+_PyBytes_FromStringAndSize = _bytes_constructor()
+
 
 def _rc(r: Optional[Replicate]):
     return None if r is None else r._c()
@@ -540,10 +621,33 @@ def _resolve_parts(parts, sizes, writable: bool):
         raise ValueError("part lists and size lists differ in number")
     addrs, lens = [], []
     for ps, ns in zip(parts, sizes):
-        a, n = _resolve_many(ps, ns, writable=writable)
+        if ns is not None and len(ns) != len(ps):
+            # Lists that differ stay different: _parts_codes refuses the key.
+            a, n = [0] * len(ps), [0] * len(ns)
+        else:
+            a, n = _resolve_many(ps, ns, writable=writable)
         addrs.append(a)
         lens.append(n)
     return addrs, lens
+
+
+def _resolve_ranges(ranges, writable: bool):
+    """(addresses, lengths, offsets), one list of each per key, of ranges
+    given as (offset, buffer) or (offset, buffer, length)."""
+    addrs, lens, offs = [], [], []
+    for rs in ranges:
+        a, n, o = [], [], []
+        for r in rs:
+            if len(r) not in (2, 3):
+                raise ValueError(f"range {r!r}: want (offset, buffer) or (offset, buffer, length)")
+            p, m = address(r[1], r[2] if len(r) == 3 else None, writable=writable)
+            a.append(p)
+            n.append(m)
+            o.append(int(r[0]))
+        addrs.append(a)
+        lens.append(n)
+        offs.append(o)
+    return addrs, lens, offs
 
 
 def _code_error(code: int) -> errors.MooncakeError:
