@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mccluster import Cluster, free_port, start_cluster  # noqa: F401 (free_port: the suites import it from here)
+from mccluster import start_cluster
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 BIN = Path(os.environ.get("MOONCAKE_BIN", ROOT / "bin" / "mooncake"))
