@@ -496,9 +496,14 @@ func TestCloseWhileReading(t *testing.T) {
 		EngineConfig: engine.Config{Host: "127.0.0.1"}})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
+	var busy sync.WaitGroup // done once each goroutine finished one call
+	busy.Add(4)
 	for g := range 4 {
 		wg.Go(func() {
 			for i := 0; ; i++ {
+				if i == 1 {
+					busy.Done()
+				}
 				var err error
 				if g == 0 {
 					err = c.Put(ctx, fmt.Sprintf("p%d", i), want[:4096], nil)
@@ -511,12 +516,15 @@ func TestCloseWhileReading(t *testing.T) {
 				}
 				if err != nil {
 					assert.ErrorIs(t, err, ErrClosed)
+					if i == 0 {
+						busy.Done()
+					}
 					return
 				}
 			}
 		})
 	}
-	time.Sleep(50 * time.Millisecond)
+	busy.Wait()
 	require.NoError(t, c.Close())
 	wg.Wait()
 }

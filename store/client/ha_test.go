@@ -2,14 +2,16 @@ package client
 
 import (
 	"bytes"
-	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/mooncake-go/mooncake/internal/etcdtest"
 	"github.com/mooncake-go/mooncake/store/master"
@@ -37,6 +39,23 @@ func waitLeader(t *testing.T, ms ...*master.Server) *master.Server {
 	}
 	t.Fatal("no master leads after 10s")
 	return nil
+}
+
+// requireSnapshot checks that etcd holds the journal snapshot at seq and
+// that it is the latest (the layout is store/master's etcdjournal.go).
+func requireSnapshot(t *testing.T, etcd, clusterID string, seq uint64) {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	defer func() { _ = cli.Close() }()
+	prefix := "mooncake-store/" + clusterID + "/journal/"
+	head, err := cli.Get(ctxT(t), prefix+"snap-head")
+	require.NoError(t, err)
+	require.Len(t, head.Kvs, 1, "no snapshot head in etcd")
+	require.Equal(t, strconv.FormatUint(seq, 10), string(head.Kvs[0].Value))
+	chunks, err := cli.Get(ctxT(t), fmt.Sprintf("%ssnap/%020d/", prefix, seq), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Positive(t, chunks.Count, "the snapshot head names a snapshot with no chunks")
 }
 
 // A failover loses no object whose put completed: the new leader loads the
@@ -70,10 +89,18 @@ func TestFailoverLosesNothing(t *testing.T) {
 				}
 			}
 			put(0, n)
-			// Some churn the journal must replay: removals and an upsert.
+			if every < n {
+				// The puts are past SnapshotEvery records: the leader
+				// writes a snapshot at its next tick. Wait for it, and
+				// check etcd holds it, so the new leader loads one.
+				require.Eventually(t, func() bool { return leader.SnapshotSeq() > 0 },
+					10*time.Second, 10*time.Millisecond, "no snapshot written")
+				requireSnapshot(t, etcd, "t", leader.SnapshotSeq())
+			}
+			// Some churn the journal must replay (after the snapshot, if
+			// any): removals and an upsert.
 			require.NoError(t, a.Remove(ctx, "k0", true))
 			require.NoError(t, a.Upsert(ctx, "k1", value(999, 5000), nil))
-			time.Sleep(1500 * time.Millisecond) // a snapshot tick, when every is small
 
 			require.NoError(t, leader.Close())
 			start := time.Now()
@@ -139,9 +166,19 @@ func TestFailoverUnderLoad(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(300 * time.Millisecond)
+	ackedN := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	// Puts are being acknowledged before the failover, and again after it:
+	// the test covers puts in flight when the leader dies.
+	require.Eventually(t, func() bool { return ackedN() >= 30 }, 10*time.Second, time.Millisecond)
 	require.NoError(t, leader.Close())
-	time.Sleep(2 * time.Second)
+	waitLeader(t, m1, m2)
+	before := ackedN()
+	require.Eventually(t, func() bool { return ackedN() >= before+30 }, 10*time.Second, time.Millisecond,
+		"no put acknowledged by the new leader")
 	close(stop)
 	wg.Wait()
 	mu.Lock()
@@ -154,5 +191,3 @@ func TestFailoverUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d puts acknowledged across the failover, all readable", len(acked))
 }
-
-var _ = context.Background

@@ -73,7 +73,10 @@ func TestSSDFullDegradesToEviction(t *testing.T) {
 	for i := range n {
 		require.NoError(t, node.Put(ctx, fmt.Sprintf("f%d", i), value(uint64(i), size), nil))
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Evictions run inline when a put finds no room and in the master's
+	// loop; wait until some object has gone before reading.
+	require.Eventually(t, func() bool { st := m.Service().Stats(); return st.Keys < n && st.EvictedKeys > 0 },
+		10*time.Second, 5*time.Millisecond, "nothing evicted: %+v", m.Service().Stats())
 	found, missing := 0, 0
 	for i := range n {
 		got, err := node.Get(ctx, fmt.Sprintf("f%d", i))

@@ -79,6 +79,7 @@ type Server struct {
 	svc     atomic.Pointer[Service]
 	leading atomic.Bool
 	term    atomic.Int64
+	snapSeq atomic.Uint64 // the seq of the last snapshot this server wrote
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -291,10 +292,11 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 				return err
 			}
 			if j.pendingSnapshot() >= h.SnapshotEvery {
-				seq, err := j.writeSnapshot(svc)
+				seq, err := j.writeSnapshot(ctx, svc)
 				if err != nil {
 					return fmt.Errorf("snapshot: %w", err)
 				}
+				s.snapSeq.Store(seq)
 				s.log.Info("master: snapshot written", "term", l.Term(), "seq", seq)
 			}
 		}
@@ -346,6 +348,11 @@ func (s *Server) KVEventsReplayAddr() string {
 
 // Term is the current or last leadership term under HA (0 without).
 func (s *Server) Term() int64 { return s.term.Load() }
+
+// SnapshotSeq is the journal sequence number of the last snapshot this
+// server wrote while leading, once it is in etcd (0: none yet). Tests wait
+// on it rather than on the snapshot ticker.
+func (s *Server) SnapshotSeq() uint64 { return s.snapSeq.Load() }
 
 // Close stops serving (calls in progress are cut), resigns the leadership
 // and waits for the server's goroutines. It is idempotent.
