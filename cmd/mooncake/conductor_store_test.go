@@ -26,14 +26,14 @@ func TestConductorStoreMaster(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	svc := m.Service()
-	require.NoError(t, svc.MountSegment("c1", &storepb.Segment{Id: "s1", Name: "node-1", Base: 1 << 32,
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", &storepb.Segment{Id: "s1", Name: "node-1", Base: 1 << 32,
 		Size: 1 << 20, TransportEndpoint: "127.0.0.1:1", Protocol: "tcp"}))
 	blocks := conductor.HashTokens(make([]int, 2*conductor.BlockTokens))
 	for _, h := range blocks {
 		key := conductor.BlockKey("llama@0", h)
-		_, err := svc.PutStart("c1", key, 64, nil)
+		_, err := svc.PutStart(t.Context(), "c1", key, 64, nil)
 		require.NoError(t, err)
-		require.NoError(t, svc.PutEnd("c1", key, 0))
+		require.NoError(t, svc.PutEnd(t.Context(), "c1", key, 0))
 	}
 
 	cmd := selfCommand(t, "conductor", "--listen", "127.0.0.1:0", "--store-master", m.Addr())
@@ -64,6 +64,6 @@ func TestConductorStoreMaster(t *testing.T) {
 		}
 	}
 	storePrefix(2)
-	require.NoError(t, svc.Remove(conductor.BlockKey("llama@0", blocks[1]), true))
+	require.NoError(t, svc.Remove(t.Context(), conductor.BlockKey("llama@0", blocks[1]), true))
 	storePrefix(1)
 }

@@ -87,7 +87,7 @@ func startMaster(t *testing.T, addr string) *master.Server {
 	m, err := master.Start(master.ServerConfig{Listen: addr,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	require.NoError(t, m.Service().MountSegment("c1", &storepb.Segment{Id: "s1", Name: "node-1", Base: 1 << 32,
+	require.NoError(t, m.Service().MountSegment(t.Context(), "c1", &storepb.Segment{Id: "s1", Name: "node-1", Base: 1 << 32,
 		Size: 1 << 20, TransportEndpoint: "127.0.0.1:1", Protocol: "tcp"}))
 	return m
 }
@@ -95,9 +95,9 @@ func startMaster(t *testing.T, addr string) *master.Server {
 func put(t *testing.T, m *master.Server, keys ...string) {
 	t.Helper()
 	for _, k := range keys {
-		_, err := m.Service().PutStart("c1", k, 64, nil)
+		_, err := m.Service().PutStart(t.Context(), "c1", k, 64, nil)
 		require.NoError(t, err)
-		require.NoError(t, m.Service().PutEnd("c1", k, 0))
+		require.NoError(t, m.Service().PutEnd(t.Context(), "c1", k, 0))
 	}
 }
 
@@ -131,9 +131,9 @@ func TestFeed(t *testing.T) {
 	put(t, m, conductor.BlockKey("m@0", h3))
 	assert.Equal(t, call{true, []uint64{h3}}, r.await(t, 2)[1])
 	assert.Equal(t, map[string]int{conductor.StoreHolder: 3}, s.Longest([]uint64{h1, h2, h3}))
-	require.NoError(t, m.Service().Remove(conductor.BlockKey("m@0", h1), true))
-	require.NoError(t, m.Service().Remove("config.json", true))
-	require.NoError(t, m.Service().Remove(conductor.BlockKey("m@1", h1), true))
+	require.NoError(t, m.Service().Remove(t.Context(), conductor.BlockKey("m@0", h1), true))
+	require.NoError(t, m.Service().Remove(t.Context(), "config.json", true))
+	require.NoError(t, m.Service().Remove(t.Context(), conductor.BlockKey("m@1", h1), true))
 	calls := r.await(t, 3)
 	assert.Equal(t, []call{{false, []uint64{h1}}}, calls[2:])
 	assert.Empty(t, s.Longest([]uint64{h1, h2, h3}))

@@ -45,8 +45,9 @@
 //     mooncake-store/<cluster>/master_view under an etcd lease; standbys
 //     answer Unavailable. Every durable change is journaled to etcd in
 //     order, in transactions fenced by the leader's term, and group
-//     committed; answers wait for their records, and freed space is reused
-//     only once the record freeing it is durable. Snapshots every
+//     committed; answers wait for their records (until the call's context
+//     ends: the cause of its error is then the context's), and freed space
+//     is reused only once the record freeing it is durable. Snapshots every
 //     HAConfig.SnapshotEvery records bound the log. A new leader loads the
 //     latest snapshot and the records after it, rebuilds the allocators
 //     from the live replicas, gives every object a fresh lease (readers of

@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -34,6 +35,11 @@ const (
 func journalPrefix(clusterID string) string { return "mooncake-store/" + clusterID + "/journal/" }
 
 func logKey(prefix string, seq uint64) string { return fmt.Sprintf("%slog/%020d", prefix, seq) }
+
+// ErrNotLeader is the cause of a journal write or wait that failed because
+// this master no longer leads: another one may have taken over, and the
+// change may not survive it.
+var ErrNotLeader = errors.New("master: no longer the leader")
 
 type entry struct {
 	rec  *storepb.JournalRecord
@@ -91,16 +97,27 @@ func (j *etcdJournal) last() uint64 {
 	return j.next - 1
 }
 
-func (j *etcdJournal) wait(seq uint64) error {
+func (j *etcdJournal) wait(ctx context.Context, seq uint64) error {
+	// A sync.Cond cannot select on ctx: its end wakes the waiters instead,
+	// who check it.
+	stop := context.AfterFunc(ctx, func() {
+		j.mu.Lock()
+		j.cond.Broadcast()
+		j.mu.Unlock()
+	})
+	defer stop()
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for j.committed < seq && j.err == nil {
+	for j.committed < seq && j.err == nil && ctx.Err() == nil {
 		j.cond.Wait()
 	}
-	if j.committed >= seq {
+	switch {
+	case j.committed >= seq:
 		return nil
+	case j.err != nil:
+		return j.err
 	}
-	return j.err
+	return ctx.Err()
 }
 
 // failed is closed-over by the server: the journal's error, once it has
@@ -116,7 +133,7 @@ func (j *etcdJournal) close() {
 	j.mu.Lock()
 	j.closed = true
 	if j.err == nil {
-		j.err = fmt.Errorf("master: journal closed (no longer the leader)")
+		j.err = fmt.Errorf("%w: journal closed", ErrNotLeader)
 	}
 	j.cond.Broadcast()
 	j.mu.Unlock()
@@ -246,7 +263,7 @@ func (j *etcdJournal) put(key, value string) error {
 		return err
 	}
 	if !txn.Succeeded {
-		return fmt.Errorf("no longer the leader (term %d)", j.term)
+		return fmt.Errorf("%w (term %d)", ErrNotLeader, j.term)
 	}
 	return nil
 }
@@ -261,9 +278,9 @@ func (j *etcdJournal) pendingSnapshot() int {
 
 // writeSnapshot stores the state of svc and trims the log it makes
 // redundant.
-func (j *etcdJournal) writeSnapshot(svc *Service) (uint64, error) {
+func (j *etcdJournal) writeSnapshot(ctx context.Context, svc *Service) (uint64, error) {
 	chunks, seq := svc.snapshot(snapChunkObjs)
-	if err := j.wait(seq); err != nil {
+	if err := j.wait(ctx, seq); err != nil {
 		return 0, err
 	}
 	j.mu.Lock()
@@ -376,7 +393,7 @@ func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string, te
 		case err != nil:
 			return nil, 0, fmt.Errorf("master: journal: delete unacknowledged records: %w", err)
 		case !txn.Succeeded:
-			return nil, 0, fmt.Errorf("master: journal: no longer the leader (term %d)", term)
+			return nil, 0, fmt.Errorf("%w (term %d): journal not loaded", ErrNotLeader, term)
 		}
 	}
 	return st, last, nil

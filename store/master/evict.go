@@ -2,6 +2,7 @@ package master
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"time"
 
@@ -41,7 +42,7 @@ func (s *Service) evict(force bool) uint64 {
 // allocates before it lets the next one in, so puts waiting to evict do not
 // take each other's room: the first thing a put does once in is try again,
 // in the room the eviction before it made.
-func (s *Service) startEvicting(clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
+func (s *Service) startEvicting(ctx context.Context, clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
 	for range int(1/max(s.cfg.EvictionRatio, 0.01)) + 2 {
@@ -53,8 +54,12 @@ func (s *Service) startEvicting(clientID, key string, length uint64, n int, cfg 
 			return nil, 0, errNoSpace
 		}
 		if s.j != nil {
-			// Evicted space comes back once the drops are durable.
-			_ = s.durable(s.j.last())
+			// Evicted space comes back once the drops are durable. A
+			// journal that failed fails the put's own record; a caller
+			// gone ends the put here.
+			if err := s.durable(ctx, s.j.last()); err != nil && ctx.Err() != nil {
+				return nil, 0, err
+			}
 		}
 	}
 	return nil, 0, errNoSpace

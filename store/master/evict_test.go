@@ -61,7 +61,7 @@ func TestSelectSmallest(t *testing.T) {
 func TestEvictionOrderAtScale(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
 	const n, size = 20000, 1024
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, n*size)))
 	for i := range n {
 		clk.Advance(time.Microsecond)
 		put(t, s, "c1", fmt.Sprint("k", i), size, nil)
@@ -108,7 +108,7 @@ func TestEvictionOrderAtScale(t *testing.T) {
 func TestEvictionCacheSkipsTouched(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{LeaseTTL: 100 * time.Millisecond})
 	const n, size = 2000, 1024
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, n*size)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, n*size)))
 	lru := rand.New(rand.NewPCG(7, 8)).Perm(n)
 	for _, i := range lru {
 		clk.Advance(time.Microsecond)
@@ -207,7 +207,7 @@ func TestEvictionFrontDroppedWhenScanReusesBuffer(t *testing.T) {
 func pinnedPool(t *testing.T, cfg ServiceConfig, pinned, n int, pinMs int64) (*Service, *fakeClock, func(int) bool) {
 	t.Helper()
 	s, clk := newTestService(t, cfg)
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, uint64(n)*1024)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, uint64(n)*1024)))
 	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: pinMs}
 	for i := range n {
 		clk.Advance(time.Microsecond)
@@ -229,7 +229,7 @@ func pinnedPool(t *testing.T, cfg ServiceConfig, pinned, n int, pinMs int64) (*S
 func TestEvictionWalksPastSortedFront(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
 	const soft, plain, size = 3000, 1000, 1024
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, (soft+plain)*size)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, (soft+plain)*size)))
 	pin := &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: 3_600_000}
 	for i := range soft {
 		clk.Advance(time.Microsecond)
@@ -260,9 +260,9 @@ func TestConcurrentPutsIntoFullPool(t *testing.T) {
 	errs := make([]error, 64)
 	for g := range errs {
 		wg.Go(func() {
-			_, err := s.PutStart("c1", fmt.Sprint("new", g), size, nil)
+			_, err := s.PutStart(t.Context(), "c1", fmt.Sprint("new", g), size, nil)
 			if err == nil {
-				err = s.PutEnd("c1", fmt.Sprint("new", g), 7)
+				err = s.PutEnd(t.Context(), "c1", fmt.Sprint("new", g), 7)
 			}
 			errs[g] = err
 		})
@@ -285,7 +285,7 @@ func TestConcurrentLargePutsIntoFullPool(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 16)
 	for g := range errs {
-		wg.Go(func() { _, errs[g] = s.PutStart("c1", fmt.Sprint("big", g), big, nil) })
+		wg.Go(func() { _, errs[g] = s.PutStart(t.Context(), "c1", fmt.Sprint("big", g), big, nil) })
 	}
 	wg.Wait()
 	for g, err := range errs {
@@ -305,7 +305,7 @@ func BenchmarkEvict(b *testing.B) {
 				clk := newFakeClock()
 				s, err := NewService(ServiceConfig{Now: clk.Now, Seed: 1})
 				require.NoError(b, err)
-				require.NoError(b, s.MountSegment("c1", seg("1", 0, uint64(n)*1024)))
+				require.NoError(b, s.MountSegment(b.Context(), "c1", seg("1", 0, uint64(n)*1024)))
 				next := 0
 				fill := func(count int) {
 					for range count {

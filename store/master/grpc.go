@@ -63,12 +63,12 @@ var errNilRequest = status.Error(codes.InvalidArgument, "master: nil request")
 
 // putStart is one PutStart or UpsertStart item. A nil item reads as an
 // empty key and so answers InvalidParams.
-func (g *GRPCServer) putStart(req *storepb.PutStartRequest, upsert bool) *storepb.PutStartResponse {
+func (g *GRPCServer) putStart(ctx context.Context, req *storepb.PutStartRequest, upsert bool) *storepb.PutStartResponse {
 	start := g.svc.Load().PutStart
 	if upsert {
 		start = g.svc.Load().UpsertStart
 	}
-	reps, err := start(req.GetClientId(), req.GetKey(), req.GetValueLength(), req.GetConfig())
+	reps, err := start(ctx, req.GetClientId(), req.GetKey(), req.GetValueLength(), req.GetConfig())
 	return &storepb.PutStartResponse{Result: storepb.NewResult(err), Replicas: reps}
 }
 
@@ -99,7 +99,7 @@ func (g *GRPCServer) existKey(key string) *storepb.Result {
 // batchDurable answers one Result per item of n, running f on each
 // without waiting for its journal record, then waiting once for them all:
 // items that succeeded fail together if the journal does.
-func batchDurable(svc *Service, n int, f func(i int) (uint64, error)) []*storepb.Result {
+func batchDurable(ctx context.Context, svc *Service, n int, f func(i int) (uint64, error)) []*storepb.Result {
 	out := make([]*storepb.Result, n)
 	var last uint64
 	for i := range n {
@@ -107,7 +107,7 @@ func batchDurable(svc *Service, n int, f func(i int) (uint64, error)) []*storepb
 		out[i] = storepb.NewResult(err)
 		last = max(last, seq)
 	}
-	if err := svc.durable(last); err != nil {
+	if err := svc.durable(ctx, last); err != nil {
 		for i, r := range out {
 			if r.Code == int32(storepb.OK) {
 				out[i] = storepb.NewResult(err)
@@ -118,44 +118,44 @@ func batchDurable(svc *Service, n int, f func(i int) (uint64, error)) []*storepb
 }
 
 // PutStart reserves the replicas of a new object; see Service.PutStart.
-func (g *GRPCServer) PutStart(_ context.Context, req *storepb.PutStartRequest) (*storepb.PutStartResponse, error) {
+func (g *GRPCServer) PutStart(ctx context.Context, req *storepb.PutStartRequest) (*storepb.PutStartResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.putStart(req, false), nil
+	return g.putStart(ctx, req, false), nil
 }
 
 // PutEnd makes a started object readable; see Service.PutEnd.
-func (g *GRPCServer) PutEnd(_ context.Context, req *storepb.PutEndRequest) (*storepb.Result, error) {
+func (g *GRPCServer) PutEnd(ctx context.Context, req *storepb.PutEndRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().PutEnd(req.ClientId, req.Key, req.Checksum)), nil
+	return storepb.NewResult(g.svc.Load().PutEnd(ctx, req.ClientId, req.Key, req.Checksum)), nil
 }
 
 // PutRevoke gives a started object's space back; see Service.PutRevoke.
-func (g *GRPCServer) PutRevoke(_ context.Context, req *storepb.KeyRequest) (*storepb.Result, error) {
+func (g *GRPCServer) PutRevoke(ctx context.Context, req *storepb.KeyRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().PutRevoke(req.ClientId, req.Key)), nil
+	return storepb.NewResult(g.svc.Load().PutRevoke(ctx, req.ClientId, req.Key)), nil
 }
 
 // BatchPutStart is PutStart per item, one response per item.
-func (g *GRPCServer) BatchPutStart(_ context.Context, req *storepb.BatchPutStartRequest) (*storepb.BatchPutStartResponse, error) {
+func (g *GRPCServer) BatchPutStart(ctx context.Context, req *storepb.BatchPutStartRequest) (*storepb.BatchPutStartResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.batchPutStart(req, false), nil
+	return g.batchPutStart(ctx, req, false), nil
 }
 
 // batchPutStart starts every item, then waits once for their records.
-func (g *GRPCServer) batchPutStart(req *storepb.BatchPutStartRequest, upsert bool) *storepb.BatchPutStartResponse {
+func (g *GRPCServer) batchPutStart(ctx context.Context, req *storepb.BatchPutStartRequest, upsert bool) *storepb.BatchPutStartResponse {
 	svc := g.svc.Load()
 	out := &storepb.BatchPutStartResponse{Items: make([]*storepb.PutStartResponse, len(req.Items))}
-	results := batchDurable(svc, len(req.Items), func(i int) (uint64, error) {
+	results := batchDurable(ctx, svc, len(req.Items), func(i int) (uint64, error) {
 		it := req.Items[i]
-		reps, seq, err := svc.startSeq(it.GetClientId(), it.GetKey(), it.GetValueLength(), it.GetConfig(), upsert)
+		reps, seq, err := svc.startSeq(ctx, it.GetClientId(), it.GetKey(), it.GetValueLength(), it.GetConfig(), upsert)
 		out.Items[i] = &storepb.PutStartResponse{Replicas: reps}
 		return seq, err
 	})
@@ -169,43 +169,43 @@ func (g *GRPCServer) batchPutStart(req *storepb.BatchPutStartRequest, upsert boo
 }
 
 // BatchPutEnd is PutEnd per item, one Result per item.
-func (g *GRPCServer) BatchPutEnd(_ context.Context, req *storepb.BatchPutEndRequest) (*storepb.BatchResult, error) {
+func (g *GRPCServer) BatchPutEnd(ctx context.Context, req *storepb.BatchPutEndRequest) (*storepb.BatchResult, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
 	svc := g.svc.Load()
-	return &storepb.BatchResult{Results: batchDurable(svc, len(req.Items), func(i int) (uint64, error) {
+	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Items), func(i int) (uint64, error) {
 		it := req.Items[i]
 		return svc.putEndSeq(it.GetClientId(), it.GetKey(), it.GetChecksum())
 	})}, nil
 }
 
 // BatchPutRevoke is PutRevoke per key, one Result per key.
-func (g *GRPCServer) BatchPutRevoke(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchResult, error) {
+func (g *GRPCServer) BatchPutRevoke(ctx context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchResult, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
 	svc := g.svc.Load()
-	return &storepb.BatchResult{Results: batchDurable(svc, len(req.Keys), func(i int) (uint64, error) {
+	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Keys), func(i int) (uint64, error) {
 		return svc.revokeSeq(req.ClientId, req.Keys[i])
 	})}, nil
 }
 
 // UpsertStart is PutStart that may replace an existing object; see
 // Service.UpsertStart. The client finishes it with PutEnd or PutRevoke.
-func (g *GRPCServer) UpsertStart(_ context.Context, req *storepb.PutStartRequest) (*storepb.PutStartResponse, error) {
+func (g *GRPCServer) UpsertStart(ctx context.Context, req *storepb.PutStartRequest) (*storepb.PutStartResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.putStart(req, true), nil
+	return g.putStart(ctx, req, true), nil
 }
 
 // BatchUpsertStart is UpsertStart per item, one response per item.
-func (g *GRPCServer) BatchUpsertStart(_ context.Context, req *storepb.BatchPutStartRequest) (*storepb.BatchPutStartResponse, error) {
+func (g *GRPCServer) BatchUpsertStart(ctx context.Context, req *storepb.BatchPutStartRequest) (*storepb.BatchPutStartResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.batchPutStart(req, true), nil
+	return g.batchPutStart(ctx, req, true), nil
 }
 
 // GetReplicaList returns the complete replicas of a key and grants a lease;
@@ -250,65 +250,65 @@ func (g *GRPCServer) BatchExistKey(_ context.Context, req *storepb.BatchKeyReque
 }
 
 // Remove deletes a readable object; see Service.Remove.
-func (g *GRPCServer) Remove(_ context.Context, req *storepb.RemoveRequest) (*storepb.Result, error) {
+func (g *GRPCServer) Remove(ctx context.Context, req *storepb.RemoveRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().Remove(req.Key, req.Force)), nil
+	return storepb.NewResult(g.svc.Load().Remove(ctx, req.Key, req.Force)), nil
 }
 
 // BatchRemove is Remove per key, one Result per key.
-func (g *GRPCServer) BatchRemove(_ context.Context, req *storepb.BatchRemoveRequest) (*storepb.BatchResult, error) {
+func (g *GRPCServer) BatchRemove(ctx context.Context, req *storepb.BatchRemoveRequest) (*storepb.BatchResult, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
 	svc := g.svc.Load()
-	return &storepb.BatchResult{Results: batchDurable(svc, len(req.Keys), func(i int) (uint64, error) {
+	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Keys), func(i int) (uint64, error) {
 		return svc.removeSeq(req.Keys[i], req.Force)
 	})}, nil
 }
 
 // RemoveAll removes every readable object and says how many.
-func (g *GRPCServer) RemoveAll(_ context.Context, req *storepb.RemoveAllRequest) (*storepb.RemoveAllResponse, error) {
+func (g *GRPCServer) RemoveAll(ctx context.Context, req *storepb.RemoveAllRequest) (*storepb.RemoveAllResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	n, err := g.svc.Load().removeAll(req.Force)
+	n, err := g.svc.Load().removeAll(ctx, req.Force)
 	return &storepb.RemoveAllResponse{Result: storepb.NewResult(err), Removed: int64(n)}, nil
 }
 
 // RemoveByRegex removes the readable objects whose key matches a pattern
 // and says how many.
-func (g *GRPCServer) RemoveByRegex(_ context.Context, req *storepb.RemoveByRegexRequest) (*storepb.RemoveAllResponse, error) {
+func (g *GRPCServer) RemoveByRegex(ctx context.Context, req *storepb.RemoveByRegexRequest) (*storepb.RemoveAllResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	n, err := g.svc.Load().RemoveByRegex(req.Regex, req.Force)
+	n, err := g.svc.Load().RemoveByRegex(ctx, req.Regex, req.Force)
 	return &storepb.RemoveAllResponse{Result: storepb.NewResult(err), Removed: int64(n)}, nil
 }
 
 // MountSegment adds a client's segment to the pool.
-func (g *GRPCServer) MountSegment(_ context.Context, req *storepb.MountSegmentRequest) (*storepb.Result, error) {
+func (g *GRPCServer) MountSegment(ctx context.Context, req *storepb.MountSegmentRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().MountSegment(req.ClientId, req.Segment)), nil
+	return storepb.NewResult(g.svc.Load().MountSegment(ctx, req.ClientId, req.Segment)), nil
 }
 
 // ReMountSegment mounts a client's segments again after NEED_REMOUNT.
-func (g *GRPCServer) ReMountSegment(_ context.Context, req *storepb.ReMountSegmentRequest) (*storepb.Result, error) {
+func (g *GRPCServer) ReMountSegment(ctx context.Context, req *storepb.ReMountSegmentRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().ReMountSegment(req.ClientId, req.Segments)), nil
+	return storepb.NewResult(g.svc.Load().ReMountSegment(ctx, req.ClientId, req.Segments)), nil
 }
 
 // UnmountSegment removes a segment and the replicas on it.
-func (g *GRPCServer) UnmountSegment(_ context.Context, req *storepb.UnmountSegmentRequest) (*storepb.Result, error) {
+func (g *GRPCServer) UnmountSegment(ctx context.Context, req *storepb.UnmountSegmentRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().UnmountSegment(req.ClientId, req.SegmentId)), nil
+	return storepb.NewResult(g.svc.Load().UnmountSegment(ctx, req.ClientId, req.SegmentId)), nil
 }
 
 // Ping records a client as alive; an unknown client is told to remount.
@@ -321,11 +321,11 @@ func (g *GRPCServer) Ping(_ context.Context, req *storepb.PingRequest) (*storepb
 }
 
 // MoveEnd reports a spill or promotion done or failed; see Service.MoveEnd.
-func (g *GRPCServer) MoveEnd(_ context.Context, req *storepb.MoveEndRequest) (*storepb.Result, error) {
+func (g *GRPCServer) MoveEnd(ctx context.Context, req *storepb.MoveEndRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().MoveEnd(req.ClientId, req.TaskId, req.Ok)), nil
+	return storepb.NewResult(g.svc.Load().MoveEnd(ctx, req.ClientId, req.TaskId, req.Ok)), nil
 }
 
 // watchBatch is the most events one WatchObjectsResponse carries.

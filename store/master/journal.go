@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"fmt"
 	"slices"
 
@@ -15,8 +16,9 @@ type journal interface {
 	// append queues rec and returns its sequence number. done, if not nil,
 	// runs once rec (and every record before it) is durable.
 	append(rec *storepb.JournalRecord, done func()) uint64
-	// wait blocks until record seq is durable, or the journal failed.
-	wait(seq uint64) error
+	// wait blocks until record seq is durable, the journal failed, or ctx
+	// ended (its error then).
+	wait(ctx context.Context, seq uint64) error
 	// last is the sequence number of the last record appended.
 	last() uint64
 }
@@ -31,13 +33,15 @@ func (s *Service) record(rec *storepb.JournalRecord) uint64 {
 }
 
 // durable waits until record seq is durable; without a journal it returns
-// at once.
-func (s *Service) durable(seq uint64) error {
+// at once. A ctx that ends first (the RPC was cancelled or timed out) ends
+// the wait with an error whose cause is ctx's: the change stands in memory
+// and its record may still land, as when the answer of an RPC is lost.
+func (s *Service) durable(ctx context.Context, seq uint64) error {
 	if s.j == nil || seq == 0 {
 		return nil
 	}
-	if err := s.j.wait(seq); err != nil {
-		return storeErr(storepb.EtcdOperationError, "journal: %v", err)
+	if err := s.j.wait(ctx, seq); err != nil {
+		return &storepb.Error{Code: storepb.EtcdOperationError, Msg: fmt.Sprintf("journal record %d", seq), Err: err}
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ func BenchmarkEtcdJournalAppend(b *testing.B) {
 	defer j.close()
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: "k"}}}
 	for b.Loop() {
-		if err := j.wait(j.append(rec, nil)); err != nil {
+		if err := j.wait(b.Context(), j.append(rec, nil)); err != nil {
 			b.Fatal(err)
 		}
 	}

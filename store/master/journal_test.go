@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -34,7 +35,7 @@ func (j *memJournal) append(rec *storepb.JournalRecord, done func()) uint64 {
 	}
 	return seq
 }
-func (j *memJournal) wait(uint64) error { return nil }
+func (j *memJournal) wait(context.Context, uint64) error { return nil }
 func (j *memJournal) last() uint64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -72,30 +73,30 @@ func TestJournalReplayRebuildsState(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{ClientTTL: 5 * time.Second})
 	j := &memJournal{}
 	s.j = j
-	require.NoError(t, s.MountSegment("a", seg("1", 1<<20, 1<<20)))
-	require.NoError(t, s.MountSegment("b", seg("2", 8<<20, 1<<20)))
-	require.NoError(t, s.MountSegment("c", seg("3", 16<<20, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 1<<20, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "b", seg("2", 8<<20, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "c", seg("3", 16<<20, 1<<20)))
 	disk := seg("4", 32<<20, 4<<20)
 	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, s.MountSegment("a", disk))
+	require.NoError(t, s.MountSegment(t.Context(), "a", disk))
 
 	for i := range 40 {
 		put(t, s, "a", fmt.Sprintf("k%d", i), uint64(1000+i*300), &storepb.ReplicateConfig{ReplicaNum: int32(1 + i%2)})
 	}
-	_, err := s.PutStart("b", "inflight", 5000, nil)
+	_, err := s.PutStart(t.Context(), "b", "inflight", 5000, nil)
 	require.NoError(t, err)
-	_, err = s.PutStart("b", "revoked", 5000, nil)
+	_, err = s.PutStart(t.Context(), "b", "revoked", 5000, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.PutRevoke("b", "revoked"))
-	_, err = s.UpsertStart("a", "k1", 7000, nil)
+	require.NoError(t, s.PutRevoke(t.Context(), "b", "revoked"))
+	_, err = s.UpsertStart(t.Context(), "a", "k1", 7000, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.PutEnd("a", "k1", 99))
-	require.NoError(t, s.Remove("k2", true))
+	require.NoError(t, s.PutEnd(t.Context(), "a", "k1", 99))
+	require.NoError(t, s.Remove(t.Context(), "k2", true))
 	// SSD moves: the offloads queued by the puts, done by client a.
 	moved := 0
 	for _, task := range s.takeTasks("a") {
 		// k1's offload finds the object replaced by the upsert.
-		if err := s.MoveEnd("a", task.Id, true); err == nil {
+		if err := s.MoveEnd(t.Context(), "a", task.Id, true); err == nil {
 			moved++
 		} else {
 			require.ErrorIs(t, err, storepb.ErrObjectNotFound)
@@ -105,7 +106,7 @@ func TestJournalReplayRebuildsState(t *testing.T) {
 	clk.Advance(time.Minute) // leases end
 	s.Ping("a")
 	s.Ping("b")
-	require.NoError(t, s.UnmountSegment("b", "2"))
+	require.NoError(t, s.UnmountSegment(t.Context(), "b", "2"))
 	require.Positive(t, s.evict(true), "a forced eviction takes something")
 	s.Ping("a")
 	clk.Advance(6 * time.Second)
@@ -133,7 +134,7 @@ func TestJournalReplayRebuildsState(t *testing.T) {
 	put(t, s, "a", "after", 3000, nil)
 	// Remove some object eviction left (which ones it took varies).
 	for i := range 40 {
-		if err := s.Remove(fmt.Sprintf("k%d", i), true); err == nil {
+		if err := s.Remove(t.Context(), fmt.Sprintf("k%d", i), true); err == nil {
 			break
 		}
 	}

@@ -182,7 +182,7 @@ var (
 func TestKVEventsPutRemove(t *testing.T) {
 	m, svc := startKVMaster(t, KVEventsConfig{BackendID: "pool-a", ModelName: "llama", BlockSize: 16})
 	sub := subscribeKV(t, m, "", "")
-	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 1<<20)))
 
 	start := time.Now().UnixMilli()
 	keys := []struct {
@@ -198,10 +198,10 @@ func TestKVEventsPutRemove(t *testing.T) {
 	for _, k := range keys {
 		put(t, svc, "c1", k.key, 64, nil)
 	}
-	require.NoError(t, svc.Remove("llama@0@00000000000000ff", true))
-	require.NoError(t, svc.Remove("config.json", true))
-	assert.Equal(t, 1, must(svc.RemoveByRegex("^trace@", true)))
-	assert.Equal(t, 2, svc.RemoveAll(true))
+	require.NoError(t, svc.Remove(t.Context(), "llama@0@00000000000000ff", true))
+	require.NoError(t, svc.Remove(t.Context(), "config.json", true))
+	assert.Equal(t, 1, must(svc.RemoveByRegex(t.Context(), "^trace@", true)))
+	assert.Equal(t, 2, svc.RemoveAll(t.Context(), true))
 
 	evs, seqs := sub.events(len(keys) * 2)
 	for i, s := range seqs {
@@ -263,7 +263,7 @@ func TestKVEventsEviction(t *testing.T) {
 	// pool fills: only the put that finds it full evicts (5%).
 	m, svc := startKVMasterWith(t, ServiceConfig{Shards: 8, EvictionHighWatermark: 1}, KVEventsConfig{})
 	sub := subscribeKV(t, m, "", "")
-	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 100*1024)))
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 100*1024)))
 	for i := range 100 {
 		put(t, svc, "c1", fmt.Sprintf("k%d", i), 1024, nil)
 	}
@@ -294,20 +294,20 @@ func TestKVEventsEviction(t *testing.T) {
 func TestKVEventsMedia(t *testing.T) {
 	m, svc := startKVMaster(t, KVEventsConfig{})
 	sub := subscribeKV(t, m, "", "")
-	require.NoError(t, svc.MountSegment("a", seg("1", 1<<20, 1<<20)))
+	require.NoError(t, svc.MountSegment(t.Context(), "a", seg("1", 1<<20, 1<<20)))
 	disk := seg("2", 32<<20, 4<<20)
 	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, svc.MountSegment("a", disk))
+	require.NoError(t, svc.MountSegment(t.Context(), "a", disk))
 
 	put(t, svc, "a", "k", 4096, nil)
 	tasks := svc.takeTasks("a")
 	require.Len(t, tasks, 1, "the put queues an offload")
-	require.NoError(t, svc.MoveEnd("a", tasks[0].Id, true))
+	require.NoError(t, svc.MoveEnd(t.Context(), "a", tasks[0].Id, true))
 	sh := svc.shardOf("k")
 	sh.mu.Lock()
 	svc.evictLocked(sh, "k", sh.objects["k"], true)
 	sh.mu.Unlock()
-	require.NoError(t, svc.Remove("k", true))
+	require.NoError(t, svc.Remove(t.Context(), "k", true))
 
 	evs, _ := sub.events(4)
 	var got []string
@@ -367,7 +367,7 @@ func recvTimeout(t *testing.T, s zmq4.Socket) (zmq4.Msg, error) {
 func TestKVEventsReplay(t *testing.T) {
 	m, svc := startKVMaster(t, KVEventsConfig{Replay: "tcp://127.0.0.1:0", Topic: "kv", Buffer: 4})
 	early := subscribeKV(t, m, "", "")
-	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 1<<20)))
 	var all []kvTestMsg
 	for i := range 3 {
 		put(t, svc, "c1", fmt.Sprint(i), 64, nil)
@@ -398,7 +398,7 @@ func TestKVEventsReplay(t *testing.T) {
 func TestKVEventsQueueFull(t *testing.T) {
 	m, svc := startKVMaster(t, KVEventsConfig{Queue: 2})
 	sub := subscribeKV(t, m, "", "")
-	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 1<<20)))
 
 	m.kv.hold.Lock()
 	const n = 10
@@ -471,7 +471,7 @@ func TestKVEventsLeaderOnly(t *testing.T) {
 	require.Eventually(t, m.Leading, 20*time.Second, 10*time.Millisecond)
 	sub := subscribeKV(t, m, "", "")
 	old, term := m.Service(), m.Term()
-	require.NoError(t, old.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	require.NoError(t, old.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 1<<20)))
 	put(t, old, "c1", "a", 64, nil)
 	evs, _ := sub.events(1)
 	assert.Equal(t, "a", evs[0].ObjectKey)
@@ -492,10 +492,10 @@ func TestKVEventsLeaderOnly(t *testing.T) {
 
 	// The old term's service drops "a" (its journal is closed, so the
 	// removal fails, but the object is gone from it): no event.
-	_ = old.Remove("a", true)
+	_ = old.Remove(t.Context(), "a", true)
 	svc := m.Service()
 	require.NotSame(t, old, svc)
-	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 1<<20)))
 	put(t, svc, "c1", "b", 64, nil)
 	evs, seqs := sub.events(1)
 	assert.Equal(t, "stored", evs[0].EventType)
@@ -508,12 +508,12 @@ func TestKVEventsLeaderOnly(t *testing.T) {
 func TestKVEventsUpsertAndUnmount(t *testing.T) {
 	m, svc := startKVMaster(t, KVEventsConfig{})
 	sub := subscribeKV(t, m, "", "")
-	require.NoError(t, svc.MountSegment("c1", seg("1", 0x10000000, 1<<20)))
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 1<<20)))
 	put(t, svc, "c1", "k", 64, nil)
-	_, err := svc.UpsertStart("c1", "k", 128, nil)
+	_, err := svc.UpsertStart(t.Context(), "c1", "k", 128, nil)
 	require.NoError(t, err)
-	require.NoError(t, svc.UpsertEnd("c1", "k", 0))
-	require.NoError(t, svc.UnmountSegment("c1", "1"))
+	require.NoError(t, svc.UpsertEnd(t.Context(), "c1", "k", 0))
+	require.NoError(t, svc.UnmountSegment(t.Context(), "c1", "1"))
 
 	evs, _ := sub.events(3)
 	var got []string

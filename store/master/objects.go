@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"regexp"
 	"slices"
 	"time"
@@ -67,25 +68,25 @@ func checkKey(key string) error {
 // existing object, or another client's PutStart younger than
 // PutStartDiscardTimeout, gives ObjectAlreadyExists. When no replica fits,
 // PutStart evicts once and retries before answering NoAvailableHandle.
-func (s *Service) PutStart(clientID, key string, length uint64, cfg *storepb.ReplicateConfig) ([]*storepb.Replica, error) {
-	return s.start(clientID, key, length, cfg, false)
+func (s *Service) PutStart(ctx context.Context, clientID, key string, length uint64, cfg *storepb.ReplicateConfig) ([]*storepb.Replica, error) {
+	return s.start(ctx, clientID, key, length, cfg, false)
 }
 
 // UpsertStart is PutStart that may replace an existing object. The old
 // replicas stay readable until PutEnd swaps the new ones in; then they are
 // freed, or, if a reader holds a lease, when that lease ends.
-func (s *Service) UpsertStart(clientID, key string, length uint64, cfg *storepb.ReplicateConfig) ([]*storepb.Replica, error) {
-	return s.start(clientID, key, length, cfg, true)
+func (s *Service) UpsertStart(ctx context.Context, clientID, key string, length uint64, cfg *storepb.ReplicateConfig) ([]*storepb.Replica, error) {
+	return s.start(ctx, clientID, key, length, cfg, true)
 }
 
-func (s *Service) start(clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, error) {
-	reps, seq, err := s.startSeq(clientID, key, length, cfg, upsert)
-	return s.started(reps, seq, err)
+func (s *Service) start(ctx context.Context, clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, error) {
+	reps, seq, err := s.startSeq(ctx, clientID, key, length, cfg, upsert)
+	return s.started(ctx, reps, seq, err)
 }
 
 // startSeq is start without waiting for its journal record, whose sequence
 // number it returns: a batch waits once for all its items.
-func (s *Service) startSeq(clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
+func (s *Service) startSeq(ctx context.Context, clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
 	if err := checkKey(key); err != nil {
 		return nil, 0, err
 	}
@@ -105,7 +106,7 @@ func (s *Service) startSeq(clientID, key string, length uint64, cfg *storepb.Rep
 		return reps, seq, err
 	}
 	if s.fitsAnywhere(length) {
-		if reps, seq, err = s.startEvicting(clientID, key, length, n, cfg, upsert); err != errNoSpace {
+		if reps, seq, err = s.startEvicting(ctx, clientID, key, length, n, cfg, upsert); err != errNoSpace {
 			return reps, seq, err
 		}
 		s.needEvict.Store(true)
@@ -115,11 +116,11 @@ func (s *Service) startSeq(clientID, key string, length uint64, cfg *storepb.Rep
 }
 
 // started answers a PutStart once its record is durable.
-func (s *Service) started(reps []*storepb.Replica, seq uint64, err error) ([]*storepb.Replica, error) {
+func (s *Service) started(ctx context.Context, reps []*storepb.Replica, seq uint64, err error) ([]*storepb.Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.durable(seq); err != nil {
+	if err := s.durable(ctx, seq); err != nil {
 		return nil, err
 	}
 	return reps, nil
@@ -219,12 +220,12 @@ func (s *Service) pendingOf(sh *shard, clientID, key string) (*object, error) {
 
 // PutEnd makes the replicas of clientID's PutStart (or UpsertStart)
 // COMPLETE and the object readable, with its checksum.
-func (s *Service) PutEnd(clientID, key string, checksum uint32) error {
+func (s *Service) PutEnd(ctx context.Context, clientID, key string, checksum uint32) error {
 	seq, err := s.putEndSeq(clientID, key, checksum)
 	if err != nil {
 		return err
 	}
-	return s.durable(seq)
+	return s.durable(ctx, seq)
 }
 
 // putEndSeq is PutEnd without waiting for its journal record.
@@ -283,18 +284,18 @@ func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, erro
 }
 
 // UpsertEnd is PutEnd for an UpsertStart.
-func (s *Service) UpsertEnd(clientID, key string, checksum uint32) error {
-	return s.PutEnd(clientID, key, checksum)
+func (s *Service) UpsertEnd(ctx context.Context, clientID, key string, checksum uint32) error {
+	return s.PutEnd(ctx, clientID, key, checksum)
 }
 
 // PutRevoke abandons clientID's PutStart and frees its space. An upsert's
 // old value stays readable.
-func (s *Service) PutRevoke(clientID, key string) error {
+func (s *Service) PutRevoke(ctx context.Context, clientID, key string) error {
 	seq, err := s.revokeSeq(clientID, key)
 	if err != nil {
 		return err
 	}
-	return s.durable(seq)
+	return s.durable(ctx, seq)
 }
 
 // revokeSeq is PutRevoke without waiting for its journal record.
@@ -315,7 +316,9 @@ func (s *Service) revokeSeq(clientID, key string) (uint64, error) {
 }
 
 // UpsertRevoke is PutRevoke for an UpsertStart.
-func (s *Service) UpsertRevoke(clientID, key string) error { return s.PutRevoke(clientID, key) }
+func (s *Service) UpsertRevoke(ctx context.Context, clientID, key string) error {
+	return s.PutRevoke(ctx, clientID, key)
+}
 
 // GetReplicaList returns the COMPLETE replicas of key with its checksum and
 // length, and grants (or extends) a lease of leaseTTL on it.
@@ -377,12 +380,12 @@ func (s *Service) ExistKey(key string) (bool, error) {
 // Remove deletes key's readable value and frees its replicas. A leased
 // object gives ObjectHasLease unless force. A put in flight on the key is
 // left alone.
-func (s *Service) Remove(key string, force bool) error {
+func (s *Service) Remove(ctx context.Context, key string, force bool) error {
 	seq, err := s.removeSeq(key, force)
 	if err != nil {
 		return err
 	}
-	return s.durable(seq)
+	return s.durable(ctx, seq)
 }
 
 // removeSeq is Remove without waiting for its journal record.
@@ -425,15 +428,15 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 
 // RemoveAll removes every readable object, skipping leased ones unless
 // force, and returns how many it removed.
-func (s *Service) RemoveAll(force bool) int {
-	n, _ := s.removeAll(force)
+func (s *Service) RemoveAll(ctx context.Context, force bool) int {
+	n, _ := s.removeAll(ctx, force)
 	return n
 }
 
 // removeAll is RemoveAll with the journal's error: the removals happened
 // here, but a new leader may not know of them.
-func (s *Service) removeAll(force bool) (int, error) {
-	return s.removeMatching(func(string) bool { return true }, force)
+func (s *Service) removeAll(ctx context.Context, force bool) (int, error) {
+	return s.removeMatching(ctx, func(string) bool { return true }, force)
 }
 
 // MaxRegexLen bounds a RemoveByRegex pattern.
@@ -444,7 +447,7 @@ const MaxRegexLen = 4096
 // skipping leased ones unless force, and returns how many it removed. An
 // empty pattern, which would match every key, is refused: that is
 // RemoveAll.
-func (s *Service) RemoveByRegex(expr string, force bool) (int, error) {
+func (s *Service) RemoveByRegex(ctx context.Context, expr string, force bool) (int, error) {
 	switch {
 	case expr == "":
 		return 0, storeErr(storepb.InvalidParams, "empty pattern (RemoveAll removes every object)")
@@ -455,12 +458,12 @@ func (s *Service) RemoveByRegex(expr string, force bool) (int, error) {
 	if err != nil {
 		return 0, storeErr(storepb.InvalidParams, "pattern: %v", err)
 	}
-	return s.removeMatching(re.MatchString, force)
+	return s.removeMatching(ctx, re.MatchString, force)
 }
 
 // removeMatching removes the readable objects whose key match accepts
 // (leased ones only with force) and waits for their journal records.
-func (s *Service) removeMatching(match func(key string) bool, force bool) (int, error) {
+func (s *Service) removeMatching(ctx context.Context, match func(key string) bool, force bool) (int, error) {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -475,7 +478,7 @@ func (s *Service) removeMatching(match func(key string) bool, force bool) (int, 
 		}
 		sh.mu.Unlock()
 	}
-	return n, s.durable(s.lastSeq())
+	return n, s.durable(ctx, s.lastSeq())
 }
 
 // ReclaimPuts frees the space of puts in flight for longer than

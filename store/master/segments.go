@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -35,7 +36,7 @@ type client struct {
 // MountSegment adds seg, owned by clientID, to the pool. Mounting the same
 // segment id again from the same client is a no-op; from another client it
 // is InvalidParams.
-func (s *Service) MountSegment(clientID string, seg *storepb.Segment) error {
+func (s *Service) MountSegment(ctx context.Context, clientID string, seg *storepb.Segment) error {
 	if clientID == "" {
 		return storeErr(storepb.InvalidParams, "empty client id")
 	}
@@ -48,13 +49,13 @@ func (s *Service) MountSegment(clientID string, seg *storepb.Segment) error {
 	if err != nil {
 		return err
 	}
-	return s.durable(seq)
+	return s.durable(ctx, seq)
 }
 
 // ReMountSegment mounts every segment of segs for clientID, as a client
 // does after a Ping answered NEED_REMOUNT. It is idempotent and registers
 // the client even with no segments (a client that only reads).
-func (s *Service) ReMountSegment(clientID string, segs []*storepb.Segment) error {
+func (s *Service) ReMountSegment(ctx context.Context, clientID string, segs []*storepb.Segment) error {
 	if clientID == "" {
 		return storeErr(storepb.InvalidParams, "empty client id")
 	}
@@ -75,7 +76,7 @@ func (s *Service) ReMountSegment(clientID string, segs []*storepb.Segment) error
 		last = max(last, seq)
 	}
 	s.segMu.Unlock()
-	return s.durable(last)
+	return s.durable(ctx, last)
 }
 
 func checkSegment(seg *storepb.Segment) error {
@@ -143,7 +144,7 @@ func (s *Service) touchLocked(clientID string) *client {
 
 // UnmountSegment removes a segment from the pool. Every replica on it is
 // dropped; objects left with no complete replica are removed.
-func (s *Service) UnmountSegment(clientID, segmentID string) error {
+func (s *Service) UnmountSegment(ctx context.Context, clientID, segmentID string) error {
 	s.segMu.Lock()
 	sg, ok := s.segs[segmentID]
 	switch {
@@ -158,7 +159,7 @@ func (s *Service) UnmountSegment(clientID, segmentID string) error {
 	seq := s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Unmount{Unmount: &storepb.JournalUnmount{SegmentId: segmentID}}})
 	s.segMu.Unlock()
 	s.sweepDead()
-	return s.durable(seq)
+	return s.durable(ctx, seq)
 }
 
 func (s *Service) removeSegLocked(sg *segment) {

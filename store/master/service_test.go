@@ -58,9 +58,9 @@ func mem(r *storepb.Replica) *storepb.MemoryReplica { return r.GetMemory() }
 // put is PutStart + PutEnd.
 func put(t testing.TB, s *Service, client, key string, n uint64, cfg *storepb.ReplicateConfig) []*storepb.Replica {
 	t.Helper()
-	reps, err := s.PutStart(client, key, n, cfg)
+	reps, err := s.PutStart(t.Context(), client, key, n, cfg)
 	require.NoError(t, err)
-	require.NoError(t, s.PutEnd(client, key, 7))
+	require.NoError(t, s.PutEnd(t.Context(), client, key, 7))
 	return reps
 }
 
@@ -105,8 +105,8 @@ func TestServiceConfigValidate(t *testing.T) {
 
 func TestPutGetRoundTrip(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("c1", seg("1", 1<<40, 1<<20)))
-	reps, err := s.PutStart("c1", "k", 1000, nil)
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 1<<40, 1<<20)))
+	reps, err := s.PutStart(t.Context(), "c1", "k", 1000, nil)
 	require.NoError(t, err)
 	require.Len(t, reps, 1)
 	assert.Equal(t, storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING, reps[0].Status)
@@ -118,7 +118,7 @@ func TestPutGetRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ok)
 
-	require.NoError(t, s.PutEnd("c1", "k", 0xabc))
+	require.NoError(t, s.PutEnd(t.Context(), "c1", "k", 0xabc))
 	got, ttl, sum, n, err := s.GetReplicaList("k")
 	require.NoError(t, err)
 	assert.Equal(t, DefaultLeaseTTL, ttl)
@@ -144,7 +144,7 @@ func TestReplicasOnDistinctSegments(t *testing.T) {
 			s, _ := newTestService(t, ServiceConfig{Strategy: strategy})
 			for i := range 4 {
 				id := fmt.Sprint(i)
-				require.NoError(t, s.MountSegment("c"+id, seg(id, uint64(i)<<32, 1<<20)))
+				require.NoError(t, s.MountSegment(t.Context(), "c"+id, seg(id, uint64(i)<<32, 1<<20)))
 			}
 			for k := range 20 {
 				reps := put(t, s, "c0", fmt.Sprint("k", k), 4096, &storepb.ReplicateConfig{ReplicaNum: 3})
@@ -166,7 +166,7 @@ func TestPlacementPreferences(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
 	for i := range 4 {
 		id := fmt.Sprint(i)
-		require.NoError(t, s.MountSegment("c"+id, seg(id, uint64(i)<<32, 1<<20)))
+		require.NoError(t, s.MountSegment(t.Context(), "c"+id, seg(id, uint64(i)<<32, 1<<20)))
 	}
 	for k := range 10 {
 		// A preferred segment, by name, is used first.
@@ -180,8 +180,8 @@ func TestPlacementPreferences(t *testing.T) {
 
 func TestFreeRatioFirst(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{Strategy: StrategyFreeRatioFirst})
-	require.NoError(t, s.MountSegment("a", seg("1", 0, 1<<20)))
-	require.NoError(t, s.MountSegment("b", seg("2", 1<<32, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 0, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "b", seg("2", 1<<32, 1<<20)))
 	put(t, s, "a", "big", 1<<19, &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}})
 	for k := range 5 {
 		reps := put(t, s, "a", fmt.Sprint("k", k), 1024, nil)
@@ -191,23 +191,23 @@ func TestFreeRatioFirst(t *testing.T) {
 
 func TestWriteOnceAndUpsert(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, 1<<20)))
 	put(t, s, "c1", "k", 100, nil)
 
 	// A second put of a complete key is refused.
-	_, err := s.PutStart("c1", "k", 100, nil)
+	_, err := s.PutStart(t.Context(), "c1", "k", 100, nil)
 	require.ErrorIs(t, err, storepb.ErrObjectAlreadyExists)
 
 	// An upsert keeps the old value readable until its PutEnd.
-	_, err = s.UpsertStart("c1", "k", 300, nil)
+	_, err = s.UpsertStart(t.Context(), "c1", "k", 300, nil)
 	require.NoError(t, err)
 	_, _, _, n, err := s.GetReplicaList("k")
 	require.NoError(t, err)
 	assert.Equal(t, uint64(100), n)
 	// A second upsert while one is in flight is refused.
-	_, err = s.UpsertStart("c2", "k", 300, nil)
+	_, err = s.UpsertStart(t.Context(), "c2", "k", 300, nil)
 	require.ErrorIs(t, err, storepb.ErrObjectAlreadyExists)
-	require.NoError(t, s.UpsertEnd("c1", "k", 9))
+	require.NoError(t, s.UpsertEnd(t.Context(), "c1", "k", 9))
 	_, _, sum, n, err := s.GetReplicaList("k")
 	require.NoError(t, err)
 	assert.Equal(t, uint64(300), n)
@@ -220,24 +220,24 @@ func TestWriteOnceAndUpsert(t *testing.T) {
 	assert.Equal(t, uint64(320), s.Stats().Used)
 
 	// An unleased old value is freed at once.
-	_, err = s.UpsertStart("c1", "k", 64, nil)
+	_, err = s.UpsertStart(t.Context(), "c1", "k", 64, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.UpsertEnd("c1", "k", 1))
+	require.NoError(t, s.UpsertEnd(t.Context(), "c1", "k", 1))
 	assert.Equal(t, uint64(64), s.Stats().Used)
 
 	// Revoking an upsert keeps the old value.
-	_, err = s.UpsertStart("c1", "k", 640, nil)
+	_, err = s.UpsertStart(t.Context(), "c1", "k", 640, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.UpsertRevoke("c1", "k"))
+	require.NoError(t, s.UpsertRevoke(t.Context(), "c1", "k"))
 	_, _, _, n, err = s.GetReplicaList("k")
 	require.NoError(t, err)
 	assert.Equal(t, uint64(64), n)
 	assert.Equal(t, uint64(64), s.Stats().Used)
 
 	// Revoking a first put forgets the key and frees its space.
-	_, err = s.PutStart("c1", "new", 64, nil)
+	_, err = s.PutStart(t.Context(), "c1", "new", 64, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.PutRevoke("c1", "new"))
+	require.NoError(t, s.PutRevoke(t.Context(), "c1", "new"))
 	_, _, _, _, err = s.GetReplicaList("new")
 	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
 	assert.Equal(t, uint64(64), s.Stats().Used)
@@ -245,8 +245,8 @@ func TestWriteOnceAndUpsert(t *testing.T) {
 
 func TestErrorCodes(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, 1<<20)))
-	_, err := s.PutStart("c1", "inflight", 10, nil)
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, 1<<20)))
+	_, err := s.PutStart(t.Context(), "c1", "inflight", 10, nil)
 	require.NoError(t, err)
 	long := strings.Repeat("k", MaxKeyLen+1)
 
@@ -256,42 +256,42 @@ func TestErrorCodes(t *testing.T) {
 		want error
 	}{
 		// Keys must be non-empty and at most 4096 bytes.
-		{"put empty key", func() error { _, err := s.PutStart("c1", "", 10, nil); return err }, storepb.ErrInvalidParams},
-		{"put oversized key", func() error { _, err := s.PutStart("c1", long, 10, nil); return err }, storepb.ErrInvalidParams},
+		{"put empty key", func() error { _, err := s.PutStart(t.Context(), "c1", "", 10, nil); return err }, storepb.ErrInvalidParams},
+		{"put oversized key", func() error { _, err := s.PutStart(t.Context(), "c1", long, 10, nil); return err }, storepb.ErrInvalidParams},
 		{"get empty key", func() error { _, _, _, _, err := s.GetReplicaList(""); return err }, storepb.ErrInvalidParams},
 		{"exist oversized key", func() error { _, err := s.ExistKey(long); return err }, storepb.ErrInvalidParams},
-		{"remove empty key", func() error { return s.Remove("", false) }, storepb.ErrInvalidParams},
+		{"remove empty key", func() error { return s.Remove(t.Context(), "", false) }, storepb.ErrInvalidParams},
 		// A key of exactly 4096 bytes is fine.
-		{"max key", func() error { _, err := s.PutStart("c1", long[1:], 10, nil); return err }, nil},
+		{"max key", func() error { _, err := s.PutStart(t.Context(), "c1", long[1:], 10, nil); return err }, nil},
 		// Lengths must be positive; replica counts not negative.
-		{"zero length", func() error { _, err := s.PutStart("c1", "z", 0, nil); return err }, storepb.ErrInvalidParams},
+		{"zero length", func() error { _, err := s.PutStart(t.Context(), "c1", "z", 0, nil); return err }, storepb.ErrInvalidParams},
 		{"negative replicas", func() error {
-			_, err := s.PutStart("c1", "z", 1, &storepb.ReplicateConfig{ReplicaNum: -1})
+			_, err := s.PutStart(t.Context(), "c1", "z", 1, &storepb.ReplicateConfig{ReplicaNum: -1})
 			return err
 		}, storepb.ErrInvalidParams},
 		// Unknown keys.
 		{"get unknown", func() error { _, _, _, _, err := s.GetReplicaList("nope"); return err }, storepb.ErrObjectNotFound},
-		{"remove unknown", func() error { return s.Remove("nope", true) }, storepb.ErrObjectNotFound},
-		{"end unknown", func() error { return s.PutEnd("c1", "nope", 0) }, storepb.ErrObjectNotFound},
-		{"revoke unknown", func() error { return s.PutRevoke("c1", "nope") }, storepb.ErrObjectNotFound},
+		{"remove unknown", func() error { return s.Remove(t.Context(), "nope", true) }, storepb.ErrObjectNotFound},
+		{"end unknown", func() error { return s.PutEnd(t.Context(), "c1", "nope", 0) }, storepb.ErrObjectNotFound},
+		{"revoke unknown", func() error { return s.PutRevoke(t.Context(), "c1", "nope") }, storepb.ErrObjectNotFound},
 		// Only the client that started a put may end or revoke it.
-		{"end by other client", func() error { return s.PutEnd("c2", "inflight", 0) }, storepb.ErrInvalidParams},
-		{"revoke by other client", func() error { return s.PutRevoke("c2", "inflight") }, storepb.ErrInvalidParams},
+		{"end by other client", func() error { return s.PutEnd(t.Context(), "c2", "inflight", 0) }, storepb.ErrInvalidParams},
+		{"revoke by other client", func() error { return s.PutRevoke(t.Context(), "c2", "inflight") }, storepb.ErrInvalidParams},
 		// A put in flight is not readable and blocks another put.
 		{"get in flight", func() error { _, _, _, _, err := s.GetReplicaList("inflight"); return err }, storepb.ErrObjectNotFound},
-		{"put over in flight", func() error { _, err := s.PutStart("c2", "inflight", 10, nil); return err }, storepb.ErrObjectAlreadyExists},
+		{"put over in flight", func() error { _, err := s.PutStart(t.Context(), "c2", "inflight", 10, nil); return err }, storepb.ErrObjectAlreadyExists},
 		// Segments: bad descriptors, another client's id, unknown ids.
-		{"mount no id", func() error { return s.MountSegment("c1", seg("", 0, 10)) }, storepb.ErrInvalidParams},
-		{"mount no name", func() error { return s.MountSegment("c1", &storepb.Segment{Id: "x", Size: 10}) }, storepb.ErrInvalidParams},
-		{"mount zero size", func() error { return s.MountSegment("c1", seg("x", 0, 0)) }, storepb.ErrInvalidParams},
-		{"mount nil", func() error { return s.MountSegment("c1", nil) }, storepb.ErrInvalidParams},
-		{"mount no client", func() error { return s.MountSegment("", seg("x", 0, 10)) }, storepb.ErrInvalidParams},
-		{"mount by other client", func() error { return s.MountSegment("c2", seg("1", 0, 1<<20)) }, storepb.ErrInvalidParams},
-		{"mount again same client", func() error { return s.MountSegment("c1", seg("1", 0, 1<<20)) }, nil},
-		{"unmount unknown", func() error { return s.UnmountSegment("c1", "zz") }, storepb.ErrSegmentNotFound},
-		{"unmount by other client", func() error { return s.UnmountSegment("c2", "1") }, storepb.ErrInvalidParams},
+		{"mount no id", func() error { return s.MountSegment(t.Context(), "c1", seg("", 0, 10)) }, storepb.ErrInvalidParams},
+		{"mount no name", func() error { return s.MountSegment(t.Context(), "c1", &storepb.Segment{Id: "x", Size: 10}) }, storepb.ErrInvalidParams},
+		{"mount zero size", func() error { return s.MountSegment(t.Context(), "c1", seg("x", 0, 0)) }, storepb.ErrInvalidParams},
+		{"mount nil", func() error { return s.MountSegment(t.Context(), "c1", nil) }, storepb.ErrInvalidParams},
+		{"mount no client", func() error { return s.MountSegment(t.Context(), "", seg("x", 0, 10)) }, storepb.ErrInvalidParams},
+		{"mount by other client", func() error { return s.MountSegment(t.Context(), "c2", seg("1", 0, 1<<20)) }, storepb.ErrInvalidParams},
+		{"mount again same client", func() error { return s.MountSegment(t.Context(), "c1", seg("1", 0, 1<<20)) }, nil},
+		{"unmount unknown", func() error { return s.UnmountSegment(t.Context(), "c1", "zz") }, storepb.ErrSegmentNotFound},
+		{"unmount by other client", func() error { return s.UnmountSegment(t.Context(), "c2", "1") }, storepb.ErrInvalidParams},
 		// An object larger than every segment.
-		{"too large", func() error { _, err := s.PutStart("c1", "huge", 1<<21, nil); return err }, storepb.ErrNoAvailableHandle},
+		{"too large", func() error { _, err := s.PutStart(t.Context(), "c1", "huge", 1<<21, nil); return err }, storepb.ErrNoAvailableHandle},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -307,7 +307,7 @@ func TestErrorCodes(t *testing.T) {
 
 func TestLease(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, 1<<20)))
 	for _, k := range []string{"a", "b", "c"} {
 		put(t, s, "c1", k, 100, nil)
 	}
@@ -318,31 +318,31 @@ func TestLease(t *testing.T) {
 	require.True(t, ok)
 
 	// Leased objects resist Remove and RemoveAll without force.
-	require.ErrorIs(t, s.Remove("a", false), storepb.ErrObjectHasLease)
-	require.ErrorIs(t, s.Remove("b", false), storepb.ErrObjectHasLease)
-	assert.Equal(t, 1, s.RemoveAll(false)) // only c
+	require.ErrorIs(t, s.Remove(t.Context(), "a", false), storepb.ErrObjectHasLease)
+	require.ErrorIs(t, s.Remove(t.Context(), "b", false), storepb.ErrObjectHasLease)
+	assert.Equal(t, 1, s.RemoveAll(t.Context(), false)) // only c
 	// Reads extend the lease.
 	clk.Advance(DefaultLeaseTTL / 2)
 	_, _, _, _, err = s.GetReplicaList("a")
 	require.NoError(t, err)
 	clk.Advance(DefaultLeaseTTL/2 + time.Millisecond)
-	require.ErrorIs(t, s.Remove("a", false), storepb.ErrObjectHasLease)
+	require.ErrorIs(t, s.Remove(t.Context(), "a", false), storepb.ErrObjectHasLease)
 	// b's lease has expired.
-	require.NoError(t, s.Remove("b", false))
+	require.NoError(t, s.Remove(t.Context(), "b", false))
 	// Force removes a leased object.
-	require.NoError(t, s.Remove("a", true))
+	require.NoError(t, s.Remove(t.Context(), "a", true))
 	assert.Equal(t, Stats{Capacity: 1 << 20, Clients: 1, Segments: 1}, s.Stats())
 
 	put(t, s, "c1", "d", 100, nil)
 	_, _, _, _, err = s.GetReplicaList("d")
 	require.NoError(t, err)
-	assert.Equal(t, 1, s.RemoveAll(true))
+	assert.Equal(t, 1, s.RemoveAll(t.Context(), true))
 }
 
 func TestEviction(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, 100*1024)))
-	require.NoError(t, s.MountSegment("c1", seg("2", 1<<32, 100*1024)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, 100*1024)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("2", 1<<32, 100*1024)))
 	// Fill the pool (200 KiB) with 1 KiB objects, oldest first: a hard
 	// pin, a soft pin and a leased object, then k0..k196.
 	put(t, s, "c1", "hard", 1024, &storepb.ReplicateConfig{WithHardPin: true})
@@ -357,10 +357,10 @@ func TestEviction(t *testing.T) {
 	require.Equal(t, uint64(200*1024), s.Stats().Used)
 
 	// The pool is full: the put evicts, then succeeds.
-	reps, err := s.PutStart("c1", "next", 1024, nil)
+	reps, err := s.PutStart(t.Context(), "c1", "next", 1024, nil)
 	require.NoError(t, err)
 	require.Len(t, reps, 1)
-	require.NoError(t, s.PutEnd("c1", "next", 0))
+	require.NoError(t, s.PutEnd(t.Context(), "c1", "next", 0))
 	// From 100% used, eviction frees used-0.90+0.05 = 15% of capacity: the
 	// 30 oldest objects that are neither pinned nor leased.
 	assert.Equal(t, uint64(171*1024), s.Stats().Used)
@@ -378,10 +378,10 @@ func TestEviction(t *testing.T) {
 
 func TestEvictionNeverTakesPinnedOrLeased(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("c1", seg("1", 0, 10*1024)))
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0, 10*1024)))
 	put(t, s, "c1", "hard", 1024, &storepb.ReplicateConfig{WithHardPin: true})
 	put(t, s, "c1", "leased", 1024, nil)
-	_, err := s.PutStart("c1", "inflight", 1024, nil)
+	_, err := s.PutStart(t.Context(), "c1", "inflight", 1024, nil)
 	require.NoError(t, err)
 	for i := range 7 {
 		clk.Advance(time.Millisecond)
@@ -392,9 +392,9 @@ func TestEvictionNeverTakesPinnedOrLeased(t *testing.T) {
 
 	// Only soft-pinned objects are evictable: pass 2 takes the oldest two
 	// (15% of 10 KiB rounds up to two objects).
-	_, err = s.PutStart("c1", "x", 1024, nil)
+	_, err = s.PutStart(t.Context(), "c1", "x", 1024, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.PutEnd("c1", "x", 0))
+	require.NoError(t, s.PutEnd(t.Context(), "c1", "x", 0))
 	for _, k := range []string{"hard", "leased", "x", "soft2", "soft6"} {
 		_, _, _, _, err := s.GetReplicaList(k)
 		require.NoError(t, err, k)
@@ -405,14 +405,14 @@ func TestEvictionNeverTakesPinnedOrLeased(t *testing.T) {
 	}
 
 	// Left with hard-pinned, leased and in-flight objects, a put fails.
-	require.NoError(t, s.Remove("hard", true))
+	require.NoError(t, s.Remove(t.Context(), "hard", true))
 	for _, k := range []string{"x", "soft2", "soft3", "soft4", "soft5", "soft6"} {
-		require.NoError(t, s.Remove(k, true))
+		require.NoError(t, s.Remove(t.Context(), k, true))
 	}
 	// (The free space is [0,1K) and [3K,10K): fill both.)
 	put(t, s, "c1", "hard2", 7*1024, &storepb.ReplicateConfig{WithHardPin: true})
 	put(t, s, "c1", "hard3", 1024, &storepb.ReplicateConfig{WithHardPin: true})
-	_, err = s.PutStart("c1", "y", 1024, nil)
+	_, err = s.PutStart(t.Context(), "c1", "y", 1024, nil)
 	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
 	for _, k := range []string{"leased", "hard2"} {
 		_, _, _, _, err := s.GetReplicaList(k)
@@ -420,7 +420,7 @@ func TestEvictionNeverTakesPinnedOrLeased(t *testing.T) {
 	}
 	// Once the lease ends, the object is evictable again.
 	clk.Advance(DefaultLeaseTTL + time.Second)
-	_, err = s.PutStart("c1", "y", 1024, nil)
+	_, err = s.PutStart(t.Context(), "c1", "y", 1024, nil)
 	require.NoError(t, err)
 	_, _, _, _, err = s.GetReplicaList("leased")
 	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
@@ -430,14 +430,14 @@ func TestEvictionNeverTakesPinnedOrLeased(t *testing.T) {
 
 func TestUnmountDropsReplicas(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("a", seg("1", 0, 1<<20)))
-	require.NoError(t, s.MountSegment("b", seg("2", 1<<32, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 0, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "b", seg("2", 1<<32, 1<<20)))
 	put(t, s, "a", "both", 64, &storepb.ReplicateConfig{ReplicaNum: 2})
 	put(t, s, "a", "only1", 64, &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}})
-	_, err := s.PutStart("a", "pending1", 64, &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}})
+	_, err := s.PutStart(t.Context(), "a", "pending1", 64, &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}})
 	require.NoError(t, err)
 
-	require.NoError(t, s.UnmountSegment("a", "1"))
+	require.NoError(t, s.UnmountSegment(t.Context(), "a", "1"))
 	// An object with a replica elsewhere keeps only that one.
 	reps, _, _, _, err := s.GetReplicaList("both")
 	require.NoError(t, err)
@@ -446,18 +446,18 @@ func TestUnmountDropsReplicas(t *testing.T) {
 	// Objects with no replica left are gone, puts in flight too.
 	_, _, _, _, err = s.GetReplicaList("only1")
 	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
-	require.ErrorIs(t, s.PutEnd("a", "pending1", 0), storepb.ErrObjectNotFound)
+	require.ErrorIs(t, s.PutEnd(t.Context(), "a", "pending1", 0), storepb.ErrObjectNotFound)
 	assert.Equal(t, Stats{Capacity: 1 << 20, Used: 64, Keys: 1, ValueBytes: 64, Clients: 2, Segments: 1}, s.Stats())
 	// Unmount is not repeatable; the id may be mounted again.
-	require.ErrorIs(t, s.UnmountSegment("a", "1"), storepb.ErrSegmentNotFound)
-	require.NoError(t, s.MountSegment("b", seg("1", 0, 1<<20)))
+	require.ErrorIs(t, s.UnmountSegment(t.Context(), "a", "1"), storepb.ErrSegmentNotFound)
+	require.NoError(t, s.MountSegment(t.Context(), "b", seg("1", 0, 1<<20)))
 }
 
 func TestClientExpiry(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("a", seg("1", 0, 1<<20)))
-	require.NoError(t, s.MountSegment("a", seg("3", 2<<32, 1<<20)))
-	require.NoError(t, s.MountSegment("b", seg("2", 1<<32, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 0, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("3", 2<<32, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "b", seg("2", 1<<32, 1<<20)))
 	for i := range 50 {
 		put(t, s, "b", fmt.Sprint("k", i), 64, &storepb.ReplicateConfig{ReplicaNum: 2})
 	}
@@ -487,41 +487,41 @@ func TestClientExpiry(t *testing.T) {
 	_, st = s.Ping("a")
 	assert.Equal(t, storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT, st)
 	segs := []*storepb.Segment{seg("1", 0, 1<<20), seg("3", 2<<32, 1<<20)}
-	require.NoError(t, s.ReMountSegment("a", segs))
-	require.NoError(t, s.ReMountSegment("a", segs)) // idempotent
+	require.NoError(t, s.ReMountSegment(t.Context(), "a", segs))
+	require.NoError(t, s.ReMountSegment(t.Context(), "a", segs)) // idempotent
 	_, st = s.Ping("a")
 	assert.Equal(t, storepb.ClientStatus_CLIENT_STATUS_OK, st)
 	assert.Equal(t, 3, s.Stats().Segments)
 	// A remount cannot take another client's segment.
-	require.ErrorIs(t, s.ReMountSegment("a", []*storepb.Segment{seg("2", 0, 10)}), storepb.ErrInvalidParams)
+	require.ErrorIs(t, s.ReMountSegment(t.Context(), "a", []*storepb.Segment{seg("2", 0, 10)}), storepb.ErrInvalidParams)
 }
 
 func TestZombiePutStart(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("a", seg("1", 0, 1<<20)))
-	_, err := s.PutStart("a", "k", 4096, nil)
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 0, 1<<20)))
+	_, err := s.PutStart(t.Context(), "a", "k", 4096, nil)
 	require.NoError(t, err)
 
 	// Before the discard timeout the put in flight wins.
 	clk.Advance(DefaultPutStartDiscardTimeout - time.Second)
-	_, err = s.PutStart("b", "k", 4096, nil)
+	_, err = s.PutStart(t.Context(), "b", "k", 4096, nil)
 	require.ErrorIs(t, err, storepb.ErrObjectAlreadyExists)
 	// After it, another client pre-empts it; the old space is freed.
 	clk.Advance(2 * time.Second)
-	_, err = s.PutStart("b", "k", 4096, nil)
+	_, err = s.PutStart(t.Context(), "b", "k", 4096, nil)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(4096), s.Stats().Used)
-	require.ErrorIs(t, s.PutEnd("a", "k", 0), storepb.ErrInvalidParams)
-	require.NoError(t, s.PutEnd("b", "k", 0))
+	require.ErrorIs(t, s.PutEnd(t.Context(), "a", "k", 0), storepb.ErrInvalidParams)
+	require.NoError(t, s.PutEnd(t.Context(), "b", "k", 0))
 
 	// A put left in flight past the release timeout is reclaimed.
-	_, err = s.PutStart("a", "z", 4096, nil)
+	_, err = s.PutStart(t.Context(), "a", "z", 4096, nil)
 	require.NoError(t, err)
 	assert.Zero(t, s.ReclaimPuts())
 	clk.Advance(DefaultPutStartReleaseTimeout)
 	assert.Equal(t, 1, s.ReclaimPuts())
 	assert.Equal(t, uint64(4096), s.Stats().Used)
-	require.ErrorIs(t, s.PutEnd("a", "z", 0), storepb.ErrObjectNotFound)
+	require.ErrorIs(t, s.PutEnd(t.Context(), "a", "z", 0), storepb.ErrObjectNotFound)
 }
 
 // checkNoOverlap asserts that no two live replicas (complete or in flight)
@@ -570,7 +570,7 @@ func TestConcurrentPutsGets(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{Shards: 16})
 	for i := range 4 {
 		id := fmt.Sprint(i)
-		require.NoError(t, s.MountSegment("c"+id, seg(id, uint64(i)<<32, 256<<10)))
+		require.NoError(t, s.MountSegment(t.Context(), "c"+id, seg(id, uint64(i)<<32, 256<<10)))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -582,8 +582,8 @@ func TestConcurrentPutsGets(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for range 50 {
-			assert.NoError(t, s.UnmountSegment("c3", "3"))
-			assert.NoError(t, s.MountSegment("c3", seg("3", 3<<32, 256<<10)))
+			assert.NoError(t, s.UnmountSegment(t.Context(), "c3", "3"))
+			assert.NoError(t, s.MountSegment(t.Context(), "c3", seg("3", 3<<32, 256<<10)))
 		}
 	}()
 	for g := range 16 {
@@ -602,12 +602,12 @@ func TestConcurrentPutsGets(t *testing.T) {
 					if rng.IntN(4) == 0 {
 						start = s.UpsertStart
 					}
-					if _, err := start(client, key, n, cfg); err != nil {
+					if _, err := start(t.Context(), client, key, n, cfg); err != nil {
 						continue
 					}
-					end := func() error { return s.PutEnd(client, key, 1) }
+					end := func() error { return s.PutEnd(t.Context(), client, key, 1) }
 					if rng.IntN(5) == 0 {
-						end = func() error { return s.PutRevoke(client, key) }
+						end = func() error { return s.PutRevoke(t.Context(), client, key) }
 					}
 					// The put in flight may be gone: segment 3 went with
 					// its only replica, or another goroutine of the same
@@ -623,7 +623,7 @@ func TestConcurrentPutsGets(t *testing.T) {
 						}
 					}
 				case 4:
-					_ = s.Remove(key, rng.IntN(2) == 0)
+					_ = s.Remove(t.Context(), key, rng.IntN(2) == 0)
 				case 5:
 					s.Evict()
 					clk.Advance(time.Millisecond)

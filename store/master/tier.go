@@ -2,6 +2,7 @@ package master
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"time"
 
@@ -232,7 +233,7 @@ func (s *Service) takeTasks(clientID string) []*storepb.MoveTask {
 // MoveEnd ends move id of clientID: on success the target replica joins
 // the object (a spill also drops the source); on failure, or if the object
 // changed meanwhile, the target's space is freed.
-func (s *Service) MoveEnd(clientID string, id uint64, ok bool) error {
+func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bool) error {
 	s.segMu.Lock()
 	t := s.tasks[id]
 	if t == nil || t.client != clientID {
@@ -284,17 +285,17 @@ func (s *Service) MoveEnd(clientID string, id uint64, ok bool) error {
 	}
 	dramFirst(o.replicas)
 	s.kvChange(t.key, media, s.kvMediaOf(o.replicas), false)
-	return s.durableUnlocked(sh, seq)
+	return s.durableUnlocked(ctx, sh, seq)
 }
 
 // durableUnlocked waits for seq with sh.mu released (and retaken).
-func (s *Service) durableUnlocked(sh *shard, seq uint64) error {
+func (s *Service) durableUnlocked(ctx context.Context, sh *shard, seq uint64) error {
 	if s.j == nil || seq == 0 {
 		return nil
 	}
 	sh.mu.Unlock()
 	defer sh.mu.Lock()
-	return s.durable(seq)
+	return s.durable(ctx, seq)
 }
 
 // expireTasks frees the targets of moves older than moveTaskTTL.

@@ -34,10 +34,10 @@ func drain(w *Watch) []ObjectEvent {
 
 func TestWatch(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("a", seg("1", 0, 10*1024)))
-	require.NoError(t, s.MountSegment("b", seg("2", 1<<32, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 0, 10*1024)))
+	require.NoError(t, s.MountSegment(t.Context(), "b", seg("2", 1<<32, 1<<20)))
 	put(t, s, "a", "before", 1024, nil)
-	_, err := s.PutStart("a", "pending", 64, nil)
+	_, err := s.PutStart(t.Context(), "a", "pending", 64, nil)
 	require.NoError(t, err)
 
 	// The snapshot: readable keys only.
@@ -47,15 +47,15 @@ func TestWatch(t *testing.T) {
 	assert.Empty(t, drain(w))
 
 	// A put is seen when it ends, not when it starts; a revoke is not seen.
-	require.NoError(t, s.PutEnd("a", "pending", 0))
-	_, err = s.PutStart("a", "revoked", 64, nil)
+	require.NoError(t, s.PutEnd(t.Context(), "a", "pending", 0))
+	_, err = s.PutStart(t.Context(), "a", "revoked", 64, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.PutRevoke("a", "revoked"))
+	require.NoError(t, s.PutRevoke(t.Context(), "a", "revoked"))
 	// An upsert of a readable key is a put again.
-	_, err = s.UpsertStart("a", "before", 1024, nil)
+	_, err = s.UpsertStart(t.Context(), "a", "before", 1024, nil)
 	require.NoError(t, err)
-	require.NoError(t, s.UpsertEnd("a", "before", 0))
-	require.NoError(t, s.Remove("pending", true))
+	require.NoError(t, s.UpsertEnd(t.Context(), "a", "before", 0))
+	require.NoError(t, s.Remove(t.Context(), "pending", true))
 	assert.Equal(t, []ObjectEvent{{evPut, "pending"}, {evPut, "before"}, {evRemoved, "pending"}}, drain(w))
 
 	// Eviction: a forced round (as after a failed allocation) frees at
@@ -79,11 +79,11 @@ func TestWatch(t *testing.T) {
 	// An unmounted segment takes the keys whose only replica it held.
 	put(t, s, "b", "on2", 64, &storepb.ReplicateConfig{PreferredSegments: []string{"node-2"}})
 	drain(w)
-	require.NoError(t, s.UnmountSegment("b", "2"))
+	require.NoError(t, s.UnmountSegment(t.Context(), "b", "2"))
 	assert.Equal(t, []ObjectEvent{{evEvicted, "on2"}}, drain(w))
 
 	// RemoveAll removes one by one.
-	n := s.RemoveAll(true)
+	n := s.RemoveAll(t.Context(), true)
 	got := drain(w)
 	assert.Len(t, got, n)
 	for _, ev := range got {
@@ -103,7 +103,7 @@ func TestWatchBehind(t *testing.T) {
 	// A watcher that does not read is dropped once its buffer is full;
 	// puts never wait for it, and other watchers go on.
 	s, _ := newTestService(t, ServiceConfig{})
-	require.NoError(t, s.MountSegment("a", seg("1", 0, 1<<20)))
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 0, 1<<20)))
 	slow, _ := s.Watch(2)
 	fast, _ := s.Watch(100)
 	defer fast.Close()
@@ -145,7 +145,7 @@ func TestWatchGRPC(t *testing.T) {
 
 	// Then the changes, in order.
 	put(t, f.svc, "c1", "new", 64, nil)
-	require.NoError(t, f.svc.Remove("k0", true))
+	require.NoError(t, f.svc.Remove(t.Context(), "k0", true))
 	var got []ObjectEvent
 	for len(got) < 2 {
 		resp, err := stream.Recv()
