@@ -176,19 +176,22 @@ class TransferEngine(_lib.Owned):
 
     :param metadata: where segment descriptors live: ``"P2PHANDSHAKE"``
         [default], ``"etcd://h:p"``, ``"http://h:p/metadata"``.
-    :param local_server_name: this engine's segment name [in P2PHANDSHAKE
-        mode ``"<host>:<rpc port>"``].
-    :param host: address peers reach this engine at [MC_TCP_BIND_ADDRESS,
-        else the host of local_server_name if an IP, else the first
-        non-loopback IPv4].
+    :param local_server_name: this engine's segment name
+        [``"<host>:<rpc port>"``]; in P2PHANDSHAKE mode the rpc port
+        replaces any port given.
+    :param host: address peers reach this engine at and its sockets bind
+        [MC_TCP_BIND_ADDRESS, else the host of local_server_name if an IP,
+        else the first non-loopback IPv4, else 127.0.0.1].
     :param transport: ``"auto"`` [shared memory on this host, TCP
         elsewhere], ``"tcp"`` or ``"shm"``.
-    :param secret: shared secret every peer must know [MC_TE_SECRET].
+    :param secret: shared secret every peer must know [MC_TE_SECRET, else
+        none].
     :param rpc_port: handshake port [a free port]. ``data_port``: TCP data
         port [a free port].
-    :param lanes: TCP connections per peer [4]. ``slice_size``: bytes per
-        slice [1 MiB]. ``timeout_ms``: per-request deadline [30 s].
-        ``max_retries``: retries of a slice [3].
+    :param lanes: TCP connections per peer [4]. ``slice_size``: the
+        largest piece a request is cut into, at least 4096 [128 KiB].
+        ``timeout_ms``: per-request deadline [MC_TRANSFER_TIMEOUT s, else
+        30 s]. ``max_retries``: retries of a slice on another lane [3].
     """
 
     def __init__(

@@ -82,9 +82,13 @@ class Store(_lib.Owned):
     :param segment_size: bytes this client contributes to the pool
         [512 MiB]; ``-1`` for none (a client that only reads and writes).
     :param local_buffer_size: staging memory for unregistered buffers [128 MiB].
-    :param local_hostname: the engine's address [as the engine picks].
+    :param local_hostname: the address peers reach the engine at,
+        ``"host"`` or ``"host:port"`` (the handshake port) [as the engine
+        picks].
     :param metadata: the engine's metadata service [P2PHANDSHAKE].
-    :param protocol: ``"tcp"`` [default], ``"shm"``; ``"rdma"`` means auto.
+    :param protocol: ``"tcp"`` [default] and ``"rdma"`` (no hardware here)
+        both mean shared memory with peers on this host, TCP elsewhere;
+        ``"shm"`` keeps to shared memory.
     :param replicas: default replicas per put [1].
     :param cluster_id: HA cluster name in etcd [MC_STORE_CLUSTER_ID or
         "mooncake_cluster"].
