@@ -120,6 +120,7 @@ class StoreConfig(Structure):
         ("engine", c_uint64),
         ("no_checksum", c_uint32),
         ("reserved", c_uint32),
+        ("op_timeout_ms", c_uint64),  # ABI 1.5
     ]
 
 
