@@ -29,6 +29,10 @@ const (
 	domainStore  = C.MC_DOMAIN_STORE
 )
 
+// statusPanic is MC_ERR_PANIC: a recovered panic, or a call on a handle
+// that one poisoned.
+const statusPanic = C.MC_ERR_PANIC
+
 // abiError is a failure of the C ABI itself (a bad handle, a NULL
 // argument), answered with an MC_ERR_* code whatever the call's domain.
 type abiError struct {
@@ -88,7 +92,7 @@ var panics atomic.Int64
 // catch is deferred by guard: it turns a panic into MC_ERR_PANIC.
 func (c call) catch(st *C.mc_status_t) {
 	if r := recover(); r != nil {
-		*st = c.set(C.MC_ERR_PANIC, domainABI, fmt.Sprintf("internal panic (recovered): %v", r))
+		*st = c.set(statusPanic, domainABI, fmt.Sprintf("internal panic (recovered): %v", r))
 		if panics.Add(1) == 1 {
 			slog.Error("libmooncake: recovered a panic; the call failed with MC_ERR_PANIC",
 				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))

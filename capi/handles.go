@@ -53,7 +53,7 @@ func (l *lifetime) init(kind string) {
 // code it had (the destroy is why it failed).
 func (l *lifetime) run(h uint64, f func() error) error {
 	if p := l.poison.Load(); p != nil {
-		return abiErrorf(C.MC_ERR_PANIC, "%s handle %d is poisoned: an earlier call on it panicked (%s); only its destroy/close works",
+		return abiErrorf(statusPanic, "%s handle %d is poisoned: an earlier call on it panicked (%s); only its destroy/close works",
 			l.kind, h, *p)
 	}
 	defer func() {
@@ -195,12 +195,17 @@ func (k handleKind[T]) destroy(h uint64) error {
 // guard.
 func engineCall(h C.mc_engine_t, cerr *C.mc_error_t, f func(e *engineObj) error) C.mc_status_t {
 	return guard(cerr, domainEngine, func() error {
-		e, err := engines.of(uint64(h))
-		if err != nil {
-			return err
-		}
-		return e.run(uint64(h), func() error { return f(e) })
+		return onEngine(uint64(h), f)
 	})
+}
+
+// onEngine runs f on the engine h as one call on it (lifetime.run).
+func onEngine(h uint64, f func(e *engineObj) error) error {
+	e, err := engines.of(h)
+	if err != nil {
+		return err
+	}
+	return e.run(h, func() error { return f(e) })
 }
 
 // storeCall is the body of a store export: f runs on the store h under
