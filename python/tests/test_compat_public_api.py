@@ -1,8 +1,9 @@
-"""The compat store (mooncake.store and its mixins) stands on mooncake_go's
-public API only: no private module, function or method of mooncake_go, no
-raw library calls. Checked twice: in the source (imports and attribute
-chains), and while the compat methods run (no private attribute of a
-mooncake_go.Store is touched from outside mooncake_go)."""
+"""The compat modules (mooncake.store with its mixins, mooncake.engine)
+stand on mooncake_go's public API only: no private module, function or
+method of mooncake_go, no raw library calls. Checked in the source
+(imports and attribute chains) and, for the store, while the compat
+methods run (no private attribute of a mooncake_go.Store is touched from
+outside mooncake_go)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import mooncake.store as compat
 import mooncake_go
 from conftest import LOCAL_BUFFER, SEGMENT, numpy_or_skip
 
-# The modules of the compat store: the class and its mixins.
-COMPAT_FILES = ["store.py", "_store_ext.py", "_tensor_ext.py"]
+# The compat modules: the store's class and its mixins, the engine.
+COMPAT_FILES = ["store.py", "_store_ext.py", "_tensor_ext.py", "engine.py"]
 
 
 def private_uses(path: Path) -> list:

@@ -27,15 +27,11 @@ import ipaddress
 import json
 import socket
 import threading
-from ctypes import byref
 from typing import List, Optional
 
 import mooncake_go
-from mooncake_go import _lib
-from mooncake_go.engine import Op, RequestArray
+from mooncake_go.engine import Op, RequestArray, State
 from mooncake_go.errors import MooncakeError
-
-lib = _lib.lib
 
 SUPPORT_CUDA = False
 SUPPORT_EFA = False
@@ -307,7 +303,7 @@ class TransferEngine:
         try:
             eng.submit(batch, arr)
         except MooncakeError:
-            lib.mc_engine_free_batch(eng.handle, batch, None)
+            _free(eng, batch)
             return 0
         return batch
 
@@ -318,10 +314,13 @@ class TransferEngine:
         if eng is None:
             return _ERR_CONTEXT
         rc = 0
-        e = _lib._err()
         for b in batch_ids:
-            r = lib.mc_engine_wait(eng.handle, int(b), -1, None, e)
-            lib.mc_engine_free_batch(eng.handle, int(b), None)
+            try:
+                eng.wait(int(b))
+                r = 0
+            except MooncakeError as e:
+                r = e.code
+            _free(eng, int(b))
             rc = rc or _clamp(r)
         return rc
 
@@ -330,15 +329,16 @@ class TransferEngine:
         eng = self._engine
         if eng is None:
             return -1
-        st = _lib.TransferStatus()
-        if lib.mc_engine_batch_status(eng.handle, int(batch_id), byref(st), _lib._err()) != 0:
+        try:
+            state = eng.batch_status(int(batch_id)).state
+        except MooncakeError:
             return -1
-        if st.state in (_lib.WAITING, _lib.PENDING):
+        if state in (State.WAITING, State.PENDING):
             return 0
-        lib.mc_engine_free_batch(eng.handle, int(batch_id), None)
-        if st.state == _lib.COMPLETED:
+        _free(eng, int(batch_id))
+        if state == State.COMPLETED:
             return 1
-        return -2 if st.state == _lib.TIMEOUT else -1
+        return -2 if state == State.TIMEOUT else -1
 
     # -- notifications and probes ----------------------------------------
 
@@ -385,6 +385,15 @@ class TransferEngine:
         if self._engine is None:
             raise mooncake_go.errors.EngineClosed(_ERR_CONTEXT, message="TransferEngine is not initialized")
         return self._engine
+
+
+def _free(eng: "mooncake_go.TransferEngine", batch: int) -> None:
+    """Frees batch, as the official bindings do, without a word on failure
+    (a batch still busy stays allocated until the engine closes)."""
+    try:
+        eng.free_batch(batch)
+    except MooncakeError:
+        pass
 
 
 def _clamp(rc: int) -> int:
