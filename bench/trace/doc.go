@@ -35,9 +35,13 @@
 //
 // Replay returns per-request figures (RequestResult) and their sums
 // (Result); WriteTable prints the summary, WriteParquet writes one row per
-// request, WritePlot draws the hit ratio and the get latency as a PNG.
-// With Options.Progress set, a bar (on a terminal) or a periodic line
-// shows the replay's progress.
+// request, WritePlot draws the hit ratio and the get latency as a PNG and
+// an SVG. With Options.Progress set, a bar (on a terminal) or a periodic
+// line shows the replay's progress. The bar is
+// github.com/schollz/progressbar's (width, count, time left); the
+// periodic line is ours, since progressbar has no mode for a writer that
+// is not a terminal, and a log or a pipe wants whole lines, not a bar
+// redrawn over itself.
 //
 //	res, err := trace.Replay(ctx, store, trace.Options{Speedup: 10, Progress: os.Stderr})
 //	if err != nil {

@@ -3,20 +3,23 @@ package trace
 import (
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
+	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 )
 
 // barEvery is how often the progress bar is redrawn on a terminal.
 const barEvery = 250 * time.Millisecond
 
-// progress draws the replay's state from its counters, on its own
-// goroutine, which alone writes to w.
+// progress shows the replay's state from its counters, on its own
+// goroutine, which alone writes to w: on a terminal, a progressbar (bar,
+// count, ETA) with the hit ratios, bytes and rate after it; elsewhere
+// (a log, a pipe) a plain line every period, since a bar redrawn with
+// carriage returns is unreadable there and progressbar has no such mode.
 type progress struct {
 	w      io.Writer
-	fd     int // the terminal's, or -1 for plain lines
+	bar    *progressbar.ProgressBar // nil: plain lines
 	total  int
 	c      *counters
 	start  time.Time
@@ -26,16 +29,32 @@ type progress struct {
 
 // startProgress starts reporting to w, or does nothing if w is nil.
 func startProgress(w io.Writer, every time.Duration, total int, c *counters, start time.Time) *progress {
-	p := &progress{w: w, fd: -1, total: total, c: c, start: start}
+	p := &progress{w: w, total: total, c: c, start: start}
 	if w == nil {
 		return p
 	}
-	if f, ok := w.(interface{ Fd() uintptr }); ok && term.IsTerminal(int(f.Fd())) {
-		p.fd, every = int(f.Fd()), barEvery
+	if f, ok := w.(interface{ Fd() uintptr }); ok && term.IsTerminal(int(f.Fd())) && total > 0 {
+		p.bar, every = newBar(w, total), barEvery
 	}
 	p.quit, p.exited = make(chan struct{}), make(chan struct{})
 	go p.loop(every)
 	return p
+}
+
+// newBar is a bar of total requests as wide as the terminal, with the
+// count, the time spent and left (at the recent rate); the replay's own
+// figures, its GB/s among them, follow it.
+func newBar(w io.Writer, total int) *progressbar.ProgressBar {
+	b := progressbar.NewOptions(total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetTheme(progressbar.ThemeASCII),
+		progressbar.OptionFullWidth(),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionShowDescriptionAtLineEnd(),
+		progressbar.OptionUseANSICodes(true))
+	b.StartWithoutRender()
+	return b
 }
 
 func (p *progress) loop(every time.Duration) {
@@ -62,47 +81,39 @@ func (p *progress) stop() {
 	<-p.exited
 }
 
-func (p *progress) draw(last bool) {
-	done := p.c.done.Load()
-	elapsed := time.Since(p.start)
-	pct := 100.0
-	if p.total > 0 {
-		pct = 100 * float64(done) / float64(p.total)
-	}
-	var hit, bound float64
+// figures are the replay's hit ratio and its bound, bytes read and
+// written, and errors; rate is their GB/s.
+func (p *progress) figures(elapsed time.Duration) (hit, bound, gb, rate float64, errs int64) {
 	if b := p.c.blocks.Load(); b > 0 {
 		hit = 100 * float64(p.c.hits.Load()) / float64(b)
 		bound = 100 * float64(p.c.bound.Load()) / float64(b)
 	}
-	gb := float64(p.c.bytes.Load()) / 1e9
-	rate := gb / max(elapsed.Seconds(), 1e-9)
-	if p.fd < 0 {
+	gb = float64(p.c.bytes.Load()) / 1e9
+	return hit, bound, gb, gb / max(elapsed.Seconds(), 1e-9), p.c.errors.Load()
+}
+
+func (p *progress) draw(last bool) {
+	done := int(p.c.done.Load())
+	elapsed := time.Since(p.start)
+	hit, bound, gb, rate, errs := p.figures(elapsed)
+	if p.bar == nil {
+		pct := 100.0
+		if p.total > 0 {
+			pct = 100 * float64(done) / float64(p.total)
+		}
 		fmt.Fprintf(p.w, "trace: %d/%d requests (%.0f%%), hit %.1f%% (bound %.1f%%), %.2f GB, %.2f GB/s, %d with errors, %v\n",
-			done, p.total, pct, hit, bound, gb, rate, p.c.errors.Load(), elapsed.Round(time.Second))
+			done, p.total, pct, hit, bound, gb, rate, errs, elapsed.Round(time.Second))
 		return
 	}
-	stats := fmt.Sprintf("%d/%d %3.0f%% hit %.1f%%/%.1f%% %.2f GB %.2f GB/s err %d",
-		done, p.total, pct, hit, bound, gb, rate, p.c.errors.Load())
-	if done > 0 && !last {
-		left := time.Duration(float64(elapsed) * float64(p.total-int(done)) / float64(done))
-		stats += " eta " + left.Round(time.Second).String()
-	}
-	width, _, err := term.GetSize(p.fd)
-	if err != nil || width <= 0 {
-		width = 80
-	}
-	// "[" bar "] " stats, one column short of the width so that the
-	// terminal never wraps; no bar if it would be shorter than 10.
-	line := "\r" + stats
-	if n := width - len(stats) - 4; n >= 10 {
-		fill := int(float64(n) * pct / 100)
-		line = "\r[" + strings.Repeat("=", fill) + strings.Repeat(" ", n-fill) + "] " + stats
-	} else if len(stats) >= width {
-		line = "\r" + stats[:width-1]
-	}
-	line += "\x1b[K"
+	// Short, to leave the bar room on 80 columns. Errors of writing to
+	// the terminal are ignored, as plain lines' are: progress is no
+	// result.
+	p.bar.Describe(fmt.Sprintf("hit %.1f%%/%.1f%% %.2f GB %.2f GB/s err %d", hit, bound, gb, rate, errs))
+	_ = p.bar.Set(done)
 	if last {
-		line += "\n"
+		// A bar stopped short (a failed or cancelled replay) stays as
+		// it was; either way the line is kept.
+		_ = p.bar.Exit()
+		io.WriteString(p.w, "\n")
 	}
-	io.WriteString(p.w, line)
 }

@@ -1,23 +1,29 @@
-// Package plot draws the small PNG charts of the benchmarks and the
-// simulator: line plots, dots and bars on a white canvas, with a grid at
-// round values, labels in a fixed 7x13 font and a legend. It needs nothing
-// beyond golang.org/x/image, so every command of the repository can write
-// its plots without a plotting stack.
+// Package plot draws the figures of the benchmarks and the simulator with
+// gonum's plot package (gonum.org/v1/plot), in one house style: panels
+// stacked on a page Width pixels wide, every axis titled with its
+// quantity and unit, each panel's legend in a column to the right of its
+// data, and every figure written twice, as a PNG and as an SVG beside it.
 //
-// A chart is a Canvas and one or more Panels on it; a Panel maps data
-// coordinates to a pixel box and draws its own axes:
+// A panel is gonum's Plot; New gives one with a title, axis titles and a
+// grid, and the helpers add the repository's plotters to it:
 //
-//	c := plot.NewCanvas(800, 500)
-//	p := plot.Panel{X0: 70, Y0: 40, X1: 780, Y1: 440, XMax: 10, YMax: 1}
-//	p.Axes(c, "hit ratio", plot.Percent)
-//	p.Polyline(c, [][2]float64{{0, 0}, {10, 0.5}}, plot.Blue)
-//	c.Legend(p.X0+10, p.Y0+16, []string{"LRU"}, []color.RGBA{plot.Blue})
-//	err := c.Save("hits.png")
+//	p := plot.New("hit ratio vs capacity", "cache capacity (tokens)", "hit ratio")
+//	plot.Log(&p.X)
+//	plot.Percent(&p.Y)
+//	l := plot.Line(pts, plot.Blue)
+//	p.Add(l)
+//	p.Legend.Add("LRU", l)
+//	err := plot.Save("hits.png", p) // hits.png and hits.svg
 //
-// The repository's figures share one layout: Width wide, with the Upper
-// and Lower panels of a TallHeight canvas or the Single one of a
-// ShortHeight canvas.
+// Save makes an axis logarithmic when its data is positive and spans
+// Decades powers of ten; an axis that must stay linear starts at 0
+// (Percent and Bars start theirs there).
 //
-// The X axis is linear from 0 by default; LogX makes it logarithmic from
-// XMin, Categories puts one labelled slot per category for bar charts.
+// What is ours rather than gonum's, and why:
+//   - LogTicks: gonum's LogTicks labels powers of ten only, so an axis
+//     over one decade (Fig. 1's 100 ms to 1 s) gets two labels; ours
+//     labels 1, 2 and 5 times each power of ten over a decade or two;
+//   - the legend column: gonum draws a legend inside the data area, over
+//     the lines; Save takes each panel's legend out and draws it beside;
+//   - Percent: gonum has no percentage ticker.
 package plot

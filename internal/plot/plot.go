@@ -3,28 +3,37 @@ package plot
 import (
 	"bufio"
 	"fmt"
-	"image"
 	"image/color"
-	"image/draw"
-	"image/png"
-	"io"
 	"math"
+	"path/filepath"
 	"strconv"
+	"strings"
 
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
+	gplot "gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/mooncake-go/mooncake/internal/fileout"
 )
 
-// Colours of the charts: a white background, black ink, a light grid and a
-// palette for series (matplotlib's first colours, so the plots read like
-// the paper's).
+// Panel is one chart of a figure: gonum's Plot, with its axes, plotters
+// and legend entries.
+type Panel = gplot.Plot
+
+// XYs are the points of a line or a scatter, in data coordinates.
+type XYs = plotter.XYs
+
+// XY is one point of XYs.
+type XY = plotter.XY
+
+// Colours of the charts: a palette for series (matplotlib's first
+// colours, so the plots read like the paper's) and a grey for clouds of
+// points and marks.
 var (
-	White     = color.RGBA{255, 255, 255, 255}
-	Black     = color.RGBA{0, 0, 0, 255}
-	Grid      = color.RGBA{225, 225, 225, 255}
 	LightGray = color.RGBA{170, 170, 170, 255}
 	Blue      = color.RGBA{31, 119, 180, 255}
 	Orange    = color.RGBA{255, 127, 14, 255}
@@ -37,291 +46,343 @@ var (
 // Palette is the series colours in the order charts use them.
 var Palette = []color.RGBA{Blue, Orange, Green, Red, Purple, Brown}
 
-// Canvas is an image that charts draw lines, dots, bars and text on.
-type Canvas struct {
-	// Img is the picture drawn so far.
-	Img *image.RGBA
-}
+// Colour is series i's colour, the palette repeating.
+func Colour(i int) color.RGBA { return Palette[i%len(Palette)] }
 
-// NewCanvas returns a white canvas of w x h pixels.
-func NewCanvas(w, h int) *Canvas {
-	c := &Canvas{image.NewRGBA(image.Rect(0, 0, w, h))}
-	draw.Draw(c.Img, c.Img.Bounds(), image.NewUniform(White), image.Point{}, draw.Src)
-	return c
-}
-
-// Encode writes the canvas as a PNG.
-func (c *Canvas) Encode(w io.Writer) error { return png.Encode(w, c.Img) }
-
-// Save writes the canvas as a PNG file at path.
-func (c *Canvas) Save(path string) error {
-	return fileout.Write(path, func(w *bufio.Writer) error { return c.Encode(w) })
-}
-
-// Set paints one pixel; points outside the canvas are ignored.
-func (c *Canvas) Set(x, y int, col color.RGBA) {
-	if image.Pt(x, y).In(c.Img.Rect) {
-		c.Img.SetRGBA(x, y, col)
-	}
-}
-
-// Line draws a segment two pixels wide (Bresenham).
-func (c *Canvas) Line(x0, y0, x1, y1 int, col color.RGBA) {
-	c.line(x0, y0, x1, y1, col, 0)
-}
-
-// DashedLine draws a segment like Line, in dashes of 6 pixels.
-func (c *Canvas) DashedLine(x0, y0, x1, y1 int, col color.RGBA) {
-	c.line(x0, y0, x1, y1, col, 6)
-}
-
-func (c *Canvas) line(x0, y0, x1, y1 int, col color.RGBA, dash int) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := sign(x1-x0), sign(y1-y0)
-	e := dx + dy
-	for n := 0; ; n++ {
-		if dash == 0 || (n/dash)%2 == 0 {
-			c.Set(x0, y0, col)
-			c.Set(x0+1, y0, col)
-			c.Set(x0, y0+1, col)
-		}
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		e2 := 2 * e
-		if e2 >= dy {
-			e += dy
-			x0 += sx
-		}
-		if e2 <= dx {
-			e += dx
-			y0 += sy
-		}
-	}
-}
-
-// Dot paints a 2x2 square at x, y.
-func (c *Canvas) Dot(x, y int, col color.RGBA) {
-	for _, d := range [][2]int{{0, 0}, {1, 0}, {0, 1}, {1, 1}} {
-		c.Set(x+d[0], y+d[1], col)
-	}
-}
-
-// Fill paints the rectangle from x0, y0 to x1, y1, both included.
-func (c *Canvas) Fill(x0, y0, x1, y1 int, col color.RGBA) {
-	for y := min(y0, y1); y <= max(y0, y1); y++ {
-		for x := min(x0, x1); x <= max(x0, x1); x++ {
-			c.Set(x, y, col)
-		}
-	}
-}
-
-// Text writes s with its baseline at y; a glyph is 7 pixels wide.
-func (c *Canvas) Text(x, y int, s string, col color.RGBA) {
-	d := font.Drawer{Dst: c.Img, Src: image.NewUniform(col), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
-	d.DrawString(s)
-}
-
-// TextWidth is the width of s in pixels.
-func TextWidth(s string) int { return 7 * len(s) }
-
-// Legend lists names one under the other from x, y, each after a short
-// line of its colour.
-func (c *Canvas) Legend(x, y int, names []string, cols []color.RGBA) {
-	for i, name := range names {
-		yy := y + 16*i
-		c.Line(x, yy-4, x+20, yy-4, cols[i])
-		c.Text(x+26, yy, name, Black)
-	}
-}
-
-// The layout of the repository's figures, in pixels: Width wide, either
-// two panels one above the other (Upper, Lower) on a canvas TallHeight
-// high, or one (Single) on a canvas ShortHeight high. Each panel leaves
-// room on its left for the Y labels, above for its title and below for
-// the X labels.
+// The size of the repository's figures in pixels: Width wide, and
+// ShortHeight high with one panel, TallHeight with two (each further
+// panel adds PanelHeight). The PNGs are drawn at DPI dots per inch, which
+// sets the size of the text against these.
 const (
 	Width       = 1000
-	TallHeight  = 720
 	ShortHeight = 420
-	marginL     = 70
-	marginR     = 20
+	TallHeight  = ShortHeight + PanelHeight
+	PanelHeight = 300
+	DPI         = 96
 )
 
-// Upper is the upper panel of a TallHeight figure, its data bounds to
-// fill in.
-func Upper() Panel { return Panel{X0: marginL, Y0: 40, X1: Width - marginR, Y1: 310} }
+// Decades is how many powers of ten the positive data of an axis must
+// span for Save to make the axis logarithmic.
+const Decades = 2
 
-// Lower is the lower panel of a TallHeight figure.
-func Lower() Panel { return Panel{X0: marginL, Y0: 400, X1: Width - marginR, Y1: 670} }
+// px is n pixels of a figure as a length.
+func px(n float64) vg.Length { return vg.Length(n) * vg.Inch / DPI }
 
-// Single is the panel of a ShortHeight figure.
-func Single() Panel { return Panel{X0: marginL, Y0: 40, X1: Width - marginR, Y1: 370} }
-
-// Panel maps data coordinates to the pixel box X0..X1, Y0..Y1 (Y grows
-// downwards on the canvas, upwards in data).
-type Panel struct {
-	X0, Y0, X1, Y1 int
-	// XMin and XMax bound the X axis; XMin is taken as 0 unless LogX.
-	XMin, XMax float64
-	// YMax bounds the Y axis, which starts at 0.
-	YMax float64
-	// LogX makes the X axis logarithmic from XMin (> 0) to XMax, with a
-	// grid line and label at every power of ten.
-	LogX bool
-	// Categories, when set, makes the X axis categorical: one slot per
-	// name, labelled under the axis; Bars fills the slots.
-	Categories []string
+// New returns an empty panel with a title, and axis titles that should
+// name the quantity and its unit ("TBT threshold (ms)"), with a grid at
+// the labelled ticks.
+func New(title, x, y string) *Panel {
+	p := gplot.New()
+	p.Title.Text = title
+	p.Title.Padding = px(6)
+	p.X.Label.Text = x
+	p.Y.Label.Text = y
+	for _, f := range []*font.Font{&p.Title.TextStyle.Font, &p.X.Label.TextStyle.Font, &p.Y.Label.TextStyle.Font,
+		&p.X.Tick.Label.Font, &p.Y.Tick.Label.Font, &p.Legend.TextStyle.Font} {
+		sans(f)
+	}
+	p.Add(grid{})
+	return p
 }
 
-// PX is the pixel column of x.
-func (p Panel) PX(x float64) int {
-	if p.LogX {
-		f := (math.Log10(x) - math.Log10(p.XMin)) / (math.Log10(p.XMax) - math.Log10(p.XMin))
-		return p.X0 + int(math.Round(f*float64(p.X1-p.X0)))
+// grid draws light lines at the labelled ticks, but none across a
+// category axis (Bars), whose ticks are at the bars' centres.
+type grid struct{}
+
+func (grid) Plot(c draw.Canvas, p *gplot.Plot) {
+	g := plotter.NewGrid()
+	g.Vertical.Color, g.Horizontal.Color = color.Gray{Y: 225}, color.Gray{Y: 225}
+	if _, nominal := p.X.Tick.Marker.(gplot.ConstantTicks); nominal {
+		g.Vertical.Color = nil
 	}
-	return p.X0 + int(math.Round(x/p.XMax*float64(p.X1-p.X0)))
+	g.Plot(c, p)
 }
 
-// PY is the pixel row of y.
-func (p Panel) PY(y float64) int { return p.Y1 - int(math.Round(y/p.YMax*float64(p.Y1-p.Y0))) }
+// sans sets f's face to Liberation Sans, which reads better on screen
+// than gonum's default serif, keeping its size.
+func sans(f *font.Font) { f.Typeface, f.Variant = "Liberation", "Sans" }
 
-// Axes draws the frame, a grid at round values with their labels (ylabel
-// formats the Y ones), and the title above.
-func (p Panel) Axes(c *Canvas, title string, ylabel func(float64) string) {
-	for _, v := range Ticks(p.YMax, 5) {
-		y := p.PY(v)
-		for x := p.X0; x <= p.X1; x++ {
-			c.Set(x, y, Grid)
-		}
-		s := ylabel(v)
-		c.Text(p.X0-8-TextWidth(s), y+4, s, Black)
-	}
-	switch {
-	case len(p.Categories) > 0:
-		for i, name := range p.Categories {
-			x := p.slot(i)
-			c.Text(x-TextWidth(name)/2, p.Y1+16, name, Black)
-		}
-	case p.LogX:
-		for e := math.Ceil(math.Log10(p.XMin) - 1e-9); e <= math.Log10(p.XMax)+1e-9; e++ {
-			x := p.PX(math.Pow(10, e))
-			for y := p.Y0; y <= p.Y1; y++ {
-				c.Set(x, y, Grid)
-			}
-			s := fmt.Sprintf("1e%d", int(e))
-			c.Text(x-TextWidth(s)/2, p.Y1+16, s, Black)
-		}
-	default:
-		for _, v := range Ticks(p.XMax, 8) {
-			x := p.PX(v)
-			for y := p.Y0; y <= p.Y1; y++ {
-				c.Set(x, y, Grid)
-			}
-			s := strconv.FormatFloat(v, 'f', -1, 64)
-			c.Text(x-TextWidth(s)/2, p.Y1+16, s, Black)
-		}
-	}
-	for x := p.X0; x <= p.X1; x++ {
-		c.Set(x, p.Y0, Black)
-		c.Set(x, p.Y1, Black)
-	}
-	for y := p.Y0; y <= p.Y1; y++ {
-		c.Set(p.X0, y, Black)
-		c.Set(p.X1, y, Black)
-	}
-	c.Text(p.X0, p.Y0-8, title, Black)
+// Line joins pts with a solid line of colour col.
+func Line(pts XYs, col color.Color) *plotter.Line {
+	return &plotter.Line{XYs: pts, LineStyle: draw.LineStyle{Color: col, Width: px(2)}}
 }
 
-// Polyline joins pts (data coordinates) with lines.
-func (p Panel) Polyline(c *Canvas, pts [][2]float64, col color.RGBA) {
-	for i := 1; i < len(pts); i++ {
-		c.Line(p.PX(pts[i-1][0]), p.PY(pts[i-1][1]), p.PX(pts[i][0]), p.PY(pts[i][1]), col)
+// Dashed joins pts with a dashed line of colour col.
+func Dashed(pts XYs, col color.Color) *plotter.Line {
+	l := Line(pts, col)
+	l.Dashes = []vg.Length{px(6), px(4)}
+	return l
+}
+
+// Dots marks every point of pts with a dot of colour col, small enough
+// for clouds of thousands.
+func Dots(pts XYs, col color.Color) *plotter.Scatter {
+	return &plotter.Scatter{XYs: pts, GlyphStyle: draw.GlyphStyle{
+		Color: col, Radius: px(1.5), Shape: draw.CircleGlyph{}}}
+}
+
+// HLine adds to p a dashed horizontal line across the panel at y, which
+// the Y axis is stretched to show, and returns it for the legend.
+func HLine(p *Panel, y float64, col color.Color) *plotter.Function {
+	f := plotter.NewFunction(func(float64) float64 { return y })
+	f.Samples = 2
+	f.LineStyle = draw.LineStyle{Color: col, Width: px(2), Dashes: []vg.Length{px(6), px(4)}}
+	p.Y.Min, p.Y.Max = min(p.Y.Min, y), max(p.Y.Max, y)
+	p.Add(f)
+	return f
+}
+
+// VLine adds to p a dashed vertical line at x from the bottom of the Y
+// axis to its top as they are now (add it after the data), and returns it
+// for the legend.
+func VLine(p *Panel, x float64, col color.Color) *plotter.Line {
+	l := Dashed(XYs{{X: x, Y: p.Y.Min}, {X: x, Y: p.Y.Max}}, col)
+	p.Add(l)
+	return l
+}
+
+// Bars adds to p one group of bars per category, one bar per series in
+// each: series[s][i] is series s's value in category i, drawn in
+// Colour(s) and named names[s] in the legend (no legend if names is nil),
+// with its value written above by label (none if label is nil). NaN
+// values are left out.
+func Bars(p *Panel, categories []string, series [][]float64, names []string, label func(float64) string) error {
+	if len(series) == 0 {
+		return nil
 	}
-}
-
-// HLine draws a dashed horizontal line across the panel at y.
-func (p Panel) HLine(c *Canvas, y float64, col color.RGBA) {
-	c.DashedLine(p.X0, p.PY(y), p.X1, p.PY(y), col)
-}
-
-// slot is the pixel column of the centre of category i.
-func (p Panel) slot(i int) int {
-	w := float64(p.X1-p.X0) / float64(len(p.Categories))
-	return p.X0 + int(math.Round(w*(float64(i)+0.5)))
-}
-
-// Bars draws, in every category slot, one bar per series side by side:
-// series[s][i] is series s's value in category i, drawn in Palette[s],
-// with its value (formatted by label, unless nil) above the bar.
-func (p Panel) Bars(c *Canvas, series [][]float64, label func(float64) string) {
-	if len(p.Categories) == 0 || len(series) == 0 {
-		return
-	}
-	slotW := float64(p.X1-p.X0) / float64(len(p.Categories))
-	barW := int(slotW * 0.7 / float64(len(series)))
+	p.NominalX(categories...)
+	// Group i is centred at i: each has a slot one wide, and fills 60%
+	// of it (the data area being about 85% of the figure's width).
+	w := px(0.85 * Width * 0.6 / float64(max(len(categories), 1)) / float64(len(series)))
+	top := 0.0
 	for s, vals := range series {
-		col := Palette[s%len(Palette)]
+		vs := make(plotter.Values, len(vals))
+		var at XYs
+		var texts []string
 		for i, v := range vals {
-			if i >= len(p.Categories) || math.IsNaN(v) {
+			if math.IsNaN(v) {
 				continue
 			}
-			left := p.slot(i) - barW*len(series)/2 + s*barW
-			top := p.PY(min(v, p.YMax))
-			c.Fill(left+1, top, left+barW-1, p.Y1-1, col)
+			vs[i], top = v, max(top, v)
+			at = append(at, plotter.XY{X: float64(i), Y: v})
 			if label != nil {
-				t := label(v)
-				c.Text(left+barW/2-TextWidth(t)/2, top-4, t, Black)
+				texts = append(texts, label(v))
 			}
 		}
-	}
-}
-
-// Percent labels a ratio as a percentage.
-func Percent(v float64) string { return fmt.Sprintf("%g%%", math.Round(v*1000)/10) }
-
-// Plain labels a value as is.
-func Plain(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-
-// Step is a round distance (1, 2 or 5 times a power of ten) that cuts
-// 0..hi into about n.
-func Step(hi float64, n int) float64 {
-	raw := hi / float64(n)
-	mag := math.Pow(10, math.Floor(math.Log10(raw)))
-	for _, m := range []float64{1, 2, 5} {
-		if m*mag >= raw {
-			return m * mag
+		b, err := plotter.NewBarChart(vs, w)
+		if err != nil {
+			return fmt.Errorf("plot: bars of series %d: %w", s, err)
+		}
+		b.Color, b.LineStyle.Width = Colour(s), 0
+		b.Offset = w * (vg.Length(s) - vg.Length(len(series)-1)/2)
+		p.Add(b)
+		if names != nil {
+			p.Legend.Add(names[s], b)
+		}
+		if label != nil && len(at) > 0 {
+			l, err := plotter.NewLabels(plotter.XYLabels{XYs: at, Labels: texts})
+			if err != nil {
+				return fmt.Errorf("plot: labels of series %d: %w", s, err)
+			}
+			for i := range l.TextStyle {
+				l.TextStyle[i].XAlign = draw.XCenter
+				sans(&l.TextStyle[i].Font)
+			}
+			l.Offset = vg.Point{X: b.Offset, Y: px(4)}
+			p.Add(l)
 		}
 	}
-	return 10 * mag
+	// From 0, with room above the tallest bar for its label.
+	p.X.Min, p.X.Max = -0.5, float64(len(categories))-0.5
+	p.Y.Min, p.Y.Max = 0, max(p.Y.Max, 1.15*top)
+	return nil
 }
 
-// Ticks are about n round values from 0 to hi.
-func Ticks(hi float64, n int) []float64 {
-	s := Step(hi, n)
-	var out []float64
-	for i := 0.0; i*s <= hi*(1+1e-9); i++ {
-		// Rounded, so that 3*0.1 prints as 0.3.
-		out = append(out, math.Round(i*s*1e9)/1e9)
+// Percent labels the ticks of a as percentages of ratios, and starts it
+// at 0.
+func Percent(a *gplot.Axis) {
+	a.Min = 0
+	a.Tick.Marker = percentTicks{}
+}
+
+// percentTicks are gonum's default ticks, labelled as percentages.
+type percentTicks struct{}
+
+func (percentTicks) Ticks(lo, hi float64) []gplot.Tick {
+	ts := gplot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(math.Round(ts[i].Value*1e5)/1e3, 'f', -1, 64) + "%"
+		}
 	}
-	return out
+	return ts
 }
 
-// NiceCeil rounds v up to a multiple of its step, so the top of the axis
-// is a labelled round value.
-func NiceCeil(v float64) float64 {
-	s := Step(v, 5)
-	return math.Ceil(v/s-1e-9) * s
+// Log makes a logarithmic, marked by LogTicks: its data must be
+// positive.
+func Log(a *gplot.Axis) {
+	a.Scale = gplot.LogScale{}
+	a.Tick.Marker = LogTicks{}
 }
 
-func abs(v int) int { return max(v, -v) }
+// IsLog reports whether a is logarithmic.
+func IsLog(a *gplot.Axis) bool {
+	_, ok := a.Scale.(gplot.LogScale)
+	return ok
+}
 
-func sign(v int) int {
-	switch {
-	case v > 0:
-		return 1
-	case v < 0:
-		return -1
+// spansDecades reports whether a's data range, as gonum keeps it while
+// plotters are added, is positive and spans Decades powers of ten.
+func spansDecades(a *gplot.Axis) bool {
+	return a.Min > 0 && !math.IsInf(a.Max, 0) && math.Log10(a.Max/a.Min) >= Decades
+}
+
+// autoLog makes each linear, numeric axis of p logarithmic where its data
+// spans decades. An axis that should stay linear starts at 0 (set its Min
+// to 0, as Percent and Bars do).
+func autoLog(p *Panel) {
+	for _, a := range []*gplot.Axis{&p.X, &p.Y} {
+		if _, linear := a.Scale.(gplot.LinearScale); !linear {
+			continue
+		}
+		if _, nominal := a.Tick.Marker.(gplot.ConstantTicks); nominal {
+			continue
+		}
+		if spansDecades(a) {
+			Log(a)
+		}
 	}
-	return 0
+}
+
+// LogTicks marks a logarithmic axis so that it reads at a glance: over a
+// decade or two, labels at 1, 2 and 5 times each power of ten (an axis
+// from 100 to 1000 gets 100, 200, 500 and 1000, not 100 and 1000 alone as
+// gonum's LogTicks gives); over more, a label at each power of ten; minor
+// ticks at the other multiples.
+type LogTicks struct{}
+
+// Ticks returns the ticks from lo to hi (both positive).
+func (LogTicks) Ticks(lo, hi float64) []gplot.Tick {
+	if lo <= 0 || hi <= lo {
+		return nil
+	}
+	labelled := map[int]bool{1: true}
+	if math.Log10(hi/lo) <= 2.1 {
+		labelled[2], labelled[5] = true, true
+	}
+	var ts []gplot.Tick
+	labels := 0
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		for m := 1; m <= 9; m++ {
+			// Via the exponent, so that 10^-1 is 0.1, not 0.10000000000000002.
+			v := float64(m) * math.Pow(10, e)
+			if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
+				continue
+			}
+			t := gplot.Tick{Value: v}
+			if labelled[m] {
+				t.Label = Number(v)
+				labels++
+			}
+			ts = append(ts, t)
+		}
+	}
+	// A range too short for two of those (300 to 450) labels them all.
+	if labels < 2 {
+		for i := range ts {
+			ts[i].Label = Number(ts[i].Value)
+		}
+	}
+	return ts
+}
+
+// Number writes v short: as is below 10,000, with an SI suffix (k, M, G,
+// T) from there.
+func Number(v float64) string {
+	short := func(f float64, suffix string) string { return strconv.FormatFloat(v/f, 'g', 4, 64) + suffix }
+	switch a := math.Abs(v); {
+	case a >= 1e12:
+		return short(1e12, "T")
+	case a >= 1e9:
+		return short(1e9, "G")
+	case a >= 1e6:
+		return short(1e6, "M")
+	case a >= 1e4:
+		return short(1e3, "k")
+	}
+	return strconv.FormatFloat(v, 'g', 6, 64)
+}
+
+// Save draws panels one above the other as a PNG at path and as an SVG
+// beside it (the same name, with the extension .svg). The panels share
+// their data areas' left and right edges; each panel's legend goes in a
+// column on the right, level with its data area, so that it never hides
+// data. An axis whose data spans Decades powers of ten is made
+// logarithmic first (see Log).
+func Save(path string, panels ...*Panel) error {
+	if len(panels) == 0 {
+		return fmt.Errorf("plot: no panels for %s", path)
+	}
+	legends := make([]gplot.Legend, len(panels))
+	for i, p := range panels {
+		autoLog(p)
+		// Taken from the panel while it is drawn, so that gonum does not
+		// draw it over the data.
+		legends[i], p.Legend = p.Legend, gplot.NewLegend()
+		defer func() { p.Legend = legends[i] }()
+	}
+	w, h := px(Width), px(ShortHeight+PanelHeight*float64(len(panels)-1))
+
+	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(DPI))
+	drawFigure(draw.New(img), panels, legends)
+	if err := fileout.Write(path, func(w *bufio.Writer) error {
+		_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+		return err
+	}); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+
+	svg := vgsvg.New(w, h)
+	drawFigure(draw.New(svg), panels, legends)
+	if err := fileout.Write(SVGPath(path), func(w *bufio.Writer) error {
+		_, err := svg.WriteTo(w)
+		return err
+	}); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
+}
+
+// SVGPath is where Save writes the SVG of the PNG at path.
+func SVGPath(path string) string { return strings.TrimSuffix(path, filepath.Ext(path)) + ".svg" }
+
+// drawFigure lays out and draws panels and their legends on dc.
+func drawFigure(dc draw.Canvas, panels []*Panel, legends []gplot.Legend) {
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+	pad := px(12)
+	var legendW vg.Length
+	for i := range legends {
+		legendW = max(legendW, legends[i].Rectangle(dc).Size().X)
+	}
+	area := dc
+	if legendW > 0 {
+		area = draw.Crop(dc, 0, -(legendW + 2*pad), 0, 0)
+	}
+	tiles := draw.Tiles{Rows: len(panels), Cols: 1, PadTop: pad, PadBottom: pad / 2, PadLeft: pad / 2,
+		PadRight: pad, PadY: 2 * pad}
+	rows := make([][]*gplot.Plot, len(panels))
+	for i, p := range panels {
+		rows[i] = []*gplot.Plot{p}
+	}
+	cs := gplot.Align(rows, tiles, area)
+	for i, p := range panels {
+		p.Draw(cs[i][0])
+		data := p.DataCanvas(cs[i][0])
+		col := data
+		col.Min.X, col.Max.X = area.Max.X+pad, dc.Max.X-pad
+		l := legends[i]
+		l.Top, l.Left = true, true
+		l.Draw(col)
+	}
 }
