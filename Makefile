@@ -42,9 +42,11 @@ unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # The C ABI (libmooncake.so) against its C test suite, in two processes and
-# with a store started for it.
+# with a store started for it; then again built with GOEXPERIMENT=cgocheck2
+# (into build/cgocheck2), which checks every Go pointer written to C memory.
 capi-test:
 	bash scripts/test-capi.sh
+	GOEXPERIMENT=cgocheck2 CAPI_OUT=build/cgocheck2 bash scripts/test-capi.sh
 
 # The C/C++ SDK as installed (scripts/install.sh into a temporary, then
 # moved, prefix): pkg-config and find_package(mooncake) consumers, and the
@@ -62,9 +64,12 @@ install:
 
 # The Python package: a wheel built with the local Go toolchain, installed in
 # .venv-py, and its pytest suite (native API, the compat modules driven as
-# the connectors drive them, interop with the official wheel).
+# the connectors drive them, interop with the official wheel); then the
+# suite once more on the library built with GOEXPERIMENT=cgocheck2.
 python-test:
 	bash scripts/test-python.sh
+	GOEXPERIMENT=cgocheck2 bash scripts/build-capi.sh build/cgocheck2
+	MOONCAKE_GO_LIBRARY=$(CURDIR)/build/cgocheck2/libmooncake.so bash scripts/test-python.sh
 
 # The real frameworks (vLLM, SGLang, LMCache, NIXL), their own code unchanged,
 # against this checkout's package, library and `mooncake up`. Each installs

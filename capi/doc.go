@@ -83,7 +83,44 @@
 //
 // Every export runs its body under a recover (guard in mooncake.h, teCall
 // in the Mooncake API): a panic becomes MC_ERR_PANIC (-1 in the Mooncake
-// API) and the host process carries on.
+// API) and the host process carries on. A panic in a call on a handle also
+// poisons the handle (lifetime.run): its object may be half-updated, so
+// every later call on it is refused with MC_ERR_PANIC, and only its
+// destroy still runs.
+//
+// # Handles end their calls
+//
+// Each engine and store carries a context (lifetime) that its blocking
+// calls derive theirs from: opening a segment, sending a notification and
+// mc_engine_wait on an engine, every call on a store (bounded further by
+// the store's op_timeout_ms). Destroying the handle cancels that context
+// before it closes the object, so a thread blocked on a silent peer
+// returns at once with MC_ERR_CANCELED instead of holding the destroy up
+// for as long as its deadline.
+//
+// # How the ABI grows
+//
+// The rules are mooncake.h's VERSIONING; what they mean for this package:
+//
+//   - a minor version adds functions, appends status codes, or appends
+//     fields to the structs that carry a struct_size; nothing is moved,
+//     resized or removed, and a new field's zero value is its default
+//     (what callers of older headers leave there);
+//   - structs the caller passes in are read through readStruct: a
+//     struct_size below the struct's MC_*_SIZE_V1 is MC_ERR_STRUCT_SIZE;
+//     only struct_size bytes are read, so the fields an older caller does
+//     not have are zero; bytes past this library's struct must be zero
+//     (a newer caller's fields left at their defaults), else the call is
+//     refused, never silently ignored;
+//   - appending a field: add it at the end of the struct in the header
+//     with the ABI version that made it, define MC_<STRUCT>_SIZE_V<n+1>
+//     as the offset past it, bump MC_ABI_VERSION_MINOR, add the field to
+//     the ctypes struct in python/src/mooncake_go/_lib.py
+//     (python/tests/test_abi_layout.py compares the two), and give the
+//     C suite (capi/tests/test_abi.c) a caller of the previous size;
+//   - output structs of this major version have no struct_size and do not
+//     grow; one that must grow gets a struct_size set by the caller, and
+//     the library writes only that many bytes of it.
 package main
 
 func main() {}
