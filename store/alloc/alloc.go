@@ -49,6 +49,10 @@ const DefaultAlignment = 64
 // never returned.
 var ErrNotAllocated = errors.New("alloc: offset not allocated")
 
+// ErrInvalid is the cause of a New refused: an alignment that is not a
+// power of two, or a size that leaves nothing to manage.
+var ErrInvalid = errors.New("alloc: invalid allocator")
+
 // Option configures New.
 type Option func(*config)
 
@@ -121,11 +125,11 @@ func New(size uint64, opts ...Option) (*Allocator, error) {
 		cfg.alignment = DefaultAlignment
 	}
 	if cfg.alignment&(cfg.alignment-1) != 0 {
-		return nil, fmt.Errorf("alloc: allocator alignment %d is not a power of two", cfg.alignment)
+		return nil, fmt.Errorf("%w: alignment %d is not a power of two", ErrInvalid, cfg.alignment)
 	}
 	usable := size &^ (cfg.alignment - 1)
 	if usable == 0 {
-		return nil, fmt.Errorf("alloc: allocator size %d is smaller than its alignment %d", size, cfg.alignment)
+		return nil, fmt.Errorf("%w: size %d is smaller than its alignment %d", ErrInvalid, size, cfg.alignment)
 	}
 	a := &Allocator{
 		size:  usable,

@@ -253,7 +253,8 @@ func TestNewAllocator(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := New(tc.size, tc.opts...)
 			if tc.wantErr != "" {
-				require.ErrorContains(t, err, tc.wantErr)
+				require.ErrorIs(t, err, ErrInvalid)
+				require.ErrorContains(t, err, tc.wantErr, "the error names the bad value")
 				return
 			}
 			require.NoError(t, err)

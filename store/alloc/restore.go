@@ -2,9 +2,14 @@ package alloc
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 )
+
+// ErrBadSpan is the cause of a Restore refused: a span that is empty,
+// unaligned, outside the segment or overlapping another.
+var ErrBadSpan = errors.New("alloc: restore span")
 
 // Span is an allocated range [Off, Off+Size) of a segment.
 type Span struct{ Off, Size uint64 }
@@ -48,11 +53,11 @@ func Restore(size uint64, used []Span) (*Allocator, error) {
 		n := (s.Size + a.align - 1) &^ (a.align - 1)
 		switch {
 		case s.Size == 0 || s.Off%a.align != 0:
-			return nil, fmt.Errorf("alloc: restore span %#x+%d: not an allocation", s.Off, s.Size)
+			return nil, fmt.Errorf("%w %#x+%d: not an allocation", ErrBadSpan, s.Off, s.Size)
 		case s.Off < cursor:
-			return nil, fmt.Errorf("alloc: restore span %#x+%d overlaps the one before", s.Off, s.Size)
+			return nil, fmt.Errorf("%w %#x+%d: overlaps the one before", ErrBadSpan, s.Off, s.Size)
 		case s.Off+n > a.size || s.Off+n < s.Off:
-			return nil, fmt.Errorf("alloc: restore span %#x+%d is outside the segment of %d", s.Off, s.Size, a.size)
+			return nil, fmt.Errorf("%w %#x+%d: outside the segment of %d", ErrBadSpan, s.Off, s.Size, a.size)
 		}
 		if s.Off > cursor {
 			link(cursor, s.Off-cursor, true)

@@ -71,6 +71,6 @@ func TestRestoreAllocatorRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		_, err := Restore(1<<20, c.spans)
-		assert.Error(t, err, c.name)
+		assert.ErrorIs(t, err, ErrBadSpan, c.name)
 	}
 }

@@ -38,10 +38,11 @@ func TestMasterAdminEndpoints(t *testing.T) {
 	ctx := ctxT(t)
 	require.NoError(t, a.Put(ctx, "k", value(1, 1000), nil))
 	_, err = a.Get(ctx, "missing")
-	require.Error(t, err)
+	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
+	// y is larger than the pool: one allocation failure.
 	errs := a.BatchPut(ctx, []string{"x", "y"}, [][]byte{value(2, 10), make([]byte, 64<<20)}, nil)
 	require.NoError(t, errs[0])
-	require.Error(t, errs[1])
+	require.ErrorIs(t, errs[1], storepb.ErrNoAvailableHandle)
 
 	base := "http://" + m.AdminAddr()
 	code, body := httpGet(t, base+"/metrics")

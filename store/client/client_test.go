@@ -480,6 +480,7 @@ func TestNewFailsCleanly(t *testing.T) {
 	c, err := New(ctx, Config{Master: addr, SegmentSize: 1 << 20, LocalBufferSize: 1 << 20,
 		RPCTimeout: 500 * time.Millisecond, EngineConfig: engine.Config{Host: "127.0.0.1"}})
 	require.Error(t, err)
+	assert.Contains(t, []storepb.Code{storepb.RPCFail, storepb.RPCTimeout}, codeOf(err), "%v", err)
 	require.Nil(t, c)
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/internal/etcdtest"
 	"github.com/mooncake-go/mooncake/store/master"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 func startHAMaster(t *testing.T, etcd string, every int) *master.Server {
@@ -110,7 +111,7 @@ func TestFailoverLosesNothing(t *testing.T) {
 
 			check := func(c *Client) {
 				_, err := c.Get(ctx, "k0")
-				assert.Error(t, err, "k0 was removed before the failover")
+				assert.ErrorIs(t, err, storepb.ErrObjectNotFound, "k0 was removed before the failover")
 				got, err := c.Get(ctx, "k1")
 				require.NoError(t, err)
 				require.Equal(t, value(999, 5000), got)

@@ -59,7 +59,7 @@ func TestPutSession(t *testing.T) {
 			require.NoError(t, errs[1])
 			// Reserved, not readable.
 			_, err := a.Get(ctx, k1)
-			assert.Error(t, err)
+			assert.ErrorIs(t, err, storepb.ErrObjectNotFound)
 			// The layers of k1 last to first, one call per layer; k2 in
 			// one call of two uneven ranges.
 			r1 := layers(v1, 8, c.src)

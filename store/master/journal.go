@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -104,6 +105,11 @@ func dropRecord(key string) *storepb.JournalRecord {
 	return &storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: key}}}
 }
 
+// ErrBadRecord is the cause of a journal that does not replay: a record
+// that does not fit the state before it (an end without its start), or of
+// no known kind. A leader refuses to serve from such a journal.
+var ErrBadRecord = errors.New("master: journal record does not fit the state")
+
 // state is the durable state as a journal replay builds it: segments and
 // objects by id and key, replicas by location.
 type state struct {
@@ -122,7 +128,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 	switch op := rec.Op.(type) {
 	case *storepb.JournalRecord_Mount:
 		if op.Mount.GetSegment().GetId() == "" {
-			return fmt.Errorf("mount without a segment id")
+			return fmt.Errorf("%w: mount without a segment id", ErrBadRecord)
 		}
 		st.segs[op.Mount.Segment.Id] = op.Mount
 	case *storepb.JournalRecord_Unmount:
@@ -143,7 +149,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 	case *storepb.JournalRecord_End:
 		o := st.objects[op.End.Key]
 		if o == nil || o.Pending == nil || o.Pending.ClientId != op.End.ClientId {
-			return fmt.Errorf("end of %q without its start", op.End.Key)
+			return fmt.Errorf("%w: end of %q without its start", ErrBadRecord, op.End.Key)
 		}
 		p := o.Pending
 		o.Replicas, o.Size, o.Checksum, o.Writer, o.HardPin, o.Pending = p.Replicas, p.Size, op.End.Checksum, p.ClientId, p.HardPin, nil
@@ -172,7 +178,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		mv := op.Move
 		o := st.objects[mv.Key]
 		if o == nil || mv.From == nil || mv.To == nil {
-			return fmt.Errorf("move of %q without the object", mv.Key)
+			return fmt.Errorf("%w: move of %q without the object", ErrBadRecord, mv.Key)
 		}
 		if !mv.KeepFrom {
 			// A spill: the object left DRAM.
@@ -180,7 +186,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		}
 		o.Replicas = append(o.Replicas, mv.To)
 	default:
-		return fmt.Errorf("record of unknown kind %T", rec.Op)
+		return fmt.Errorf("%w: record of unknown kind %T", ErrBadRecord, rec.Op)
 	}
 	return nil
 }

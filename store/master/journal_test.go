@@ -162,7 +162,7 @@ func TestJournalApplyRejectsNonsense(t *testing.T) {
 		{"empty record", &storepb.JournalRecord{}},
 	}
 	for _, c := range cases {
-		assert.Error(t, newState().apply(c.rec), c.name)
+		assert.ErrorIs(t, newState().apply(c.rec), ErrBadRecord, c.name)
 	}
 }
 

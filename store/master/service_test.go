@@ -89,9 +89,9 @@ func TestServiceConfigValidate(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.field)
-			_, err = NewService(tc.cfg)
-			assert.Error(t, err)
+			assert.Contains(t, err.Error(), tc.field, "the error names the field")
+			_, nerr := NewService(tc.cfg)
+			assert.Equal(t, err, nerr, "NewService refuses it with Validate's error")
 		})
 	}
 	s, err := NewService(ServiceConfig{})
