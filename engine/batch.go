@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
-	"github.com/mooncake-go/mooncake/engine/transport/tcp"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
@@ -25,7 +24,7 @@ type batch struct {
 	// inline holds slices whose request Submit sent from the caller's
 	// goroutine; their answers are left to the caller's Wait (or to the
 	// transport's readers once a status poll releases them).
-	inline []*tcp.Inline
+	inline []transport.Inline
 }
 
 type pendingNotify struct {
@@ -128,8 +127,10 @@ func (e *Engine) batch(id BatchID) (*batch, error) {
 // already submitted to the batch, in order. Every request is checked first
 // (registered local memory, open segment, capacity); if one is bad nothing
 // is submitted. Submit returns once the work is queued; it may block while
-// a peer's queue is full, never past the deadline.
-func (e *Engine) Submit(id BatchID, reqs []Request, opts ...SubmitOption) error {
+// a peer's queue is full, never past the deadline nor after ctx ends (the
+// slices that could not be queued then fail with ctx's error). ctx bounds
+// only the queueing: the transfers go on after Submit returns.
+func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ...SubmitOption) error {
 	if err := e.enter(); err != nil {
 		return err
 	}
@@ -176,13 +177,13 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts ...SubmitOption) error 
 	if len(reqs) == 0 {
 		b.settle(e)
 	}
-	// The slices of a call that all go over TCP to one peer may be sent
-	// right here, their answers read by the Wait that follows, so that a
-	// shallow queue moves bytes with no goroutine hand-off (see
-	// tcp.Peer.SubmitInline). Not with a notify: completion must then be
-	// seen without the caller.
+	// The slices of a call that all go to one peer whose path can send
+	// inline may be sent right here, their answers read by the Wait that
+	// follows, so that a shallow queue moves bytes with no goroutine
+	// hand-off (see transport.Inliner). Not with a notify: completion must
+	// then be seen without the caller.
 	var held []*transport.Slice
-	var peer *tcp.Peer
+	var peer transport.Peer // of the held slices
 	inline := o.notify == nil
 	for i, r := range reqs {
 		seg := segs[i]
@@ -190,24 +191,28 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts ...SubmitOption) error 
 			copyLocal(tasks[i], r)
 			continue
 		}
-		if inline && (seg.shm != nil || seg.tcpPeer == nil || (peer != nil && peer != seg.tcpPeer)) {
-			inline = false
-			for _, s := range held {
-				peer.Submit(s)
+		if inline {
+			_, ok := seg.peers[0].(transport.Inliner)
+			if !ok || (peer != nil && peer != seg.peers[0]) {
+				inline = false
+				for _, s := range held {
+					peer.Submit(ctx, s)
+				}
+				held = nil
+			} else {
+				peer = seg.peers[0]
 			}
-			held = nil
 		}
 		for _, s := range e.cut(tasks[i], r, o.deadline) {
 			if inline {
-				peer = seg.tcpPeer
 				held = append(held, s)
 			} else {
-				e.route(seg, s)
+				seg.peers[0].Submit(ctx, s)
 			}
 		}
 	}
 	if len(held) > 0 {
-		if in := peer.SubmitInline(held); in != nil {
+		if in := peer.(transport.Inliner).SubmitInline(held); in != nil {
 			b.mu.Lock()
 			b.inline = append(b.inline, in)
 			b.mu.Unlock()
@@ -252,21 +257,12 @@ func (e *Engine) check(r Request) (*segment, error) {
 	return seg, nil
 }
 
+// via names the path a task to seg takes, for metrics.
 func (e *Engine) via(seg *segment) string {
-	switch {
-	case seg == nil:
+	if seg == nil {
 		return "local"
-	case e.viaShm(seg):
-		return "shm"
 	}
-	return "tcp"
-}
-
-// viaShm reports whether slices to seg go through shared memory: the peer
-// is on this host and reachable that way, or Transport "shm" allows
-// nothing else.
-func (e *Engine) viaShm(seg *segment) bool {
-	return seg.shm != nil && (!seg.stale.Load() || e.cfg.Transport == "shm")
+	return seg.peers[0].Path()
 }
 
 // cut cuts a task into slices (of SliceSize; the tail absorbs a remainder
@@ -290,18 +286,6 @@ func (e *Engine) cut(t *task, r Request, deadline time.Time) []*transport.Slice 
 		off += l
 	}
 	return sl
-}
-
-// route sends a slice down the best path to seg: shared memory when the
-// peer is on this host, TCP otherwise or when shared memory is out of
-// reach. A slice the same-host view misses waits for a refresh of the view
-// (refresh.go).
-func (e *Engine) route(seg *segment, s *transport.Slice) {
-	if e.viaShm(seg) {
-		e.shm.Submit(seg.shm, s, seg.miss)
-		return
-	}
-	seg.tcpPeer.Submit(s)
 }
 
 func (t *task) sliceDone(s *transport.Slice, err error) {
@@ -396,7 +380,7 @@ func (b *batch) settle(e *Engine) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Timeout)
 		defer cancel()
 		if err := e.SendNotify(ctx, pn.seg.name, pn.n); err != nil {
 			e.log.Warn("batch notification failed", "segment", pn.seg.name, "err", err)
@@ -406,7 +390,7 @@ func (b *batch) settle(e *Engine) {
 
 // takeInline returns the batch's inline slices, which become the caller's
 // to wait for or release.
-func (b *batch) takeInline() []*tcp.Inline {
+func (b *batch) takeInline() []transport.Inline {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ins := b.inline

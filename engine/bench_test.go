@@ -29,16 +29,16 @@ func BenchmarkTransfer(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			const batch = 64
-			target, err := engine.New(engine.Config{Host: "127.0.0.1", Transport: bc.transport, Logger: quiet})
+			target, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Transport: bc.transport, Logger: quiet})
 			require.NoError(b, err)
 			defer target.Close()
-			init, err := engine.New(engine.Config{Host: "127.0.0.1", Transport: bc.transport, Logger: quiet})
+			init, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Transport: bc.transport, Logger: quiet})
 			require.NoError(b, err)
 			defer init.Close()
 			size := int(bc.block * batch)
-			dst, err := target.AllocateBuffer(size, "")
+			dst, err := target.AllocateBuffer(context.Background(), size, "")
 			require.NoError(b, err)
-			src, err := init.AllocateBuffer(size, "")
+			src, err := init.AllocateBuffer(context.Background(), size, "")
 			require.NoError(b, err)
 			seg, err := init.OpenSegment(context.Background(), target.Name())
 			require.NoError(b, err)
@@ -52,7 +52,7 @@ func BenchmarkTransfer(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ResetTimer()
 			for range b.N {
-				require.NoError(b, init.Submit(id, reqs))
+				require.NoError(b, init.Submit(context.Background(), id, reqs))
 				st, err := init.Wait(context.Background(), id)
 				if err != nil || st.Status != engine.Completed {
 					b.Fatalf("%v %v", st, err)

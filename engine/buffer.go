@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"unsafe"
 
@@ -31,7 +32,7 @@ func (b *Buffer) Free() error {
 	if b.mem == nil {
 		return nil
 	}
-	err := b.e.UnregisterMemory(b.Addr())
+	err := b.e.UnregisterMemory(context.Background(), b.Addr())
 	unix.Munmap(b.mem)
 	unix.Close(b.fd)
 	b.mem = nil
@@ -39,8 +40,9 @@ func (b *Buffer) Free() error {
 }
 
 // AllocateBuffer maps size bytes of memfd-backed shared memory and registers
-// it (remote-accessible) at location ("" means "cpu:0").
-func (e *Engine) AllocateBuffer(size int, location string) (*Buffer, error) {
+// it (remote-accessible) at location ("" means "cpu:0"); ctx bounds
+// publishing the new descriptor.
+func (e *Engine) AllocateBuffer(ctx context.Context, size int, location string) (*Buffer, error) {
 	if size <= 0 {
 		return nil, errorf(CodeInvalidArgument, "allocate buffer: size %d", size)
 	}
@@ -58,7 +60,7 @@ func (e *Engine) AllocateBuffer(size int, location string) (*Buffer, error) {
 		return nil, wrapf(CodeMemory, err, "allocate buffer of %d bytes: mmap", size)
 	}
 	b := &Buffer{e: e, mem: mem, fd: fd}
-	if err := e.register(uint64(b.Addr()), uint64(size), location, true, fd); err != nil {
+	if err := e.register(ctx, uint64(b.Addr()), uint64(size), location, true, fd); err != nil {
 		unix.Munmap(mem)
 		unix.Close(fd)
 		return nil, fmt.Errorf("allocate buffer: %w", err)

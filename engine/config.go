@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/engine/transport"
 )
 
 // Config configures an Engine. The zero value is a working P2P-handshake
@@ -59,6 +60,11 @@ type Config struct {
 	// Registerer receives the engine's metrics. Zero: none are exported
 	// (they are still counted; see Engine.Metrics).
 	Registerer prometheus.Registerer
+	// Transports are more data paths, preferred to the built-in ones (see
+	// package transport): a peer one of them opens takes its slices, and
+	// what it cannot serve goes on to the next path. The engine closes them
+	// when it closes.
+	Transports []transport.Transport
 }
 
 // Validate names the first bad field.

@@ -3,11 +3,11 @@ package engine
 import (
 	"context"
 	"encoding/json"
-
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,11 +32,9 @@ type Engine struct {
 
 	hs     *metadata.HandshakeServer
 	server *tcp.Server
-	tcp    *tcp.Client
-	shm    *shm.Pool
-	ctrl   *shm.Control
-	hostID string
-	start  uint64
+	// paths are the data paths in order of preference: Config.Transports,
+	// then same-host, then TCP (as Config.Transport allows).
+	paths []transport.Transport
 
 	segMu    sync.Mutex
 	segs     map[SegmentID]*segment
@@ -53,8 +51,8 @@ type Engine struct {
 	closing atomic.Bool
 	closeMu sync.RWMutex // held for reading by calls in progress
 	closed  bool
-	wg      sync.WaitGroup // notify senders, TCP fall-backs, view refreshes
-	// ctx ends when Close starts: view refreshes in progress give up.
+	wg      sync.WaitGroup // notify senders
+	// ctx ends when Close starts: notifications in progress give up.
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -65,20 +63,19 @@ type segment struct {
 	name    string
 	desc    atomic.Pointer[metadata.SegmentDesc] // as opened or last refreshed
 	rpcAddr string
-	tcp     []string                      // data addresses
-	tcpPeer *tcp.Peer                     // their lanes, nil without a TCP address
-	shm     *shm.Peer                     // same-host path, nil if none
-	stale   atomic.Bool                   // shm path unavailable; TCP from now on
-	refresh viewRefresh                   // of the shm view, after misses
-	miss    func(*transport.Slice, error) // e.missed for this segment
+	// peers are the paths that opened this peer, in order of preference:
+	// peers[0] takes every slice, and each passes what it cannot serve to
+	// the one after it.
+	peers []transport.Peer
 }
 
 // maxNotifies bounds undelivered notifications kept for GetNotifies.
 const maxNotifies = 1 << 16
 
-// New starts an engine: its handshake and data listeners, and, outside
-// P2PHANDSHAKE mode, its records in the metadata store.
-func New(cfg Config) (e *Engine, err error) {
+// New starts an engine: its handshake and data listeners, its data paths,
+// and, outside P2PHANDSHAKE mode, its records in the metadata store. ctx
+// bounds the start (publishing the records); the engine outlives it.
+func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -116,18 +113,18 @@ func New(cfg Config) (e *Engine, err error) {
 	if e.hs, err = metadata.ServeHandshake(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.RPCPort)), e.handshake, e.secret, e.log); err != nil {
 		return nil, &Error{Code: CodeSocket, Err: err}
 	}
-	e.tcp = tcp.NewClient(tcp.ClientConfig{
-		Lanes: cfg.Lanes, MaxRetries: cfg.MaxRetries, Secret: e.secret, V1: cfg.TCPv1, Logger: e.log,
-	})
+	e.paths = append(e.paths, cfg.Transports...)
 	if cfg.Transport != "tcp" {
-		e.hostID = shm.HostID()
-		if e.ctrl, err = shm.NewControl(); err != nil {
-			return nil, wrapf(CodeMemory, err, "shared-memory control page")
+		t, err := shm.New(shm.Config{Timeout: cfg.Timeout, Logger: e.log, Refreshed: e.m.refreshes.Inc})
+		if err != nil {
+			return nil, &Error{Code: CodeMemory, Err: err}
 		}
-		if e.start, err = shm.StartTime(os.Getpid()); err != nil {
-			return nil, wrapf(CodeMemory, err, "own start time")
-		}
-		e.shm = shm.NewPool(0)
+		e.paths = append(e.paths, t)
+	}
+	if cfg.Transport != "shm" {
+		e.paths = append(e.paths, tcp.NewClient(tcp.ClientConfig{
+			Lanes: cfg.Lanes, MaxRetries: cfg.MaxRetries, Secret: e.secret, V1: cfg.TCPv1, Logger: e.log,
+		}))
 	}
 	e.name = cfg.LocalServerName
 	if cfg.Metadata == metadata.P2PHandshake || e.name == "" {
@@ -141,7 +138,7 @@ func New(cfg Config) (e *Engine, err error) {
 	}
 	if e.meta != nil {
 		rpc, _ := json.Marshal(metadata.RPCMeta{IPOrHostName: cfg.Host, RPCPort: e.hs.Addr().Port})
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 		defer cancel()
 		if err = e.meta.Put(ctx, metadata.RPCMetaKey(e.name), rpc); err != nil {
 			return nil, wrapf(CodeMetadata, err, "publish rpc_meta")
@@ -189,10 +186,7 @@ func (e *Engine) Close() error {
 	e.cancel()
 	// Fail in-flight work first: a Submit blocked on a full peer queue
 	// returns at once instead of holding Close up until its deadline.
-	e.tcp.Close()
-	if e.shm != nil {
-		e.shm.Close()
-	}
+	e.closePaths()
 	e.closeMu.Lock()
 	e.closed = true
 	e.closeMu.Unlock()
@@ -206,21 +200,23 @@ func (e *Engine) Close() error {
 	return nil
 }
 
+// closePaths closes the data paths, the last first: a path that hands
+// slices on to the next finds it failing them, not gone. Closing a path
+// twice is harmless.
+func (e *Engine) closePaths() {
+	for i := len(e.paths) - 1; i >= 0; i-- {
+		e.paths[i].Close()
+	}
+}
+
 // shutdown releases everything in reverse order of New.
 func (e *Engine) shutdown() {
 	e.cancel()
-	if e.tcp != nil {
-		e.tcp.Close()
-	}
-	if e.shm != nil {
-		e.shm.Close()
-	}
+	e.closePaths()
 	e.wg.Wait()
 	e.segMu.Lock()
 	for _, s := range e.segs {
-		if s.shm != nil {
-			s.shm.Close()
-		}
+		s.close()
 	}
 	e.segs = map[SegmentID]*segment{}
 	e.segMu.Unlock()
@@ -230,22 +226,23 @@ func (e *Engine) shutdown() {
 	if e.server != nil {
 		e.server.Close()
 	}
-	if e.ctrl != nil {
-		e.ctrl.Close()
-	}
 	if e.meta != nil {
 		e.meta.Close()
 	}
 }
 
+// publishTimeout bounds each update of this engine's metadata records.
+const publishTimeout = 10 * time.Second
+
 // RegisterMemory makes [addr, addr+length) usable in transfers; when
 // remoteAccessible, peers may read and write it. Zero-length and
 // overlapping regions are rejected (CodeAddressOverlapped), as Mooncake.
-func (e *Engine) RegisterMemory(addr uintptr, length uint64, location string, remoteAccessible bool) error {
-	return e.register(uint64(addr), length, location, remoteAccessible, -1)
+// ctx bounds publishing the new descriptor.
+func (e *Engine) RegisterMemory(ctx context.Context, addr uintptr, length uint64, location string, remoteAccessible bool) error {
+	return e.register(ctx, uint64(addr), length, location, remoteAccessible, -1)
 }
 
-func (e *Engine) register(addr, length uint64, location string, remote bool, fd int) error {
+func (e *Engine) register(ctx context.Context, addr, length uint64, location string, remote bool, fd int) error {
 	if err := e.enter(); err != nil {
 		return err
 	}
@@ -256,12 +253,13 @@ func (e *Engine) register(addr, length uint64, location string, remote bool, fd 
 	if err := e.mem.add(&region{addr: addr, length: length, location: location, remote: remote, fd: fd}); err != nil {
 		return err
 	}
-	return e.republish()
+	return e.republish(ctx)
 }
 
 // UnregisterMemory removes the region registered at addr. It returns once
-// no transfer serving a peer touches the region any more.
-func (e *Engine) UnregisterMemory(addr uintptr) error {
+// no transfer serving a peer touches the region any more; ctx bounds
+// publishing the new descriptor.
+func (e *Engine) UnregisterMemory(ctx context.Context, addr uintptr) error {
 	if err := e.enter(); err != nil {
 		return err
 	}
@@ -269,30 +267,25 @@ func (e *Engine) UnregisterMemory(addr uintptr) error {
 	if _, err := e.mem.remove(uint64(addr)); err != nil {
 		return err
 	}
-	if e.ctrl != nil {
-		e.ctrl.Bump()
+	for _, p := range e.paths {
+		if p, ok := p.(transport.Publisher); ok {
+			p.Unregistered()
+		}
 	}
-	return e.republish()
+	return e.republish(ctx)
 }
 
-func (e *Engine) republish() error {
+func (e *Engine) republish(ctx context.Context) error {
 	if e.meta == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	return e.publish(ctx)
 }
 
 // descriptor is this engine's segment descriptor as peers see it.
 func (e *Engine) descriptor() *metadata.SegmentDesc {
-	// The control counter is read before the regions are listed, and
-	// UnregisterMemory moves it after removing a region: a peer holding a
-	// view of this descriptor sees it stale once a listed region is gone.
-	var gen uint64
-	if e.ctrl != nil {
-		gen = e.ctrl.Generation()
-	}
 	d := &metadata.SegmentDesc{
 		Name:            e.name,
 		Protocol:        json.RawMessage(`"tcp"`),
@@ -305,21 +298,31 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 	if e.cfg.TCPv1 {
 		d.TCPProtoVersion = 1
 	}
-	var shared []metadata.SharedBuffer
-	for _, r := range e.mem.inOrder() {
-		if !r.remote {
-			continue
+	// The regions are listed once, when a path publishing its part of the
+	// descriptor first asks (it may read state of its own before), else
+	// after every path had its say.
+	var listed []transport.LocalRegion
+	list := func() []transport.LocalRegion {
+		if listed != nil {
+			return listed
 		}
-		// Mooncake's TCP engines name every buffer after the segment.
-		d.Buffers = append(d.Buffers, metadata.Buffer{Name: e.name, Addr: r.addr, Length: r.length})
-		if r.fd >= 0 {
-			shared = append(shared, metadata.SharedBuffer{Addr: r.addr, Length: r.length, FD: r.fd})
+		listed = []transport.LocalRegion{}
+		for _, r := range e.mem.inOrder() {
+			if !r.remote {
+				continue
+			}
+			// Mooncake's TCP engines name every buffer after the segment.
+			d.Buffers = append(d.Buffers, metadata.Buffer{Name: e.name, Addr: r.addr, Length: r.length})
+			listed = append(listed, transport.LocalRegion{Addr: r.addr, Length: r.length, FD: r.fd})
+		}
+		return listed
+	}
+	for _, p := range e.paths {
+		if p, ok := p.(transport.Publisher); ok {
+			p.Publish(d, list)
 		}
 	}
-	if e.ctrl != nil && e.hostID != "" {
-		d.Local = &metadata.LocalInfo{HostID: e.hostID, PID: os.Getpid(), StartTime: e.start,
-			ControlFD: e.ctrl.FD(), Generation: &gen, Shared: shared}
-	}
+	list()
 	return d
 }
 
@@ -382,9 +385,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 	e.segMu.Lock()
 	defer e.segMu.Unlock()
 	if id, ok := e.segNames[name]; ok { // lost a race with another opener
-		if seg.shm != nil {
-			seg.shm.Close()
-		}
+		seg.close()
 		return id, nil
 	}
 	seg.id = e.nextSeg
@@ -396,7 +397,6 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 
 func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 	seg := &segment{name: name}
-	seg.miss = func(s *transport.Slice, err error) { e.missed(seg, s, err) }
 	var host string
 	var desc *metadata.SegmentDesc
 	if e.meta == nil {
@@ -431,32 +431,63 @@ func (e *Engine) resolve(ctx context.Context, name string) (*segment, error) {
 	if desc.TCPDataHost != "" {
 		host = desc.TCPDataHost
 	}
+	var addrs []string
 	if desc.TCPDataPort > 0 {
-		seg.tcp = []string{net.JoinHostPort(host, strconv.Itoa(desc.TCPDataPort))}
+		addrs = append(addrs, net.JoinHostPort(host, strconv.Itoa(desc.TCPDataPort)))
 	}
-	if info, ok := e.shmInfo(desc); ok {
-		p, err := shm.Open(info)
-		if err != nil {
-			e.log.Info("same-host path unavailable, using TCP", "segment", name, "err", err)
-		}
-		seg.shm = p
-	}
-	if len(seg.tcp) > 0 {
-		var err error
-		if seg.tcpPeer, err = e.tcp.Peer(seg.tcp); err != nil {
-			if seg.shm != nil {
-				seg.shm.Close()
-			}
-			return nil, wrapf(CodeContext, err, "open segment %s", name)
-		}
-	}
-	switch {
-	case e.cfg.Transport == "shm" && seg.shm == nil:
-		return nil, errorf(CodeDeviceNotFound, "open segment %s: not reachable through shared memory", name)
-	case seg.shm == nil && len(seg.tcp) == 0:
-		return nil, errorf(CodeEndpoint, "open segment %s: descriptor offers no TCP data port", name)
+	addrs = append(addrs, desc.TCPDataAddrs...)
+	if err := e.openPaths(ctx, seg, addrs); err != nil {
+		return nil, err
 	}
 	return seg, nil
+}
+
+// openPaths offers the peer to every data path, the last first, so each
+// path gets the one after it as the place to pass on what it cannot serve.
+func (e *Engine) openPaths(ctx context.Context, seg *segment, addrs []string) error {
+	info := transport.PeerInfo{
+		Name:  seg.name,
+		Desc:  seg.desc.Load(),
+		Addrs: addrs,
+		Describe: func(ctx context.Context) (*metadata.SegmentDesc, error) {
+			desc, err := e.askDescriptor(ctx, "refresh segment "+seg.name, seg.rpcAddr)
+			if err == nil {
+				seg.desc.Store(desc)
+			}
+			return desc, err
+		},
+	}
+	var open []transport.Peer // in the order opened: the last path first
+	for i := len(e.paths) - 1; i >= 0; i-- {
+		p, err := e.paths[i].Open(ctx, info)
+		if errors.Is(err, transport.ErrUnavailable) {
+			continue
+		}
+		if err != nil {
+			for _, p := range open {
+				p.Close()
+			}
+			return wrapf(CodeContext, err, "open segment %s: %s path", seg.name, e.paths[i].Name())
+		}
+		open = append(open, p)
+		info.Next = p
+	}
+	if len(open) == 0 {
+		if e.cfg.Transport == "shm" {
+			return errorf(CodeDeviceNotFound, "open segment %s: not reachable through shared memory", seg.name)
+		}
+		return errorf(CodeEndpoint, "open segment %s: descriptor offers no TCP data port", seg.name)
+	}
+	slices.Reverse(open)
+	seg.peers = open
+	return nil
+}
+
+// close releases the segment's paths.
+func (seg *segment) close() {
+	for _, p := range seg.peers {
+		p.Close()
+	}
 }
 
 // askDescriptor asks the engine at rpcAddr for its current descriptor over
@@ -472,23 +503,6 @@ func (e *Engine) askDescriptor(ctx context.Context, what, rpcAddr string) (*meta
 		return nil, wrapf(CodeMalformedJSON, err, "%s", what)
 	}
 	return desc, nil
-}
-
-// shmInfo returns what the same-host path needs of a descriptor, if the
-// peer is on this host and this engine has that path.
-func (e *Engine) shmInfo(desc *metadata.SegmentDesc) (shm.PeerInfo, bool) {
-	l := desc.Local
-	if l == nil || e.shm == nil || l.HostID != e.hostID {
-		return shm.PeerInfo{}, false
-	}
-	info := shm.PeerInfo{PID: l.PID, StartTime: l.StartTime, ControlFD: l.ControlFD, Generation: l.Generation}
-	for _, b := range l.Shared {
-		info.Shared = append(info.Shared, shm.Shared{Addr: b.Addr, Length: b.Length, FD: b.FD})
-	}
-	for _, b := range desc.Buffers {
-		info.Regions = append(info.Regions, shm.Region{Addr: b.Addr, Length: b.Length})
-	}
-	return info, true
 }
 
 // CloseSegment forgets an opened segment; its lanes close.
@@ -510,12 +524,7 @@ func (e *Engine) CloseSegment(id SegmentID) error {
 	if !ok {
 		return errorf(CodeInvalidArgument, "close segment %d: not open", id)
 	}
-	if seg.tcpPeer != nil {
-		e.tcp.Forget(seg.tcpPeer)
-	}
-	if seg.shm != nil {
-		seg.shm.Close()
-	}
+	seg.close()
 	return nil
 }
 

@@ -22,7 +22,7 @@ func newEngine(t *testing.T, cfg engine.Config) *engine.Engine {
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
 	}
-	e, err := engine.New(cfg)
+	e, err := engine.New(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
 	return e
@@ -43,7 +43,7 @@ func transfer(t *testing.T, e *engine.Engine, reqs []engine.Request) engine.Tran
 	t.Helper()
 	b, err := e.AllocateBatch(len(reqs))
 	require.NoError(t, err)
-	require.NoError(t, e.Submit(b, reqs))
+	require.NoError(t, e.Submit(context.Background(), b, reqs))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	st, err := e.Wait(ctx, b)
@@ -68,17 +68,17 @@ func TestWriteReadRoundTrip(t *testing.T) {
 			const n = 3<<20 + 12345
 			var dst []byte
 			if tc.shared {
-				buf, err := target.AllocateBuffer(n, "cpu:0")
+				buf, err := target.AllocateBuffer(context.Background(), n, "cpu:0")
 				require.NoError(t, err)
 				defer buf.Free()
 				dst = buf.Bytes()
 			} else {
 				dst = anonMem(t, n)
-				require.NoError(t, target.RegisterMemory(addr(dst), n, "cpu:0", true))
+				require.NoError(t, target.RegisterMemory(context.Background(), addr(dst), n, "cpu:0", true))
 			}
 			src := anonMem(t, 2*n)
 			rand.Read(src[:n])
-			require.NoError(t, init.RegisterMemory(addr(src), 2*n, "", true))
+			require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 2*n, "", true))
 
 			seg, err := init.OpenSegment(context.Background(), target.Name())
 			require.NoError(t, err)
@@ -99,14 +99,14 @@ func TestRemoteRangeOutsideRegistrationRejected(t *testing.T) {
 	init := newEngine(t, engine.Config{Transport: "tcp"})
 	dst := anonMem(t, 1<<20)
 	guard := anonMem(t, 4096)
-	require.NoError(t, target.RegisterMemory(addr(dst), 1<<20-4096, "", true))
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(dst), 1<<20-4096, "", true))
 	private := anonMem(t, 4096)
-	require.NoError(t, target.RegisterMemory(addr(private), 4096, "", false))
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(private), 4096, "", false))
 	src := anonMem(t, 1<<20)
 	for i := range src {
 		src[i] = 0xAB
 	}
-	require.NoError(t, init.RegisterMemory(addr(src), 1<<20, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 1<<20, "", true))
 	seg, err := init.OpenSegment(context.Background(), target.Name())
 	require.NoError(t, err)
 
@@ -142,7 +142,7 @@ func TestNewFailsCleanly(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
-	e, err := engine.New(engine.Config{Host: "127.0.0.1", RPCPort: ln.Addr().(*net.TCPAddr).Port})
+	e, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", RPCPort: ln.Addr().(*net.TCPAddr).Port})
 	require.Nil(t, e)
 	var ee *engine.Error
 	require.ErrorAs(t, err, &ee)
@@ -152,19 +152,19 @@ func TestNewFailsCleanly(t *testing.T) {
 func TestBatchAPIErrors(t *testing.T) {
 	e := newEngine(t, engine.Config{Transport: "tcp"})
 	mem := anonMem(t, 8192)
-	require.NoError(t, e.RegisterMemory(addr(mem), 4096, "", true))
+	require.NoError(t, e.RegisterMemory(context.Background(), addr(mem), 4096, "", true))
 
 	for _, tc := range []struct {
 		name string
 		call func() error
 		code engine.Code
 	}{
-		{"zero-length registration", func() error { return e.RegisterMemory(addr(mem[4096:]), 0, "", true) }, engine.CodeInvalidArgument},
-		{"overlapping registration", func() error { return e.RegisterMemory(addr(mem[100:]), 200, "", true) }, engine.CodeAddressOverlapped},
-		{"unregister unknown", func() error { return e.UnregisterMemory(addr(mem[4096:])) }, engine.CodeAddressNotRegistered},
+		{"zero-length registration", func() error { return e.RegisterMemory(context.Background(), addr(mem[4096:]), 0, "", true) }, engine.CodeInvalidArgument},
+		{"overlapping registration", func() error { return e.RegisterMemory(context.Background(), addr(mem[100:]), 200, "", true) }, engine.CodeAddressOverlapped},
+		{"unregister unknown", func() error { return e.UnregisterMemory(context.Background(), addr(mem[4096:])) }, engine.CodeAddressNotRegistered},
 		{"zero batch", func() error { _, err := e.AllocateBatch(0); return err }, engine.CodeInvalidArgument},
 		{"free unknown batch", func() error { return e.FreeBatch(12345) }, engine.CodeInvalidArgument},
-		{"submit to unknown batch", func() error { return e.Submit(777, nil) }, engine.CodeInvalidArgument},
+		{"submit to unknown batch", func() error { return e.Submit(context.Background(), 777, nil) }, engine.CodeInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.code, engine.CodeOf(tc.call()))
@@ -185,10 +185,10 @@ func TestBatchAPIErrors(t *testing.T) {
 		{"bad opcode", engine.Request{Op: 7, Local: addr(mem), Segment: engine.LocalSegment, Remote: uint64(addr(mem)), Length: 8}, engine.CodeInvalidArgument},
 	}
 	for _, tc := range bad {
-		require.Equal(t, tc.code, engine.CodeOf(e.Submit(b, []engine.Request{tc.req})), tc.name)
+		require.Equal(t, tc.code, engine.CodeOf(e.Submit(context.Background(), b, []engine.Request{tc.req})), tc.name)
 	}
-	require.NoError(t, e.Submit(b, []engine.Request{local}))
-	require.Equal(t, engine.CodeTooManyRequests, engine.CodeOf(e.Submit(b, []engine.Request{local})))
+	require.NoError(t, e.Submit(context.Background(), b, []engine.Request{local}))
+	require.Equal(t, engine.CodeTooManyRequests, engine.CodeOf(e.Submit(context.Background(), b, []engine.Request{local})))
 	st, err := e.Wait(context.Background(), b)
 	require.NoError(t, err)
 	require.Equal(t, engine.Completed, st.Status)
@@ -196,7 +196,7 @@ func TestBatchAPIErrors(t *testing.T) {
 	require.Equal(t, engine.CodeInvalidArgument, engine.CodeOf(err))
 	require.NoError(t, e.FreeBatch(b))
 	require.NoError(t, e.Close())
-	require.True(t, errors.Is(e.RegisterMemory(addr(mem[4096:]), 10, "", true), engine.ErrClosed))
+	require.True(t, errors.Is(e.RegisterMemory(context.Background(), addr(mem[4096:]), 10, "", true), engine.ErrClosed))
 }
 
 // TestShallowSubmit runs small batches, which the submitting goroutine
@@ -208,9 +208,9 @@ func TestShallowSubmit(t *testing.T) {
 	const n = 1 << 20
 	dst := anonMem(t, n)
 	rand.Read(dst)
-	require.NoError(t, target.RegisterMemory(addr(dst), n, "", true))
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(dst), n, "", true))
 	src := anonMem(t, n)
-	require.NoError(t, init.RegisterMemory(addr(src), n, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), n, "", true))
 	seg, err := init.OpenSegment(context.Background(), target.Name())
 	require.NoError(t, err)
 	for _, tc := range []struct {
@@ -268,7 +268,7 @@ func TestShallowSubmit(t *testing.T) {
 				b, err := init.AllocateBatch(2)
 				require.NoError(t, err)
 				// Two requests, four slices: one inline group.
-				require.NoError(t, init.Submit(b, []engine.Request{
+				require.NoError(t, init.Submit(context.Background(), b, []engine.Request{
 					{Op: engine.Read, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: n / 2},
 					{Op: engine.Read, Local: addr(src[n/2:]), Segment: seg, Remote: uint64(addr(dst[n/2:])), Length: n / 2},
 				}))
@@ -300,15 +300,15 @@ func TestWithChecksum(t *testing.T) {
 			target := newEngine(t, engine.Config{Transport: tc.transport})
 			init := newEngine(t, engine.Config{Transport: tc.transport, SliceSize: 64 << 10})
 			const n = 1<<20 + 777
-			remote, err := target.AllocateBuffer(2*n, "cpu:0")
+			remote, err := target.AllocateBuffer(context.Background(), 2*n, "cpu:0")
 			require.NoError(t, err)
 			defer remote.Free()
 			rand.Read(remote.Bytes())
 			local := anonMem(t, 2*n)
-			require.NoError(t, init.RegisterMemory(addr(local), 2*n, "", true))
+			require.NoError(t, init.RegisterMemory(context.Background(), addr(local), 2*n, "", true))
 			seg := engine.LocalSegment
 			if tc.local {
-				require.NoError(t, init.RegisterMemory(remote.Addr(), 2*n, "", true))
+				require.NoError(t, init.RegisterMemory(context.Background(), remote.Addr(), 2*n, "", true))
 			} else {
 				seg, err = init.OpenSegment(context.Background(), target.Name())
 				require.NoError(t, err)
@@ -327,7 +327,7 @@ func TestWithChecksum(t *testing.T) {
 			for _, reqs := range batches {
 				b, err := init.AllocateBatch(len(reqs))
 				require.NoError(t, err)
-				require.NoError(t, init.Submit(b, reqs, engine.WithChecksum()))
+				require.NoError(t, init.Submit(context.Background(), b, reqs, engine.WithChecksum()))
 				_, err = init.Wait(context.Background(), b)
 				require.NoError(t, err)
 				for i, r := range reqs {
@@ -349,17 +349,17 @@ func TestWithChecksum(t *testing.T) {
 func TestFreeAfterTasksFinal(t *testing.T) {
 	target := newEngine(t, engine.Config{Transport: "tcp"})
 	e := newEngine(t, engine.Config{Transport: "tcp"})
-	remote, err := target.AllocateBuffer(1<<20, "cpu:0")
+	remote, err := target.AllocateBuffer(context.Background(), 1<<20, "cpu:0")
 	require.NoError(t, err)
 	defer remote.Free()
 	mem := anonMem(t, 1<<20)
-	require.NoError(t, e.RegisterMemory(addr(mem), 1<<20, "", true))
+	require.NoError(t, e.RegisterMemory(context.Background(), addr(mem), 1<<20, "", true))
 	seg, err := e.OpenSegment(context.Background(), target.Name())
 	require.NoError(t, err)
 	for range 500 {
 		b, err := e.AllocateBatch(2)
 		require.NoError(t, err)
-		require.NoError(t, e.Submit(b, []engine.Request{
+		require.NoError(t, e.Submit(context.Background(), b, []engine.Request{
 			{Op: engine.Write, Local: addr(mem), Segment: seg, Remote: uint64(remote.Addr()), Length: 4096},
 			{Op: engine.Read, Local: addr(mem[8192:]), Segment: seg, Remote: uint64(remote.Addr()) + 8192, Length: 4096},
 		}))

@@ -45,10 +45,10 @@ func TestContextErrorsSurvive(t *testing.T) {
 	b, err := init.AllocateBatch(1)
 	require.NoError(t, err)
 	mem := anonMem(t, 4096)
-	require.NoError(t, init.RegisterMemory(addr(mem), uint64(len(mem)), "", false))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(mem), uint64(len(mem)), "", false))
 	seg, err := init.OpenSegment(context.Background(), target.Name())
 	require.NoError(t, err)
-	require.NoError(t, init.Submit(b, []engine.Request{{Op: engine.Write, Local: addr(mem), Segment: seg,
+	require.NoError(t, init.Submit(context.Background(), b, []engine.Request{{Op: engine.Write, Local: addr(mem), Segment: seg,
 		Remote: 1 << 40, Length: 16}}))
 	_, err = init.Wait(cancelled, b)
 	require.ErrorIs(t, err, context.Canceled)

@@ -72,7 +72,7 @@ func TestTargetKilledMidBatch(t *testing.T) {
 			init := newEngine(t, engine.Config{Transport: transport})
 			const block, n = 4 << 20, 256 // 1 GiB in flight through a 64 MiB window
 			src := anonMem(t, block)
-			require.NoError(t, init.RegisterMemory(addr(src), block, "", true))
+			require.NoError(t, init.RegisterMemory(context.Background(), addr(src), block, "", true))
 			seg, err := init.OpenSegment(context.Background(), info.Name)
 			require.NoError(t, err)
 			reqs := make([]engine.Request, n)
@@ -83,7 +83,7 @@ func TestTargetKilledMidBatch(t *testing.T) {
 			b, err := init.AllocateBatch(n)
 			require.NoError(t, err)
 			deadline := time.Now().Add(10 * time.Second)
-			require.NoError(t, init.Submit(b, reqs, engine.WithDeadline(deadline)))
+			require.NoError(t, init.Submit(context.Background(), b, reqs, engine.WithDeadline(deadline)))
 			require.NoError(t, proc.Kill())
 
 			ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(2*time.Second))
@@ -119,7 +119,7 @@ func TestStoppedTargetTimesOut(t *testing.T) {
 	info, proc := startTarget(t, "tcp", "")
 	init := newEngine(t, engine.Config{Transport: "tcp"})
 	src := anonMem(t, 1<<20)
-	require.NoError(t, init.RegisterMemory(addr(src), 1<<20, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 1<<20, "", true))
 	seg, err := init.OpenSegment(context.Background(), info.Name)
 	require.NoError(t, err)
 	require.NoError(t, proc.Signal(syscall.SIGSTOP))
@@ -131,7 +131,7 @@ func TestStoppedTargetTimesOut(t *testing.T) {
 		reqs[i] = engine.Request{Op: engine.Read, Local: addr(src), Segment: seg, Remote: info.Addr, Length: 1 << 20}
 	}
 	start := time.Now()
-	require.NoError(t, init.Submit(b, reqs, engine.WithDeadline(start.Add(time.Second))))
+	require.NoError(t, init.Submit(context.Background(), b, reqs, engine.WithDeadline(start.Add(time.Second))))
 	// A busy batch cannot be freed.
 	require.ErrorIs(t, init.FreeBatch(b), engine.ErrBatchBusy)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -178,11 +178,11 @@ func TestSecretGuardsDataPort(t *testing.T) {
 	store := "memory://" + t.Name()
 	target := newEngine(t, engine.Config{Transport: "tcp", Metadata: store, LocalServerName: "target", Secret: "k"})
 	dst := anonMem(t, 4096)
-	require.NoError(t, target.RegisterMemory(addr(dst), 4096, "", true))
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(dst), 4096, "", true))
 	init := newEngine(t, engine.Config{Transport: "tcp", Metadata: store, LocalServerName: "init"})
 	src := anonMem(t, 4096)
 	src[0] = 1
-	require.NoError(t, init.RegisterMemory(addr(src), 4096, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 4096, "", true))
 	seg, err := init.OpenSegment(context.Background(), "target")
 	require.NoError(t, err)
 	st := transfer(t, init, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: 4096}})

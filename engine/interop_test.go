@@ -322,7 +322,7 @@ func (x *interop) goTransfer(t *testing.T, reqs []engine.Request, opts ...engine
 	t.Helper()
 	b, err := x.ours.AllocateBatch(len(reqs))
 	require.NoError(t, err)
-	require.NoError(t, x.ours.Submit(b, reqs, opts...))
+	require.NoError(t, x.ours.Submit(context.Background(), b, reqs, opts...))
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	st, err := x.ours.Wait(ctx, b)
@@ -361,11 +361,11 @@ func setupInterop(t *testing.T, py string, httpMeta bool) *interop {
 	x.target = mmapped(t, ourTargetSize)
 	cfg.Registerer = x.metrics
 	var err error
-	x.ours, err = engine.New(cfg)
+	x.ours, err = engine.New(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, x.ours.Close()) })
-	require.NoError(t, x.ours.RegisterMemory(engine.AddrOf(x.local), ourLocalSize, "cpu:0", true))
-	require.NoError(t, x.ours.RegisterMemory(engine.AddrOf(x.target), ourTargetSize, "cpu:0", true))
+	require.NoError(t, x.ours.RegisterMemory(context.Background(), engine.AddrOf(x.local), ourLocalSize, "cpu:0", true))
+	require.NoError(t, x.ours.RegisterMemory(context.Background(), engine.AddrOf(x.target), ourTargetSize, "cpu:0", true))
 
 	x.peer = startOfficial(t, py, metaURL)
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
@@ -563,11 +563,11 @@ func (x *interop) testOutOfRange(t *testing.T) {
 	arena := mmapped(t, 5*page)
 	reg := arena[page : 3*page]
 	private := arena[4*page:]
-	require.NoError(t, x.ours.RegisterMemory(engine.AddrOf(reg), uint64(len(reg)), "cpu:0", true))
-	require.NoError(t, x.ours.RegisterMemory(engine.AddrOf(private), page, "cpu:0", false))
+	require.NoError(t, x.ours.RegisterMemory(context.Background(), engine.AddrOf(reg), uint64(len(reg)), "cpu:0", true))
+	require.NoError(t, x.ours.RegisterMemory(context.Background(), engine.AddrOf(private), page, "cpu:0", false))
 	t.Cleanup(func() {
-		require.NoError(t, x.ours.UnregisterMemory(engine.AddrOf(reg)))
-		require.NoError(t, x.ours.UnregisterMemory(engine.AddrOf(private)))
+		require.NoError(t, x.ours.UnregisterMemory(context.Background(), engine.AddrOf(reg)))
+		require.NoError(t, x.ours.UnregisterMemory(context.Background(), engine.AddrOf(private)))
 	})
 	rand.Read(arena)
 	before := bytes.Clone(arena)
@@ -642,17 +642,17 @@ func (x *interop) testOursOutOfRange(t *testing.T) {
 		if !x.p2p {
 			cfg.Metadata, cfg.LocalServerName = x.metaURL, "go-big-"+randName()
 		}
-		big, err := engine.New(cfg)
+		big, err := engine.New(context.Background(), cfg)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, big.Close()) }()
-		require.NoError(t, big.RegisterMemory(engine.AddrOf(x.local), ourLocalSize, "cpu:0", true))
+		require.NoError(t, big.RegisterMemory(context.Background(), engine.AddrOf(x.local), ourLocalSize, "cpu:0", true))
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
 		seg, err := big.OpenSegment(ctx, x.peer.Segment)
 		require.NoError(t, err)
 		b, err := big.AllocateBatch(1)
 		require.NoError(t, err)
-		require.NoError(t, big.Submit(b, []engine.Request{{Op: engine.Write, Local: engine.AddrOf(x.local),
+		require.NoError(t, big.Submit(context.Background(), b, []engine.Request{{Op: engine.Write, Local: engine.AddrOf(x.local),
 			Segment: seg, Remote: end - 1<<20, Length: 24 << 20}}))
 		st, err := big.Wait(ctx, b)
 		require.NoError(t, err)
@@ -677,7 +677,7 @@ func (x *interop) testOursOutOfRange(t *testing.T) {
 		copy(x.local, randBytes(12<<20))
 		b, err := x.ours.AllocateBatch(len(reqs))
 		require.NoError(t, err)
-		require.NoError(t, x.ours.Submit(b, reqs))
+		require.NoError(t, x.ours.Submit(context.Background(), b, reqs))
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
 		_, err = x.ours.Wait(ctx, b)

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -38,13 +39,13 @@ type targetInfo struct {
 const AnonLen = 1 << 20
 
 func runTarget() int {
-	e, err := engine.New(engine.Config{Host: "127.0.0.1", Transport: os.Getenv("MC_TEST_TARGET"), Secret: os.Getenv("MC_TEST_SECRET")})
+	e, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Transport: os.Getenv("MC_TEST_TARGET"), Secret: os.Getenv("MC_TEST_SECRET")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer e.Close()
-	buf, err := e.AllocateBuffer(64<<20, "cpu:0")
+	buf, err := e.AllocateBuffer(context.Background(), 64<<20, "cpu:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -54,7 +55,7 @@ func runTarget() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := e.RegisterMemory(engine.AddrOf(anon), AnonLen, "cpu:0", true); err != nil {
+	if err := e.RegisterMemory(context.Background(), engine.AddrOf(anon), AnonLen, "cpu:0", true); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -94,9 +95,9 @@ func targetCommand(e *engine.Engine, bufs map[uint64]*engine.Buffer, anon []byte
 	}
 	switch f[0] {
 	case "unregister":
-		return "ok", e.UnregisterMemory(engine.AddrOf(anon))
+		return "ok", e.UnregisterMemory(context.Background(), engine.AddrOf(anon))
 	case "alloc":
-		b, err := e.AllocateBuffer(int(arg(1)), "cpu:0")
+		b, err := e.AllocateBuffer(context.Background(), int(arg(1)), "cpu:0")
 		if err != nil {
 			return "", err
 		}
@@ -107,13 +108,13 @@ func targetCommand(e *engine.Engine, bufs map[uint64]*engine.Buffer, anon []byte
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("%#x", engine.AddrOf(m)), e.RegisterMemory(engine.AddrOf(m), uint64(len(m)), "cpu:0", true)
+		return fmt.Sprintf("%#x", engine.AddrOf(m)), e.RegisterMemory(context.Background(), engine.AddrOf(m), uint64(len(m)), "cpu:0", true)
 	case "free":
 		if b := bufs[arg(1)]; b != nil {
 			delete(bufs, arg(1))
 			return "ok", b.Free()
 		}
-		return "ok", e.UnregisterMemory(uintptr(arg(1)))
+		return "ok", e.UnregisterMemory(context.Background(), uintptr(arg(1)))
 	case "sum":
 		return fmt.Sprintf("%#x", crc32c.Checksum(transport.Bytes(uintptr(arg(1)), arg(2)))), nil
 	}

@@ -23,10 +23,10 @@ func TestNotifyAndProbe(t *testing.T) {
 	target := newEngine(t, engine.Config{Transport: "tcp"})
 	init := newEngine(t, engine.Config{Transport: "tcp"})
 	dst := anonMem(t, 1<<20)
-	require.NoError(t, target.RegisterMemory(addr(dst), 1<<20, "", true))
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(dst), 1<<20, "", true))
 	src := anonMem(t, 1<<20)
 	src[100] = 42
-	require.NoError(t, init.RegisterMemory(addr(src), 1<<20, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 1<<20, "", true))
 	ctx := context.Background()
 	seg, err := init.OpenSegment(ctx, target.Name())
 	require.NoError(t, err)
@@ -37,7 +37,7 @@ func TestNotifyAndProbe(t *testing.T) {
 	// The notify of a batch goes out only after its data is in place.
 	b, err := init.AllocateBatch(1)
 	require.NoError(t, err)
-	require.NoError(t, init.Submit(b, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: 1 << 20}},
+	require.NoError(t, init.Submit(context.Background(), b, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: uint64(addr(dst)), Length: 1 << 20}},
 		engine.WithNotify(engine.Notify{Name: "req-1", Msg: "kv ready"})))
 	var got []engine.Notify
 	eventually(t, func() bool { got = append(got, target.Notifies()...); return len(got) > 0 })
@@ -58,12 +58,12 @@ func TestFailedBatchSendsNoNotify(t *testing.T) {
 	target := newEngine(t, engine.Config{Transport: "tcp"})
 	init := newEngine(t, engine.Config{Transport: "tcp"})
 	src := anonMem(t, 4096)
-	require.NoError(t, init.RegisterMemory(addr(src), 4096, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 4096, "", true))
 	seg, err := init.OpenSegment(context.Background(), target.Name())
 	require.NoError(t, err)
 	b, err := init.AllocateBatch(1)
 	require.NoError(t, err)
-	require.NoError(t, init.Submit(b, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: 0x1000, Length: 16}},
+	require.NoError(t, init.Submit(context.Background(), b, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: 0x1000, Length: 16}},
 		engine.WithNotify(engine.Notify{Name: "x", Msg: "y"})))
 	st, err := init.Wait(context.Background(), b)
 	require.NoError(t, err)
@@ -97,10 +97,10 @@ func TestMetadataBackends(t *testing.T) {
 			dst := anonMem(t, 1<<16)
 			// Registered after the peer started: the published descriptor
 			// is refreshed on every registration.
-			require.NoError(t, target.RegisterMemory(addr(dst), 1<<16, "cpu:0", true))
+			require.NoError(t, target.RegisterMemory(context.Background(), addr(dst), 1<<16, "cpu:0", true))
 			src := anonMem(t, 1<<16)
 			src[7] = 7
-			require.NoError(t, init.RegisterMemory(addr(src), 1<<16, "cpu:0", true))
+			require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 1<<16, "cpu:0", true))
 
 			ctx := context.Background()
 			seg, err := init.OpenSegment(ctx, "prefill-0")

@@ -74,16 +74,16 @@ func TestViewFollowsRegistrations(t *testing.T) {
 			target := newEngine(t, tcfg)
 			init := newEngine(t, icfg)
 			first := anonMem(t, 4096)
-			require.NoError(t, target.RegisterMemory(addr(first), 4096, "", true))
+			require.NoError(t, target.RegisterMemory(context.Background(), addr(first), 4096, "", true))
 			const n = 1 << 20
 			src := anonMem(t, 2*n)
-			require.NoError(t, init.RegisterMemory(addr(src), 2*n, "", true))
+			require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 2*n, "", true))
 			seg, err := init.OpenSegment(context.Background(), target.Name())
 			require.NoError(t, err)
 
 			plain := anonMem(t, n)
-			require.NoError(t, target.RegisterMemory(addr(plain), n, "", true))
-			buf, err := target.AllocateBuffer(n, "")
+			require.NoError(t, target.RegisterMemory(context.Background(), addr(plain), n, "", true))
+			buf, err := target.AllocateBuffer(context.Background(), n, "")
 			require.NoError(t, err)
 			defer buf.Free()
 			for _, dst := range [][]byte{plain, buf.Bytes()} {
@@ -119,10 +119,10 @@ func TestViewAfterUnregister(t *testing.T) {
 			init := newEngine(t, engine.Config{Transport: transport, Registerer: reg})
 			const n = 1 << 20
 			src := anonMem(t, n)
-			require.NoError(t, init.RegisterMemory(addr(src), n, "", true))
+			require.NoError(t, init.RegisterMemory(context.Background(), addr(src), n, "", true))
 			old := anonMem(t, n)
-			require.NoError(t, target.RegisterMemory(addr(old), n, "", true))
-			buf1, err := target.AllocateBuffer(n, "")
+			require.NoError(t, target.RegisterMemory(context.Background(), addr(old), n, "", true))
+			buf1, err := target.AllocateBuffer(context.Background(), n, "")
 			require.NoError(t, err)
 			seg, err := init.OpenSegment(context.Background(), target.Name())
 			require.NoError(t, err)
@@ -131,15 +131,15 @@ func TestViewAfterUnregister(t *testing.T) {
 				require.Equal(t, engine.Completed, st.Status, "%v", st.Err)
 			}
 
-			require.NoError(t, target.UnregisterMemory(addr(old)))
+			require.NoError(t, target.UnregisterMemory(context.Background(), addr(old)))
 			buf1Addr := buf1.Addr()
 			require.NoError(t, buf1.Free())
-			buf2, err := target.AllocateBuffer(n, "")
+			buf2, err := target.AllocateBuffer(context.Background(), n, "")
 			require.NoError(t, err)
 			defer buf2.Free()
 			t.Logf("new buffer at the old address: %v", buf2.Addr() == buf1Addr)
 			fresh := anonMem(t, n)
-			require.NoError(t, target.RegisterMemory(addr(fresh), n, "", true))
+			require.NoError(t, target.RegisterMemory(context.Background(), addr(fresh), n, "", true))
 
 			// old is still mapped here: a write through the stale view
 			// would land in it.
@@ -173,14 +173,14 @@ func TestViewRefreshCoalesced(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	init := newEngine(t, engine.Config{Registerer: reg})
 	first := anonMem(t, 4096)
-	require.NoError(t, target.RegisterMemory(addr(first), 4096, "", true))
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(first), 4096, "", true))
 	src := anonMem(t, 4096)
-	require.NoError(t, init.RegisterMemory(addr(src), 4096, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 4096, "", true))
 	seg, err := init.OpenSegment(context.Background(), target.Name())
 	require.NoError(t, err)
 	const k = 64
 	later := anonMem(t, k*4096)
-	require.NoError(t, target.RegisterMemory(addr(later), k*4096, "", true))
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(later), k*4096, "", true))
 	never := anonMem(t, k*4096)
 
 	reqs := make([]engine.Request, 2*k)
@@ -190,7 +190,7 @@ func TestViewRefreshCoalesced(t *testing.T) {
 	}
 	b, err := init.AllocateBatch(len(reqs))
 	require.NoError(t, err)
-	require.NoError(t, init.Submit(b, reqs))
+	require.NoError(t, init.Submit(context.Background(), b, reqs))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, err = init.Wait(ctx, b)
@@ -222,7 +222,7 @@ func TestSameHostViewFollowsPeer(t *testing.T) {
 	init := newEngine(t, engine.Config{Transport: "shm"})
 	const n = 1 << 20
 	src := anonMem(t, n)
-	require.NoError(t, init.RegisterMemory(addr(src), n, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), n, "", true))
 	mapped := memfdMappings(t)
 	seg, err := init.OpenSegment(context.Background(), info.Name)
 	require.NoError(t, err)
@@ -286,7 +286,7 @@ func TestCloseSegmentDuringRefresh(t *testing.T) {
 	init := newEngine(t, engine.Config{Transport: "shm", Registerer: reg})
 	const n = 4096
 	src := anonMem(t, n)
-	require.NoError(t, init.RegisterMemory(addr(src), n, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), n, "", true))
 	never := anonMem(t, 16*n) // never registered: every write misses the view
 
 	// The peer churns buffers until the test ends, except while the
@@ -311,7 +311,7 @@ func TestCloseSegmentDuringRefresh(t *testing.T) {
 				default:
 				}
 				opening.RLock()
-				b, err := target.AllocateBuffer((1+i)*n, "")
+				b, err := target.AllocateBuffer(context.Background(), (1+i)*n, "")
 				if err == nil && live != nil {
 					err = live.Free()
 				}
@@ -343,7 +343,7 @@ func TestCloseSegmentDuringRefresh(t *testing.T) {
 		b, err := init.AllocateBatch(len(reqs))
 		require.NoError(t, err)
 		before := counter(t, reg, "mooncake_te_segment_refreshes_total", nil)
-		require.NoError(t, init.Submit(b, reqs))
+		require.NoError(t, init.Submit(context.Background(), b, reqs))
 		// Close once a second refresh began (the first one's slices came
 		// back to wait: it found a buffer gone or ran while they missed),
 		// or once the batch settled; polled, as nothing signals either.

@@ -21,7 +21,7 @@ func TestSameHostPaths(t *testing.T) {
 	const n = 1 << 20
 	src := anonMem(t, 2*n)
 	rand.Read(src[:n])
-	require.NoError(t, init.RegisterMemory(addr(src), 2*n, "", true))
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(src), 2*n, "", true))
 	seg, err := init.OpenSegment(context.Background(), info.Name)
 	require.NoError(t, err)
 
@@ -51,7 +51,7 @@ func TestSameHostPaths(t *testing.T) {
 	// In auto mode the fallback is TCP, and the target rejects the range it
 	// no longer has, while its registered buffer stays reachable.
 	auto := newEngine(t, engine.Config{})
-	require.NoError(t, auto.RegisterMemory(addr(src), 2*n, "", true))
+	require.NoError(t, auto.RegisterMemory(context.Background(), addr(src), 2*n, "", true))
 	seg, err = auto.OpenSegment(context.Background(), info.Name)
 	require.NoError(t, err)
 	st = transfer(t, auto, []engine.Request{{Op: engine.Write, Local: addr(src), Segment: seg, Remote: info.Anon, Length: 64}})

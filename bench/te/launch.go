@@ -36,11 +36,11 @@ type InProcess struct {
 }
 
 // StartTarget implements Launcher.
-func (l InProcess) StartTarget(_ context.Context, cfg TargetConfig) (TargetInfo, io.Closer, error) {
+func (l InProcess) StartTarget(ctx context.Context, cfg TargetConfig) (TargetInfo, io.Closer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = l.Logger
 	}
-	t, err := NewTarget(cfg)
+	t, err := NewTarget(ctx, cfg)
 	if err != nil {
 		return TargetInfo{}, nil, err
 	}

@@ -81,18 +81,18 @@ type Target struct {
 // NewTarget starts the target engine (P2PHANDSHAKE metadata, on 127.0.0.1)
 // and allocates its memfd-backed buffer, touched once so that page faults
 // stay out of the measurement.
-func NewTarget(cfg TargetConfig) (*Target, error) {
+func NewTarget(ctx context.Context, cfg TargetConfig) (*Target, error) {
 	if cfg.BufferSize <= 0 {
 		return nil, fmt.Errorf("te: target BufferSize %d", cfg.BufferSize)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	e, err := engine.New(engine.Config{Host: "127.0.0.1", Transport: cfg.transport(), Logger: cfg.Logger})
+	e, err := engine.New(ctx, engine.Config{Host: "127.0.0.1", Transport: cfg.transport(), Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("te: target engine: %w", err)
 	}
-	buf, err := e.AllocateBuffer(cfg.BufferSize, "cpu:0")
+	buf, err := e.AllocateBuffer(ctx, cfg.BufferSize, "cpu:0")
 	if err != nil {
 		e.Close()
 		return nil, fmt.Errorf("te: target buffer: %w", err)
@@ -127,7 +127,7 @@ func ServeTarget(ctx context.Context, cfg TargetConfig, out io.Writer) (err erro
 		}
 		defer pprof.StopCPUProfile()
 	}
-	t, err := NewTarget(cfg)
+	t, err := NewTarget(ctx, cfg)
 	if err != nil {
 		return err
 	}

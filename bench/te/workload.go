@@ -26,7 +26,7 @@ func newWorkload(ctx context.Context, o Options, t TargetInfo) (w *workload, err
 	if t.Length < uint64(o.BufferSize) {
 		return nil, fmt.Errorf("te: target buffer of %d bytes, %d wanted", t.Length, o.BufferSize)
 	}
-	e, err := engine.New(engine.Config{Host: "127.0.0.1", Transport: o.Transport, Lanes: o.Lanes,
+	e, err := engine.New(ctx, engine.Config{Host: "127.0.0.1", Transport: o.Transport, Lanes: o.Lanes,
 		SliceSize: o.SliceSize, Logger: o.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("te: initiator engine: %w", err)
@@ -37,7 +37,7 @@ func newWorkload(ctx context.Context, o Options, t TargetInfo) (w *workload, err
 			w.close()
 		}
 	}()
-	if w.buf, err = e.AllocateBuffer(o.BufferSize, "cpu:0"); err != nil {
+	if w.buf, err = e.AllocateBuffer(ctx, o.BufferSize, "cpu:0"); err != nil {
 		return nil, fmt.Errorf("te: initiator buffer: %w", err)
 	}
 	touch(w.buf.Bytes())
@@ -108,7 +108,7 @@ func (k *worker) batch(ctx context.Context) (lat time.Duration, err error) {
 		return 0, fmt.Errorf("te: allocate batch: %w", err)
 	}
 	start := time.Now()
-	if err := w.e.Submit(id, k.reqs); err != nil {
+	if err := w.e.Submit(ctx, id, k.reqs); err != nil {
 		w.e.FreeBatch(id)
 		return 0, fmt.Errorf("te: submit: %w", err)
 	}

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
-	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 )
 
 // The yardsticks say what the hardware and kernel give a plain program, so
@@ -64,7 +64,7 @@ const (
 
 // Sink serves yardstick TCP streams.
 type Sink struct {
-	l   *transport.Listener
+	l   *conn.Listener
 	buf []byte
 }
 
@@ -83,7 +83,7 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 		return nil, fmt.Errorf("te: sink: %w", err)
 	}
 	s := &Sink{buf: buf}
-	s.l = transport.Serve(ln, 0, nil, s.serve)
+	s.l = conn.Serve(ln, 0, nil, s.serve)
 	return s, nil
 }
 

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -64,6 +66,10 @@ type SegmentDesc struct {
 	// Local is our extension for same-host transfers. Engines that do not
 	// know it ignore unknown fields.
 	Local *LocalInfo `json:"mcgo_local,omitempty"`
+	// TCPDataAddrs, our extension, lists more "host:port" addresses of the
+	// TCP data port (other NICs of a multi-homed host), to be used after
+	// tcp_data_host:tcp_data_port.
+	TCPDataAddrs []string `json:"mcgo_tcp_data_addrs,omitempty"`
 }
 
 // LocalInfo lets a peer on the same host reach this process's memory without
@@ -141,12 +147,23 @@ func ParseSegmentDesc(b []byte) (*SegmentDesc, error) {
 	if d.TCPDataPort < 0 || d.TCPDataPort > 65535 {
 		return nil, fmt.Errorf("%w: tcp_data_port %d", ErrBadDescriptor, d.TCPDataPort)
 	}
+	for _, a := range d.TCPDataAddrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || !validPort(port) {
+			return nil, fmt.Errorf("%w: data address %q", ErrBadDescriptor, a)
+		}
+	}
 	for _, buf := range d.Buffers {
 		if buf.Addr+buf.Length < buf.Addr {
 			return nil, fmt.Errorf("%w: buffer %#x+%d wraps", ErrBadDescriptor, buf.Addr, buf.Length)
 		}
 	}
 	return &d, nil
+}
+
+// validPort reports whether port is a decimal TCP port, 1 to 65535.
+func validPort(port string) bool {
+	n, err := strconv.Atoi(port)
+	return err == nil && n > 0 && n <= 65535 && strconv.Itoa(n) == port
 }
 
 // ErrBadRPCMeta: an rpc_meta record that does not parse or makes no sense.

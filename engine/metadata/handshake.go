@@ -11,7 +11,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 )
 
 // The handshake socket carries Mooncake's control messages, one request and
@@ -68,7 +68,7 @@ type Handler func(typ byte, body []byte, remote net.Addr) ([]byte, error)
 
 // HandshakeServer accepts handshake connections.
 type HandshakeServer struct {
-	*transport.Listener
+	*conn.Listener
 	handler Handler
 	secret  []byte
 	max     int
@@ -91,13 +91,13 @@ func NewHandshakeServer(ln net.Listener, h Handler, secret []byte, log *slog.Log
 	}
 	s := &HandshakeServer{handler: h, secret: secret, max: DefaultMaxFrame, log: log}
 	// Each connection carries one request: a generous cap still bounds a flood.
-	s.Listener = transport.Serve(ln, 1024, log, s.serve)
+	s.Listener = conn.Serve(ln, 1024, log, s.serve)
 	return s
 }
 
 // serve answers the one request of a connection.
 func (s *HandshakeServer) serve(c net.Conn) {
-	if err := transport.ServerAuth(c, s.secret); err != nil {
+	if err := conn.ServerAuth(c, s.secret); err != nil {
 		s.log.Warn("handshake: rejected peer", "remote", c.RemoteAddr(), "err", err)
 		return
 	}
@@ -160,7 +160,7 @@ func call(ctx context.Context, addr string, typ byte, body []byte, secret []byte
 	c.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
-	if err := transport.ClientAuth(c, secret); err != nil {
+	if err := conn.ClientAuth(c, secret); err != nil {
 		return nil, fmt.Errorf("metadata: handshake with %s: %w", addr, err)
 	}
 	if err := WriteFrame(c, typ, body); err != nil {

@@ -98,7 +98,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		}
 	}()
 	if c.eng == nil {
-		if c.eng, err = engine.New(cfg.EngineConfig); err != nil {
+		if c.eng, err = engine.New(ctx, cfg.EngineConfig); err != nil {
 			return nil, fmt.Errorf("client: engine: %w", err)
 		}
 		c.ownsEng = true
@@ -111,7 +111,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		c.leases = newLeaseCache(cfg.LeaseCache)
 	}
 	undo = append(undo, self.segs.closeAll)
-	if c.stage, err = newStage(c.eng, cfg.LocalBufferSize); err != nil {
+	if c.stage, err = newStage(ctx, c.eng, cfg.LocalBufferSize); err != nil {
 		return nil, fmt.Errorf("client: local buffer of %d bytes: %w", cfg.LocalBufferSize, err)
 	}
 	undo = append(undo, func() { _ = self.stage.free() })
@@ -120,7 +120,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	}
 	undo = append(undo, self.master.close)
 	if cfg.SegmentSize > 0 {
-		if c.segBuf, err = c.eng.AllocateBuffer(int(cfg.SegmentSize), ""); err != nil {
+		if c.segBuf, err = c.eng.AllocateBuffer(ctx, int(cfg.SegmentSize), ""); err != nil {
 			return nil, fmt.Errorf("client: segment of %d bytes: %w", cfg.SegmentSize, err)
 		}
 		undo = append(undo, func() { _ = self.segBuf.Free() })
@@ -133,7 +133,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		}
 	}
 	if cfg.SSDDir != "" {
-		if c.ssd, err = openSSD(c.eng, cfg.SSDDir, cfg.SSDSize, c.name, c.host); err != nil {
+		if c.ssd, err = openSSD(ctx, c.eng, cfg.SSDDir, cfg.SSDSize, c.name, c.host); err != nil {
 			c.log.Warn("store: no SSD tier", "dir", cfg.SSDDir, "err", err)
 			c.ssd, err = nil, nil
 		} else {

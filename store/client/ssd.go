@@ -29,7 +29,7 @@ type ssdTier struct {
 // openSSD creates and maps the tier. The file is fallocated in full, so a
 // disk that fills up later cannot fault a write into the mapping; where
 // that fails the client runs without a tier.
-func openSSD(e *engine.Engine, dir string, size int64, name, host string) (*ssdTier, error) {
+func openSSD(ctx context.Context, e *engine.Engine, dir string, size int64, name, host string) (*ssdTier, error) {
 	f, err := os.CreateTemp(dir, "mooncake-ssd-*.seg")
 	if err != nil {
 		return nil, err
@@ -47,7 +47,7 @@ func openSSD(e *engine.Engine, dir string, size int64, name, host string) (*ssdT
 		return fail(fmt.Errorf("mmap %s: %w", f.Name(), err))
 	}
 	addr := engine.AddrOf(mem)
-	if err := e.RegisterMemory(addr, uint64(size), "", true); err != nil {
+	if err := e.RegisterMemory(ctx, addr, uint64(size), "", true); err != nil {
 		_ = unix.Munmap(mem)
 		return fail(err)
 	}
@@ -58,7 +58,7 @@ func openSSD(e *engine.Engine, dir string, size int64, name, host string) (*ssdT
 }
 
 func (t *ssdTier) close(e *engine.Engine) error {
-	err := e.UnregisterMemory(engine.AddrOf(t.mem))
+	err := e.UnregisterMemory(context.Background(), engine.AddrOf(t.mem))
 	_ = unix.Munmap(t.mem)
 	_ = t.f.Close()
 	if rerr := os.Remove(t.f.Name()); err == nil {

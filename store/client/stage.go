@@ -20,8 +20,8 @@ type stage struct {
 	freed chan struct{} // closed and replaced on every release
 }
 
-func newStage(e *engine.Engine, size int64) (*stage, error) {
-	buf, err := e.AllocateBuffer(int(size), "")
+func newStage(ctx context.Context, e *engine.Engine, size int64) (*stage, error) {
+	buf, err := e.AllocateBuffer(ctx, int(size), "")
 	if err != nil {
 		return nil, err
 	}

@@ -115,7 +115,7 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	if crc {
 		opts = append(opts, engine.WithChecksum())
 	}
-	if err := c.eng.Submit(b, reqs, opts...); err != nil {
+	if err := c.eng.Submit(ctx, b, reqs, opts...); err != nil {
 		_ = c.eng.FreeBatch(b)
 		fail(transferErr(err, "submit"))
 		return
@@ -201,7 +201,7 @@ func (r *registrations) unregisterAll(e *engine.Engine) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, x := range r.list {
-		_ = e.UnregisterMemory(x.start)
+		_ = e.UnregisterMemory(context.Background(), x.start)
 	}
 	r.list = nil
 }
@@ -215,7 +215,7 @@ func (c *Client) RegisterBuffer(b []byte) error {
 	if len(b) == 0 {
 		return &storepb.Error{Code: storepb.InvalidParams, Msg: "register an empty buffer"}
 	}
-	if err := c.eng.RegisterMemory(engine.AddrOf(b), uint64(len(b)), "", false); err != nil {
+	if err := c.eng.RegisterMemory(context.Background(), engine.AddrOf(b), uint64(len(b)), "", false); err != nil {
 		return &storepb.Error{Code: storepb.InvalidParams, Err: err}
 	}
 	c.regs.add(b)
@@ -227,7 +227,7 @@ func (c *Client) UnregisterBuffer(b []byte) error {
 	if len(b) == 0 || !c.regs.remove(engine.AddrOf(b)) {
 		return &storepb.Error{Code: storepb.InvalidParams, Msg: "buffer is not registered"}
 	}
-	if err := c.eng.UnregisterMemory(engine.AddrOf(b)); err != nil {
+	if err := c.eng.UnregisterMemory(context.Background(), engine.AddrOf(b)); err != nil {
 		return &storepb.Error{Code: storepb.InvalidParams, Err: err}
 	}
 	return nil

@@ -18,7 +18,7 @@ func Example() {
 	defer s.Close()
 
 	// On the seed: memory the engine can serve, filled with the bytes.
-	buf, err := s.Engine().AllocateBuffer(64<<20, "cpu:0")
+	buf, err := s.Engine().AllocateBuffer(context.Background(), 64<<20, "cpu:0")
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -86,7 +87,7 @@ func (m *memory) addLocked(c span, location string) error {
 		}
 	}
 	r := &chunkRef{n: 1, owned: true}
-	err := m.e.RegisterMemory(uintptr(c.addr), c.size, location, true)
+	err := m.e.RegisterMemory(context.Background(), uintptr(c.addr), c.size, location, true)
 	switch {
 	case errors.Is(err, engine.ErrAddressOverlapped):
 		// Someone registered this memory with the engine directly; it
@@ -121,7 +122,7 @@ func (m *memory) removeLocked(cs []span) error {
 		if !r.owned {
 			continue
 		}
-		if err := m.e.UnregisterMemory(uintptr(c.addr)); err != nil && !errors.Is(err, engine.ErrClosed) {
+		if err := m.e.UnregisterMemory(context.Background(), uintptr(c.addr)); err != nil && !errors.Is(err, engine.ErrClosed) {
 			errs = append(errs, fmt.Errorf("%w: unregister %#x: %w", ErrTransferEngine, c.addr, err))
 		}
 	}

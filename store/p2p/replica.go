@@ -173,7 +173,7 @@ func (s *Store) read(ctx context.Context, loc location, w *worker) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrTransferEngine, err)
 	}
-	if err := s.e.Submit(b, w.reqs, engine.WithDeadline(deadline)); err != nil {
+	if err := s.e.Submit(ctx, b, w.reqs, engine.WithDeadline(deadline)); err != nil {
 		s.e.FreeBatch(b)
 		return fmt.Errorf("%w: read from %s: %w", ErrTransferEngine, loc.SegmentName, err)
 	}

@@ -74,7 +74,7 @@ func New(ctx context.Context, cfg Config) (s *Store, err error) {
 	cfg = cfg.withDefaults()
 	s = &Store{cfg: cfg, log: cfg.Logger.With("component", "p2p"), e: cfg.Engine, catalog: map[string]*entry{}}
 	if s.e == nil {
-		if s.e, err = engine.New(cfg.EngineConfig); err != nil {
+		if s.e, err = engine.New(ctx, cfg.EngineConfig); err != nil {
 			return nil, fmt.Errorf("%w: start: %w", ErrTransferEngine, err)
 		}
 		s.ownsEngine = true

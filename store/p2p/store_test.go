@@ -365,7 +365,7 @@ func TestSharedBuffers(t *testing.T) {
 
 	// Memory the engine allocated is used as it is and stays the
 	// engine's: Unregister leaves it registered, Free still works.
-	ab, err := seed.Engine().AllocateBuffer(mib, "cpu:0")
+	ab, err := seed.Engine().AllocateBuffer(context.Background(), mib, "cpu:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func TestSourceDiesMidway(t *testing.T) {
 func TestAllSourcesDead(t *testing.T) {
 	etcd := startEtcd(t)
 	ctx := testCtx(t)
-	e, err := engine.New(engine.Config{Host: "127.0.0.1", Transport: "tcp", Logger: quiet})
+	e, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Transport: "tcp", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -544,7 +544,7 @@ func TestCloseCancels(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	e, err := engine.New(engine.Config{Host: "127.0.0.1", Logger: quiet})
+	e, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync"
@@ -205,7 +206,7 @@ func TestPeerDiesMidFetch(t *testing.T) {
 	etcd := startEtcd(t)
 	ctx := testCtx(t)
 	seed := newNode(t, etcd, nil)
-	e, err := engine.New(engine.Config{Host: "127.0.0.1", Transport: "tcp", Logger: quiet})
+	e, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Transport: "tcp", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

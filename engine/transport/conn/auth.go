@@ -1,4 +1,4 @@
-package transport
+package conn
 
 import (
 	"crypto/hmac"
@@ -12,7 +12,7 @@ import (
 )
 
 // ErrAuth: the peer did not prove knowledge of the shared secret.
-var ErrAuth = errors.New("transport: peer failed shared-secret authentication")
+var ErrAuth = errors.New("conn: peer failed shared-secret authentication")
 
 // AuthTimeout bounds the whole challenge exchange.
 const AuthTimeout = 5 * time.Second

@@ -1,4 +1,4 @@
-package transport
+package conn
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package engine
+package shm
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
-	"github.com/mooncake-go/mooncake/engine/transport/shm"
 )
 
 // A same-host view is the peer's descriptor as of some moment, and peers
@@ -37,32 +36,32 @@ type viewRefresh struct {
 	last    time.Time          // when the last refresh began
 }
 
-// missed takes a slice the same-host view could not serve (shm.Pool calls
+// missed takes a slice the same-host view could not serve (the Pool calls
 // it on a copy worker, so it must not block): a peer out of reach is left
-// to TCP, a stale or short view is refreshed first.
-func (e *Engine) missed(seg *segment, s *transport.Slice, err error) {
-	if errors.Is(err, shm.ErrUnavailable) {
-		e.giveUpShm(seg, s, err)
+// to the next path, a stale or short view is refreshed first.
+func (p *peer) missed(s *transport.Slice, err error) {
+	if errors.Is(err, ErrUnavailable) {
+		p.giveUp(s, err)
 		return
 	}
-	r := &seg.refresh
+	r := &p.refresh
 	r.mu.Lock()
 	r.waiting = append(r.waiting, s)
 	start := !r.running
 	r.running = true
 	r.mu.Unlock()
 	if start {
-		// A copy worker calls this before Close waits on e.wg (Close stops
+		// A copy worker calls this before Close waits on t.wg (Close stops
 		// the workers first), so the Add is ordered before the Wait.
-		e.wg.Add(1)
-		go e.refresher(seg)
+		p.t.wg.Add(1)
+		go p.refresher()
 	}
 }
 
-// refresher refreshes seg's view until no slice waits for it.
-func (e *Engine) refresher(seg *segment) {
-	defer e.wg.Done()
-	r := &seg.refresh
+// refresher refreshes p's view until no slice waits for it.
+func (p *peer) refresher() {
+	defer p.t.wg.Done()
+	r := &p.refresh
 	for {
 		r.mu.Lock()
 		wait := time.Until(r.last.Add(minRefresh))
@@ -71,7 +70,7 @@ func (e *Engine) refresher(seg *segment) {
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
-			case <-e.ctx.Done():
+			case <-p.t.ctx.Done():
 				t.Stop()
 			}
 		}
@@ -82,9 +81,9 @@ func (e *Engine) refresher(seg *segment) {
 		r.waiting = nil
 		r.last = time.Now()
 		r.mu.Unlock()
-		err := e.refreshView(seg, missed)
+		err := p.refreshView(missed)
 		for _, s := range missed {
-			e.retry(seg, s, err, true)
+			p.retry(s, err, true)
 		}
 		// Slices that missed while it ran may have missed the old view:
 		// the new one serves those it covers; the rest wait for the next.
@@ -93,7 +92,7 @@ func (e *Engine) refresher(seg *segment) {
 		r.waiting = nil
 		r.mu.Unlock()
 		for _, s := range more {
-			e.retry(seg, s, err, false)
+			p.retry(s, err, false)
 		}
 		r.mu.Lock()
 		if len(r.waiting) == 0 {
@@ -105,11 +104,11 @@ func (e *Engine) refresher(seg *segment) {
 	}
 }
 
-// refreshView asks the peer for its current descriptor and updates seg's
+// refreshView asks the peer for its current descriptor and updates p's
 // view with it. The request is bounded by the latest deadline of the
 // slices waiting for it and by Close.
-func (e *Engine) refreshView(seg *segment, waiting []*transport.Slice) error {
-	deadline := time.Now().Add(e.cfg.Timeout)
+func (p *peer) refreshView(waiting []*transport.Slice) error {
+	deadline := time.Now().Add(p.t.cfg.Timeout)
 	latest := time.Time{}
 	for _, s := range waiting {
 		if s.Deadline.After(latest) {
@@ -119,83 +118,90 @@ func (e *Engine) refreshView(seg *segment, waiting []*transport.Slice) error {
 	if !latest.IsZero() && latest.Before(deadline) {
 		deadline = latest
 	}
-	ctx, cancel := context.WithDeadline(e.ctx, deadline)
+	ctx, cancel := context.WithDeadline(p.t.ctx, deadline)
 	defer cancel()
-	e.m.refreshes.Inc()
-	// The handshake socket answers with the live descriptor, even where a
-	// metadata store holds a published copy that may lag behind it.
-	desc, err := e.askDescriptor(ctx, "refresh segment "+seg.name, seg.rpcAddr)
+	p.t.cfg.Refreshed()
+	// The engine asks the peer over its handshake socket, which answers
+	// with the live descriptor, even where a metadata store holds a
+	// published copy that may lag behind it.
+	desc, err := p.describe(ctx)
 	if err != nil {
 		return err
 	}
-	info, ok := e.shmInfo(desc)
+	info, ok := p.t.info(desc)
 	if !ok {
-		return fmt.Errorf("%w: segment %s no longer offers it", shm.ErrUnavailable, seg.name)
+		return fmt.Errorf("%w: segment %s no longer offers it", ErrUnavailable, p.name)
 	}
-	if err := seg.shm.Update(info); err != nil {
-		return err
-	}
-	seg.desc.Store(desc)
-	return nil
+	return p.p.Update(info)
 }
 
 // retry settles a slice that waited for a refresh that ended with err.
 // final: the refresh began after the slice missed, so a range it does not
 // cover is not the peer's to accept.
-func (e *Engine) retry(seg *segment, s *transport.Slice, err error, final bool) {
+func (p *peer) retry(s *transport.Slice, err error, final bool) {
 	switch {
-	case e.ctx.Err() != nil:
+	case p.t.ctx.Err() != nil:
 		s.Done(s, transport.ErrClosed)
 	case errors.Is(err, transport.ErrClosed):
 		s.Done(s, err) // the segment was closed under it
 	case !time.Now().Before(s.Deadline):
-		s.Done(s, fmt.Errorf("%w: waiting for a view of segment %s", transport.ErrTimeout, seg.name))
-	case errors.Is(err, shm.ErrUnavailable):
-		e.giveUpShm(seg, s, err)
-	case err != nil && errors.Is(err, shm.ErrStale):
-		e.requeue(seg, s) // the peer freed memory while we looked
+		s.Done(s, fmt.Errorf("%w: waiting for a view of segment %s", transport.ErrTimeout, p.name))
+	case errors.Is(err, ErrUnavailable):
+		p.giveUp(s, err)
+	case err != nil && errors.Is(err, ErrStale):
+		p.requeue(s) // the peer freed memory while we looked
 	case err != nil:
-		e.viaTCP(seg, s, err)
-	case seg.shm.Covers(s.Remote, s.Length):
-		e.route(seg, s)
+		p.passOn(s, err)
+	case p.p.Covers(s.Remote, s.Length):
+		p.resubmit(s)
 	case final:
 		s.Done(s, fmt.Errorf("%w: %#x+%d is not inside the registered memory of segment %s",
-			transport.ErrRejected, s.Remote, s.Length, seg.name))
+			transport.ErrRejected, s.Remote, s.Length, p.name))
 	default:
-		e.requeue(seg, s)
+		p.requeue(s)
 	}
+}
+
+// resubmit sends a slice the refreshed view covers down the path again
+// (or the next one, if this path gave up meanwhile). It runs on a
+// refresher, which must not block on a full queue: the hand-off is
+// bounded by the slice's deadline.
+func (p *peer) resubmit(s *transport.Slice) {
+	p.Submit(context.Background(), s)
 }
 
 // requeue puts s back for the next refresh; the refresher calling it is
 // still running and sees it.
-func (e *Engine) requeue(seg *segment, s *transport.Slice) {
-	r := &seg.refresh
+func (p *peer) requeue(s *transport.Slice) {
+	r := &p.refresh
 	r.mu.Lock()
 	r.waiting = append(r.waiting, s)
 	r.mu.Unlock()
 }
 
-// giveUpShm sends seg's traffic over TCP from now on: the peer cannot be
-// reached through shared memory.
-func (e *Engine) giveUpShm(seg *segment, s *transport.Slice, err error) {
-	if seg.stale.CompareAndSwap(false, true) {
-		e.log.Info("same-host path unavailable, falling back to TCP", "segment", seg.name, "err", err)
+// giveUp sends p's traffic down the next path from now on: the peer cannot
+// be reached through shared memory.
+func (p *peer) giveUp(s *transport.Slice, err error) {
+	if p.next != nil && p.stale.CompareAndSwap(false, true) {
+		p.t.cfg.Logger.Info("same-host path unavailable, falling back", "segment", p.name,
+			"to", p.next.Path(), "err", err)
 	}
-	e.viaTCP(seg, s, err)
+	p.passOn(s, err)
 }
 
-// viaTCP sends s over TCP, whose server checks the range itself; without
-// TCP, s fails with err.
-func (e *Engine) viaTCP(seg *segment, s *transport.Slice, err error) {
-	if seg.tcpPeer == nil || e.cfg.Transport == "shm" {
+// passOn sends s down the next path (TCP, whose server checks the range
+// itself); without one, s fails with err.
+func (p *peer) passOn(s *transport.Slice, err error) {
+	if p.next == nil {
 		s.Done(s, fmt.Errorf("%w: %v", transport.ErrPeer, err))
 		return
 	}
-	// Never block a copy worker or a refresher on a TCP queue. Both run
-	// before Close waits on e.wg, so this Add is ordered before it.
-	e.wg.Add(1)
+	// Never block a copy worker or a refresher on the next path's queue.
+	// Both run before Close waits on t.wg, so this Add is ordered before
+	// it.
+	p.t.wg.Add(1)
 	go func() {
-		defer e.wg.Done()
-		seg.tcpPeer.Submit(s)
+		defer p.t.wg.Done()
+		p.next.Submit(context.Background(), s)
 	}()
 }

@@ -15,6 +15,7 @@ package shm
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -41,8 +43,9 @@ var ErrStale = errors.New("shm: peer memory changed since open")
 var ErrOutside = fmt.Errorf("%w: outside the peer's published memory", transport.ErrRejected)
 
 // ErrUnavailable: the peer cannot be reached through shared memory (other
-// host, other pid namespace, no permission, exited).
-var ErrUnavailable = errors.New("shm: peer not reachable through shared memory")
+// host, other pid namespace, no permission, exited). It wraps
+// transport.ErrUnavailable: the next path may reach it.
+var ErrUnavailable = fmt.Errorf("%w: shared memory", transport.ErrUnavailable)
 
 // HostID identifies the set of processes whose pids and /proc this process
 // shares: the kernel boot id plus the pid namespace.
@@ -502,22 +505,32 @@ func NewPool(workers int) *Pool {
 	return pl
 }
 
-// Name implements transport.Transport.
-func (pl *Pool) Name() string { return "shm" }
-
 // Submit queues s for copying to or from p. When the view turns out stale
 // (ErrStale), does not cover the range (ErrOutside) or the peer cannot be
 // reached this way (ErrUnavailable), miss receives s and the error instead,
-// with s.Done not yet called; miss must not block.
-func (pl *Pool) Submit(p *Peer, s *transport.Slice, miss func(*transport.Slice, error)) {
+// with s.Done not yet called; miss must not block. Submit waits while the
+// queue is full, until s.Deadline or the end of ctx.
+func (pl *Pool) Submit(ctx context.Context, p *Peer, s *transport.Slice, miss func(*transport.Slice, error)) {
 	pl.mu.RLock()
 	defer pl.mu.RUnlock()
 	if pl.closed {
 		s.Done(s, transport.ErrClosed)
 		return
 	}
+	j := job{p, s, miss}
 	select {
-	case pl.work <- job{p, s, miss}:
+	case pl.work <- j:
+		return
+	default:
+	}
+	t := time.NewTimer(time.Until(s.Deadline))
+	defer t.Stop()
+	select {
+	case pl.work <- j:
+	case <-t.C:
+		s.Done(s, fmt.Errorf("%w: copy queue full", transport.ErrTimeout))
+	case <-ctx.Done():
+		s.Done(s, fmt.Errorf("copy queue full: %w", context.Cause(ctx)))
 	case <-pl.quit:
 		s.Done(s, transport.ErrClosed)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 )
 
 // ClientConfig configures the initiating side of the TCP transport.
@@ -51,6 +52,14 @@ type Client struct {
 	closed  bool
 	closing chan struct{}
 }
+
+// The TCP path implements the engine's transport interfaces, inline sends
+// included.
+var (
+	_ transport.Transport = (*Client)(nil)
+	_ transport.Peer      = (*Peer)(nil)
+	_ transport.Inliner   = (*Peer)(nil)
+)
 
 // NewClient returns a client with no connections; lanes dial on first use.
 func NewClient(cfg ClientConfig) *Client {
@@ -99,10 +108,25 @@ func (c *Client) Peer(addrs []string) (*Peer, error) {
 	return p, nil
 }
 
+// Open implements transport.Transport: the peer's lanes over info.Addrs.
+func (c *Client) Open(_ context.Context, info transport.PeerInfo) (transport.Peer, error) {
+	if len(info.Addrs) == 0 {
+		return nil, fmt.Errorf("%w: segment %s publishes no TCP data address", transport.ErrUnavailable, info.Name)
+	}
+	return c.Peer(info.Addrs)
+}
+
 // Submit hands s to the peer's lanes. It blocks while the peer's queue is
-// full, at most until s.Deadline; s.Done is always called exactly once,
-// with transport.ErrClosed once the peer is forgotten or the client closed.
-func (p *Peer) Submit(s *transport.Slice) { p.enqueue(s) }
+// full, at most until s.Deadline or the end of ctx; s.Done is always called
+// exactly once, with transport.ErrClosed once the peer is forgotten or the
+// client closed.
+func (p *Peer) Submit(ctx context.Context, s *transport.Slice) { p.enqueue(ctx, s) }
+
+// Path implements transport.Peer.
+func (p *Peer) Path() string { return "tcp" }
+
+// Close implements transport.Peer: Forget.
+func (p *Peer) Close() { p.c.Forget(p) }
 
 // SubmitInline is Submit for a caller that will wait for sl itself, in
 // order. When sl is small (maxGather slices, maxInlineBytes), the peer's
@@ -113,7 +137,7 @@ func (p *Peer) Submit(s *transport.Slice) { p.enqueue(s) }
 // them, eventually settles them. Otherwise the slices are submitted as by
 // Submit and the result is nil. Lanes are tried in order, so a shallow
 // queue keeps to the first, warm, connection. SubmitInline keeps sl.
-func (p *Peer) SubmitInline(sl []*transport.Slice) *Inline {
+func (p *Peer) SubmitInline(sl []*transport.Slice) transport.Inline {
 	var bytes uint64
 	for _, s := range sl {
 		bytes += s.Length
@@ -122,12 +146,15 @@ func (p *Peer) SubmitInline(sl []*transport.Slice) *Inline {
 		time.Now().Before(sl[0].Deadline) {
 		for _, l := range p.lanes {
 			if in, taken := l.inline(sl); taken {
+				if in == nil {
+					return nil // a nil *Inline is not a nil interface
+				}
 				return in
 			}
 		}
 	}
 	for _, s := range sl {
-		p.enqueue(s)
+		p.enqueue(context.Background(), s)
 	}
 	return nil
 }
@@ -261,8 +288,9 @@ func (p *Peer) offer(s *transport.Slice) bool {
 	}
 }
 
-// enqueue admits s, blocking while the queue is full, until s.Deadline.
-func (p *Peer) enqueue(s *transport.Slice) {
+// enqueue admits s, blocking while the queue is full, until s.Deadline or
+// the end of ctx.
+func (p *Peer) enqueue(ctx context.Context, s *transport.Slice) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.offer(s) {
@@ -274,6 +302,8 @@ func (p *Peer) enqueue(s *transport.Slice) {
 	case p.queue <- s:
 	case <-t.C:
 		s.Done(s, fmt.Errorf("%w: peer queue full", transport.ErrTimeout))
+	case <-ctx.Done():
+		s.Done(s, fmt.Errorf("peer queue full: %w", context.Cause(ctx)))
 	case <-p.stopc:
 		s.Done(s, transport.ErrClosed)
 	case <-p.c.closing:
@@ -310,7 +340,7 @@ func (p *Peer) fail(s *transport.Slice, err error) {
 	p.running.Add(1)
 	go func() {
 		defer p.running.Done()
-		p.enqueue(s)
+		p.enqueue(context.Background(), s)
 	}()
 }
 
@@ -521,21 +551,21 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 	p := l.p
 	addr := p.addrs[(l.idx+s.Retries)%len(p.addrs)]
 	timeout := min(p.c.cfg.DialTimeout, time.Until(s.Deadline))
-	conn, err := net.DialTimeout("tcp", addr, timeout)
+	nc, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial %s: %v", transport.ErrPeer, addr, err)
 	}
-	conn.(*net.TCPConn).SetNoDelay(true)
-	if err := transport.ClientAuth(conn, p.c.cfg.Secret); err != nil {
-		conn.Close()
+	nc.(*net.TCPConn).SetNoDelay(true)
+	if err := conn.ClientAuth(nc, p.c.cfg.Secret); err != nil {
+		nc.Close()
 		// An authentication failure will not heal by retrying.
 		return nil, fmt.Errorf("%w: %s: %w", transport.ErrRejected, addr, err)
 	}
-	lc := &laneConn{l: l, conn: conn, br: bufio.NewReaderSize(conn, 4096),
+	lc := &laneConn{l: l, conn: nc, br: bufio.NewReaderSize(nc, 4096),
 		inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{}), retired: make(chan struct{}),
-		kick: make(chan struct{}, 1), wd: deadline{set: conn.SetWriteDeadline}, rd: deadline{set: conn.SetReadDeadline}}
+		kick: make(chan struct{}, 1), wd: deadline{set: nc.SetWriteDeadline}, rd: deadline{set: nc.SetReadDeadline}}
 	if !p.track(lc) {
-		conn.Close()
+		nc.Close()
 		return nil, transport.ErrClosed
 	}
 	p.running.Add(1)
@@ -617,7 +647,7 @@ func (in *Inline) Wait(ctx context.Context) {
 	}
 	if ctx.Done() == nil {
 		for _, s := range in.sl {
-			lc.settle(s, nil)
+			lc.settle(context.Background(), s)
 		}
 		return
 	}
@@ -630,7 +660,7 @@ func (in *Inline) Wait(ctx context.Context) {
 		lc.conn.SetReadDeadline(aLongTimeAgo)
 	})
 	for i, s := range in.sl {
-		if lc.settle(s, ctx) {
+		if lc.settle(ctx, s) {
 			lc.left = in.sl[i:]
 			break
 		}
@@ -671,7 +701,7 @@ func (lc *laneConn) read() {
 			lc.rmu.Lock()
 			lc.finish() // an interrupted waiter's answer came first
 			if ok {
-				lc.settle(s, nil)
+				lc.settle(context.Background(), s)
 			}
 			lc.rmu.Unlock()
 			if !ok {
@@ -682,7 +712,7 @@ func (lc *laneConn) read() {
 			lc.finish()
 			if ps := lc.parked.Swap(nil); ps != nil {
 				for _, s := range *ps {
-					lc.settle(s, nil)
+					lc.settle(context.Background(), s)
 				}
 			}
 			lc.rmu.Unlock()
@@ -694,16 +724,16 @@ func (lc *laneConn) read() {
 // caller holds rmu.
 func (lc *laneConn) finish() {
 	for _, s := range lc.left {
-		lc.settle(s, nil)
+		lc.settle(context.Background(), s)
 	}
 	lc.left = nil
 }
 
 // settle reads the answer to s and reports it through s.Done, or retries s
-// elsewhere. With ctx set it gives up when ctx ends and reports that it was
+// elsewhere. It gives up when ctx ends and reports that it was
 // interrupted, got counting what was read of the answer. The caller holds
 // rmu.
-func (lc *laneConn) settle(s *transport.Slice, ctx context.Context) (interrupted bool) {
+func (lc *laneConn) settle(ctx context.Context, s *transport.Slice) (interrupted bool) {
 	p := lc.l.p
 	select {
 	case <-lc.dead:
@@ -713,7 +743,7 @@ func (lc *laneConn) settle(s *transport.Slice, ctx context.Context) (interrupted
 		return false
 	default:
 	}
-	err := lc.recv(s, ctx)
+	err := lc.recv(ctx, s)
 	if err == errInterrupted {
 		return true
 	}
@@ -747,13 +777,13 @@ func (lc *laneConn) settle(s *transport.Slice, ctx context.Context) (interrupted
 
 // recv reads the answer to s, or its remainder after an interruption,
 // before s.Deadline.
-func (lc *laneConn) recv(s *transport.Slice, ctx context.Context) error {
+func (lc *laneConn) recv(ctx context.Context, s *transport.Slice) error {
 	lc.rd.arm(s.Deadline)
 	var hdr uint64
 	if !lc.l.p.c.cfg.V1 {
 		hdr = StatusSize
 		if lc.got < hdr {
-			if err := lc.readFull(lc.st[lc.got:], s.Deadline, ctx); err != nil {
+			if err := lc.readFull(ctx, lc.st[lc.got:], s.Deadline); err != nil {
 				return err
 			}
 			ok, err := ParseStatus(lc.st[:])
@@ -766,7 +796,7 @@ func (lc *laneConn) recv(s *transport.Slice, ctx context.Context) error {
 		}
 	}
 	if s.Op == transport.Read {
-		return lc.readFull(transport.Bytes(s.Local, s.Length)[lc.got-hdr:], s.Deadline, ctx)
+		return lc.readFull(ctx, transport.Bytes(s.Local, s.Length)[lc.got-hdr:], s.Deadline)
 	}
 	return nil // a v1 WRITE has nothing to read back
 }
@@ -775,9 +805,9 @@ func (lc *laneConn) recv(s *transport.Slice, ctx context.Context) error {
 // resumed (see deadline); with ctx ended, reading stops (errInterrupted).
 // ctx is checked after each arming of the deadline, which may have replaced
 // the past one its end set.
-func (lc *laneConn) readFull(b []byte, due time.Time, ctx context.Context) error {
+func (lc *laneConn) readFull(ctx context.Context, b []byte, due time.Time) error {
 	for {
-		if ctx != nil && ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return errInterrupted
 		}
 		n, err := io.ReadFull(lc.br, b)
@@ -785,7 +815,7 @@ func (lc *laneConn) readFull(b []byte, due time.Time, ctx context.Context) error
 		if err == nil {
 			return nil
 		}
-		if ctx != nil && ctx.Err() != nil && timedOut(err) {
+		if ctx.Err() != nil && timedOut(err) {
 			return errInterrupted
 		}
 		if !lc.rd.resume(err, due) {

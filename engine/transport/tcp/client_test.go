@@ -72,7 +72,7 @@ func served(off, n int) []byte {
 // connection, which inline sends need.
 func (pr *pair) warm(t *testing.T) {
 	s, done := pr.slice(transport.Read, 0, 8)
-	pr.p.Submit(s)
+	pr.p.Submit(context.Background(), s)
 	require.NoError(t, <-done)
 	pr.quiesce()
 }
@@ -89,7 +89,7 @@ func (pr *pair) quiesce() {
 }
 
 // inline sends a slice inline and fails the test if it went to the queue.
-func (pr *pair) inline(t *testing.T, op transport.Op, off, n int) (*Inline, chan error) {
+func (pr *pair) inline(t *testing.T, op transport.Op, off, n int) (transport.Inline, chan error) {
 	t.Helper()
 	s, done := pr.slice(op, off, n)
 	in := pr.p.SubmitInline([]*transport.Slice{s})
@@ -103,22 +103,22 @@ func TestInline(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		op     transport.Op
-		settle func(in *Inline)
+		settle func(in transport.Inline)
 	}{
 		// The waiter reads the answer itself.
-		{"read waited", transport.Read, func(in *Inline) { in.Wait(context.Background()) }},
-		{"write waited", transport.Write, func(in *Inline) { in.Wait(context.Background()) }},
+		{"read waited", transport.Read, func(in transport.Inline) { in.Wait(context.Background()) }},
+		{"write waited", transport.Write, func(in transport.Inline) { in.Wait(context.Background()) }},
 		// A poller releases it to the reader goroutine.
-		{"read released", transport.Read, func(in *Inline) { in.Release() }},
+		{"read released", transport.Read, func(in transport.Inline) { in.Release() }},
 		// A waiter whose context already ended leaves it to the reader.
-		{"read, context ended", transport.Read, func(in *Inline) {
+		{"read, context ended", transport.Read, func(in transport.Inline) {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			in.Wait(ctx)
 			in.Release()
 		}},
 		// A live cancellable context changes nothing.
-		{"read, cancellable context", transport.Read, func(in *Inline) {
+		{"read, cancellable context", transport.Read, func(in transport.Inline) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			in.Wait(ctx)
@@ -167,7 +167,7 @@ func TestInlineThenQueued(t *testing.T) {
 			op = transport.Write
 		}
 		s, done := pr.slice(op, i*64<<10, 64<<10)
-		pr.p.Submit(s)
+		pr.p.Submit(context.Background(), s)
 		dones = append(dones, done)
 	}
 	require.NoError(t, <-first)
@@ -254,7 +254,7 @@ func TestInlineRefused(t *testing.T) {
 	in.Wait(context.Background())
 	require.ErrorIs(t, <-done, transport.ErrRejected)
 	s, done = pr.slice(transport.Read, 0, 8)
-	pr.p.Submit(s)
+	pr.p.Submit(context.Background(), s)
 	require.NoError(t, <-done)
 }
 

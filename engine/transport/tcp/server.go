@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 )
 
 // ServerConfig configures the serving side of the TCP transport.
@@ -43,7 +44,7 @@ type ServerConfig struct {
 // every connection and waits for their goroutines.
 type Server struct {
 	cfg ServerConfig
-	*transport.Listener
+	*conn.Listener
 }
 
 // Listen starts a server on addr ("host:port"; port 0 picks one).
@@ -68,7 +69,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("tcp: listen %s: %w", addr, err)
 	}
 	s := &Server{cfg: cfg}
-	s.Listener = transport.Serve(ln, cfg.MaxConns, cfg.Logger, s.serve)
+	s.Listener = conn.Serve(ln, cfg.MaxConns, cfg.Logger, s.serve)
 	return s, nil
 }
 
@@ -77,7 +78,7 @@ func (s *Server) serve(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	if err := transport.ServerAuth(c, s.cfg.Secret); err != nil {
+	if err := conn.ServerAuth(c, s.cfg.Secret); err != nil {
 		s.cfg.Logger.Warn("tcp: rejected peer", "remote", c.RemoteAddr(), "err", err)
 		return
 	}
