@@ -8,6 +8,8 @@ package main
 import "C"
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -59,14 +61,19 @@ func teCall[T any](bad T, f func() T) (r T) {
 }
 
 // teEngine is the body of a Mooncake API export on the engine h: f's
-// result under teCall, bad for a bad handle.
+// result under teCall (a panic poisons the handle, as in mooncake.h), bad
+// for a bad or poisoned handle.
 func teEngine[T any](h C.uint64_t, bad T, f func(e *engineObj) T) T {
 	return teCall(bad, func() T {
-		e, err := engines.of(uint64(h))
-		if err != nil {
+		r := bad
+		if err := onEngine(uint64(h), func(e *engineObj) error { r = f(e); return nil }); err != nil {
+			var ae *abiError
+			if errors.As(err, &ae) && ae.code == statusPanic { // poisoned: say why, as mooncake.h's message would
+				slog.Error("libmooncake: Mooncake C API call refused", "err", err)
+			}
 			return bad
 		}
-		return f(e)
+		return r
 	})
 }
 
@@ -90,7 +97,7 @@ func mcgoTeCreate(metadata, name, host *C.char, rpcPort C.uint64_t) C.uint64_t {
 		if forceTCP() {
 			cfg.Transport = "tcp"
 		}
-		e, err := engine.New(cfg)
+		e, err := engine.New(context.Background(), cfg)
 		if err != nil {
 			slog.Error("createTransferEngine failed", "err", err)
 			return 0
@@ -166,7 +173,7 @@ func mcgoTeRegister(h C.uint64_t, addr unsafe.Pointer, length C.size_t, location
 		if addr == nil {
 			return teInvalid
 		}
-		return teCode(e.RegisterMemory(uintptr(addr), uint64(length), cString(location), remote != 0))
+		return teCode(e.RegisterMemory(e.ctx, uintptr(addr), uint64(length), cString(location), remote != 0))
 	})
 }
 
@@ -176,7 +183,7 @@ func mcgoTeUnregister(h C.uint64_t, addr unsafe.Pointer) C.int {
 		if addr == nil {
 			return teInvalid
 		}
-		return teCode(e.UnregisterMemory(uintptr(addr)))
+		return teCode(e.UnregisterMemory(e.ctx, uintptr(addr)))
 	})
 }
 
@@ -192,7 +199,7 @@ func mcgoTeRegisterBatch(h C.uint64_t, list *C.buffer_entry_t, n C.size_t, locat
 			if b.addr == nil {
 				return teInvalid
 			}
-			if err := e.RegisterMemory(uintptr(b.addr), uint64(b.length), loc, true); err != nil {
+			if err := e.RegisterMemory(e.ctx, uintptr(b.addr), uint64(b.length), loc, true); err != nil {
 				return teCode(err)
 			}
 		}
@@ -208,7 +215,7 @@ func mcgoTeUnregisterBatch(h C.uint64_t, addrs *unsafe.Pointer, n C.size_t) C.in
 			return teInvalid
 		}
 		for _, a := range as {
-			if err := e.UnregisterMemory(uintptr(a)); err != nil {
+			if err := e.UnregisterMemory(e.ctx, uintptr(a)); err != nil {
 				return teCode(err)
 			}
 		}
@@ -274,12 +281,11 @@ func mcgoTeFreeBatch(h C.uint64_t, b C.uint64_t) C.int {
 
 //export mcgoTeGetNotifs
 func mcgoTeGetNotifs(h C.uint64_t, size *C.int) *C.notify_msg_t {
-	return teCall(nil, func() *C.notify_msg_t {
-		if size != nil {
-			*size = 0
-		}
-		e, err := engines.of(uint64(h))
-		if err != nil || size == nil {
+	if size != nil {
+		*size = 0
+	}
+	return teEngine(h, nil, func(e *engineObj) *C.notify_msg_t {
+		if size == nil {
 			return nil
 		}
 		ns := e.Notifies()

@@ -34,21 +34,28 @@ func mcgoEngineCreate(cfg *C.mc_engine_config_t, out *C.mc_engine_t, cerr *C.mc_
 			return nullArg("out")
 		}
 		*out = 0
-		ec, err := engineConfig(cfg)
-		if err != nil {
-			return err
-		}
-		e, err := engine.New(ec)
-		if err != nil {
-			return err
-		}
-		timeout := ec.Timeout
-		if timeout == 0 {
-			timeout = defaultTimeout
-		}
-		*out = C.mc_engine_t(newHandle(newEngineObj(e, timeout)))
-		return nil
+		h, err := createEngine(cfg)
+		*out = C.mc_engine_t(h)
+		return err
 	})
+}
+
+// createEngine starts an engine from a C config (NULL: the defaults) and
+// returns its handle.
+func createEngine(cfg *C.mc_engine_config_t) (uint64, error) {
+	ec, err := engineConfig(cfg)
+	if err != nil {
+		return 0, err
+	}
+	e, err := engine.New(context.Background(), ec)
+	if err != nil {
+		return 0, err
+	}
+	timeout := ec.Timeout
+	if timeout == 0 {
+		timeout = defaultTimeout
+	}
+	return newHandle(newEngineObj(e, timeout)), nil
 }
 
 // engineConfig reads a C engine config; NULL is the zero config.
@@ -56,10 +63,11 @@ func engineConfig(p *C.mc_engine_config_t) (engine.Config, error) {
 	if p == nil {
 		return engine.Config{}, nil
 	}
-	if p.struct_size < C.sizeof_mc_engine_config_t {
-		return engine.Config{}, abiErrorf(C.MC_ERR_STRUCT_SIZE, "mc_engine_config_t.struct_size %d (want %d)",
-			p.struct_size, C.sizeof_mc_engine_config_t)
+	c, err := readStruct(p, p.struct_size, C.MC_ENGINE_CONFIG_SIZE_V1, "mc_engine_config_t")
+	if err != nil {
+		return engine.Config{}, err
 	}
+	p = &c
 	if p.reserved != 0 {
 		return engine.Config{}, invalidArg("mc_engine_config_t.reserved must be 0")
 	}
@@ -128,7 +136,7 @@ func mcgoEngineRegisterMemory(h C.mc_engine_t, addr unsafe.Pointer, length C.uin
 		if addr == nil {
 			return nullArg("addr")
 		}
-		return e.RegisterMemory(uintptr(addr), uint64(length), cString(location), remote != 0)
+		return e.RegisterMemory(e.ctx, uintptr(addr), uint64(length), cString(location), remote != 0)
 	})
 }
 
@@ -138,7 +146,7 @@ func mcgoEngineUnregisterMemory(h C.mc_engine_t, addr unsafe.Pointer, cerr *C.mc
 		if addr == nil {
 			return nullArg("addr")
 		}
-		return e.UnregisterMemory(uintptr(addr))
+		return e.UnregisterMemory(e.ctx, uintptr(addr))
 	})
 }
 
@@ -152,7 +160,7 @@ func mcgoEngineAllocateBuffer(h C.mc_engine_t, size C.uint64_t, location *C.char
 		if size == 0 || size > math.MaxInt64 {
 			return invalidArg("allocate buffer: size %d", size)
 		}
-		b, err := e.AllocateBuffer(int(size), cString(location))
+		b, err := e.AllocateBuffer(e.ctx, int(size), cString(location))
 		if err != nil {
 			return err
 		}
@@ -202,9 +210,10 @@ func mcgoEngineOpenSegment(h C.mc_engine_t, name *C.char, out *C.mc_segment_t, c
 	})
 }
 
-// openSegment opens the segment name within the engine's request timeout.
+// openSegment opens the segment name within the engine's request timeout,
+// or until the handle is destroyed.
 func (e *engineObj) openSegment(name string) (engine.SegmentID, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	ctx, cancel := context.WithTimeout(e.ctx, e.timeout)
 	defer cancel()
 	return e.OpenSegment(ctx, name)
 }
@@ -295,7 +304,7 @@ func (e *engineObj) submit(b engine.BatchID, rs []engine.Request, withNotify C.i
 	if withNotify != 0 {
 		opts = append(opts, engine.WithNotify(engine.Notify{Name: cString(name), Msg: cString(msg)}))
 	}
-	return e.Submit(b, rs, opts...)
+	return e.Submit(e.ctx, b, rs, opts...)
 }
 
 //export mcgoEngineTaskStatus
@@ -334,7 +343,7 @@ func mcgoEngineBatchStatus(h C.mc_engine_t, b C.mc_batch_t, out *C.mc_transfer_s
 //export mcgoEngineWait
 func mcgoEngineWait(h C.mc_engine_t, b C.mc_batch_t, timeoutMs C.int64_t, out *C.mc_transfer_status_t, cerr *C.mc_error_t) C.mc_status_t {
 	return engineCall(h, cerr, func(e *engineObj) error {
-		ctx := context.Background()
+		ctx := e.ctx // destroying the engine ends the wait
 		if timeoutMs >= 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, time.Duration(min(int64(timeoutMs), math.MaxInt64/int64(time.Millisecond)))*time.Millisecond)
@@ -386,7 +395,7 @@ func (e *engineObj) notify(seg engine.SegmentID, n engine.Notify) error {
 	if !ok {
 		return invalidArg("notify segment %d: not open", seg)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	ctx, cancel := context.WithTimeout(e.ctx, e.timeout)
 	defer cancel()
 	return e.SendNotify(ctx, target, n)
 }

@@ -105,6 +105,8 @@ int peer_cmd(peer_t *p, char *reply, size_t n, const char *fmt, ...);
 /* peer_stop sends QUIT and returns the peer's exit status (0 = clean). */
 int peer_stop(peer_t *p);
 int peer_main(const char *mode);
+/* store_peer_main is peer_main of mode "store" (test_abi.c). */
+int store_peer_main(void);
 
 /* mc_engine_create with the settings of the tests: loopback, transport. */
 mc_status_t test_engine(const char *transport, mc_engine_t *out, mc_error_t *err);
@@ -135,6 +137,10 @@ void test_store_threads(void);
 void test_store_parts(void);
 void test_store_put_session(void);
 void test_store_close_race(void);
+void test_struct_versions(void);
+void test_store_struct_versions(void);
+void test_destroy_cancels(void);
+void test_store_silent_peer(void);
 void test_no_leaks(void);
 
 #endif

@@ -19,6 +19,9 @@
  *   XFREE addr             unregister and free such a buffer -> OK | ERR <code>
  *   QUIT                   unregister, destroy, exit 0 if all went well
  *
+ * Mode "store" is a store instead, with commands of its own
+ * (store_peer_main in test_abi.c).
+ *
  * The parent process cannot fork a copy of itself with a Go runtime in
  * it, so the peer is a fresh exec of the same binary. */
 #include <errno.h>
@@ -178,6 +181,7 @@ static void peer_notifs(void) {
 }
 
 int peer_main(const char *mode) {
+    if (strcmp(mode, "store") == 0) return store_peer_main();
     compat = strncmp(mode, "compat", 6) == 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     void *buf = NULL;
