@@ -100,8 +100,10 @@ func TestWritePlot(t *testing.T) {
 		rs     []trace.RequestResult
 		legend []string
 	}{
-		// A replay with hits and gets.
-		{"replay", res.PerRequest, []string{"actual", "infinite-cache bound", "each get", "median per 3 requests"}},
+		// A replay with hits and gets; request indexes labelled every
+		// 100.
+		{"replay", res.PerRequest, []string{"actual", "infinite-cache bound", "each get", "median per 3 requests",
+			"100", "200", "300", "400", "500", "600"}},
 		// Nothing to draw still draws the axes.
 		{"empty", nil, nil},
 		// One request without a get.

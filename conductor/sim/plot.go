@@ -123,6 +123,7 @@ func PlotFig1(path string, names []string, rs []*Result, thresholds []time.Durat
 		"effective requests")
 	plot.Log(&p.X)
 	plot.Percent(&p.Y)
+	p.Y.Max = 1
 	for i, r := range rs {
 		pts := make(plot.XYs, len(thresholds))
 		for j, t := range thresholds {
@@ -141,6 +142,7 @@ func PlotCapacity(path string, names []string, c Capacity, target float64) error
 		100*target), "TBT threshold (ms)", fmt.Sprintf("capacity relative to %s", names[0]))
 	plot.Log(&p.X)
 	plot.Percent(&p.Y)
+	p.Y.Max = 1
 	for s := range names {
 		pts := make(plot.XYs, 0, len(c.Thresholds))
 		for t, th := range c.Thresholds {

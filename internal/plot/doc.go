@@ -20,10 +20,15 @@
 // (Percent and Bars start theirs there).
 //
 // What is ours rather than gonum's, and why:
+//   - LinearTicks: gonum's DefaultTicks aims at three labels and writes
+//     them with its step's decimals ("2500.00");
 //   - LogTicks: gonum's LogTicks labels powers of ten only, so an axis
 //     over one decade (Fig. 1's 100 ms to 1 s) gets two labels; ours
 //     labels 1, 2 and 5 times each power of ten over a decade or two;
+//   - Percent: gonum has no percentage ticker;
 //   - the legend column: gonum draws a legend inside the data area, over
 //     the lines; Save takes each panel's legend out and draws it beside;
-//   - Percent: gonum has no percentage ticker.
+//   - the axis titles: gonum reserves room for a title at the arithmetic
+//     middle of the axis's range, near the end of a log axis, and shrinks
+//     the panel to fit it there; Save draws them itself, centred.
 package plot

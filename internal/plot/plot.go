@@ -81,6 +81,7 @@ func New(title, x, y string) *Panel {
 		&p.X.Tick.Label.Font, &p.Y.Tick.Label.Font, &p.Legend.TextStyle.Font} {
 		sans(f)
 	}
+	p.X.Tick.Marker, p.Y.Tick.Marker = LinearTicks{}, LinearTicks{}
 	p.Add(grid{})
 	return p
 }
@@ -205,15 +206,48 @@ func Percent(a *gplot.Axis) {
 	a.Tick.Marker = percentTicks{}
 }
 
-// percentTicks are gonum's default ticks, labelled as percentages.
+// percentTicks are LinearTicks labelled as percentages.
 type percentTicks struct{}
 
 func (percentTicks) Ticks(lo, hi float64) []gplot.Tick {
-	ts := gplot.DefaultTicks{}.Ticks(lo, hi)
+	ts := LinearTicks{}.Ticks(lo, hi)
 	for i := range ts {
 		if ts[i].Label != "" {
 			ts[i].Label = strconv.FormatFloat(math.Round(ts[i].Value*1e5)/1e3, 'f', -1, 64) + "%"
 		}
+	}
+	return ts
+}
+
+// LinearTicks mark a linear axis at round values, 1, 2 or 5 times a power
+// of ten apart, about six of them labelled, with minor ticks between.
+// gonum's DefaultTicks aims at three labels and writes them with the
+// decimals of its step's mantissa (2500.00 for a step of 2500).
+type LinearTicks struct{}
+
+// Ticks returns the ticks from lo to hi.
+func (LinearTicks) Ticks(lo, hi float64) []gplot.Tick {
+	if !(hi > lo) || math.IsInf(hi-lo, 0) {
+		return nil
+	}
+	// The round step nearest (hi-lo)/6, on a log scale.
+	raw := (hi - lo) / 6
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	var step, minors float64
+	for _, m := range []struct{ step, minors float64 }{{1, 5}, {2, 2}, {5, 5}, {10, 5}} {
+		if step == 0 || math.Abs(math.Log(m.step*mag/raw)) < math.Abs(math.Log(step/raw)) {
+			step, minors = m.step*mag, m.minors
+		}
+	}
+	minor := step / minors
+	var ts []gplot.Tick
+	// Counted in minor steps, so that labelled ones are exact multiples.
+	for i := math.Ceil(lo/minor - 1e-9); i*minor <= hi+1e-9*(hi-lo); i++ {
+		t := gplot.Tick{Value: i*minor + 0} // + 0: -0 is 0
+		if math.Mod(i, minors) == 0 {
+			t.Label = Number(t.Value)
+		}
+		ts = append(ts, t)
 	}
 	return ts
 }
@@ -357,6 +391,12 @@ func Save(path string, panels ...*Panel) error {
 func SVGPath(path string) string { return strings.TrimSuffix(path, filepath.Ext(path)) + ".svg" }
 
 // drawFigure lays out and draws panels and their legends on dc.
+//
+// It draws the axis titles itself: gonum reserves room for a title
+// centred on the arithmetic middle of the axis's range, which on a log
+// axis lies near its end, so the title's box juts out and gonum shrinks
+// the panel to fit it (by a fifth of the height for latencies over four
+// decades).
 func drawFigure(dc draw.Canvas, panels []*Panel, legends []gplot.Legend) {
 	dc.SetColor(color.White)
 	dc.Fill(dc.Rectangle.Path())
@@ -369,20 +409,54 @@ func drawFigure(dc draw.Canvas, panels []*Panel, legends []gplot.Legend) {
 	if legendW > 0 {
 		area = draw.Crop(dc, 0, -(legendW + 2*pad), 0, 0)
 	}
+	titles := make([][2]gplot.Axis, len(panels))
+	var left, bottom vg.Length
+	for i, p := range panels {
+		titles[i] = [2]gplot.Axis{p.X, p.Y}
+		left = max(left, titleRoom(p.Y))
+		bottom = max(bottom, titleRoom(p.X))
+		p.X.Label.Text, p.Y.Label.Text = "", ""
+	}
+	defer func() {
+		for i, p := range panels {
+			p.X.Label.Text, p.Y.Label.Text = titles[i][0].Label.Text, titles[i][1].Label.Text
+		}
+	}()
 	tiles := draw.Tiles{Rows: len(panels), Cols: 1, PadTop: pad, PadBottom: pad / 2, PadLeft: pad / 2,
 		PadRight: pad, PadY: 2 * pad}
 	rows := make([][]*gplot.Plot, len(panels))
 	for i, p := range panels {
 		rows[i] = []*gplot.Plot{p}
 	}
-	cs := gplot.Align(rows, tiles, area)
+	cs := gplot.Align(rows, tiles, draw.Crop(area, left, 0, 0, 0))
 	for i, p := range panels {
-		p.Draw(cs[i][0])
-		data := p.DataCanvas(cs[i][0])
+		tile := draw.Crop(cs[i][0], 0, 0, bottom, 0)
+		p.Draw(tile)
+		data := p.DataCanvas(tile)
+		x, y := titles[i][0].Label, titles[i][1].Label
+		if x.Text != "" {
+			d := x.TextStyle.FontExtents().Descent
+			dc.FillText(x.TextStyle, vg.Point{X: data.Center().X, Y: cs[i][0].Min.Y + d}, x.Text)
+		}
+		if y.Text != "" {
+			sty := y.TextStyle
+			sty.Rotation += math.Pi / 2
+			d := y.TextStyle.FontExtents().Descent
+			dc.FillText(sty, vg.Point{X: cs[i][0].Min.X - left + y.TextStyle.Height(y.Text) - d, Y: data.Center().Y},
+				y.Text)
+		}
 		col := data
 		col.Min.X, col.Max.X = area.Max.X+pad, dc.Max.X-pad
 		l := legends[i]
 		l.Top, l.Left = true, true
 		l.Draw(col)
 	}
+}
+
+// titleRoom is the room a's title takes beside the axis.
+func titleRoom(a gplot.Axis) vg.Length {
+	if a.Label.Text == "" {
+		return 0
+	}
+	return a.Label.TextStyle.Height(a.Label.Text) + px(6)
 }

@@ -14,20 +14,47 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	gplot "gonum.org/v1/plot"
 
 	"github.com/mooncake-go/mooncake/internal/plot"
 )
 
-func TestLogTicks(t *testing.T) {
-	labels := func(lo, hi float64) []string {
-		var out []string
-		for _, tk := range (plot.LogTicks{}).Ticks(lo, hi) {
-			if tk.Label != "" {
-				out = append(out, tk.Label)
-			}
+// labels are the labels of ts, in order.
+func labels(ts []gplot.Tick) []string {
+	var out []string
+	for _, tk := range ts {
+		if tk.Label != "" {
+			out = append(out, tk.Label)
 		}
-		return out
 	}
+	return out
+}
+
+func TestLinearTicks(t *testing.T) {
+	for _, tc := range []struct {
+		lo, hi float64
+		want   []string
+	}{
+		// Request indexes: about six labels, written as integers (not
+		// 2500.00, as gonum's DefaultTicks has them).
+		{0, 2999, []string{"0", "500", "1000", "1500", "2000", "2500"}},
+		// A range off 0: steps of 2, from the first multiple.
+		{12.4, 27, []string{"14", "16", "18", "20", "22", "24", "26"}},
+		// Ratios: 0.3 written as 0.3, not 0.30000000000000004.
+		{0, 0.3, []string{"0", "0.05", "0.1", "0.15", "0.2", "0.25", "0.3"}},
+		// Across 0, which is "0", not "-0".
+		{-1, 1, []string{"-1", "-0.5", "0", "0.5", "1"}},
+		// No range: no ticks rather than a panic or an endless loop.
+		{5, 5, nil},
+		{0, math.Inf(1), nil},
+	} {
+		assert.Equal(t, tc.want, labels((plot.LinearTicks{}).Ticks(tc.lo, tc.hi)), "LinearTicks(%g, %g)", tc.lo, tc.hi)
+	}
+	// Minor ticks: every 100 between the labels of 0..2999.
+	assert.Len(t, (plot.LinearTicks{}).Ticks(0, 2999), 30)
+}
+
+func TestLogTicks(t *testing.T) {
 	for _, tc := range []struct {
 		lo, hi float64
 		want   []string
@@ -48,7 +75,7 @@ func TestLogTicks(t *testing.T) {
 		// Not a positive range: no ticks rather than a panic.
 		{0, 10, nil},
 	} {
-		assert.Equal(t, tc.want, labels(tc.lo, tc.hi), "LogTicks(%g, %g)", tc.lo, tc.hi)
+		assert.Equal(t, tc.want, labels((plot.LogTicks{}).Ticks(tc.lo, tc.hi)), "LogTicks(%g, %g)", tc.lo, tc.hi)
 	}
 	// Minor ticks at the other multiples: 300, 400, 600, 700, 800, 900.
 	assert.Len(t, (plot.LogTicks{}).Ticks(100, 1000), 10)
@@ -234,4 +261,22 @@ func TestSaveOnePanel(t *testing.T) {
 	// Nothing to draw, or nowhere to write, is an error.
 	require.Error(t, plot.Save(path))
 	require.Error(t, plot.Save(filepath.Join(t.TempDir(), "no", "such.png"), plot.New("", "", "")))
+}
+
+// A log axis is as long as a linear one: the axis titles take the same
+// room whatever the scale (gonum's own layout shrinks a log panel).
+func TestLogAxisLength(t *testing.T) {
+	span := func(ys plot.XYs, lo, hi string) float64 {
+		p := plot.New("latency", "request", "latency (ms)")
+		p.Add(plot.Dots(ys, plot.Blue))
+		path := filepath.Join(t.TempDir(), "f.png")
+		require.NoError(t, plot.Save(path, p))
+		texts := readSVG(t, plot.SVGPath(path))
+		return find(t, texts, lo).Y - find(t, texts, hi).Y
+	}
+	// (X from 3, so that no X label reads as a Y one.)
+	linear := span(plot.XYs{{X: 3, Y: 0}, {X: 4, Y: 100}}, "0", "100")
+	log := span(plot.XYs{{X: 3, Y: 0.01}, {X: 4, Y: 100}}, "0.01", "100")
+	assert.Greater(t, linear, 150.0, "most of the figure's height")
+	assert.InDelta(t, linear, log, 1)
 }
