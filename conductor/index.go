@@ -134,7 +134,7 @@ func (x *Index) AddHolder(name string, capacity int) error {
 		return fmt.Errorf("%w: holder %q", ErrDuplicate, name)
 	}
 	if capacity < 0 {
-		return fmt.Errorf("conductor: holder %q: negative capacity %d", name, capacity)
+		return fmt.Errorf("%w: holder %q: negative capacity %d", ErrInvalid, name, capacity)
 	}
 	h := &holder{name: name, capacity: capacity}
 	h.head.next, h.head.prev = &h.head, &h.head

@@ -92,7 +92,7 @@ func TestIndexHolders(t *testing.T) {
 	x := conductor.NewIndex()
 	require.NoError(t, x.AddHolder("a", 0))
 	require.ErrorIs(t, x.AddHolder("a", 0), conductor.ErrDuplicate)
-	require.Error(t, x.AddHolder("neg", -1))
+	require.ErrorIs(t, x.AddHolder("neg", -1), conductor.ErrInvalid)
 
 	// Unknown holders are ignored.
 	x.Insert("nobody", []uint64{1})

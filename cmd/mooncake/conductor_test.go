@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/conductor/router"
 )
 
 // standinEngine is a minimal vLLM OpenAI server of one role that checks
@@ -116,16 +118,18 @@ func TestConductorCommandErrors(t *testing.T) {
 	cases := []struct {
 		name string
 		args []string
-		want string
+		want string // named in the message
+		is   error  // the cause, where the router has a sentinel for it
 	}{
 		// An instance spec without a URL.
-		{"no url", []string{"--prefill", "p0"}, "--prefill"},
+		{"no url", []string{"--prefill", "p0"}, "--prefill", router.ErrInvalidInstance},
 		// A decode URL with a path.
-		{"url with path", []string{"--decode", "d0=http://127.0.0.1:1/v1"}, "root"},
+		{"url with path", []string{"--decode", "d0=http://127.0.0.1:1/v1"}, "root", router.ErrInvalidInstance},
 		// Two instances with one ID.
-		{"duplicate", []string{"--prefill", "x=http://127.0.0.1:1", "--decode", "x=http://127.0.0.1:2"}, "Instances[1]"},
+		{"duplicate", []string{"--prefill", "x=http://127.0.0.1:1", "--decode", "x=http://127.0.0.1:2"}, "Instances[1]",
+			router.ErrDuplicateInstance},
 		// A duration that is not one.
-		{"bad timeout", []string{"--idle-timeout", "soon"}, "--idle-timeout"},
+		{"bad timeout", []string{"--idle-timeout", "soon"}, "--idle-timeout", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -135,6 +139,9 @@ func TestConductorCommandErrors(t *testing.T) {
 			err := root.Execute()
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
+			if tc.is != nil {
+				assert.ErrorIs(t, err, tc.is)
+			}
 		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/conductor/blockhash"
 	"github.com/mooncake-go/mooncake/conductor/kvevents/kvtest"
+	"github.com/mooncake-go/mooncake/conductor/router"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -129,11 +130,12 @@ func TestConductorFollowsKVEvents(t *testing.T) {
 func TestConductorKVEventsErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
-		want string
+		want string // named in the message
+		is   error  // the cause
 	}{
-		{[]string{"--block-hash", "vllm"}, "block size"},
-		{[]string{"--block-hash", "sha1", "--block-size", "16"}, "unknown scheme"},
-		{[]string{"--prefill", "p0=http://127.0.0.1:1,kv_events=tcp://127.0.0.1:2"}, "block hashing"},
+		{[]string{"--block-hash", "vllm"}, "block size", router.ErrInvalidConfig},
+		{[]string{"--block-hash", "sha1", "--block-size", "16"}, "unknown scheme", blockhash.ErrUnknownScheme},
+		{[]string{"--prefill", "p0=http://127.0.0.1:1,kv_events=tcp://127.0.0.1:2"}, "block hashing", router.ErrInvalidInstance},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"conductor", "--listen", "127.0.0.1:0"}, tc.args...))
@@ -141,6 +143,7 @@ func TestConductorKVEventsErrors(t *testing.T) {
 		err := root.Execute()
 		require.Error(t, err, tc.args)
 		assert.Contains(t, err.Error(), tc.want)
+		assert.ErrorIs(t, err, tc.is, tc.args)
 	}
 }
 

@@ -63,7 +63,7 @@ func LoadConfig(path string) (FileConfig, error) {
 		c.HTTPPort = DefaultHTTPPort
 	}
 	if c.HTTPPort < 0 || c.HTTPPort > 65535 {
-		return c, fmt.Errorf("%s: http_server_port %d out of range", path, c.HTTPPort)
+		return c, fmt.Errorf("%w: %s: http_server_port %d out of range", ErrInvalid, path, c.HTTPPort)
 	}
 	return c, nil
 }

@@ -70,7 +70,7 @@ type HashProfile struct {
 }
 
 // ErrInvalid is wrapped by the errors of malformed registrations and
-// queries (HTTP 400).
+// queries (HTTP 400), and of configuration files that hold such values.
 var ErrInvalid = errors.New("indexer: invalid request")
 
 func invalid(format string, args ...any) error {

@@ -390,7 +390,7 @@ func TestLoadConfig(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(path, []byte(`{"http_server_port": 70000}`), 0o600))
 	_, err = LoadConfig(path)
-	assert.Error(t, err)
+	assert.ErrorIs(t, err, ErrInvalid)
 	require.NoError(t, os.WriteFile(path, []byte(`{"kvevent_instance": {"x": {"type": "nope"}}}`), 0o600))
 	c, err = LoadConfig(path)
 	require.NoError(t, err)

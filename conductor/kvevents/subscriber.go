@@ -94,19 +94,23 @@ type Subscriber struct {
 	st   Stats
 }
 
+// ErrInvalid is wrapped by the errors of New: a nil Handler, or an
+// endpoint that is not tcp://host:port.
+var ErrInvalid = errors.New("kvevents: invalid config")
+
 // New checks cfg and returns a Subscriber that delivers to h once Run.
 func New(cfg Config, h Handler) (*Subscriber, error) {
 	if h == nil {
-		return nil, errors.New("kvevents: nil Handler")
+		return nil, fmt.Errorf("%w: nil Handler", ErrInvalid)
 	}
 	addr, err := tcpAddr(cfg.Endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("kvevents: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	s := &Subscriber{cfg: cfg, addr: addr, h: h}
 	if cfg.Replay != "" {
 		if s.rep, err = tcpAddr(cfg.Replay); err != nil {
-			return nil, fmt.Errorf("kvevents: replay: %w", err)
+			return nil, fmt.Errorf("%w: replay: %w", ErrInvalid, err)
 		}
 	}
 	s.cfg.DownAfter = cmp.Or(cfg.DownAfter, DefaultDownAfter)

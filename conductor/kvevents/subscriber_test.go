@@ -209,12 +209,12 @@ func TestSubscriberDropsOversizedMessages(t *testing.T) {
 func TestNewRejectsBadEndpoints(t *testing.T) {
 	for _, ep := range []string{"", "ipc:///tmp/x", "tcp://host", "tcp://host:0", "tcp://h:1/path"} {
 		_, err := New(Config{Endpoint: ep}, newRecorder())
-		assert.Error(t, err, ep)
+		assert.ErrorIs(t, err, ErrInvalid, ep)
 	}
 	_, err := New(Config{Endpoint: "tcp://127.0.0.1:1", Replay: "udp://x:1"}, newRecorder())
-	assert.Error(t, err)
+	assert.ErrorIs(t, err, ErrInvalid)
 	_, err = New(Config{Endpoint: "tcp://127.0.0.1:1"}, nil)
-	assert.Error(t, err)
+	assert.ErrorIs(t, err, ErrInvalid)
 	a, err := tcpAddr("tcp://*:5557")
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:5557", a)
@@ -238,8 +238,7 @@ func TestHandshakeRefusesNonZMTPPeer(t *testing.T) {
 		<-done
 	}()
 	_, err = dialZMTP(context.Background(), ln.Addr().String(), "SUB", 2*time.Second, 1<<20)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "not a ZMTP peer")
+	require.ErrorIs(t, err, errNotZMTP)
 }
 
 // Nothing of ours may outlive the tests.

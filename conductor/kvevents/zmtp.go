@@ -43,6 +43,10 @@ const maxCommand = 64 << 10
 // errTooLarge is returned for a message over zconn.max bytes.
 var errTooLarge = errors.New("zmtp: message too large")
 
+// errNotZMTP is a peer whose greeting lacks ZMTP's signature: something
+// else listens on the endpoint.
+var errNotZMTP = errors.New("zmtp: not a ZMTP peer")
+
 // tcpAddr turns a ZeroMQ endpoint, tcp://host:port, into host:port. A
 // wildcard host (the publisher's bind form, tcp://*:5557) means this host.
 func tcpAddr(endpoint string) (string, error) {
@@ -102,7 +106,7 @@ func (z *zconn) handshake(sockType string) error {
 		return fmt.Errorf("greeting: %w", err)
 	}
 	if peer[0] != 0xff || peer[9]&1 != 1 {
-		return errors.New("greeting: not a ZMTP peer")
+		return fmt.Errorf("greeting: %w", errNotZMTP)
 	}
 	if peer[10] < 3 {
 		return fmt.Errorf("greeting: ZMTP %d.%d, want 3.x", peer[10], peer[11])

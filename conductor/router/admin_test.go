@@ -180,8 +180,8 @@ func TestConfigValidate(t *testing.T) {
 				require.NoError(t, err)
 				return
 			}
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.want)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tc.want, "the error names the field")
 			assert.True(t, strings.HasPrefix(err.Error(), "router: "), err.Error())
 		})
 	}

@@ -87,7 +87,7 @@ type Config struct {
 // Validate reports the first invalid field of c.
 func (c Config) Validate() error {
 	if c.Scheduler == nil {
-		return fmt.Errorf("router: Config.Scheduler is nil")
+		return fmt.Errorf("%w: Config.Scheduler is nil", ErrInvalidConfig)
 	}
 	durs := []struct {
 		name string
@@ -95,22 +95,22 @@ func (c Config) Validate() error {
 	}{{"PrefillTimeout", c.PrefillTimeout}, {"DecodeTimeout", c.DecodeTimeout}, {"IdleTimeout", c.IdleTimeout}}
 	for _, d := range durs {
 		if d.d < 0 {
-			return fmt.Errorf("router: Config.%s is negative (%v)", d.name, d.d)
+			return fmt.Errorf("%w: Config.%s is negative (%v)", ErrInvalidConfig, d.name, d.d)
 		}
 	}
 	if c.MaxBodyBytes < 0 {
-		return fmt.Errorf("router: Config.MaxBodyBytes is negative (%d)", c.MaxBodyBytes)
+		return fmt.Errorf("%w: Config.MaxBodyBytes is negative (%d)", ErrInvalidConfig, c.MaxBodyBytes)
 	}
 	if _, err := c.scheme(); err != nil {
-		return fmt.Errorf("router: Config.BlockHash: %w", err)
+		return fmt.Errorf("%w: Config.BlockHash: %w", ErrInvalidConfig, err)
 	}
 	seen := map[string]bool{}
 	for i, in := range c.Instances {
 		if err := in.Validate(); err != nil {
-			return fmt.Errorf("router: Config.Instances[%d]: %w", i, err)
+			return fmt.Errorf("%w: Config.Instances[%d]: %w", ErrInvalidConfig, i, err)
 		}
 		if seen[in.ID] {
-			return fmt.Errorf("router: Config.Instances[%d]: %w: %q", i, ErrDuplicateInstance, in.ID)
+			return fmt.Errorf("%w: Config.Instances[%d]: %w: %q", ErrInvalidConfig, i, ErrDuplicateInstance, in.ID)
 		}
 		seen[in.ID] = true
 	}

@@ -16,6 +16,10 @@ var (
 	ErrInvalidInstance   = errors.New("router: invalid instance")
 )
 
+// ErrInvalidConfig is wrapped by the errors of Config.Validate (and so of
+// New), which name the field; an instance's own error is wrapped too.
+var ErrInvalidConfig = errors.New("router: invalid config")
+
 // Outcomes label every answered request in the requests_total metric; each
 // maps to one family of HTTP statuses.
 const (

@@ -109,7 +109,11 @@ func (c Config) Validate() error {
 	case c.HotBlocks < 0:
 		return bad("HotBlocks", "negative %d", c.HotBlocks)
 	}
-	return c.scheduler().Validate()
+	// The scheduler's own fields: its error names them, and is also ours.
+	if err := c.scheduler().Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
 }
 
 func (c Config) withDefaults() Config {

@@ -61,8 +61,8 @@ func TestConfigValidate(t *testing.T) {
 				assert.NoError(t, err)
 				return
 			}
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.field)
+			require.ErrorIs(t, err, sim.ErrInvalid)
+			assert.Contains(t, err.Error(), tc.field, "the error names the field")
 		})
 	}
 	_, err := sim.Run(sim.Config{Prefill: -1}, nil)
@@ -418,6 +418,7 @@ func TestReplicas(t *testing.T) {
 	assert.Empty(t, res.Replicas)
 
 	_, err = sim.Run(sim.Config{HotBlocks: -1}, nil)
+	assert.ErrorIs(t, err, sim.ErrInvalid)
 	assert.ErrorContains(t, err, "Config.HotBlocks")
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -25,5 +26,6 @@ func TestWrite(t *testing.T) {
 
 	boom := errors.New("boom")
 	require.ErrorIs(t, fileout.Write(path, func(*bufio.Writer) error { return boom }), boom)
-	require.Error(t, fileout.Write(filepath.Join(path, "not-a-dir"), func(*bufio.Writer) error { return nil }))
+	// path is a file: nothing can be created under it.
+	require.ErrorIs(t, fileout.Write(filepath.Join(path, "not-a-dir"), func(*bufio.Writer) error { return nil }), syscall.ENOTDIR)
 }

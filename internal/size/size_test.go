@@ -49,6 +49,7 @@ func TestParse(t *testing.T) {
 
 func TestErrorNamesInput(t *testing.T) {
 	_, err := size.Parse("3 parsecs")
+	assert.ErrorIs(t, err, size.ErrSyntax)
 	assert.ErrorContains(t, err, `"3 parsecs"`)
 }
 

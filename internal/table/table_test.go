@@ -2,6 +2,7 @@ package table_test
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -63,7 +64,7 @@ func TestWriteParquetRoundTrip(t *testing.T) {
 }
 
 func TestWriteParquetErrors(t *testing.T) {
-	require.Error(t, rows.WriteParquet(filepath.Join(t.TempDir(), "no", "such", "dir.parquet"), nil))
+	require.ErrorIs(t, rows.WriteParquet(filepath.Join(t.TempDir(), "no", "such", "dir.parquet"), nil), fs.ErrNotExist)
 	// No rows is an empty file with the schema, not an error.
 	require.NoError(t, rows.WriteParquet(filepath.Join(t.TempDir(), "empty.parquet"), nil))
 }
