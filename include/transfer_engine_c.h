@@ -19,7 +19,10 @@
  *     with freeNotifsMsgBuf.
  * Beyond Mooncake's: a NULL, destroyed or made-up transfer_engine_t is
  * answered with -1 (NULL, INVALID_BATCH) instead of a crash, every call is
- * safe from any thread, and an internal panic is returned as -1. A process
+ * safe from any thread, and an internal panic is returned as -1 (after
+ * which every call on that engine returns -1: mooncake.h, Panics).
+ * destroyTransferEngine from another thread ends an openSegment blocked on
+ * a silent peer at once (-1) rather than after its timeout. A process
  * may load the library and fork before its first call; in the child of a
  * fork after it, every call that needs the engine fails at once the same
  * way, and the first one says why on stderr (mooncake.h, Fork).

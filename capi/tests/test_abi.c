@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "transfer_engine_c.h"
 
 /* A struct as a caller of another header version lays it out: the bytes
  * of *src up to size, in a buffer whose bytes past them are fill. */
@@ -130,6 +131,20 @@ static void *open_blocked(void *arg) {
     return NULL;
 }
 
+struct te_blocked_open {
+    transfer_engine_t te;
+    const char *name;
+    segment_id_t id;
+    double done;
+};
+
+static void *te_open_blocked(void *arg) {
+    struct te_blocked_open *o = arg;
+    o->id = openSegment(o->te, o->name);
+    o->done = seconds();
+    return NULL;
+}
+
 /* A thread opens a segment whose peer never answers, with a minute to
  * wait; destroying the engine from another thread cancels the open: both
  * return promptly, the open with MC_ERR_CANCELED. */
@@ -173,6 +188,21 @@ void test_destroy_cancels(void) {
     CHECK(destroyed - t0 < 10);
     CHECK(o.done - t0 < 10);
     CHECK(strcmp(mc_status_name(MC_DOMAIN_ENGINE, MC_ERR_CANCELED), "CANCELED") == 0);
+    if (conn >= 0) close(conn);
+
+    /* The same through the Mooncake API, whose open waits 30 s. */
+    struct te_blocked_open c = {.name = name};
+    c.te = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
+    REQUIRE(c.te != NULL);
+    REQUIRE(pthread_create(&t, NULL, te_open_blocked, &c) == 0);
+    CHECK_EQ(poll(&pfd, 1, 20000), 1);
+    conn = accept(ln, NULL, NULL);
+    CHECK(conn >= 0);
+    t0 = seconds();
+    destroyTransferEngine(c.te);
+    pthread_join(t, NULL);
+    CHECK_EQ(c.id, -1);
+    CHECK(c.done - t0 < 10);
     if (conn >= 0) close(conn);
     close(ln);
 }
