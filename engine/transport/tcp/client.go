@@ -89,7 +89,8 @@ func (c *Client) Name() string { return "tcp" }
 
 // Peer returns the lanes of the peer served at addrs ("host:port", tried
 // in turn on retries), starting them on first use. Callers resolve it once
-// per segment, so submitting takes no lock of the client.
+// per segment, so submitting takes no lock of the client. Every Peer call
+// takes a reference that Close gives back: the lanes stop with the last.
 func (c *Client) Peer(addrs []string) (*Peer, error) {
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("%w: peer has no TCP address", transport.ErrPeer)
@@ -105,6 +106,7 @@ func (c *Client) Peer(addrs []string) (*Peer, error) {
 		p = c.newPeer(key, addrs)
 		c.peers[key] = p
 	}
+	p.refs++
 	return p, nil
 }
 
@@ -125,8 +127,19 @@ func (p *Peer) Submit(ctx context.Context, s *transport.Slice) { p.enqueue(ctx, 
 // Path implements transport.Peer.
 func (p *Peer) Path() string { return "tcp" }
 
-// Close implements transport.Peer: Forget.
-func (p *Peer) Close() { p.c.Forget(p) }
+// Close implements transport.Peer: it gives back the reference Peer took,
+// and the last one stops the lanes (Forget). Two segments served at the
+// same addresses share lanes; closing one leaves the other's running.
+func (p *Peer) Close() {
+	c := p.c
+	c.mu.Lock()
+	if p.refs--; p.refs > 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.Forget(p)
+}
 
 // SubmitInline is Submit for a caller that will wait for sl itself, in
 // order. When sl is small (maxGather slices, maxInlineBytes), the peer's
@@ -198,6 +211,7 @@ func (c *Client) Close() error {
 // Peer is one peer's lanes and their shared queue.
 type Peer struct {
 	c     *Client
+	refs  int // Peer calls not yet closed; guarded by c.mu
 	key   string
 	addrs []string
 	queue chan *transport.Slice
@@ -215,6 +229,42 @@ type Peer struct {
 
 	connMu sync.Mutex
 	conns  map[*laneConn]struct{} // nil once stopped
+
+	// addrMu guards downUntil: per address, when a failed dial stops
+	// counting against it.
+	addrMu    sync.Mutex
+	downUntil []time.Time
+}
+
+// addrDown is how long an address that refused a dial is passed over
+// while the peer has others.
+const addrDown = time.Second
+
+// pick returns the address a lane dials: the first one from start (the
+// lane's index plus the slice's retries, so lanes spread over a peer's
+// addresses) whose last dial did not fail lately, else start's own.
+func (p *Peer) pick(start int) int {
+	now := time.Now()
+	p.addrMu.Lock()
+	defer p.addrMu.Unlock()
+	for k := range p.addrs {
+		if i := (start + k) % len(p.addrs); !now.Before(p.downUntil[i]) {
+			return i
+		}
+	}
+	return start % len(p.addrs)
+}
+
+// dialed records the outcome of a dial to address i: a failure passes the
+// address over for addrDown, a success clears that.
+func (p *Peer) dialed(i int, err error) {
+	p.addrMu.Lock()
+	defer p.addrMu.Unlock()
+	if err != nil {
+		p.downUntil[i] = time.Now().Add(addrDown)
+	} else {
+		p.downUntil[i] = time.Time{}
+	}
 }
 
 // track records a live connection so stop can cut it; false once stopped.
@@ -236,7 +286,7 @@ func (p *Peer) untrack(lc *laneConn) {
 
 func (c *Client) newPeer(key string, addrs []string) *Peer {
 	p := &Peer{c: c, key: key, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{}),
-		conns: map[*laneConn]struct{}{}}
+		conns: map[*laneConn]struct{}{}, downUntil: make([]time.Time, len(addrs))}
 	for i := range c.cfg.Lanes {
 		l := &lane{p: p, idx: i}
 		p.lanes = append(p.lanes, l)
@@ -549,9 +599,11 @@ func (l *lane) drop() {
 
 func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 	p := l.p
-	addr := p.addrs[(l.idx+s.Retries)%len(p.addrs)]
+	i := p.pick(l.idx + s.Retries)
+	addr := p.addrs[i]
 	timeout := min(p.c.cfg.DialTimeout, time.Until(s.Deadline))
 	nc, err := net.DialTimeout("tcp", addr, timeout)
+	p.dialed(i, err)
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial %s: %v", transport.ErrPeer, addr, err)
 	}

@@ -408,3 +408,81 @@ func isReset(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && !op.Timeout()
 }
+
+// TestSharedPeerOutlivesOneClose: two opens of one peer's addresses share
+// its lanes; closing one (a segment opened twice under a race, or two names
+// for one engine) leaves the other's working.
+func TestSharedPeerOutlivesOneClose(t *testing.T) {
+	pr := newPair(t, ClientConfig{Lanes: 2})
+	again, err := pr.c.Peer(pr.p.addrs)
+	require.NoError(t, err)
+	require.Same(t, pr.p, again, "the same addresses share lanes")
+	again.Close()
+	s, done := pr.slice(transport.Read, 0, 4096)
+	pr.p.Submit(context.Background(), s)
+	require.NoError(t, <-done, "the other reference still moves bytes")
+	require.Equal(t, served(0, 4096), pr.local[:4096])
+	pr.p.Close()
+	s, done = pr.slice(transport.Read, 0, 4096)
+	pr.p.Submit(context.Background(), s)
+	require.ErrorIs(t, <-done, transport.ErrClosed, "the last Close stops the lanes")
+}
+
+// TestAddressList: a peer published at several addresses is reached
+// through a live one when another refuses connections, on every lane; with
+// only the dead address, slices fail as a peer error.
+func TestAddressList(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	require.NoError(t, ln.Close()) // refuses connections from now on
+
+	remote := make([]byte, 1<<20)
+	for i := range remote {
+		remote[i] = byte(i * 13)
+	}
+	s := startServer(t, &testMem{base: remote})
+	// One retry: after a refused dial every lane passes over the dead
+	// address, so no slice meets it twice.
+	c := NewClient(ClientConfig{Lanes: 4, MaxRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	p, err := c.Peer([]string{dead, s.Addr().String()})
+	require.NoError(t, err)
+	pr := &pair{c: c, p: p, local: make([]byte, 1<<20), remote: remote}
+	var dones []chan error
+	for i := range 16 {
+		sl, done := pr.slice(transport.Read, i*(64<<10), 64<<10)
+		p.Submit(context.Background(), sl)
+		dones = append(dones, done)
+	}
+	for i, done := range dones {
+		require.NoError(t, <-done, "slice %d", i)
+	}
+	require.Equal(t, served(0, 1<<20), pr.local)
+
+	only, err := c.Peer([]string{dead})
+	require.NoError(t, err)
+	sl, done := pr.slice(transport.Read, 0, 4096)
+	only.Submit(context.Background(), sl)
+	require.ErrorIs(t, <-done, transport.ErrPeer)
+}
+
+// TestPickPassesOverRefusedAddresses: once a dial to an address failed,
+// every lane starts from the next address that did not, for a while; an
+// address that answers again is used again.
+func TestPickPassesOverRefusedAddresses(t *testing.T) {
+	c := NewClient(ClientConfig{Lanes: 1})
+	t.Cleanup(func() { c.Close() })
+	p, err := c.Peer([]string{"a:1", "b:1", "c:1"})
+	require.NoError(t, err)
+	refused := errors.New("connection refused")
+	require.Equal(t, []int{0, 1, 2}, []int{p.pick(0), p.pick(1), p.pick(2)}, "lanes spread over the addresses")
+	p.dialed(0, refused)
+	require.Equal(t, []int{1, 1, 2, 1}, []int{p.pick(0), p.pick(1), p.pick(2), p.pick(3)})
+	p.dialed(1, refused)
+	require.Equal(t, []int{2, 2, 2}, []int{p.pick(0), p.pick(1), p.pick(2)})
+	p.dialed(2, refused)
+	require.Equal(t, []int{0, 1, 2}, []int{p.pick(0), p.pick(1), p.pick(2)}, "all down: each its own")
+	p.dialed(0, nil)
+	require.Equal(t, []int{0, 0, 0}, []int{p.pick(0), p.pick(1), p.pick(2)})
+}
