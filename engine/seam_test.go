@@ -349,3 +349,43 @@ func TestDataAddressList(t *testing.T) {
 	require.Equal(t, engine.Failed, st.Status)
 	require.ErrorIs(t, st.Err, transport.ErrPeer)
 }
+
+// TestConcurrentOpenSegment: threads opening one peer at once get one
+// segment, and the openers that lost the race release only what they
+// opened: the lanes of the segment that won keep moving bytes.
+func TestConcurrentOpenSegment(t *testing.T) {
+	ctx := context.Background()
+	target := newEngine(t, engine.Config{Transport: "tcp"})
+	remote := anonMem(t, 64<<10)
+	for i := range remote {
+		remote[i] = byte(i*3 + 7)
+	}
+	require.NoError(t, target.RegisterMemory(ctx, addr(remote), uint64(len(remote)), "", true))
+	for round := range 5 {
+		init := newEngine(t, engine.Config{Transport: "tcp"})
+		local := anonMem(t, len(remote))
+		require.NoError(t, init.RegisterMemory(ctx, addr(local), uint64(len(local)), "", false))
+		const n = 8
+		ids := make(chan engine.SegmentID, n)
+		start := make(chan struct{})
+		for range n {
+			go func() {
+				<-start
+				id, err := init.OpenSegment(ctx, target.Name())
+				if err != nil {
+					t.Error(err)
+				}
+				ids <- id
+			}()
+		}
+		close(start)
+		first := <-ids
+		for range n - 1 {
+			require.Equal(t, first, <-ids, "round %d: one segment", round)
+		}
+		st := transfer(t, init, []engine.Request{{Op: engine.Read, Local: addr(local), Segment: first,
+			Remote: uint64(addr(remote)), Length: uint64(len(remote))}})
+		require.Equal(t, engine.Completed, st.Status, "round %d: %v", round, st.Err)
+		require.Equal(t, remote, local)
+	}
+}
