@@ -12,9 +12,14 @@
 // OpenSegment; transfers are submitted in batches:
 //
 //	b, _ := e.AllocateBatch(n)
-//	e.Submit(b, reqs)          // returns once queued
+//	e.Submit(ctx, b, reqs)     // returns once queued
 //	st, _ := e.Wait(ctx, b)    // or poll TaskStatus/BatchStatus
 //	e.FreeBatch(b)             // CodeBatchBusy while tasks run
+//
+// Calls that may block take a context first (New, RegisterMemory,
+// OpenSegment, Submit, Wait, SendNotify); it bounds the call, never the
+// life of what the call started: a transfer queued by Submit goes on after
+// its ctx ends, bounded by its own deadline.
 //
 // Close removes the engine's metadata records, fails whatever is in flight
 // and waits for every goroutine it started.
@@ -30,6 +35,21 @@
 //
 // # Data paths
 //
+// The engine moves bytes only through package transport's interfaces. Its
+// paths are kept in order of preference: Config.Transports, then the
+// same-host path (unless Config.Transport is "tcp"), then TCP (unless it is
+// "shm"). Opening a segment offers the peer to every path, the last first,
+// each getting the peer opened on the path after it as PeerInfo.Next; a
+// path that does not reach the peer declines (transport.ErrUnavailable).
+// Slices go to the first path that opened, which passes on what it cannot
+// serve: the same-host path hands a peer it can no longer map to TCP.
+// Optional capabilities are found by type assertion: transport.Inliner for
+// inline sends (below), transport.Publisher for a path that adds its part to
+// this engine's descriptor. Neither engine.go nor batch.go names a
+// transport; a new path (GPU staging, CUDA IPC, RDMA) is a new package
+// implementing transport.Transport, and transporttest's fake lets tests
+// settle slices in orders no socket produces.
+//
 // A Request carries the absolute remote virtual address, as Mooncake. Remote
 // requests are cut into slices of Config.SliceSize (the tail absorbs a
 // remainder under a quarter slice). To a peer on this host (same boot id
@@ -38,17 +58,20 @@
 // process_vm_readv/writev. Otherwise, or when Config.Transport is "tcp",
 // slices spread over Config.Lanes persistent TCP connections per peer, each
 // a valid Mooncake v2 request; payload is written from and read into
-// registered memory directly (writev/readv, no intermediate buffer). A
-// small Submit to an idle peer is sent by the calling goroutine on one
-// connection, and Wait reads its answers itself: no goroutine hand-offs.
+// registered memory directly (writev/readv, no intermediate buffer). A peer
+// may publish several data addresses (a host with several NICs): lanes
+// spread over them, and one that refused a dial is passed over for a
+// while. A small Submit to an idle peer is sent by the calling goroutine on
+// one connection, and Wait reads its answers itself: no goroutine
+// hand-offs.
 //
 // A peer's memory changes while it is open: frameworks register more as
 // they grow, free buffers and allocate new ones. The same-host path works
 // from a view of the peer's descriptor, which it checks before each copy
 // against the peer's control counter (moved by every unregistration). A
 // slice outside the view, or met with a moved counter, is not failed: the
-// engine asks the peer for its current descriptor over the handshake
-// socket, swaps the view (mapping new memfd buffers, unmapping freed ones
+// path asks the peer for its current descriptor over the handshake socket
+// (PeerInfo.Describe), swaps the view (mapping new memfd buffers, unmapping freed ones
 // once no copy uses them) and tries again; only a range the fresh view
 // still lacks fails, as the peer itself would refuse it. Refreshes of one
 // segment are coalesced and spaced (one in flight, one per 20 ms), run off
