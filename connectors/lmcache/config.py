@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional
 
-from mooncake_go._size import parse_size as _parse_size
+from mooncake_go import parse_size as _parse_size
 
 #: The plugin type LMCache routes to this adapter: remote_storage_plugins
 #: entries "mooncake_go" or "mooncake_go.<instance>".

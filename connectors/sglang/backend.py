@@ -32,7 +32,7 @@ from typing import Any, List, Optional
 import torch
 
 from mooncake_go import Store, errors
-from mooncake_go._size import parse_size
+from mooncake_go import parse_size
 from mooncake_go.store import _code_error
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from mooncake_go._size import parse_size as _parse_size
+from mooncake_go import parse_size as _parse_size
 
 _MASK64 = (1 << 64) - 1
 

@@ -377,3 +377,34 @@ def test_supports_and_public_helpers():
     assert n == 3 and ctypes.string_at(addr, n) == b"abc"
     assert mg.parse_size("16GB") == 16 << 30
     assert {"address", "parse_size"} <= set(mg.__all__)
+
+
+def test_op_timeout_bounds_a_call_to_a_silent_master(mooncake_bin):
+    """op_timeout_ms bounds a whole store call: against a master that
+    stopped answering (SIGSTOP), a call fails with TimedOut once it
+    passes, long before the master call's own timeout."""
+    import os
+    import signal
+    import time
+
+    from mccluster import start_cluster
+
+    c = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "16MiB")
+    try:
+        with mg.Store(c.master, segment_size=-1, local_buffer_size=LOCAL_BUFFER,
+                      rpc_timeout_ms=60_000, op_timeout_ms=300) as st:
+            st.put("op-timeout", b"x")
+            os.kill(c.proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                # A put of a new key must ask the master (a get may be
+                # served from cached replica lists and the stopped
+                # process's memory, which the same-host path still reads).
+                with pytest.raises(errors.TimedOut):
+                    st.put("op-timeout-new", b"y")
+                took = time.monotonic() - t0
+            finally:
+                os.kill(c.proc.pid, signal.SIGCONT)
+            assert took < 10, f"the call took {took:.1f} s"
+    finally:
+        c.stop()

@@ -34,7 +34,7 @@ type Config struct {
 	// and closes it on Close.
 	Engine *engine.Engine
 	// EngineConfig configures the engine the client starts when Engine is
-	// nil; a zero SliceSize there means DefaultSliceSize.
+	// nil; its zero fields take the engine's defaults (see engine.Config).
 	EngineConfig engine.Config
 	// SegmentSize is how many bytes of DRAM this client contributes to the
 	// pool (Mooncake's global_segment_size). Zero: 512 MiB; NoSegment for a

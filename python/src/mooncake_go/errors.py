@@ -22,6 +22,7 @@ BUFFER_TOO_SMALL = -9004
 TIMED_OUT = -9005
 STRUCT_SIZE = -9006
 TRANSFER_FAILED = -9007
+CANCELED = -9008
 
 
 class MooncakeError(Exception):
@@ -61,7 +62,12 @@ class BufferTooSmall(MooncakeError, ValueError):
 
 
 class TimedOut(MooncakeError, TimeoutError):
-    """A wait ran out of time before the batch finished."""
+    """A wait ran out of time before the batch finished, or a store call
+    ran past the store's ``op_timeout_ms``."""
+
+
+class Canceled(MooncakeError):
+    """The handle was closed while the call was in progress."""
 
 
 class TransferFailed(EngineError):
@@ -126,6 +132,7 @@ _ABI = {
     TIMED_OUT: TimedOut,
     STRUCT_SIZE: MooncakeError,
     TRANSFER_FAILED: TransferFailed,
+    CANCELED: Canceled,
 }
 _ENGINE = {
     -1: InvalidArgument,

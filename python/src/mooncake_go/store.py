@@ -93,6 +93,11 @@ class Store(_lib.Owned):
     :param cluster_id: HA cluster name in etcd [MC_STORE_CLUSTER_ID or
         "mooncake_cluster"].
     :param rpc_timeout_ms: per master call [30 s].
+    :param op_timeout_ms: per call of this store, everything included
+        (master, transfers, retries); past it the call fails with
+        :class:`~mooncake_go.errors.TimedOut` [none: each step's own
+        timeout]. Closing the store cancels calls in progress
+        (:class:`~mooncake_go.errors.Canceled`).
     :param engine: a :class:`TransferEngine` to move bytes with (it must
         outlive the store) [the store starts its own].
     :param checksum: CRC-32C on put and check on get [True].
@@ -110,6 +115,7 @@ class Store(_lib.Owned):
         replicas: int = 0,
         cluster_id: Optional[str] = None,
         rpc_timeout_ms: int = 0,
+        op_timeout_ms: int = 0,
         engine: Optional[TransferEngine] = None,
         checksum: bool = True,
     ):
@@ -124,6 +130,7 @@ class Store(_lib.Owned):
         cfg.segment_size = segment_size
         cfg.local_buffer_size = local_buffer_size
         cfg.rpc_timeout_ms = rpc_timeout_ms
+        cfg.op_timeout_ms = op_timeout_ms
         cfg.engine = engine.handle if engine is not None else 0
         cfg.no_checksum = 0 if checksum else 1
         # get's first guess at a value's size: the last value it read.
