@@ -63,7 +63,7 @@ func engineConfig(p *C.mc_engine_config_t) (engine.Config, error) {
 	if p == nil {
 		return engine.Config{}, nil
 	}
-	c, err := readStruct(p, p.struct_size, C.MC_ENGINE_CONFIG_SIZE_V1, "mc_engine_config_t")
+	c, err := readStruct(p, p.struct_size, "mc_engine_config_t", C.MC_ENGINE_CONFIG_SIZE_V1)
 	if err != nil {
 		return engine.Config{}, err
 	}

@@ -47,14 +47,23 @@ func (l *lifetime) init(kind string) {
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 }
 
+// usable refuses a poisoned handle h: for a call that takes the object
+// as an argument of another's (a store created over an engine).
+func (l *lifetime) usable(h uint64) error {
+	if p := l.poison.Load(); p != nil {
+		return abiErrorf(statusPanic, "%s handle %d is poisoned: an earlier call on it panicked (%s); only its destroy/close works",
+			l.kind, h, *p)
+	}
+	return nil
+}
+
 // run runs f as one call on the handle h: refused once the handle is
 // poisoned; a panic in f poisons it and goes on up to guard or teCall; an
 // error of f once the handle was destroyed is MC_ERR_CANCELED, whatever
 // code it had (the destroy is why it failed).
 func (l *lifetime) run(h uint64, f func() error) error {
-	if p := l.poison.Load(); p != nil {
-		return abiErrorf(statusPanic, "%s handle %d is poisoned: an earlier call on it panicked (%s); only its destroy/close works",
-			l.kind, h, *p)
+	if err := l.usable(h); err != nil {
+		return err
 	}
 	defer func() {
 		if r := recover(); r != nil {

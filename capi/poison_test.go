@@ -44,6 +44,12 @@ func TestPanicPoisonsItsHandle(t *testing.T) {
 		}
 	}
 
+	if _, err := storeEngine(h); err == nil || !strings.Contains(err.Error(), "poisoned") {
+		t.Fatalf("a store over the poisoned engine: %v, want refused as poisoned", err)
+	}
+	if _, err := storeEngine(other); err != nil {
+		t.Fatalf("a store over another engine: %v", err)
+	}
 	if err := onEngine(other, func(*engineObj) error { return nil }); err != nil {
 		t.Fatalf("a call on another engine: %v", err)
 	}

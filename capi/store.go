@@ -44,10 +44,23 @@ func mcgoStoreCreate(cfg *C.mc_store_config_t, out *C.mc_store_t, cerr *C.mc_err
 	})
 }
 
+// storeEngine is the engine a store config names: live, and not poisoned
+// (a store must not run over an engine a panic left inconsistent).
+func storeEngine(h uint64) (*engine.Engine, error) {
+	e, err := engines.of(h)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.usable(h); err != nil {
+		return nil, err
+	}
+	return e.Engine, nil
+}
+
 // storeConfig reads a C store config; the second result is its
 // op_timeout_ms.
 func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
-	c, err := readStruct(p, p.struct_size, C.MC_STORE_CONFIG_SIZE_V1, "mc_store_config_t")
+	c, err := readStruct(p, p.struct_size, "mc_store_config_t", C.MC_STORE_CONFIG_SIZE_V1, C.MC_STORE_CONFIG_SIZE_V2)
 	if err != nil {
 		return client.Config{}, 0, err
 	}
@@ -72,11 +85,11 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 		cfg.SegmentSize = client.NoSegment
 	}
 	if p.engine != 0 {
-		e, err := engines.of(uint64(p.engine))
+		e, err := storeEngine(uint64(p.engine))
 		if err != nil {
 			return client.Config{}, 0, err
 		}
-		cfg.Engine = e.Engine
+		cfg.Engine = e
 	} else {
 		cfg.EngineConfig = engine.Config{Host: cString(p.local_hostname), Metadata: cString(p.metadata)}
 		if h, port, err := net.SplitHostPort(cfg.EngineConfig.Host); err == nil {
@@ -159,7 +172,7 @@ func replicate(p *C.mc_replicate_config_t) (*client.ReplicateConfig, error) {
 	if p == nil {
 		return nil, nil
 	}
-	c, err := readStruct(p, p.struct_size, C.MC_REPLICATE_CONFIG_SIZE_V1, "mc_replicate_config_t")
+	c, err := readStruct(p, p.struct_size, "mc_replicate_config_t", C.MC_REPLICATE_CONFIG_SIZE_V1)
 	if err != nil {
 		return nil, err
 	}

@@ -5,7 +5,10 @@ package main
 */
 import "C"
 
-import "unsafe"
+import (
+	"slices"
+	"unsafe"
+)
 
 // Structs that grow. A struct the caller passes in with a struct_size
 // (mc_engine_config_t, mc_store_config_t, mc_replicate_config_t) may come
@@ -14,7 +17,8 @@ import "unsafe"
 // this library does not know. The rules are mooncake.h's VERSIONING:
 //
 //   - a size below the struct's first version (MC_*_SIZE_V1) is refused:
-//     struct_size was not set;
+//     struct_size was not set; so is one between two published versions
+//     (MC_*_SIZE_Vn), which would cut a field in two;
 //   - the bytes the caller's size covers are read, no more (reading further
 //     could run off the caller's memory); the fields past them keep zero,
 //     which every field documents as its default;
@@ -29,15 +33,20 @@ import "unsafe"
 const maxStructSize = 1 << 16
 
 // readStruct copies the caller's struct at p, of size bytes as its
-// struct_size says, into a T of this library's layout; v1 is the size of
-// the struct's first version and name names it in errors.
-func readStruct[T any](p *T, size C.uint32_t, v1 uintptr, name string) (T, error) {
+// struct_size says, into a T of this library's layout; versions are the
+// sizes of the struct's published versions, the first first, and name
+// names it in errors.
+func readStruct[T any](p *T, size C.uint32_t, name string, versions ...uintptr) (T, error) {
 	var t T
 	known := unsafe.Sizeof(t)
 	n := uintptr(size)
-	if n < v1 || n > maxStructSize {
+	if n < versions[0] || n > maxStructSize {
 		return t, abiErrorf(C.MC_ERR_STRUCT_SIZE, "%s.struct_size %d: want %d (version 1) to %d; set it with the _init helper",
-			name, size, v1, maxStructSize)
+			name, size, versions[0], maxStructSize)
+	}
+	if n < known && !slices.Contains(versions, n) {
+		return t, abiErrorf(C.MC_ERR_STRUCT_SIZE, "%s.struct_size %d is no published version's size (%v); set it with the _init helper",
+			name, size, versions)
 	}
 	src := unsafe.Slice((*byte)(unsafe.Pointer(p)), n)
 	if n > known {

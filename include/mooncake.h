@@ -114,7 +114,8 @@
  * of any later minor version:
  *
  *   - refuses a struct_size below MC_<STRUCT>_SIZE_V1, or above 65536,
- *     with MC_ERR_STRUCT_SIZE (struct_size was not set);
+ *     with MC_ERR_STRUCT_SIZE (struct_size was not set), and one below its
+ *     own sizeof that is no MC_<STRUCT>_SIZE_V<n> (it would cut a field);
  *   - reads the first struct_size bytes and no more, so a caller built
  *     against an older header keeps working: the fields appended since
  *     take their defaults;

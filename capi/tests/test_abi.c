@@ -73,6 +73,12 @@ void test_struct_versions(void) {
     b.bytes[sizeof sc] = 7;
     CHECK_MC(MC_ERR_STRUCT_SIZE, mc_store_create((mc_store_config_t *)b.bytes, &s, &E));
     CHECK_EQ(s, 0);
+    /* between two versions: half of op_timeout_ms */
+    mc_error_t err;
+    CHECK_EQ(mc_store_create(as_version(&b, &sc, sizeof sc, MC_STORE_CONFIG_SIZE_V1 + 4, 0), &s, &err),
+             MC_ERR_STRUCT_SIZE);
+    CHECK(strstr(err.message, "no published version") != NULL);
+    CHECK_EQ(s, 0);
 }
 
 /* The store side against a real store: a version 1 config (ABI 1.0, no
