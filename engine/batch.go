@@ -212,7 +212,7 @@ func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ..
 		}
 	}
 	if len(held) > 0 {
-		if in := peer.(transport.Inliner).SubmitInline(held); in != nil {
+		if in := peer.(transport.Inliner).SubmitInline(ctx, held); in != nil {
 			b.mu.Lock()
 			b.inline = append(b.inline, in)
 			b.mu.Unlock()
@@ -303,7 +303,9 @@ func (t *task) sliceDone(s *transport.Slice, err error) {
 	st := Completed
 	if p := t.err.Load(); p != nil {
 		st = Failed
-		if errors.Is(*p, transport.ErrTimeout) {
+		// A Submit whose ctx ran out before a slice was queued timed out
+		// as surely as a slice past its own deadline.
+		if errors.Is(*p, transport.ErrTimeout) || errors.Is(*p, context.DeadlineExceeded) {
 			st = Timeout
 		}
 	}

@@ -63,7 +63,7 @@ type Config struct {
 	// Transports are more data paths, preferred to the built-in ones (see
 	// package transport): a peer one of them opens takes its slices, and
 	// what it cannot serve goes on to the next path. The engine closes them
-	// when it closes.
+	// when it closes, or when New fails.
 	Transports []transport.Transport
 }
 

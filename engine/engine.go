@@ -93,6 +93,9 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 		nextBatch: 1,
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	// The caller's paths first: from here on the engine owns them, and a
+	// failing New closes them too.
+	e.paths = append(e.paths, cfg.Transports...)
 	// Undo whatever was started if a later step fails (through a copy:
 	// the failing return has already set e to nil).
 	started := e
@@ -113,7 +116,6 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	if e.hs, err = metadata.ServeHandshake(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.RPCPort)), e.handshake, e.secret, e.log); err != nil {
 		return nil, &Error{Code: CodeSocket, Err: err}
 	}
-	e.paths = append(e.paths, cfg.Transports...)
 	if cfg.Transport != "tcp" {
 		t, err := shm.New(shm.Config{Timeout: cfg.Timeout, Logger: e.log, Refreshed: e.m.refreshes.Inc})
 		if err != nil {
@@ -237,7 +239,8 @@ const publishTimeout = 10 * time.Second
 // RegisterMemory makes [addr, addr+length) usable in transfers; when
 // remoteAccessible, peers may read and write it. Zero-length and
 // overlapping regions are rejected (CodeAddressOverlapped), as Mooncake.
-// ctx bounds publishing the new descriptor.
+// ctx bounds publishing the new descriptor; if that fails, nothing stays
+// registered.
 func (e *Engine) RegisterMemory(ctx context.Context, addr uintptr, length uint64, location string, remoteAccessible bool) error {
 	return e.register(ctx, uint64(addr), length, location, remoteAccessible, -1)
 }
@@ -253,12 +256,31 @@ func (e *Engine) register(ctx context.Context, addr, length uint64, location str
 	if err := e.mem.add(&region{addr: addr, length: length, location: location, remote: remote, fd: fd}); err != nil {
 		return err
 	}
-	return e.republish(ctx)
+	if err := e.republish(ctx); err != nil {
+		// Registered only if peers can learn of it: undo, so the caller
+		// may free the memory it failed to register.
+		if _, rerr := e.mem.remove(addr); rerr == nil {
+			e.unregistered()
+		}
+		return err
+	}
+	return nil
+}
+
+// unregistered tells the paths that publish a region was removed.
+func (e *Engine) unregistered() {
+	for _, p := range e.paths {
+		if p, ok := p.(transport.Publisher); ok {
+			p.Unregistered()
+		}
+	}
 }
 
 // UnregisterMemory removes the region registered at addr. It returns once
-// no transfer serving a peer touches the region any more; ctx bounds
-// publishing the new descriptor.
+// no transfer serving a peer touches the region any more. The region is
+// gone even when publishing the new descriptor fails (the error says so):
+// peers that still see it are refused. ctx's values reach the publishing,
+// its end does not cut it short, since the removal is done.
 func (e *Engine) UnregisterMemory(ctx context.Context, addr uintptr) error {
 	if err := e.enter(); err != nil {
 		return err
@@ -267,12 +289,11 @@ func (e *Engine) UnregisterMemory(ctx context.Context, addr uintptr) error {
 	if _, err := e.mem.remove(uint64(addr)); err != nil {
 		return err
 	}
-	for _, p := range e.paths {
-		if p, ok := p.(transport.Publisher); ok {
-			p.Unregistered()
-		}
+	e.unregistered()
+	if err := e.republish(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("unregistered %#x, but peers may still list it: %w", addr, err)
 	}
-	return e.republish(ctx)
+	return nil
 }
 
 func (e *Engine) republish(ctx context.Context) error {
@@ -298,31 +319,26 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 	if e.cfg.TCPv1 {
 		d.TCPProtoVersion = 1
 	}
-	// The regions are listed once, when a path publishing its part of the
-	// descriptor first asks (it may read state of its own before), else
-	// after every path had its say.
-	var listed []transport.LocalRegion
-	list := func() []transport.LocalRegion {
-		if listed != nil {
-			return listed
-		}
-		listed = []transport.LocalRegion{}
-		for _, r := range e.mem.inOrder() {
-			if !r.remote {
-				continue
-			}
-			// Mooncake's TCP engines name every buffer after the segment.
-			d.Buffers = append(d.Buffers, metadata.Buffer{Name: e.name, Addr: r.addr, Length: r.length})
-			listed = append(listed, transport.LocalRegion{Addr: r.addr, Length: r.length, FD: r.fd})
-		}
-		return listed
-	}
+	// Every path publishing its part reads what it must before the
+	// regions are listed (transport.Publisher), then gets the list.
+	var finish []func([]transport.LocalRegion)
 	for _, p := range e.paths {
 		if p, ok := p.(transport.Publisher); ok {
-			p.Publish(d, list)
+			finish = append(finish, p.Publish(d))
 		}
 	}
-	list()
+	var listed []transport.LocalRegion
+	for _, r := range e.mem.inOrder() {
+		if !r.remote {
+			continue
+		}
+		// Mooncake's TCP engines name every buffer after the segment.
+		d.Buffers = append(d.Buffers, metadata.Buffer{Name: e.name, Addr: r.addr, Length: r.length})
+		listed = append(listed, transport.LocalRegion{Addr: r.addr, Length: r.length, FD: r.fd})
+	}
+	for _, f := range finish {
+		f(listed)
+	}
 	return d
 }
 
@@ -505,7 +521,8 @@ func (e *Engine) askDescriptor(ctx context.Context, what, rpcAddr string) (*meta
 	return desc, nil
 }
 
-// CloseSegment forgets an opened segment; its lanes close.
+// CloseSegment forgets an opened segment and closes its paths (TCP lanes
+// that another open segment shares with it stay open for that one).
 func (e *Engine) CloseSegment(id SegmentID) error {
 	if err := e.enter(); err != nil {
 		return err

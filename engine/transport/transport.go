@@ -127,8 +127,9 @@ type Peer interface {
 type Inliner interface {
 	// SubmitInline submits sl, all to this peer, in order. When it takes
 	// them inline it returns their Inline, which the caller must Wait on or
-	// Release; otherwise it submits them as Submit does and returns nil.
-	SubmitInline(sl []*Slice) Inline
+	// Release; otherwise it submits them as Submit does (ctx as there) and
+	// returns nil.
+	SubmitInline(ctx context.Context, sl []*Slice) Inline
 }
 
 // Inline is slices an Inliner sent from the submitter's goroutine.
@@ -144,11 +145,12 @@ type Inline interface {
 // engine's segment descriptor than its TCP fields and buffer list (the
 // same-host path publishes its process identity and memfds).
 type Publisher interface {
-	// Publish adds the transport's part to d. regions lists this engine's
-	// remote-accessible registered memory, in address order; it is listed
-	// when first called, so a transport that must read some state of its
-	// own before the listing (a generation counter) reads it first.
-	Publish(d *metadata.SegmentDesc, regions func() []LocalRegion)
+	// Publish adds the transport's part to d, in two steps: Publish itself
+	// reads what must be read before the regions are listed (a generation
+	// counter that Unregistered moves) and returns a function that the
+	// engine calls, once every publisher has done that, with this engine's
+	// remote-accessible registered memory in registration order.
+	Publish(d *metadata.SegmentDesc) func(regions []LocalRegion)
 	// Unregistered says a region was just removed, before the descriptor is
 	// published again.
 	Unregistered()

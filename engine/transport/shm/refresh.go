@@ -164,8 +164,8 @@ func (p *peer) retry(s *transport.Slice, err error, final bool) {
 
 // resubmit sends a slice the refreshed view covers down the path again
 // (or the next one, if this path gave up meanwhile). It runs on a
-// refresher, which must not block on a full queue: the hand-off is
-// bounded by the slice's deadline.
+// refresher, which a full queue holds up at most until the slice's
+// deadline.
 func (p *peer) resubmit(s *transport.Slice) {
 	p.Submit(context.Background(), s)
 }

@@ -116,10 +116,15 @@ func (c *Control) Bump() { genPtr(c.mem).Add(1) }
 // the counter has moved on since.
 func (c *Control) Generation() uint64 { return genPtr(c.mem).Load() }
 
-// Close releases the page.
+// Close releases the page; a second Close does nothing (the descriptor
+// number may name another file by then).
 func (c *Control) Close() {
+	if c.mem == nil {
+		return
+	}
 	unix.Munmap(c.mem)
 	unix.Close(c.fd)
+	c.mem, c.fd = nil, -1
 }
 
 // Shared is a memfd-backed buffer of the peer.

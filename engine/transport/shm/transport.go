@@ -40,6 +40,12 @@ type Transport struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // refreshers and hand-offs to the next path
+	once   sync.Once
+
+	// ctrlMu guards the control page against Close: the engine may still
+	// publish (a peer asking for the descriptor) while it closes.
+	ctrlMu sync.RWMutex
+	closed bool
 }
 
 var (
@@ -76,12 +82,18 @@ func New(cfg Config) (*Transport, error) {
 func (t *Transport) Name() string { return "shm" }
 
 // Close stops the copy workers (queued slices fail with ErrClosed), ends
-// view refreshes and waits for them, and releases the control page.
+// view refreshes and waits for them, and releases the control page. Later
+// calls do nothing; a descriptor published after it has no same-host part.
 func (t *Transport) Close() error {
-	t.cancel()
-	t.pool.Close()
-	t.wg.Wait()
-	t.ctrl.Close()
+	t.once.Do(func() {
+		t.cancel()
+		t.pool.Close()
+		t.wg.Wait()
+		t.ctrlMu.Lock()
+		t.closed = true
+		t.ctrl.Close()
+		t.ctrlMu.Unlock()
+	})
 	return nil
 }
 
@@ -89,23 +101,33 @@ func (t *Transport) Close() error {
 // before the regions are listed, and Unregistered moves it after a region
 // is removed: a peer holding a view of this descriptor sees it stale once
 // a listed region is gone.
-func (t *Transport) Publish(d *metadata.SegmentDesc, regions func() []transport.LocalRegion) {
-	gen := t.ctrl.Generation()
-	var shared []metadata.SharedBuffer
-	for _, r := range regions() {
-		if r.FD >= 0 {
-			shared = append(shared, metadata.SharedBuffer{Addr: r.Addr, Length: r.Length, FD: r.FD})
+func (t *Transport) Publish(d *metadata.SegmentDesc) func([]transport.LocalRegion) {
+	t.ctrlMu.RLock()
+	defer t.ctrlMu.RUnlock()
+	if t.closed || t.hostID == "" { // no /proc to identify this host by: peers cannot use it
+		return func([]transport.LocalRegion) {}
+	}
+	gen, fd := t.ctrl.Generation(), t.ctrl.FD()
+	return func(regions []transport.LocalRegion) {
+		var shared []metadata.SharedBuffer
+		for _, r := range regions {
+			if r.FD >= 0 {
+				shared = append(shared, metadata.SharedBuffer{Addr: r.Addr, Length: r.Length, FD: r.FD})
+			}
 		}
+		d.Local = &metadata.LocalInfo{HostID: t.hostID, PID: os.Getpid(), StartTime: t.start,
+			ControlFD: fd, Generation: &gen, Shared: shared}
 	}
-	if t.hostID == "" {
-		return // no /proc to identify this host by: peers cannot use it
-	}
-	d.Local = &metadata.LocalInfo{HostID: t.hostID, PID: os.Getpid(), StartTime: t.start,
-		ControlFD: t.ctrl.FD(), Generation: &gen, Shared: shared}
 }
 
 // Unregistered implements transport.Publisher.
-func (t *Transport) Unregistered() { t.ctrl.Bump() }
+func (t *Transport) Unregistered() {
+	t.ctrlMu.RLock()
+	defer t.ctrlMu.RUnlock()
+	if !t.closed {
+		t.ctrl.Bump()
+	}
+}
 
 // info returns what the same-host path needs of a descriptor, if the peer
 // is on this host.

@@ -128,7 +128,7 @@ func (p *Peer) Submit(ctx context.Context, s *transport.Slice) { p.enqueue(ctx, 
 func (p *Peer) Path() string { return "tcp" }
 
 // Close implements transport.Peer: it gives back the reference Peer took,
-// and the last one stops the lanes (Forget). Two segments served at the
+// and the last one stops the lanes; slices still queued for them fail. Two segments served at the
 // same addresses share lanes; closing one leaves the other's running.
 func (p *Peer) Close() {
 	c := p.c
@@ -137,8 +137,13 @@ func (p *Peer) Close() {
 		c.mu.Unlock()
 		return
 	}
+	// Out of the map in the same critical section: an opener that comes
+	// now starts new lanes rather than taking these as they stop.
+	if c.peers[p.key] == p {
+		delete(c.peers, p.key)
+	}
 	c.mu.Unlock()
-	c.Forget(p)
+	p.stop()
 }
 
 // SubmitInline is Submit for a caller that will wait for sl itself, in
@@ -150,7 +155,7 @@ func (p *Peer) Close() {
 // them, eventually settles them. Otherwise the slices are submitted as by
 // Submit and the result is nil. Lanes are tried in order, so a shallow
 // queue keeps to the first, warm, connection. SubmitInline keeps sl.
-func (p *Peer) SubmitInline(sl []*transport.Slice) transport.Inline {
+func (p *Peer) SubmitInline(ctx context.Context, sl []*transport.Slice) transport.Inline {
 	var bytes uint64
 	for _, s := range sl {
 		bytes += s.Length
@@ -167,7 +172,7 @@ func (p *Peer) SubmitInline(sl []*transport.Slice) transport.Inline {
 		}
 	}
 	for _, s := range sl {
-		p.enqueue(context.Background(), s)
+		p.enqueue(ctx, s)
 	}
 	return nil
 }
@@ -176,17 +181,6 @@ func (p *Peer) SubmitInline(sl []*transport.Slice) transport.Inline {
 // written by the submitting goroutine before Submit returns, and the server
 // answers READs together up to 4 MiB (maxReadBatchBytes).
 const maxInlineBytes = 4 << 20
-
-// Forget closes the peer's lanes (after its segment is closed); slices
-// still queued for it fail.
-func (c *Client) Forget(p *Peer) {
-	c.mu.Lock()
-	if c.peers[p.key] == p {
-		delete(c.peers, p.key)
-	}
-	c.mu.Unlock()
-	p.stop()
-}
 
 // Close fails every queued and in-flight slice with transport.ErrClosed and
 // waits for every goroutine of every peer.

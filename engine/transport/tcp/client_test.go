@@ -92,7 +92,7 @@ func (pr *pair) quiesce() {
 func (pr *pair) inline(t *testing.T, op transport.Op, off, n int) (transport.Inline, chan error) {
 	t.Helper()
 	s, done := pr.slice(op, off, n)
-	in := pr.p.SubmitInline([]*transport.Slice{s})
+	in := pr.p.SubmitInline(context.Background(), []*transport.Slice{s})
 	require.NotNil(t, in, "an idle lane takes the slice inline")
 	return in, done
 }
@@ -141,7 +141,7 @@ func TestInline(t *testing.T) {
 				// Read it back on the same connection, elsewhere.
 				want = bytes.Clone(pr.local[off : off+n])
 				s, done := pr.sliceAt(transport.Read, 2<<20, off, n)
-				in := pr.p.SubmitInline([]*transport.Slice{s})
+				in := pr.p.SubmitInline(context.Background(), []*transport.Slice{s})
 				require.NotNil(t, in)
 				in.Wait(context.Background())
 				require.NoError(t, <-done)
@@ -221,7 +221,7 @@ func TestInlineGroup(t *testing.T) {
 				sl = append(sl, s)
 				dones = append(dones, done)
 			}
-			in := pr.p.SubmitInline(sl)
+			in := pr.p.SubmitInline(context.Background(), sl)
 			require.Equal(t, tc.inline, in != nil)
 			if in != nil {
 				in.Wait(context.Background())
@@ -249,7 +249,7 @@ func TestInlineRefused(t *testing.T) {
 	pr.warm(t)
 	s, done := pr.slice(transport.Read, 0, 8)
 	s.Remote = 8 // not served
-	in := pr.p.SubmitInline([]*transport.Slice{s})
+	in := pr.p.SubmitInline(context.Background(), []*transport.Slice{s})
 	require.NotNil(t, in)
 	in.Wait(context.Background())
 	require.ErrorIs(t, <-done, transport.ErrRejected)

@@ -30,6 +30,7 @@ type Fake struct {
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced when held or counts change
 	held     []*transport.Slice
+	owner    map[*transport.Slice]*peer // the peer each held slice came by
 	opened   []transport.PeerInfo
 	closed   bool
 	waited   int // Inline.Wait calls
@@ -58,7 +59,7 @@ func (f *Fake) Open(_ context.Context, info transport.PeerInfo) (transport.Peer,
 		return nil, fmt.Errorf("%w: fake declines %s", transport.ErrUnavailable, info.Name)
 	}
 	f.opened = append(f.opened, info)
-	p := &peer{f: f}
+	p := &peer{f: f, name: info.Name}
 	if f.Inline {
 		return &inliner{p}, nil
 	}
@@ -71,13 +72,35 @@ func (f *Fake) Close() error {
 	f.mu.Lock()
 	f.closed = true
 	held := f.held
-	f.held = nil
+	f.held, f.owner = nil, nil
 	f.signal()
 	f.mu.Unlock()
 	for _, s := range held {
 		s.Done(s, transport.ErrClosed)
 	}
 	return nil
+}
+
+// drop fails the slices held for p, as a closed peer does.
+func (f *Fake) drop(p *peer) {
+	f.mu.Lock()
+	var gone []*transport.Slice
+	kept := f.held[:0]
+	for _, s := range f.held {
+		if f.owner[s] == p {
+			gone = append(gone, s)
+			delete(f.owner, s)
+		} else {
+			kept = append(kept, s)
+		}
+	}
+	clear(f.held[len(kept):])
+	f.held = kept
+	f.signal()
+	f.mu.Unlock()
+	for _, s := range gone {
+		s.Done(s, fmt.Errorf("%w: fake peer %s closed", transport.ErrClosed, p.name))
+	}
 }
 
 // Opened returns what the engine told the fake of each peer it opened.
@@ -96,6 +119,9 @@ func (f *Fake) Take(ctx context.Context, n int) ([]*transport.Slice, error) {
 		if len(f.held) >= n {
 			sl := append([]*transport.Slice(nil), f.held[:n]...)
 			f.held = f.held[n:]
+			for _, s := range sl {
+				delete(f.owner, s)
+			}
 			f.signal()
 			f.mu.Unlock()
 			return sl, nil
@@ -151,41 +177,55 @@ func (f *Fake) signal() {
 	}
 }
 
-// hold keeps s for the test, or fails it once the fake is closed.
-func (f *Fake) hold(s *transport.Slice) {
+// hold keeps s, which came by p, for the test, or fails it once the fake
+// or p is closed.
+func (f *Fake) hold(p *peer, s *transport.Slice) {
 	f.mu.Lock()
-	if f.closed {
+	if f.closed || p.closed {
 		f.mu.Unlock()
 		s.Done(s, transport.ErrClosed)
 		return
 	}
+	if f.owner == nil {
+		f.owner = map[*transport.Slice]*peer{}
+	}
+	f.owner[s] = p
 	f.held = append(f.held, s)
 	f.signal()
 	f.mu.Unlock()
 }
 
 // peer is an opened fake peer.
-type peer struct{ f *Fake }
+type peer struct {
+	f      *Fake
+	name   string
+	closed bool // guarded by f.mu
+}
 
 // Submit implements transport.Peer: s waits for the test.
-func (p *peer) Submit(_ context.Context, s *transport.Slice) { p.f.hold(s) }
+func (p *peer) Submit(_ context.Context, s *transport.Slice) { p.f.hold(p, s) }
 
 // Path implements transport.Peer.
 func (p *peer) Path() string { return "fake" }
 
-// Close implements transport.Peer. Held slices stay for the test to settle:
-// the engine closes a segment's paths only when nothing is in flight, or
-// after it closed the transports.
-func (p *peer) Close() {}
+// Close implements transport.Peer: the slices it holds for this peer (not
+// those the test took) fail with transport.ErrClosed, and so do later
+// submissions.
+func (p *peer) Close() {
+	p.f.mu.Lock()
+	p.closed = true
+	p.f.mu.Unlock()
+	p.f.drop(p)
+}
 
 // inliner is a fake peer that also takes inline submissions.
 type inliner struct{ *peer }
 
 // SubmitInline implements transport.Inliner: the slices are held as by
 // Submit, and the returned Inline counts how the engine disposes of it.
-func (p *inliner) SubmitInline(sl []*transport.Slice) transport.Inline {
+func (p *inliner) SubmitInline(_ context.Context, sl []*transport.Slice) transport.Inline {
 	for _, s := range sl {
-		p.f.hold(s)
+		p.f.hold(p.peer, s)
 	}
 	return &inline{f: p.f}
 }
