@@ -292,10 +292,16 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     return MC_CUDA_SUCCESS;
 }
 
+static int is_context(CUcontext c) {
+    for (int i = 0; i < ndevices; i++)
+        if (c == &contexts[i]) return 1;
+    return 0;
+}
+
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
     ENTER(cuCtxSetCurrent);
     /* NULL unbinds; anything else must be one of ours. */
-    if (ctx != NULL && (ctx < &contexts[0] || ctx >= &contexts[ndevices])) return MC_CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx != NULL && !is_context(ctx)) return MC_CUDA_ERROR_INVALID_CONTEXT;
     current = ctx;
     return MC_CUDA_SUCCESS;
 }
