@@ -49,6 +49,9 @@ type task struct {
 	crc   bool
 	local uintptr
 	sum   atomic.Uint32
+	// ldev is the slices' LocalDevice: 1 + the GPU holding the local
+	// range, 0 for host memory.
+	ldev int
 }
 
 // SubmitOption adjusts one Submit call.
@@ -147,8 +150,10 @@ func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ..
 		return err
 	}
 	segs := make([]*segment, len(reqs))
+	locals := make([]*region, len(reqs))
+	targets := make([]*region, len(reqs)) // on the local segment
 	for i, r := range reqs {
-		if segs[i], err = e.check(r); err != nil {
+		if segs[i], locals[i], targets[i], err = e.check(r); err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
 	}
@@ -159,7 +164,7 @@ func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ..
 	now := time.Now()
 	for i, r := range reqs {
 		tasks[i] = &task{e: e, b: b, op: r.Op, length: r.Length, start: now, via: e.via(segs[i]),
-			crc: o.checksum, local: r.Local}
+			crc: o.checksum, local: r.Local, ldev: locals[i].dev + 1}
 		tasks[i].status.Store(int32(Pending))
 	}
 	b.mu.Lock()
@@ -188,7 +193,7 @@ func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ..
 	for i, r := range reqs {
 		seg := segs[i]
 		if seg == nil {
-			copyLocal(tasks[i], r)
+			copyLocal(tasks[i], r, locals[i], targets[i])
 			continue
 		}
 		if inline {
@@ -222,39 +227,69 @@ func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ..
 }
 
 // copyLocal runs a task on the local segment: both ranges are ours and
-// registered.
-func copyLocal(t *task, r Request) {
-	if r.Op == Write {
-		copy(transport.Bytes(uintptr(r.Remote), r.Length), transport.Bytes(r.Local, r.Length))
-	} else {
-		copy(transport.Bytes(r.Local, r.Length), transport.Bytes(uintptr(r.Remote), r.Length))
+// registered (loc holds the request's local range, tgt its target). GPU
+// memory on either side is copied by the driver; a checksum of device
+// bytes is taken from a host copy of them.
+func copyLocal(t *task, r Request, loc, tgt *region) {
+	dst, src := uintptr(r.Remote), r.Local
+	if r.Op == Read {
+		dst, src = src, dst
 	}
+	s := &transport.Slice{Local: r.Local, Length: r.Length, LocalDevice: t.ldev}
 	t.left.Store(1)
-	t.sliceDone(&transport.Slice{Local: r.Local, Length: r.Length}, nil)
+	if !loc.onDevice() && !tgt.onDevice() {
+		copy(transport.Bytes(dst, r.Length), transport.Bytes(src, r.Length))
+		t.sliceDone(s, nil)
+		return
+	}
+	drv, dev := loc.drv, loc.dev
+	if !loc.onDevice() {
+		drv, dev = tgt.drv, tgt.dev
+	}
+	var err error
+	if t.crc && loc.onDevice() {
+		tmp := make([]byte, r.Length)
+		err = drv.Copy(dev, engineAddr(tmp), src, r.Length)
+		if err == nil {
+			s.CRC, s.Summed = crc32c.Checksum(tmp), true
+			err = drv.Copy(dev, dst, engineAddr(tmp), r.Length)
+		}
+	} else {
+		err = drv.Copy(dev, dst, src, r.Length)
+	}
+	if err != nil {
+		err = wrapf(CodeMemory, err, "copy %#x+%d on the local segment", r.Remote, r.Length)
+	}
+	t.sliceDone(s, err)
 }
 
-// check validates a request and returns its segment (nil for local).
-func (e *Engine) check(r Request) (*segment, error) {
+// engineAddr is the address of b's first byte, for a driver call that
+// keeps no reference to it past its return.
+func engineAddr(b []byte) uintptr { return AddrOf(b) }
+
+// check validates a request and returns its segment (nil for local), the
+// region holding its local range and, on the local segment, the region
+// holding its target.
+func (e *Engine) check(r Request) (seg *segment, loc, tgt *region, err error) {
 	if r.Op != Read && r.Op != Write {
-		return nil, errorf(CodeInvalidArgument, "opcode %d", r.Op)
+		return nil, nil, nil, errorf(CodeInvalidArgument, "opcode %d", r.Op)
 	}
 	if r.Length == 0 {
-		return nil, errorf(CodeInvalidArgument, "zero-length transfer")
+		return nil, nil, nil, errorf(CodeInvalidArgument, "zero-length transfer")
 	}
-	if e.mem.find(uint64(r.Local), r.Length) == nil {
-		return nil, errorf(CodeAddressNotRegistered, "local %#x+%d is not inside registered memory", r.Local, r.Length)
+	if loc = e.mem.find(uint64(r.Local), r.Length); loc == nil {
+		return nil, nil, nil, errorf(CodeAddressNotRegistered, "local %#x+%d is not inside registered memory", r.Local, r.Length)
 	}
 	if r.Segment == LocalSegment {
-		if e.mem.find(r.Remote, r.Length) == nil {
-			return nil, errorf(CodeAddressNotRegistered, "local segment %#x+%d is not inside registered memory", r.Remote, r.Length)
+		if tgt = e.mem.find(r.Remote, r.Length); tgt == nil {
+			return nil, nil, nil, errorf(CodeAddressNotRegistered, "local segment %#x+%d is not inside registered memory", r.Remote, r.Length)
 		}
-		return nil, nil
+		return nil, loc, tgt, nil
 	}
-	seg := e.segment(r.Segment)
-	if seg == nil {
-		return nil, errorf(CodeInvalidArgument, "segment %d is not open", r.Segment)
+	if seg = e.segment(r.Segment); seg == nil {
+		return nil, nil, nil, errorf(CodeInvalidArgument, "segment %d is not open", r.Segment)
 	}
-	return seg, nil
+	return seg, loc, nil, nil
 }
 
 // via names the path a task to seg takes, for metrics.
@@ -282,16 +317,22 @@ func (e *Engine) cut(t *task, r Request, deadline time.Time) []*transport.Slice 
 			l = r.Length - off
 		}
 		sl[i] = &transport.Slice{Op: r.Op, Local: r.Local + uintptr(off), Remote: r.Remote + off,
-			Length: l, Deadline: deadline, Done: t.sliceDone}
+			Length: l, Deadline: deadline, Done: t.sliceDone,
+			LocalDevice: t.ldev, Checksum: t.crc && t.ldev > 0}
 		off += l
 	}
 	return sl
 }
 
 func (t *task) sliceDone(s *transport.Slice, err error) {
-	if err != nil {
+	switch {
+	case err != nil:
 		t.setErr(err)
-	} else {
+	case t.crc && s.LocalDevice > 0 && !s.Summed:
+		// Device bytes are the driver's to read, not the CPU's: a path
+		// that moved them had a host copy and should have summed it.
+		t.setErr(errorf(CodeNotImplemented, "checksum of %d bytes of GPU memory: the path did not take it", s.Length))
+	default:
 		t.done.Add(s.Length)
 		if t.crc {
 			t.addChecksum(s)
@@ -334,7 +375,11 @@ func (t *task) setErr(err error) {
 // task's: slices finish in any order, and each contributes its own term.
 func (t *task) addChecksum(s *transport.Slice) {
 	after := t.length - (uint64(s.Local-t.local) + s.Length)
-	term := crc32c.Shift(crc32c.Checksum(transport.Bytes(s.Local, s.Length)), after)
+	sum := s.CRC
+	if !s.Summed {
+		sum = crc32c.Checksum(transport.Bytes(s.Local, s.Length))
+	}
+	term := crc32c.Shift(sum, after)
 	for {
 		old := t.sum.Load()
 		if t.sum.CompareAndSwap(old, old^term) {

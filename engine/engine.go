@@ -16,6 +16,7 @@ import (
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/shm"
+	"github.com/mooncake-go/mooncake/engine/transport/stage"
 	"github.com/mooncake-go/mooncake/engine/transport/tcp"
 )
 
@@ -96,6 +97,9 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	// The caller's paths first: from here on the engine owns them, and a
 	// failing New closes them too.
 	e.paths = append(e.paths, cfg.Transports...)
+	// Slices on GPU memory are staged through host buffers onto the paths
+	// below; the tail slice is at most 1.25 slices.
+	e.paths = append(e.paths, stage.New(stage.Config{BufferSize: cfg.SliceSize + cfg.SliceSize/4, Logger: e.log}))
 	// Undo whatever was started if a later step fails (through a copy:
 	// the failing return has already set e to nil).
 	started := e
@@ -250,10 +254,11 @@ func (e *Engine) register(ctx context.Context, addr, length uint64, location str
 		return err
 	}
 	defer e.leave()
-	if location == "" || location == "*" {
-		location = "cpu:0"
+	r := &region{addr: addr, length: length, location: location, remote: remote, fd: fd, dev: -1}
+	if err := placeRegion(r); err != nil {
+		return err
 	}
-	if err := e.mem.add(&region{addr: addr, length: length, location: location, remote: remote, fd: fd}); err != nil {
+	if err := e.mem.add(r); err != nil {
 		return err
 	}
 	if err := e.republish(ctx); err != nil {
@@ -333,7 +338,11 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 			continue
 		}
 		// Mooncake's TCP engines name every buffer after the segment.
-		d.Buffers = append(d.Buffers, metadata.Buffer{Name: e.name, Addr: r.addr, Length: r.length})
+		b := metadata.Buffer{Name: e.name, Addr: r.addr, Length: r.length}
+		if r.onDevice() {
+			b.Location = r.location
+		}
+		d.Buffers = append(d.Buffers, b)
 		listed = append(listed, transport.LocalRegion{Addr: r.addr, Length: r.length, FD: r.fd})
 	}
 	for _, f := range finish {

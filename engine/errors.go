@@ -93,6 +93,7 @@ var (
 	ErrTooManyRequests      = &Error{Code: CodeTooManyRequests, Msg: "too many requests"}
 	ErrAddressNotRegistered = &Error{Code: CodeAddressNotRegistered, Msg: "address not registered"}
 	ErrBatchBusy            = &Error{Code: CodeBatchBusy, Msg: "batch busy"}
+	ErrDeviceNotFound       = &Error{Code: CodeDeviceNotFound, Msg: "device not found"}
 	ErrAddressOverlapped    = &Error{Code: CodeAddressOverlapped, Msg: "address overlapped"}
 	ErrSocket               = &Error{Code: CodeSocket, Msg: "socket"}
 	ErrMalformedJSON        = &Error{Code: CodeMalformedJSON, Msg: "malformed json"}

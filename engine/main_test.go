@@ -14,17 +14,39 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/device/devicetest"
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 // The test binary doubles as a target process for tests that kill or stop
 // their peer: with MC_TEST_TARGET set it serves a buffer until stdin closes.
+//
+// GPU memory is the CUDA driver test double's (devicetest), built for the
+// run; a child of the run finds it through MC_CUDA_DRIVER.
 func TestMain(m *testing.M) {
 	if os.Getenv("MC_TEST_TARGET") != "" {
 		os.Exit(runTarget())
 	}
-	goleak.VerifyTestMain(m)
+	if os.Getenv("MC_TEST_NODRIVER") != "" {
+		os.Exit(registerWithoutDriver())
+	}
+	dir, err := os.MkdirTemp("", "mc-fakecuda-")
+	if err != nil {
+		panic(err)
+	}
+	if err := devicetest.Setup(dir); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // targetInfo is what a target process prints on its first stdout line.

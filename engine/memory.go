@@ -6,7 +6,9 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
+	"github.com/mooncake-go/mooncake/engine/device"
 	"github.com/mooncake-go/mooncake/engine/transport"
 )
 
@@ -20,6 +22,10 @@ type region struct {
 	remote   bool   // remote-accessible
 	fd       int    // memfd backing it, or -1
 	seq      uint64 // registration order: descriptors list buffers in it
+	// dev is the GPU holding the region, or -1 for host memory; drv moves
+	// its bytes (the CPU never touches device memory).
+	dev int
+	drv *device.Driver
 
 	pin  sync.RWMutex
 	gone bool // set under pin once unregistered
@@ -27,7 +33,79 @@ type region struct {
 
 func (r *region) end() uint64 { return r.addr + r.length }
 
+// onDevice reports whether the region is GPU memory.
+func (r *region) onDevice() bool { return r.dev >= 0 }
+
+// deviceRegion is a pinned region in GPU memory, as the serving side of a
+// transport sees it (transport.DeviceMemory).
+type deviceRegion struct{ *region }
+
+func (r deviceRegion) CopyOut(dst []byte, addr uint64) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return r.drv.Copy(r.dev, uintptr(unsafe.Pointer(&dst[0])), uintptr(addr), uint64(len(dst)))
+}
+
+func (r deviceRegion) CopyIn(addr uint64, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return r.drv.Copy(r.dev, uintptr(addr), uintptr(unsafe.Pointer(&src[0])), uint64(len(src)))
+}
+
 func (r *region) Release() { r.pin.RUnlock() }
+
+// placeRegion finds where a region to register lives. A "cuda:N"
+// location must be memory of GPU N, which needs the CUDA driver (loaded
+// here if need be); other locations ("*", "cpu:N", "") are host memory
+// unless the driver, when the process has loaded it, says the address is
+// a GPU's, as Mooncake detects device pointers. Host memory registered as
+// "*" or "" is "cpu:0".
+func placeRegion(r *region) error {
+	where := fmt.Sprintf("register memory %#x+%d at %q", r.addr, r.length, r.location)
+	loc, err := device.ParseLocation(r.location)
+	if err != nil {
+		return wrapf(CodeInvalidArgument, err, "%s", where)
+	}
+	if loc.Cuda {
+		if r.drv, err = device.Load(); err != nil {
+			return wrapf(CodeDeviceNotFound, err, "%s", where)
+		}
+		if err := r.drv.CheckDevice(loc.Device); err != nil {
+			return wrapf(CodeDeviceNotFound, err, "%s", where)
+		}
+	} else if r.drv = device.Present(); r.drv == nil {
+		if r.location == "" || r.location == "*" {
+			r.location = "cpu:0"
+		}
+		return nil
+	}
+	dev, on, err := r.drv.Locate(uintptr(r.addr))
+	switch {
+	case err != nil:
+		return wrapf(CodeInvalidArgument, err, "%s", where)
+	case !on && loc.Cuda:
+		return errorf(CodeInvalidArgument, "%s: not GPU memory", where)
+	case !on:
+		r.drv = nil
+		if r.location == "" || r.location == "*" {
+			r.location = "cpu:0"
+		}
+		return nil
+	case loc.Cuda && dev != loc.Device:
+		return errorf(CodeInvalidArgument, "%s: the memory is on cuda:%d", where, dev)
+	}
+	base, size, err := r.drv.Range(dev, uintptr(r.addr))
+	if err != nil {
+		return wrapf(CodeInvalidArgument, err, "%s", where)
+	}
+	if r.addr+r.length > uint64(base)+size {
+		return errorf(CodeInvalidArgument, "%s: runs past its device allocation %#x+%d", where, base, size)
+	}
+	r.dev, r.location = dev, fmt.Sprintf("cuda:%d", dev)
+	return nil
+}
 
 // registry holds the registered regions as an immutable sorted snapshot so
 // that lookups on the data path take no lock.
@@ -137,6 +215,9 @@ func (g *registry) Acquire(addr, n uint64) (transport.Pinned, error) {
 	if r.gone {
 		r.pin.RUnlock()
 		return nil, fmt.Errorf("%w: %#x+%d was unregistered", transport.ErrRejected, addr, n)
+	}
+	if r.onDevice() {
+		return deviceRegion{r}, nil
 	}
 	return r, nil
 }

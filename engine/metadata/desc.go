@@ -48,6 +48,10 @@ type Buffer struct {
 	// RKey and LKey are RDMA keys; empty for TCP, kept for round-trips.
 	RKey []uint32 `json:"rkey,omitempty"`
 	LKey []uint32 `json:"lkey,omitempty"`
+	// Location, our extension, is "cuda:N" for a buffer in GPU memory
+	// (empty for host memory): a same-host peer must not reach it with
+	// host-memory copies.
+	Location string `json:"mcgo_location,omitempty"`
 }
 
 // SegmentDesc is Mooncake's segment descriptor. Protocol is a string for a

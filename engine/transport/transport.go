@@ -58,10 +58,25 @@ type Slice struct {
 	Deadline time.Time // the slice fails with ErrTimeout past it
 	Retries  int       // attempts already made; transports bump it on retry
 
+	// LocalDevice is 1 + the CUDA ordinal of the GPU that holds Local's
+	// bytes; 0, the zero value, is host memory. The CPU must not touch
+	// device memory: a path that cannot move it leaves such a slice to
+	// another (the staging path stages it through host memory).
+	LocalDevice int
+	// Checksum asks for the CRC-32C of the slice's bytes, taken by the
+	// path that holds them in host memory when the engine may not read
+	// them itself (device memory): it sets CRC and Summed.
+	Checksum bool
+	CRC      uint32
+	Summed   bool
+
 	// Done reports the outcome: nil once the bytes are in place. It must not
 	// block: transports call it from their I/O goroutines.
 	Done func(s *Slice, err error)
 }
+
+// OnDevice reports the GPU holding s's local bytes, if any.
+func (s *Slice) OnDevice() (dev int, ok bool) { return s.LocalDevice - 1, s.LocalDevice > 0 }
 
 // Transport is one data path: it opens peers and moves their slices.
 //
@@ -203,3 +218,13 @@ type Memory interface {
 
 // Pinned is a region held by Acquire.
 type Pinned interface{ Release() }
+
+// DeviceMemory is implemented by a Pinned region in GPU memory, which the
+// CPU must not touch: a transport serving it moves its bytes through a
+// host buffer of its own with these.
+type DeviceMemory interface {
+	// CopyOut copies len(dst) bytes at addr into dst.
+	CopyOut(dst []byte, addr uint64) error
+	// CopyIn copies src to addr.
+	CopyIn(addr uint64, src []byte) error
+}

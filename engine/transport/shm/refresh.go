@@ -40,6 +40,10 @@ type viewRefresh struct {
 // it on a copy worker, so it must not block): a peer out of reach is left
 // to the next path, a stale or short view is refreshed first.
 func (p *peer) missed(s *transport.Slice, err error) {
+	if errors.Is(err, ErrOnDevice) {
+		p.passOn(s, err) // this slice only: the peer stays reachable here
+		return
+	}
 	if errors.Is(err, ErrUnavailable) {
 		p.giveUp(s, err)
 		return

@@ -47,6 +47,10 @@ var ErrOutside = fmt.Errorf("%w: outside the peer's published memory", transport
 // transport.ErrUnavailable: the next path may reach it.
 var ErrUnavailable = fmt.Errorf("%w: shared memory", transport.ErrUnavailable)
 
+// ErrOnDevice: one side of the slice is GPU memory, which this path does
+// not move (host copies would touch it with the CPU); the next path does.
+var ErrOnDevice = errors.New("shm: GPU memory is not moved by shared memory")
+
 // HostID identifies the set of processes whose pids and /proc this process
 // shares: the kernel boot id plus the pid namespace.
 func HostID() string {
@@ -146,9 +150,12 @@ type PeerInfo struct {
 	// Open or Update finds it.
 	Generation *uint64
 	Shared     []Shared
-	// Regions are all the ranges the peer lets others touch; a slice
-	// outside them is refused without a syscall.
+	// Regions are all the ranges of host memory the peer lets others
+	// touch; a slice outside them is refused without a syscall.
 	Regions []Region
+	// Device are the peer's remote-accessible ranges of GPU memory: a slice
+	// into them is ErrOnDevice.
+	Device []Region
 }
 
 // view is one mapped memfd buffer of the peer; dev and ino identify the
@@ -174,6 +181,7 @@ type Peer struct {
 	gen     uint64
 	views   []view // sorted by addr
 	regions []Region
+	device  []Region
 	closed  bool
 }
 
@@ -202,7 +210,7 @@ func Open(info PeerInfo) (*Peer, error) {
 	if p.views, err = p.mapViews(info.Shared, nil); err != nil {
 		return fail(err)
 	}
-	p.gen, p.regions = p.generation(info), slices.Clone(info.Regions)
+	p.gen, p.regions, p.device = p.generation(info), slices.Clone(info.Regions), slices.Clone(info.Device)
 	if err := p.running(); err != nil {
 		return fail(err)
 	}
@@ -291,7 +299,7 @@ func (p *Peer) Update(info PeerInfo) error {
 		unmapNew(vs, old)
 		return transport.ErrClosed
 	}
-	p.views, p.regions, p.gen = vs, slices.Clone(info.Regions), p.generation(info)
+	p.views, p.regions, p.device, p.gen = vs, slices.Clone(info.Regions), slices.Clone(info.Device), p.generation(info)
 	p.mu.Unlock()
 	unmapNew(old, vs)
 	return nil
@@ -368,6 +376,9 @@ func (p *Peer) Copy(s *transport.Slice) error {
 	if err := p.alive(); err != nil {
 		return err
 	}
+	if s.LocalDevice > 0 || p.onDevice(s.Remote, s.Length) {
+		return ErrOnDevice
+	}
 	local := transport.Bytes(s.Local, s.Length)
 	if v := p.find(s.Remote, s.Length); v != nil {
 		off := s.Remote - v.addr
@@ -385,6 +396,16 @@ func (p *Peer) Copy(s *transport.Slice) error {
 }
 
 // allowed reports whether [addr, addr+n) lies inside one published region.
+// onDevice reports whether [addr, addr+n) meets the peer's GPU memory.
+func (p *Peer) onDevice(addr, n uint64) bool {
+	for _, r := range p.device {
+		if addr < r.Addr+r.Length && r.Addr < addr+n {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Peer) allowed(addr, n uint64) bool {
 	for _, r := range p.regions {
 		if addr >= r.Addr && addr+n >= addr && addr+n <= r.Addr+r.Length {
@@ -547,7 +568,8 @@ func (pl *Pool) run() {
 		select {
 		case j := <-pl.work:
 			err := j.p.Copy(j.s)
-			if j.miss != nil && (errors.Is(err, ErrStale) || errors.Is(err, ErrOutside) || errors.Is(err, ErrUnavailable)) {
+			if j.miss != nil && (errors.Is(err, ErrStale) || errors.Is(err, ErrOutside) || errors.Is(err, ErrUnavailable) ||
+				errors.Is(err, ErrOnDevice)) {
 				j.miss(j.s, err)
 				continue
 			}

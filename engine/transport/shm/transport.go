@@ -141,7 +141,11 @@ func (t *Transport) info(desc *metadata.SegmentDesc) (PeerInfo, bool) {
 		info.Shared = append(info.Shared, Shared{Addr: b.Addr, Length: b.Length, FD: b.FD})
 	}
 	for _, b := range desc.Buffers {
-		info.Regions = append(info.Regions, Region{Addr: b.Addr, Length: b.Length})
+		if b.Location != "" {
+			info.Device = append(info.Device, Region{Addr: b.Addr, Length: b.Length})
+		} else {
+			info.Regions = append(info.Regions, Region{Addr: b.Addr, Length: b.Length})
+		}
 	}
 	return info, true
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -143,6 +144,9 @@ func (s *Server) handle(c *srvConn, h Header, st []byte) bool {
 		}
 		return s.writeStatus(c, st, StatusRejected)
 	}
+	if dm, ok := pin.(transport.DeviceMemory); ok {
+		return s.handleDevice(c, h, pin, dm, st)
+	}
 	mem := transport.Bytes(uintptr(h.Addr), h.Size)
 	if op == transport.Write {
 		err = c.readFull(mem)
@@ -163,6 +167,76 @@ func (s *Server) handle(c *srvConn, h Header, st []byte) bool {
 		return err == nil
 	}
 	return s.readBatch(c, h, pin, mem)
+}
+
+// stageChunk is the largest piece of device memory staged at once; its
+// buffers are reused across requests and connections.
+const stageChunk = 1 << 20
+
+var stageBufs = sync.Pool{New: func() any { b := make([]byte, stageChunk); return &b }}
+
+// handleDevice serves a request (pinned, on a GPU) through a host buffer,
+// a chunk at a time: the CPU never touches the device bytes. A WRITE whose
+// bytes cannot be copied in is refused once its payload is drained; a READ
+// whose first chunk cannot be copied out is refused; a later chunk that
+// fails cuts the connection, since the answer has begun (the initiator
+// sees the slice fail).
+func (s *Server) handleDevice(c *srvConn, h Header, pin transport.Pinned, dm transport.DeviceMemory, st []byte) bool {
+	defer pin.Release()
+	bp := stageBufs.Get().(*[]byte)
+	defer stageBufs.Put(bp)
+	buf := *bp
+	op := transport.Op(h.Op)
+	if op == transport.Write {
+		var cerr error
+		for off := uint64(0); off < h.Size; {
+			n := min(h.Size-off, stageChunk)
+			if err := c.readFull(buf[:n]); err != nil {
+				s.served(op, off, err)
+				return false
+			}
+			if cerr == nil {
+				cerr = dm.CopyIn(h.Addr+off, buf[:n])
+			}
+			off += n
+		}
+		if cerr != nil {
+			err := fmt.Errorf("%w: copy onto the GPU: %v", transport.ErrRejected, cerr)
+			s.served(op, 0, err)
+			s.cfg.Logger.Warn("tcp: device write failed", "remote", c.RemoteAddr(),
+				"addr", fmt.Sprintf("%#x", h.Addr), "size", h.Size, "err", cerr)
+			return h.V2 && s.writeStatus(c, st, StatusRejected)
+		}
+		s.served(op, h.Size, nil)
+		return !h.V2 || s.writeStatus(c, st, StatusOK)
+	}
+	for off := uint64(0); off < h.Size; {
+		n := min(h.Size-off, stageChunk)
+		if err := dm.CopyOut(buf[:n], h.Addr+off); err != nil {
+			err = fmt.Errorf("%w: copy off the GPU: %v", transport.ErrRejected, err)
+			s.served(op, off, err)
+			s.cfg.Logger.Warn("tcp: device read failed", "remote", c.RemoteAddr(),
+				"addr", fmt.Sprintf("%#x", h.Addr), "size", h.Size, "err", err)
+			if off == 0 && h.V2 {
+				return s.writeStatus(c, st, StatusRejected)
+			}
+			return false
+		}
+		if off == 0 && h.V2 {
+			c.pending = binary.LittleEndian.AppendUint64(c.pending, StatusOK)
+			if !c.flush() {
+				s.served(op, 0, net.ErrClosed)
+				return false
+			}
+		}
+		if err := c.write(buf[:n], c.due); err != nil {
+			s.served(op, off, err)
+			return false
+		}
+		off += n
+	}
+	s.served(op, h.Size, nil)
+	return true
 }
 
 // READ answers for requests already buffered go out in one writev: the
@@ -192,8 +266,12 @@ func (s *Server) readBatch(c *srvConn, h Header, pin transport.Pinned, mem []byt
 		if err != nil || next.Op != opRead || !next.V2 || next.Size == 0 {
 			break // the main loop deals with it
 		}
-		c.br.Discard(HeaderSize)
 		p, err := s.cfg.Memory.Acquire(next.Addr, next.Size)
+		if _, dev := p.(transport.DeviceMemory); dev {
+			p.Release()
+			break // staged through host memory by the main loop
+		}
+		c.br.Discard(HeaderSize)
 		if err != nil {
 			c.pending = binary.LittleEndian.AppendUint64(c.pending, StatusRejected)
 			datas = append(datas, nil)
