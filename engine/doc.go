@@ -82,6 +82,25 @@
 // sums are combined per task (TransferStatus.Checksum), so verifying a read
 // costs no pass over the bytes after the transfer.
 //
+// # GPU memory
+//
+// Memory registered at "cuda:N" must be memory of GPU N, as the CUDA
+// driver says (package device loads it at run time: libcuda.so.1, or
+// MC_CUDA_DRIVER; nothing at build time needs CUDA). Memory registered as
+// "*", "cpu:N" or "" is looked up too, when the process has loaded the
+// driver already (a pointer can be device memory only then; the engine
+// never loads CUDA into a process that does not use it). Without a driver,
+// "cuda:N" fails with CodeDeviceNotFound and says why. Descriptors mark
+// device buffers (Buffer.Location, our extension).
+//
+// The CPU never reads or writes device memory: the driver copies it.
+// Slices whose local bytes are on a GPU are staged through page-locked host
+// buffers by the staging path (transport/stage) onto whichever path moves
+// the bytes, copy and network overlapping across the slices of a request;
+// a peer serving its GPU memory over TCP copies it through host chunks; the
+// same-host path leaves GPU ranges to the next path; checksums are taken
+// from the host copies. The wire format does not change.
+//
 // # Failure semantics
 //
 //   - Every request has a deadline (Config.Timeout, or WithDeadline); a task
