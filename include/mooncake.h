@@ -358,7 +358,11 @@ mc_status_t mc_engine_ports(mc_engine_t engine, uint32_t *rpc_port, uint32_t *da
 
 /* mc_engine_register_memory makes [addr, addr+length) usable in requests;
  * with remote_accessible != 0 peers may read and write it. location NULL
- * or "*" means "cpu:0". The memory must stay valid until unregistered.
+ * or "*" means "cpu:0", unless the process has the CUDA driver loaded and
+ * it says addr is GPU memory; "cuda:N" must be memory of GPU N (the driver
+ * is loaded at run time, libcuda.so.1 or MC_CUDA_DRIVER; without one,
+ * MC_TE_ERR_DEVICE_NOT_FOUND). The library never touches GPU memory with
+ * the CPU. The memory must stay valid until unregistered.
  * Overlapping an already registered range: MC_TE_ERR_ADDRESS_OVERLAPPED. */
 mc_status_t mc_engine_register_memory(mc_engine_t engine, void *addr, uint64_t length,
                                       const char *location, int remote_accessible, mc_error_t *err);
