@@ -14,8 +14,12 @@ func (r Result) WriteTable(out io.Writer) error {
 	}
 	fmt.Fprintf(out, "Transfer Engine benchmark: %s %s, block %s, batch %d, threads %d, lanes %d, slice %s\n",
 		r.Transport, r.Op, Size(r.BlockSize), r.BatchSize, r.Threads, r.Lanes, slice)
-	fmt.Fprintf(out, "buffer %s each side, target %s, runs %d x %gs; GB = 1e9 bytes\n",
-		Size(r.BufferSize), r.Target, r.Repeat, r.Duration)
+	mem := "host memory"
+	if r.Memory != "" {
+		mem = r.Memory + " (the yardstick moves host memory)"
+	}
+	fmt.Fprintf(out, "buffer %s each side in %s, target %s, runs %d x %gs; GB = 1e9 bytes\n",
+		Size(r.BufferSize), mem, r.Target, r.Repeat, r.Duration)
 	fmt.Fprintf(out, "latency: %s\n", r.Latency)
 	fmt.Fprintf(out, "AllocateBatch+FreeBatch: %.1f µs per batch (counted in GB/s, not in latency)\n\n", r.BatchOverheadUS)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -30,6 +30,8 @@ type TargetConfig struct {
 	// CPUProfile, when set, is where ServeTarget writes a CPU profile of
 	// the target process. NewTarget ignores it.
 	CPUProfile string
+	// GPU, when >= 0, puts the target's buffer in that GPU's memory.
+	GPU int
 	// Logger receives the engine's logs. Zero: slog.Default().
 	Logger *slog.Logger
 }
@@ -40,11 +42,12 @@ func (c *TargetConfig) BindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Transport, "transport", "tcp", "data path the initiator uses: tcp or shm")
 	fs.IntVar(&c.BufferSize, "buffer-size", 0, "buffer size in bytes")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the target to this file")
+	fs.IntVar(&c.GPU, "gpu", -1, "put the buffer in this GPU's memory (-1: host memory)")
 }
 
 // Args are the command-line flags that make BindFlags yield c.
 func (c TargetConfig) Args() []string {
-	a := []string{"--transport", c.transport(), "--buffer-size", strconv.Itoa(c.BufferSize)}
+	a := []string{"--transport", c.transport(), "--buffer-size", strconv.Itoa(c.BufferSize), "--gpu", strconv.Itoa(c.GPU)}
 	if c.CPUProfile != "" {
 		a = append(a, "--cpuprofile", c.CPUProfile)
 	}
@@ -71,7 +74,7 @@ type TargetInfo struct {
 // read and write.
 type Target struct {
 	e    *engine.Engine
-	buf  *engine.Buffer
+	buf  buffer
 	info TargetInfo
 
 	once sync.Once
@@ -92,12 +95,11 @@ func NewTarget(ctx context.Context, cfg TargetConfig) (*Target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("te: target engine: %w", err)
 	}
-	buf, err := e.AllocateBuffer(ctx, cfg.BufferSize, "cpu:0")
+	buf, err := allocate(ctx, e, cfg.BufferSize, cfg.GPU)
 	if err != nil {
 		e.Close()
 		return nil, fmt.Errorf("te: target buffer: %w", err)
 	}
-	touch(buf.Bytes())
 	return &Target{e: e, buf: buf, info: TargetInfo{
 		Segment: e.Name(), Addr: uint64(buf.Addr()), Length: uint64(buf.Len()), PID: os.Getpid(),
 	}}, nil

@@ -50,6 +50,11 @@ type Options struct {
 	// NoYardstick measures ours only (to profile the engine alone); the
 	// yardstick figures and the ratio stay zero.
 	NoYardstick bool
+	// UseVRAM puts both buffers in GPU memory (GPUID's), as the official
+	// bench's --use_vram: device to device through the engine, against the
+	// host-to-host yardstick of the same run.
+	UseVRAM bool
+	GPUID   int
 	// Launcher starts the target and the sink. Zero: InProcess.
 	Launcher Launcher
 	// MemcpySpan is how much memory the memcpy yardstick cycles through.
@@ -66,6 +71,14 @@ type Options struct {
 
 // MaxDefaultBuffer caps the default BufferSize.
 const MaxDefaultBuffer = 1 << 30
+
+// gpu is the GPU of both buffers, -1 for host memory.
+func (o Options) gpu() int {
+	if o.UseVRAM {
+		return o.GPUID
+	}
+	return -1
+}
 
 func (o Options) withDefaults() Options {
 	o.Transport = cmp.Or(o.Transport, "tcp")
@@ -160,6 +173,8 @@ type Result struct {
 	Duration   float64 `json:"duration_s"` // asked for, per run
 	Repeat     int     `json:"repeat"`
 	Target     string  `json:"target"` // "process" or "in-process"
+	// Memory is where both buffers are: "" for host memory, "cuda:N".
+	Memory string `json:"memory,omitempty"`
 
 	// Our run with the median throughput.
 	Seconds  float64 `json:"seconds"`
@@ -192,6 +207,9 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 		Threads: o.Threads, Lanes: o.Lanes, SliceSize: o.SliceSize, BufferSize: o.BufferSize,
 		Duration: o.Duration.Seconds(), Repeat: o.Repeat, Target: "in-process", Latency: LatencyDefinition,
 	}
+	if o.UseVRAM {
+		res.Memory = fmt.Sprintf("cuda:%d", o.GPUID)
+	}
 	if _, ok := o.Launcher.(Exec); ok {
 		res.Target = "process"
 	}
@@ -199,7 +217,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	defer cancel()
 	// Deferred closes run in reverse: our engine first, the target last.
 	tinfo, tcloser, err := o.Launcher.StartTarget(ctx, TargetConfig{Transport: o.Transport, BufferSize: o.BufferSize,
-		CPUProfile: o.TargetCPUProfile, Logger: o.Logger})
+		CPUProfile: o.TargetCPUProfile, Logger: o.Logger, GPU: o.gpu()})
 	if err != nil {
 		return Result{}, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/bench/te"
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/device"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -157,4 +158,29 @@ func ExampleRun() {
 		return
 	}
 	res.WriteTable(os.Stdout)
+}
+
+// TestRunVRAM: with --use_vram both buffers are GPU memory (the driver
+// test double's, which faults on any CPU access), device to device through
+// the engine's staging path, against the host-memory yardstick.
+func TestRunVRAM(t *testing.T) {
+	for _, tc := range []struct {
+		transport string
+		op        engine.Op
+	}{{"tcp", engine.Write}, {"tcp", engine.Read}} {
+		t.Run(tc.transport+" "+tc.op.String(), func(t *testing.T) {
+			o := smoke(tc.transport, tc.op)
+			o.UseVRAM, o.GPUID = true, 1
+			res, err := te.Run(context.Background(), o)
+			require.NoError(t, err)
+			assert.Equal(t, "cuda:1", res.Memory)
+			assert.Positive(t, res.Bytes)
+			assert.Positive(t, res.YardstickGBPerS)
+			require.NoError(t, res.WriteTable(io.Discard))
+		})
+	}
+	o := smoke("tcp", engine.Write)
+	o.UseVRAM, o.GPUID = true, 5
+	_, err := te.Run(context.Background(), o)
+	require.ErrorIs(t, err, device.ErrNoDevice)
 }

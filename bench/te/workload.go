@@ -17,7 +17,7 @@ import (
 type workload struct {
 	o      Options
 	e      *engine.Engine
-	buf    *engine.Buffer
+	buf    buffer
 	seg    engine.SegmentID
 	remote uint64 // target buffer address
 }
@@ -37,10 +37,9 @@ func newWorkload(ctx context.Context, o Options, t TargetInfo) (w *workload, err
 			w.close()
 		}
 	}()
-	if w.buf, err = e.AllocateBuffer(ctx, o.BufferSize, "cpu:0"); err != nil {
+	if w.buf, err = allocate(ctx, e, o.BufferSize, o.gpu()); err != nil {
 		return nil, fmt.Errorf("te: initiator buffer: %w", err)
 	}
-	touch(w.buf.Bytes())
 	if w.seg, err = e.OpenSegment(ctx, t.Segment); err != nil {
 		return nil, fmt.Errorf("te: open target segment: %w", err)
 	}

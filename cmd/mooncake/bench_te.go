@@ -117,6 +117,8 @@ single-thread memcpy for shm. The report gives medians and ours/yardstick.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
 	f.BoolVar(&inProcess, "in-process", false, "run the target and the TCP sink in this process")
 	f.BoolVar(&o.NoYardstick, "no-yardstick", false, "measure ours only, to profile the engine alone")
+	f.BoolVar(&o.UseVRAM, "use_vram", false, "both buffers in GPU memory (the CUDA driver, or MC_CUDA_DRIVER)")
+	f.IntVar(&o.GPUID, "gpu_id", 0, "the GPU of --use_vram")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process here (and of the target to FILE.target)")
 	c.AddCommand(newBenchTETargetCmd(), newBenchTESinkCmd())
 	return c
