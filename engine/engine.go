@@ -15,6 +15,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/engine/transport/cudaipc"
 	"github.com/mooncake-go/mooncake/engine/transport/shm"
 	"github.com/mooncake-go/mooncake/engine/transport/stage"
 	"github.com/mooncake-go/mooncake/engine/transport/tcp"
@@ -97,6 +98,12 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	// The caller's paths first: from here on the engine owns them, and a
 	// failing New closes them too.
 	e.paths = append(e.paths, cfg.Transports...)
+	// GPU memory of another process on this host is reached through CUDA
+	// IPC, with no socket; what that path cannot serve goes on to the
+	// staging path.
+	if cfg.Transport != "tcp" {
+		e.paths = append(e.paths, cudaipc.New(cudaipc.Config{Logger: e.log}))
+	}
 	// Slices on GPU memory are staged through host buffers onto the paths
 	// below; the tail slice is at most 1.25 slices.
 	e.paths = append(e.paths, stage.New(stage.Config{BufferSize: cfg.SliceSize + cfg.SliceSize/4, Logger: e.log}))
@@ -343,7 +350,7 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 			b.Location = r.location
 		}
 		d.Buffers = append(d.Buffers, b)
-		listed = append(listed, transport.LocalRegion{Addr: r.addr, Length: r.length, FD: r.fd})
+		listed = append(listed, transport.LocalRegion{Addr: r.addr, Length: r.length, FD: r.fd, Device: r.dev + 1})
 	}
 	for _, f := range finish {
 		f(listed)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
@@ -61,7 +62,9 @@ type targetInfo struct {
 const AnonLen = 1 << 20
 
 func runTarget() int {
-	e, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Transport: os.Getenv("MC_TEST_TARGET"), Secret: os.Getenv("MC_TEST_SECRET")})
+	targetMetrics = prometheus.NewRegistry()
+	e, err := engine.New(context.Background(), engine.Config{Host: "127.0.0.1", Transport: os.Getenv("MC_TEST_TARGET"),
+		Secret: os.Getenv("MC_TEST_SECRET"), Registerer: targetMetrics})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -88,6 +91,12 @@ func runTarget() int {
 	//   register N        maps N anonymous bytes and registers them -> address
 	//   free ADDR         frees or unregisters what alloc/register made -> ok
 	//   sum ADDR N        CRC-32C of the target's own bytes there -> hex
+	//   gpu DEV N [OFF]   allocates OFF+N bytes on GPU DEV and registers
+	//                     the N from OFF on -> address
+	//   gpufill DEV ADDR N SEED  writes pattern(N, SEED) there -> ok
+	//   gpusum DEV ADDR N CRC-32C of GPU bytes there -> hex
+	//   gpufree DEV ADDR  unregisters ADDR and frees its allocation -> ok
+	//   served            bytes served to peers over TCP so far -> decimal
 	// Freed anonymous memory stays mapped, so an initiator that wrote into
 	// it through a stale view would be caught by sum.
 	bufs := map[uint64]*engine.Buffer{}
@@ -139,6 +148,66 @@ func targetCommand(e *engine.Engine, bufs map[uint64]*engine.Buffer, anon []byte
 		return "ok", e.UnregisterMemory(context.Background(), uintptr(arg(1)))
 	case "sum":
 		return fmt.Sprintf("%#x", crc32c.Checksum(transport.Bytes(uintptr(arg(1)), arg(2)))), nil
+	case "gpu", "gpufill", "gpusum", "gpufree":
+		return gpuCommand(e, f[0], int(arg(1)), arg)
+	case "served":
+		return servedBytes()
 	}
 	return "", fmt.Errorf("unknown command")
+}
+
+// targetMetrics is the target process's engine's registry.
+var targetMetrics *prometheus.Registry
+
+// gpuCommand runs a target's command on GPU dev's memory (the driver test
+// double's).
+func gpuCommand(e *engine.Engine, cmd string, dev int, arg func(int) uint64) (string, error) {
+	drv, err := devicetest.Driver()
+	if err != nil {
+		return "", err
+	}
+	switch cmd {
+	case "gpu":
+		base, err := drv.AllocDevice(dev, arg(3)+arg(2))
+		if err != nil {
+			return "", err
+		}
+		p := base + uintptr(arg(3))
+		return fmt.Sprintf("%#x", p), e.RegisterMemory(context.Background(), p, arg(2), fmt.Sprintf("cuda:%d", dev), true)
+	case "gpufill":
+		b := pattern(int(arg(3)), byte(arg(4)))
+		return "ok", drv.Copy(dev, uintptr(arg(2)), engine.AddrOf(b), arg(3))
+	case "gpusum":
+		b := make([]byte, arg(3))
+		if err := drv.Copy(dev, engine.AddrOf(b), uintptr(arg(2)), arg(3)); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%#x", crc32c.Checksum(b)), nil
+	}
+	base, _, err := drv.Range(dev, uintptr(arg(2)))
+	if err != nil {
+		return "", err
+	}
+	if err := e.UnregisterMemory(context.Background(), uintptr(arg(2))); err != nil {
+		return "", err
+	}
+	return "ok", drv.FreeDevice(dev, base)
+}
+
+// servedBytes sums the target's mooncake_te_served_bytes_total.
+func servedBytes() (string, error) {
+	mfs, err := targetMetrics.Gather()
+	if err != nil {
+		return "", err
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "mooncake_te_served_bytes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return fmt.Sprint(uint64(n)), nil
 }

@@ -74,6 +74,35 @@ type SegmentDesc struct {
 	// TCP data port (other NICs of a multi-homed host), to be used after
 	// tcp_data_host:tcp_data_port.
 	TCPDataAddrs []string `json:"mcgo_tcp_data_addrs,omitempty"`
+	// CudaIPC, our extension, publishes the CUDA IPC handles of this
+	// engine's GPU buffers: a process on the same host maps them and
+	// copies device memory without a socket.
+	CudaIPC *CudaIPCInfo `json:"mcgo_cuda_ipc,omitempty"`
+}
+
+// CudaIPCInfo is what a process on the same host needs to map this
+// engine's GPU buffers.
+type CudaIPCInfo struct {
+	// HostID and PID say which process of which host made the handles
+	// (as LocalInfo's): only another process of the same host opens them.
+	HostID  string      `json:"host_id"`
+	PID     int         `json:"pid"`
+	Buffers []IPCBuffer `json:"buffers"`
+}
+
+// IPCHandleSize is the size of a CUDA IPC memory handle.
+const IPCHandleSize = 64
+
+// IPCBuffer is a registered GPU buffer with the IPC handle of the device
+// allocation holding it. A buffer may be part of an allocation: the handle
+// maps the allocation from Base, and Addr lies Addr-Base bytes into it.
+type IPCBuffer struct {
+	Addr   uint64 `json:"addr"`
+	Length uint64 `json:"length"`
+	Base   uint64 `json:"base"`   // the allocation's base address
+	Size   uint64 `json:"size"`   // and its size
+	Device int    `json:"device"` // CUDA ordinal of the GPU holding it
+	Handle []byte `json:"handle"` // IPCHandleSize bytes, base64 in JSON
 }
 
 // LocalInfo lets a peer on the same host reach this process's memory without
@@ -161,7 +190,35 @@ func ParseSegmentDesc(b []byte) (*SegmentDesc, error) {
 			return nil, fmt.Errorf("%w: buffer %#x+%d wraps", ErrBadDescriptor, buf.Addr, buf.Length)
 		}
 	}
+	if err := d.CudaIPC.check(); err != nil {
+		return nil, err
+	}
 	return &d, nil
+}
+
+// check validates a descriptor's CUDA IPC part, if any: each buffer must
+// lie inside its allocation and carry a whole handle.
+func (c *CudaIPCInfo) check() error {
+	if c == nil {
+		return nil
+	}
+	if c.HostID == "" || c.PID <= 0 {
+		return fmt.Errorf("%w: cuda ipc: host %.64q pid %d", ErrBadDescriptor, c.HostID, c.PID)
+	}
+	for _, b := range c.Buffers {
+		where := fmt.Sprintf("cuda ipc buffer %#x+%d", b.Addr, b.Length)
+		switch {
+		case b.Length == 0 || b.Addr+b.Length < b.Addr || b.Base+b.Size < b.Base:
+			return fmt.Errorf("%w: %s: empty or wraps", ErrBadDescriptor, where)
+		case b.Addr < b.Base || b.Addr+b.Length > b.Base+b.Size:
+			return fmt.Errorf("%w: %s: outside its allocation %#x+%d", ErrBadDescriptor, where, b.Base, b.Size)
+		case b.Device < 0:
+			return fmt.Errorf("%w: %s: device %d", ErrBadDescriptor, where, b.Device)
+		case len(b.Handle) != IPCHandleSize:
+			return fmt.Errorf("%w: %s: handle of %d bytes, want %d", ErrBadDescriptor, where, len(b.Handle), IPCHandleSize)
+		}
+	}
+	return nil
 }
 
 // validPort reports whether port is a decimal TCP port, 1 to 65535.

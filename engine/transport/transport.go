@@ -176,6 +176,9 @@ type LocalRegion struct {
 	Addr, Length uint64
 	// FD is the memfd behind the region (AllocateBuffer), or -1.
 	FD int
+	// Device is 1 + the CUDA ordinal of the GPU holding the region; 0,
+	// the zero value, is host memory.
+	Device int
 }
 
 // Errors every transport reports through Slice.Done. Transports wrap them
