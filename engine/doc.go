@@ -82,6 +82,19 @@
 // sums are combined per task (TransferStatus.Checksum), so verifying a read
 // costs no pass over the bytes after the transfer.
 //
+// GPU memory of another process on this host moves without a socket, through
+// CUDA IPC (transport/cudaipc, first of the built-in paths unless
+// Config.Transport is "tcp"): an engine publishes, with its descriptor, the
+// IPC handle of the device allocation under each registered GPU buffer
+// (mcgo_cuda_ipc, with its host identity and pid); a peer in another process
+// of the same host maps an allocation once, on the first slice that needs it,
+// and copies each slice with one driver call, from its own GPU or host
+// memory (host-to-device and device-to-host included). A range in the peer's
+// host memory, an allocation whose handle cannot be opened here (logged once)
+// or a process that has not loaded the driver go on to staging and the paths
+// after it. A range the view lacks, or a failed copy, refreshes the view once
+// (PeerInfo.Describe) before the slice passes on or fails.
+//
 // # GPU memory
 //
 // Memory registered at "cuda:N" must be memory of GPU N, as the CUDA
