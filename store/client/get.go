@@ -251,6 +251,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		x      *xfer
 		staged []byte // copy into into afterwards
 		into   []byte
+		at     place // where into is
 		off    int
 	}
 	var (
@@ -272,7 +273,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		for _, p := range pieces {
 			if p.staged != nil {
 				if p.x.err == nil {
-					copy(p.into, p.staged)
+					p.x.err = p.at.copyTo(p.into, p.staged)
 				}
 				c.stage.release(p.staged)
 			}
@@ -286,9 +287,16 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		xs, pieces = xs[:0], pieces[:0]
 	}
 	// read adds the read of len(dst) bytes at remote: straight into dst
-	// where the engine can reach it, else through the staging buffer.
+	// where the engine can reach it (or a plain copy reach it, from a
+	// replica in this process into host memory), else through the
+	// staging buffer, which the driver copies out of into GPU memory.
 	read := func(it *getItem, m *storepb.MemoryReplica, dst []byte, remote uint64, off int, verify bool) {
-		if m.SegmentName == c.name || c.registered(dst) {
+		at, err := c.placeOf(dst)
+		if err != nil {
+			it.err = err
+			return
+		}
+		if (m.SegmentName == c.name && !at.onGPU()) || c.registered(dst) {
 			x := &xfer{op: engine.Read, local: dst, seg: m.SegmentName, remote: remote, crc: verify}
 			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, off: off})
 			return
@@ -305,7 +313,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 				}
 			}
 			x := &xfer{op: engine.Read, local: buf, seg: m.SegmentName, remote: remote + o, crc: verify}
-			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, staged: buf, into: dst[o:], off: off + int(o)})
+			xs, pieces = append(xs, x), append(pieces, piece{it: it, x: x, staged: buf, into: dst[o:], at: at, off: off + int(o)})
 			o += n
 		}
 	}

@@ -49,6 +49,62 @@ func (it *putItem) checksum() uint32 {
 	return nonZero(sum)
 }
 
+// pieces is the item's memory: its parts, or its value as one part.
+func (it *putItem) pieces() [][]byte {
+	if it.parts != nil {
+		return it.parts
+	}
+	return [][]byte{it.value}
+}
+
+// locate finds where the item's memory lives (places). When some of it
+// is on a GPU and the client checksums values, the checksum is left to
+// the transfers (late), with those of the parts in host memory taken now.
+func (c *Client) locate(it *putItem) error {
+	ps := it.pieces()
+	it.places = make([]place, len(ps))
+	for j, p := range ps {
+		var err error
+		if it.places[j], err = c.placeOf(p); err != nil {
+			return err
+		}
+		it.late = it.late || (it.places[j].onGPU() && !c.cfg.NoChecksum)
+	}
+	if it.late {
+		it.sums = make([]uint32, len(ps))
+		for j, p := range ps {
+			if !it.places[j].onGPU() {
+				it.sums[j] = crc32c.Checksum(p)
+			}
+		}
+	}
+	return nil
+}
+
+// partSum is the CRC-32C of part j (of the value, whole, without parts)
+// as written.
+func (it *putItem) partSum(j int) uint32 {
+	if it.late {
+		return it.sums[j]
+	}
+	return crc32c.Checksum(it.pieces()[j])
+}
+
+// lateChecksum is the checksum of a late item's value as the master keeps
+// it, from its parts' sums; 0 (none) when a piece went unsummed.
+func (it *putItem) lateChecksum() uint32 {
+	if it.unsummed {
+		return 0
+	}
+	size, end := it.size(), uint64(0)
+	var sum uint32
+	for j, p := range it.pieces() {
+		end += uint64(len(p))
+		sum ^= crc32c.Shift(it.sums[j], size-end)
+	}
+	return nonZero(sum)
+}
+
 // ErrNotRegistered is the cause of the InvalidParams error of a part
 // outside the memory registered with RegisterBuffer.
 var ErrNotRegistered = errors.New("not in registered memory")

@@ -25,8 +25,16 @@ type putItem struct {
 	n     uint64   // the value's length when neither holds it (a put session)
 	from  bool     // value must be in registered memory (PutFrom)
 	sum   uint32
-	reps  []*storepb.Replica
-	err   error
+	// places says where the value (places[0]) or each part lives. With
+	// late, some of it is on a GPU and its checksum comes from the
+	// transfers that write it: sums holds the CRC-32C of each part (of
+	// the value, whole), unsummed that a piece went to no replica.
+	places   []place
+	late     bool
+	sums     []uint32
+	unsummed bool
+	reps     []*storepb.Replica
+	err      error
 	// started: the master holds a PutStart for it that needs an end or a
 	// revoke.
 	started bool
@@ -118,7 +126,10 @@ func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item
 			if it.err = c.checkRegistered(it); it.err != nil {
 				continue
 			}
-			if !c.cfg.NoChecksum {
+			if it.err = c.locate(it); it.err != nil {
+				continue
+			}
+			if !c.cfg.NoChecksum && !it.late {
 				it.sum = it.checksum()
 			}
 			live = append(live, it)
@@ -132,6 +143,11 @@ func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item
 		}
 		c.start(ctx, live, rc.proto(), upsert)
 		c.write(ctx, live)
+		for _, it := range live {
+			if it.late && it.err == nil {
+				it.sum = it.lateChecksum()
+			}
+		}
 		c.end(ctx, live)
 	}
 	errs = make([]error, len(keys))
@@ -184,49 +200,78 @@ func (c *Client) start(ctx context.Context, items []*putItem, rc *storepb.Replic
 // write copies every started item into its replicas, staging values that
 // are not in registered memory. Staging runs in waves when the batch does
 // not fit the buffer at once; a value bigger than a quarter of the buffer
-// is staged piece by piece.
+// is staged piece by piece. Memory on a GPU is staged by the driver's
+// copies, and reaches a replica in this process through the engine too.
 func (c *Client) write(ctx context.Context, items []*putItem) {
+	// owner is what an xfer writes for: its item and, for the one xfer
+	// that checksums a piece of GPU memory, the part's sum to fold the
+	// piece's into, after bytes of the part following it.
+	type owner struct {
+		it    *putItem
+		sum   *uint32
+		after uint64
+	}
 	var (
 		xs     []*xfer
-		owner  []*putItem
+		owners []owner
 		staged [][]byte
 	)
 	flush := func() {
 		c.run(ctx, xs, time.Time{})
 		for i, x := range xs {
-			if x.err != nil && owner[i].err == nil {
-				owner[i].err = x.err
+			o := owners[i]
+			switch {
+			case x.err != nil && o.it.err == nil:
+				o.it.err = x.err
+			case x.err == nil && o.sum != nil:
+				*o.sum ^= crc32c.Shift(x.sum, o.after)
 			}
 		}
 		for _, b := range staged {
 			c.stage.release(b)
 		}
-		xs, owner, staged = xs[:0], owner[:0], staged[:0]
+		xs, owners, staged = xs[:0], owners[:0], staged[:0]
 	}
-	add := func(it *putItem, src []byte, off int, local bool) {
+	// add writes src at off in the item's value to its replicas in this
+	// process (here) and elsewhere (there). With sum, the first write
+	// checksums src for it.
+	add := func(it *putItem, src []byte, off int, here, there bool, sum *uint32, after uint64) {
 		for _, r := range it.reps {
 			m := r.GetMemory()
 			if m == nil {
 				continue
 			}
-			if (m.SegmentName == c.name) != local {
+			if local := m.SegmentName == c.name; (local && !here) || (!local && !there) {
 				continue
 			}
-			xs = append(xs, &xfer{op: engine.Write, local: src, seg: m.SegmentName, remote: m.BufferAddress + uint64(off)})
+			x := &xfer{op: engine.Write, local: src, seg: m.SegmentName, remote: m.BufferAddress + uint64(off), crc: sum != nil}
+			xs, owners = append(xs, x), append(owners, owner{it: it, sum: sum, after: after})
 			c.met.writeBytes.Add(float64(len(src)))
-			owner = append(owner, it)
+			sum = nil
+		}
+		if sum != nil {
+			it.unsummed = true
 		}
 	}
-	// piece writes src at off in the item's value: replicas in this
-	// process take a plain copy from the caller's memory; only the others
-	// need it registered, else it goes through the staging buffer.
-	piece := func(it *putItem, src []byte, off int) {
-		add(it, src, off, true)
-		if !c.needsEngine(it.reps) {
-			return
+	// piece writes part j of the item, src, at off in its value. From
+	// host memory, replicas in this process take a plain copy from the
+	// caller's memory and only the others need it registered, else it
+	// goes through the staging buffer. From GPU memory every replica is
+	// written by the engine, from registered memory or from the staging
+	// buffer the driver copies it into.
+	piece := func(it *putItem, j int, src []byte, off int) {
+		p := it.places[j]
+		var sum *uint32
+		if !p.onGPU() {
+			add(it, src, off, true, false, nil, 0)
+			if !c.needsEngine(it.reps) {
+				return
+			}
+		} else if it.late {
+			sum = &it.sums[j]
 		}
 		if c.registered(src) {
-			add(it, src, off, false)
+			add(it, src, off, p.onGPU(), true, sum, 0)
 			return
 		}
 		for o := 0; o < len(src); {
@@ -240,9 +285,13 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 					return
 				}
 			}
-			copy(buf, src[o:])
+			if err := p.copyTo(buf, src[o:]); err != nil {
+				c.stage.release(buf)
+				it.err = err
+				return
+			}
 			staged = append(staged, buf)
-			add(it, buf, off+o, false)
+			add(it, buf, off+o, p.onGPU(), true, sum, uint64(len(src)-o)-n)
 			o += int(n)
 		}
 	}
@@ -251,7 +300,7 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 			continue
 		}
 		if it.parts == nil {
-			piece(it, it.value, 0)
+			piece(it, 0, it.value, 0)
 			continue
 		}
 		// Parts are written from where they are, each at its offset in
@@ -262,7 +311,7 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 				off = int(it.offs[j])
 			}
 			if len(p) > 0 && it.err == nil {
-				piece(it, p, off)
+				piece(it, j, p, off)
 			}
 			off += len(p)
 		}

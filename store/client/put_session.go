@@ -217,6 +217,9 @@ func (c *Client) BatchPutRanges(ctx context.Context, keys []string, ranges [][]P
 			}
 			it.parts[j], it.offs[j] = r.Src, r.Dst
 		}
+		if it.err == nil {
+			it.err = c.locate(it)
+		}
 		items[i] = it
 		if it.err == nil {
 			live, wrote[i] = append(live, it), true
@@ -255,14 +258,14 @@ func (c *Client) record(s *putSession, it *putItem) {
 			continue
 		}
 		off := it.offs[j]
-		if it.err != nil || c.cfg.NoChecksum {
+		if it.err != nil || it.unsummed || c.cfg.NoChecksum {
 			// Either the replicas may hold anything there, or nobody
 			// wants the checksum: either way a gap makes the value
 			// sealed without one.
 			delete(s.pieces, off)
 			continue
 		}
-		s.pieces[off] = piece{n: uint64(len(p)), crc: crc32c.Checksum(p)}
+		s.pieces[off] = piece{n: uint64(len(p)), crc: it.partSum(j)}
 	}
 }
 

@@ -17,8 +17,8 @@ import (
 // xfer is one copy between local memory and a replica.
 type xfer struct {
 	op     engine.Op
-	local  []byte // registered memory, unless the replica is in this process
-	seg    string // the replica's segment; the client's own means a plain copy
+	local  []byte // registered memory, unless the replica is in this process and local is host memory
+	seg    string // the replica's segment; the client's own means a local copy
 	remote uint64
 	crc    bool   // checksum the bytes once in place (reads to verify)
 	sum    uint32 // their CRC-32C, with crc and no err
@@ -60,34 +60,31 @@ func (s *segmentCache) closeAll() {
 }
 
 // run performs xs, setting each one's err (and sum). Copies within this
-// process are plain copies; the rest go to the engine as one batch, with
-// the earlier of ctx's deadline and until (zero: none) on every request,
-// or the engine's timeout without either. The engine checksums what it
-// reads slice by slice as the slices land, overlapped with the rest of
-// the transfer.
+// process are plain copies, unless the local memory is on a GPU: those go
+// to the engine's local segment, whose copy the driver makes. The rest go
+// to the engine as one batch, with the earlier of ctx's deadline and until
+// (zero: none) on every request, or the engine's timeout without either.
+// The engine checksums what it moves slice by slice as the slices land,
+// overlapped with the rest of the transfer.
 func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	var remote []*xfer
 	var reqs []engine.Request
 	crc := false
 	for _, x := range xs {
+		id := engine.LocalSegment
 		if x.seg == c.name {
-			dst := transport.Bytes(uintptr(x.remote), uint64(len(x.local)))
-			if x.op == engine.Read {
-				copy(x.local, dst)
-			} else {
-				copy(dst, x.local)
+			if _, gpu, _ := c.eng.MemoryLocation(engine.AddrOf(x.local), uint64(len(x.local))); !gpu {
+				c.copyLocal(x)
+				continue
 			}
-			if x.crc {
-				x.sum = crc32c.Checksum(x.local)
+		} else {
+			var err error
+			if id, err = c.segs.open(ctx, x.seg); err != nil {
+				x.err = transferErr(err, "open segment %s", x.seg)
+				continue
 			}
-			continue
 		}
 		crc = crc || x.crc
-		id, err := c.segs.open(ctx, x.seg)
-		if err != nil {
-			x.err = transferErr(err, "open segment %s", x.seg)
-			continue
-		}
 		remote = append(remote, x)
 		reqs = append(reqs, engine.Request{Op: x.op, Local: engine.AddrOf(x.local), Segment: id,
 			Remote: x.remote, Length: uint64(len(x.local))})
@@ -135,6 +132,19 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 		}
 	}
 	_ = c.eng.FreeBatch(b)
+}
+
+// copyLocal performs x, between host memory and this client's segment.
+func (c *Client) copyLocal(x *xfer) {
+	dst := transport.Bytes(uintptr(x.remote), uint64(len(x.local)))
+	if x.op == engine.Read {
+		copy(x.local, dst)
+	} else {
+		copy(dst, x.local)
+	}
+	if x.crc {
+		x.sum = crc32c.Checksum(x.local)
+	}
 }
 
 // transferErr is a TransferFail caused by err (nil when there is none).
