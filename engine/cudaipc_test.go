@@ -11,6 +11,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/device/devicetest"
+	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/cudaipc"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
@@ -31,7 +32,10 @@ type gpuTarget struct {
 	tp   *targetProc
 }
 
+// startGPUTarget starts a target, with this process's driver loaded (as
+// in a framework's process: the path never loads it itself).
 func startGPUTarget(t *testing.T) *gpuTarget {
+	driver(t)
 	info, tp := startTargetIO(t, "auto", "")
 	return &gpuTarget{info: info, tp: tp}
 }
@@ -186,9 +190,9 @@ func TestCudaIPCNotOverTCPOnly(t *testing.T) {
 }
 
 // TestCudaIPCReregistered: the target frees its GPU buffer and registers
-// another after this process mapped the first: a slice on the new range
-// refreshes the view and goes through IPC, and the stale mapping is
-// closed.
+// another after this process mapped the first: a slice on the freed range
+// is refused, not written into the stale mapping; a slice on the new range
+// refreshes the view and goes through IPC; the stale mapping is closed.
 func TestCudaIPCReregistered(t *testing.T) {
 	ctx := context.Background()
 	g := startGPUTarget(t)
@@ -204,6 +208,12 @@ func TestCudaIPCReregistered(t *testing.T) {
 	require.NoError(t, err)
 	roundTrip(t, e, g, seg, hl, 0, r, 7)
 	require.Equal(t, "ok", g.tp.command(t, fmt.Sprintf("gpufree 0 %#x", r)))
+	// This process still maps the freed allocation; the peer's control
+	// counter says it unregistered, so the path refreshes and does not
+	// write into it: the target refuses the range.
+	st := moveOne(t, e, engine.Request{Op: engine.Write, Local: hl.addr(), Segment: seg, Remote: r, Length: ipcLen})
+	require.Equal(t, engine.Failed, st.Status, "a write into unregistered GPU memory: %v", st.Err)
+	require.ErrorIs(t, st.Err, transport.ErrRejected)
 	r2 := g.gpu(t, 0, ipcLen, 0)
 	roundTrip(t, e, g, seg, hl, 0, r2, 9)
 	require.Equal(t, 2, ipcOpens(t)-opens, "the new allocation mapped")

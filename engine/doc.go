@@ -92,8 +92,10 @@
 // memory (host-to-device and device-to-host included). A range in the peer's
 // host memory, an allocation whose handle cannot be opened here (logged once)
 // or a process that has not loaded the driver go on to staging and the paths
-// after it. A range the view lacks, or a failed copy, refreshes the view once
-// (PeerInfo.Describe) before the slice passes on or fails.
+// after it. Each copy first checks the peer's control counter (above), so
+// memory the peer unregistered is not written through a stale mapping; a
+// moved counter, a range the view lacks or a failed copy refreshes the view
+// once (PeerInfo.Describe) before the slice passes on or fails.
 //
 // # GPU memory
 //

@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine/device"
 	"github.com/mooncake-go/mooncake/engine/metadata"
@@ -164,7 +167,7 @@ func ipcBuffer(drv *device.Driver, r transport.LocalRegion) (metadata.IPCBuffer,
 }
 
 // Unregistered implements transport.Publisher. Peers learn of a removed
-// region by refreshing their view (see the package doc).
+// region from the same-host path's control counter (see the package doc).
 func (t *Transport) Unregistered() {}
 
 // Open implements transport.Transport: a peer in another process of this
@@ -180,11 +183,16 @@ func (t *Transport) Open(_ context.Context, info transport.PeerInfo) (transport.
 		// CUDA refuses to open a process's own handles.
 		return nil, fmt.Errorf("%w: segment %s is in this process", transport.ErrUnavailable, info.Name)
 	}
-	v, err := newView(info.Desc, 0)
+	v, err := newView(info.Desc, c.PID, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: segment %s: %w", transport.ErrUnavailable, info.Name, err)
 	}
-	p := &peer{t: t, name: info.Name, describe: info.Describe, next: info.Next, maps: map[device.IPCHandle]*mapping{}}
+	ctrl, err := openControl(info.Desc.Local, c.PID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: segment %s: %w", transport.ErrUnavailable, info.Name, err)
+	}
+	p := &peer{t: t, name: info.Name, pid: c.PID, ctrl: ctrl, describe: info.Describe, next: info.Next,
+		maps: map[device.IPCHandle]*mapping{}}
 	p.inline, _ = info.Next.(transport.Inliner)
 	p.view.Store(v)
 	p.drv.Store(device.Present())
@@ -241,11 +249,45 @@ func (t *Transport) getBounce(n uint64) *[]byte {
 	return &b
 }
 
+// openControl maps, read-only, the control page that the peer's same-host
+// path publishes (package shm): a counter that moves whenever the peer
+// unregisters memory. Without it a mapping of memory the peer freed could
+// not be told from a live one, so the path does not open such a peer.
+func openControl(l *metadata.LocalInfo, pid int) ([]byte, error) {
+	if l == nil || l.Generation == nil || l.PID != pid {
+		return nil, errors.New("cudaipc: the peer publishes no control counter of its memory")
+	}
+	// The start time proves the pid was not reused.
+	if st, err := shm.StartTime(pid); err != nil || st != l.StartTime {
+		return nil, fmt.Errorf("cudaipc: pid %d is not the published process", pid)
+	}
+	path := fmt.Sprintf("/proc/%d/fd/%d", pid, l.ControlFD)
+	if target, err := os.Readlink(path); err != nil || !strings.HasPrefix(target, "/memfd:mooncake-control") {
+		return nil, fmt.Errorf("cudaipc: %s is not the peer's control page (%q, %v)", path, target, err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("cudaipc: control page: %w", err)
+	}
+	defer f.Close()
+	mem, err := unix.Mmap(int(f.Fd()), 0, os.Getpagesize(), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("cudaipc: map %s: %w", path, err)
+	}
+	return mem, nil
+}
+
+// counter reads the control page's counter.
+func counter(ctrl []byte) uint64 { return (*atomic.Uint64)(unsafe.Pointer(&ctrl[0])).Load() }
+
 // view is a peer's GPU buffers as one descriptor published them.
 type view struct {
 	gen  uint64 // counts refreshes: a slice that failed on gen asks for gen+1
 	ipc  []ipcBuf
 	bufs []metadata.Buffer // every buffer the peer listed, host or GPU
+	// ctrl is the peer's control counter as it read it before listing its
+	// buffers: the view is current while the counter still holds it.
+	ctrl uint64
 }
 
 // ipcBuf is an IPC buffer of the peer, decoded.
@@ -256,13 +298,18 @@ type ipcBuf struct {
 	handle       device.IPCHandle
 }
 
+// errStale: the peer unregistered memory since the view was taken.
+var errStale = errors.New("cudaipc: view of the peer is stale")
+
 // errBadBuffer: a descriptor's IPC buffer that makes no sense.
 var errBadBuffer = errors.New("cudaipc: bad IPC buffer")
 
 // newView decodes d's IPC buffers. Descriptors from the network were
 // checked by metadata.ParseSegmentDesc; this checks again what a copy
-// relies on, for descriptors made otherwise.
-func newView(d *metadata.SegmentDesc, gen uint64) (*view, error) {
+// relies on, for descriptors made otherwise. A descriptor of another
+// process than pid (the peer restarted), or without its control counter,
+// gives a view with no IPC buffer: every slice passes on.
+func newView(d *metadata.SegmentDesc, pid int, gen uint64) (*view, error) {
 	v := &view{gen: gen, bufs: d.Buffers}
 	if d.CudaIPC == nil {
 		return v, nil
@@ -277,6 +324,11 @@ func newView(d *metadata.SegmentDesc, gen uint64) (*view, error) {
 		copy(ib.handle[:], b.Handle)
 		v.ipc = append(v.ipc, ib)
 	}
+	if d.CudaIPC.PID != pid || d.Local == nil || d.Local.PID != pid || d.Local.Generation == nil {
+		v.ipc = nil
+		return v, nil
+	}
+	v.ctrl = *d.Local.Generation
 	return v, nil
 }
 
@@ -314,6 +366,8 @@ type mapping struct {
 type peer struct {
 	t        *Transport
 	name     string
+	pid      int
+	ctrl     []byte // the peer's control page; unmapped by Close
 	describe func(context.Context) (*metadata.SegmentDesc, error)
 	next     transport.Peer    // nil: no other path
 	inline   transport.Inliner // next, if it sends inline
@@ -400,6 +454,7 @@ func (p *peer) Close() {
 	}
 	p.closed = true
 	p.unmap(func(device.IPCHandle) bool { return true })
+	unix.Munmap(p.ctrl)
 }
 
 // unmap closes the mappings whose handle drop says, with p.mu held for
@@ -449,8 +504,15 @@ func (p *peer) serve(s *transport.Slice) {
 			refreshed = true
 			continue
 		}
-		mapped, err := p.copy(b, s)
+		mapped, err := p.copy(v, b, s)
 		switch {
+		case errors.Is(err, errStale):
+			if refreshed || p.refresh(s, v.gen) != nil {
+				p.pass(p.t.ctx, s)
+				return
+			}
+			refreshed = true
+			continue
 		case !mapped:
 			p.pass(p.t.ctx, s)
 			return
@@ -487,7 +549,7 @@ func (p *peer) refresh(s *transport.Slice, gen uint64) error {
 		p.t.cfg.Logger.Debug("CUDA IPC view refresh failed", "segment", p.name, "err", err)
 		return err
 	}
-	v, err := newView(d, gen+1)
+	v, err := newView(d, p.pid, gen+1)
 	if err != nil {
 		return err
 	}
@@ -526,7 +588,7 @@ func (p *peer) mapping(drv *device.Driver, b *ipcBuf) *mapping {
 
 // copy moves s through b's mapped allocation. mapped is false when the
 // allocation cannot be mapped (s is then untouched).
-func (p *peer) copy(b *ipcBuf, s *transport.Slice) (mapped bool, err error) {
+func (p *peer) copy(v *view, b *ipcBuf, s *transport.Slice) (mapped bool, err error) {
 	drv := p.driver(s)
 	if drv == nil {
 		return false, nil
@@ -535,6 +597,9 @@ func (p *peer) copy(b *ipcBuf, s *transport.Slice) (mapped bool, err error) {
 	defer p.mu.RUnlock()
 	if p.closed {
 		return true, transport.ErrClosed
+	}
+	if counter(p.ctrl) != v.ctrl {
+		return false, errStale
 	}
 	m := p.mapping(drv, b)
 	if m.err != nil {
