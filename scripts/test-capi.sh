@@ -4,8 +4,8 @@
 # the call sequences of NIXL's plugin and TensorRT-LLM's agent, bad input,
 # threads, the store API against a store started here (`mooncake up`), and
 # fork (a process that has the library loaded forks before its first call,
-# and after it). A C++ program linked against libtransfer_engine.so by name
-# runs too.
+# and after it), the store with GPU buffers on the CUDA driver test double.
+# A C++ program linked against libtransfer_engine.so by name runs too.
 # Exits non-zero on any failure. Arguments are test names to run (default:
 # all). CAPI_OUT is where the library and the test programs go (default
 # build/); with GOEXPERIMENT=cgocheck2 (`make capi-test` runs the suite so
@@ -44,7 +44,11 @@ done
 master=$(awk '$1 == "clients" { print $3 }' "$tmp/up.log")
 [ -n "$master" ] || { cat "$tmp/up.log"; echo "mooncake up printed no master" >&2; exit 1; }
 
-MC_TEST_MASTER=$master "$out/capi_test" "$@"
+# GPU memory for the store_device test: the CUDA driver test double, which
+# the test loads as a framework loads libcuda (only the test program sees
+# it; the store it talks to runs without).
+bash engine/device/fakecuda/build.sh "$out"
+MC_TEST_MASTER=$master MC_CUDA_DRIVER="$PWD/$out/libfakecuda.so" "$out/capi_test" "$@"
 if [ $# -eq 0 ]; then
 	# The Mooncake API sequences once more as TensorRT-LLM's CI runs them:
 	# MC_FORCE_TCP=1, TCP even between processes on one host.

@@ -74,6 +74,7 @@ static const struct {
     {"store_struct_versions", test_store_struct_versions, 1},
     {"destroy_cancels", test_destroy_cancels, 0},
     {"store_silent_peer", test_store_silent_peer, 1},
+    {"store_device", test_store_device, 1},
     {"fork_before_use", test_fork_before_use, 0},
     {"fork_after_use", test_fork_after_use, 0},
     {"copy_shares_runtime", test_copy_shares_runtime, 0},
