@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
@@ -123,7 +124,7 @@ func TestRemoteRangeOutsideRegistrationRejected(t *testing.T) {
 			for _, op := range []engine.Op{engine.Write, engine.Read} {
 				st := transfer(t, init, []engine.Request{{Op: op, Local: addr(src), Segment: seg, Remote: tc.remote, Length: tc.length}})
 				require.Equal(t, engine.Failed, st.Status)
-				require.Error(t, st.Err)
+				require.ErrorIs(t, st.Err, transport.ErrRejected)
 			}
 		})
 	}

@@ -32,7 +32,7 @@ func TestNotifyAndProbe(t *testing.T) {
 	require.NoError(t, err)
 
 	require.NoError(t, init.Probe(ctx, target.Name()))
-	require.Error(t, init.Probe(ctx, "127.0.0.1:1"), "nothing listens on port 1")
+	require.ErrorIs(t, init.Probe(ctx, "127.0.0.1:1"), engine.ErrSocket, "nothing listens on port 1")
 
 	// The notify of a batch goes out only after its data is in place.
 	b, err := init.AllocateBatch(1)
