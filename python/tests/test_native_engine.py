@@ -95,12 +95,12 @@ def test_buffer_kinds(pair):
     a.write(seg, t, remote + 3100)
 
     class Device:
-        type = "cuda"
+        type = "mps"
 
     gpu = FakeTensor(raw)
     gpu.device = Device()
     with pytest.raises(ValueError):
-        a.write(seg, gpu, remote)  # GPU memory is not host memory
+        a.write(seg, gpu, remote)  # memory neither the CPU nor CUDA reaches
     assert bytes(dst[:1024]) == b"A" * 1024
     assert bytes(dst[1024:1034]) == b"A" * 10
     assert bytes(dst[2048:2112]) == b"B" * 64

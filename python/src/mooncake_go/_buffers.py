@@ -4,7 +4,9 @@ Accepted everywhere a buffer is taken:
   * an ``int``: a raw address (a length must be given);
   * an object with ``data_ptr()`` (a torch tensor): its data, of
     ``numel() * element_size()`` bytes (or ``nbytes``); it must be
-    contiguous and in CPU memory;
+    contiguous, in CPU or CUDA memory (the library finds a device pointer
+    by asking the CUDA driver the process loaded, and moves its bytes
+    with the driver only);
   * an object with ``__array_interface__`` (a numpy array): its data, of
     ``nbytes``; it must be C-contiguous;
   * any object with the buffer protocol (bytearray, memoryview, mmap,
@@ -44,9 +46,10 @@ def _resolve(obj: Any, writable: bool) -> Tuple[int, int]:
     data_ptr = getattr(obj, "data_ptr", None)
     if callable(data_ptr):  # torch.Tensor and look-alikes
         device = getattr(obj, "device", None)
-        if device is not None and getattr(device, "type", "cpu") != "cpu":
-            # GPU memory needs a GPU transport; a host copy would fault.
-            raise ValueError(f"tensor on {device}: only CPU memory is supported")
+        if device is not None and getattr(device, "type", "cpu") not in ("cpu", "cuda"):
+            # Memory the library can reach neither with the CPU nor with
+            # the CUDA driver.
+            raise ValueError(f"tensor on {device}: only CPU and CUDA memory are supported")
         contiguous = getattr(obj, "is_contiguous", None)
         if callable(contiguous) and not contiguous():
             raise ValueError("tensor is not contiguous")
