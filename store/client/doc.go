@@ -42,6 +42,14 @@
 // lookup (or, after another client's upsert, the one before it, as any
 // lease holder would). A cached read that fails looks up afresh.
 //
+// Caller memory may be GPU memory (a CUDA tensor's data, registered with
+// RegisterBuffer or not): the client finds it by asking the engine, or the
+// CUDA driver the process has loaded, and never touches it with the CPU.
+// It moves through the engine (which copies device memory with the driver,
+// a replica in this process included) or through the staging buffer by the
+// driver's copies, and the checksum of a value put from it is the one the
+// transfers took from the host bytes they moved (see gpu.go).
+//
 // The client pings the master every second; a master that does not know it
 // (restarted, failed over, or expired it) gets its segments remounted.
 // Ping answers also carry SSD-tier moves for this client to copy.
