@@ -140,7 +140,7 @@ func TestRegisterDeviceMemory(t *testing.T) {
 // requests cut into many slices, checksummed.
 func TestDeviceTransfers(t *testing.T) {
 	const n = 3<<20 + 12345
-	for _, tr := range []string{"tcp", "auto"} {
+	for _, tr := range []string{"tcp", "auto", "shm"} {
 		for _, c := range []struct{ local, remote int }{{0, -1}, {-1, 1}, {1, 0}, {0, 0}} {
 			name := fmt.Sprintf("%s/local%d-remote%d", tr, c.local, c.remote)
 			t.Run(name, func(t *testing.T) {

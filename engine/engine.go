@@ -35,7 +35,8 @@ type Engine struct {
 	hs     *metadata.HandshakeServer
 	server *tcp.Server
 	// paths are the data paths in order of preference: Config.Transports,
-	// then same-host, then TCP (as Config.Transport allows).
+	// then CUDA IPC (unless Transport is "tcp"), GPU staging, same-host
+	// shared memory and TCP (as Config.Transport allows).
 	paths []transport.Transport
 
 	segMu    sync.Mutex

@@ -167,7 +167,7 @@ func TestRunVRAM(t *testing.T) {
 	for _, tc := range []struct {
 		transport string
 		op        engine.Op
-	}{{"tcp", engine.Write}, {"tcp", engine.Read}} {
+	}{{"tcp", engine.Write}, {"tcp", engine.Read}, {"shm", engine.Write}, {"shm", engine.Read}} {
 		t.Run(tc.transport+" "+tc.op.String(), func(t *testing.T) {
 			o := smoke(tc.transport, tc.op)
 			o.UseVRAM, o.GPUID = true, 1

@@ -30,7 +30,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mooncake-go/mooncake/engine/device"
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 // ErrStale: the peer unregistered memory since it was opened; reopen it or
@@ -138,7 +140,10 @@ type Shared struct {
 }
 
 // Region is a registered, remote-accessible range of the peer.
-type Region struct{ Addr, Length uint64 }
+type Region struct {
+	Addr, Length uint64
+	Dev          int // the GPU of a Device region
+}
 
 // PeerInfo is what a peer published about itself.
 type PeerInfo struct {
@@ -377,6 +382,9 @@ func (p *Peer) Copy(s *transport.Slice) error {
 		return err
 	}
 	if s.LocalDevice > 0 || p.onDevice(s.Remote, s.Length) {
+		if p.self {
+			return p.deviceCopy(s)
+		}
 		return ErrOnDevice
 	}
 	local := transport.Bytes(s.Local, s.Length)
@@ -398,12 +406,55 @@ func (p *Peer) Copy(s *transport.Slice) error {
 // allowed reports whether [addr, addr+n) lies inside one published region.
 // onDevice reports whether [addr, addr+n) meets the peer's GPU memory.
 func (p *Peer) onDevice(addr, n uint64) bool {
+	_, ok := p.deviceRegion(addr, n, false)
+	return ok
+}
+
+// deviceRegion returns the peer's GPU region that holds [addr, addr+n)
+// (whole: only one that does), or that meets it (whole false).
+func (p *Peer) deviceRegion(addr, n uint64, whole bool) (Region, bool) {
 	for _, r := range p.device {
-		if addr < r.Addr+r.Length && r.Addr < addr+n {
-			return true
+		if whole && addr >= r.Addr && addr+n >= addr && addr+n <= r.Addr+r.Length {
+			return r, true
+		}
+		if !whole && addr < r.Addr+r.Length && r.Addr < addr+n {
+			return r, true
 		}
 	}
-	return false
+	return Region{}, false
+}
+
+// deviceCopy moves a slice with GPU memory on a side when the peer is this
+// very process: both addresses are this process's, so the driver copies
+// between them directly (no IPC, which a driver refuses within a process).
+// A checksum is taken from a host copy the driver makes.
+func (p *Peer) deviceCopy(s *transport.Slice) error {
+	drv := device.Present()
+	if drv == nil {
+		return ErrOnDevice
+	}
+	dev := s.LocalDevice - 1
+	if r, ok := p.deviceRegion(s.Remote, s.Length, true); ok {
+		if dev < 0 {
+			dev = r.Dev
+		}
+	} else if !p.allowed(s.Remote, s.Length) {
+		return fmt.Errorf("%w: %#x+%d", ErrOutside, s.Remote, s.Length)
+	}
+	dst, src := uintptr(s.Remote), s.Local
+	if s.Op == transport.Read {
+		dst, src = src, dst
+	}
+	if !s.Checksum {
+		return drv.Copy(dev, dst, src, s.Length)
+	}
+	tmp := make([]byte, s.Length)
+	at := uintptr(unsafe.Pointer(unsafe.SliceData(tmp)))
+	if err := drv.Copy(dev, at, src, s.Length); err != nil {
+		return err
+	}
+	s.CRC, s.Summed = crc32c.Checksum(tmp), true
+	return drv.Copy(dev, dst, at, s.Length)
 }
 
 func (p *Peer) allowed(addr, n uint64) bool {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mooncake-go/mooncake/engine/device"
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/engine/transport"
 )
@@ -142,7 +143,11 @@ func (t *Transport) info(desc *metadata.SegmentDesc) (PeerInfo, bool) {
 	}
 	for _, b := range desc.Buffers {
 		if b.Location != "" {
-			info.Device = append(info.Device, Region{Addr: b.Addr, Length: b.Length})
+			loc, err := device.ParseLocation(b.Location)
+			if err != nil || !loc.Cuda {
+				continue // neither host memory nor a GPU this path knows: never touched
+			}
+			info.Device = append(info.Device, Region{Addr: b.Addr, Length: b.Length, Dev: loc.Device})
 		} else {
 			info.Regions = append(info.Regions, Region{Addr: b.Addr, Length: b.Length})
 		}
