@@ -28,8 +28,11 @@ class Run(NamedTuple):
 
 def tensor_runs(name: str, t, num_blocks: int) -> List[Run]:
     """The runs of tensor t (a layer's KV cache of num_blocks blocks)."""
-    if t.device.type != "cpu":
-        raise ValueError(f"mooncake-go connector: layer {name} is on {t.device}; only CPU KV caches are supported")
+    # CUDA caches are registered by address like CPU ones: the library finds
+    # GPU memory through the CUDA driver vLLM has loaded and never touches
+    # it with the CPU. Other accelerators' memory it cannot move.
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"mooncake-go connector: layer {name} is on {t.device}; CPU and CUDA KV caches are supported")
     shape, strides = list(t.shape), list(t.stride())
     dims = [d for d, n in enumerate(shape) if n == num_blocks]
     if not dims:
