@@ -52,6 +52,6 @@ MC_TEST_MASTER=$master MC_CUDA_DRIVER="$PWD/$out/libfakecuda.so" "$out/capi_test
 if [ $# -eq 0 ]; then
 	# The Mooncake API sequences once more as TensorRT-LLM's CI runs them:
 	# MC_FORCE_TCP=1, TCP even between processes on one host.
-	MC_FORCE_TCP=1 "$out/capi_test" nixl_sequence trtllm_sequence compat_cross_api
+	MC_FORCE_TCP=1 MC_CUDA_DRIVER="$PWD/$out/libfakecuda.so" "$out/capi_test" nixl_sequence trtllm_sequence compat_cross_api engine_device
 fi
 "$out/capi_cxx_link" "$PWD/$out/libmooncake.so"

@@ -142,6 +142,7 @@ void test_store_struct_versions(void);
 void test_destroy_cancels(void);
 void test_store_silent_peer(void);
 void test_store_device(void);
+void test_engine_device(void);
 void test_no_leaks(void);
 
 #endif

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "transfer_engine_c.h"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -176,4 +177,81 @@ void test_store_device(void) {
     cu.free((CUdeviceptr)(uintptr_t)loose);
     free(host);
     free(back);
+}
+
+/* te_wait polls the n tasks of batch b until all completed (1) or one
+ * failed (0). */
+static int te_wait(transfer_engine_t te, batch_id_t b, size_t n) {
+    for (int spins = 0; spins < 200000; spins++) {
+        size_t done = 0;
+        for (size_t i = 0; i < n; i++) {
+            struct transfer_status st = {-1, 0};
+            if (getTransferStatus(te, b, i, &st) != 0) return 0;
+            if (st.status == STATUS_COMPLETED)
+                done++;
+            else if (st.status != STATUS_WAITING && st.status != STATUS_PENDING)
+                return 0;
+        }
+        if (done == n) return 1;
+        usleep(100);
+    }
+    return 0;
+}
+
+/* The engine APIs with GPU memory, as NIXL's Mooncake plugin passes VRAM
+ * (registerLocalMemory with location "*") and as the native API names it
+ * ("cuda:N"): bytes written from and read into GPU memory against a peer
+ * process, over the default paths and (in the MC_FORCE_TCP rerun) TCP. */
+void test_engine_device(void) {
+    REQUIRE(load_driver());
+    const size_t n = 3 << 20;
+    void *gpu = gpu_alloc(n);
+    REQUIRE(gpu != NULL);
+    uint8_t *host = malloc(n);
+    REQUIRE(host != NULL);
+    peer_t peer;
+    REQUIRE(peer_start(&peer, "native") == 0);
+    REQUIRE(peer.len >= n);
+    char reply[256];
+
+    transfer_engine_t te = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 0);
+    REQUIRE(te != NULL);
+    CHECK_EQ(registerLocalMemory(te, gpu, n, "*", 1), 0);
+    segment_id_t seg = openSegment(te, peer.name);
+    CHECK(seg > 0);
+    fill(host, 0, n, 61);
+    CHECK(to_gpu(gpu, host, n));
+    batch_id_t b = allocateBatchID(te, 1);
+    struct transfer_request w = {.opcode = OPCODE_WRITE, .source = gpu, .target_id = seg,
+                                 .target_offset = peer.addr, .length = n};
+    CHECK_EQ(submitTransfer(te, b, &w, 1), 0);
+    CHECK(te_wait(te, b, 1));
+    CHECK_EQ(freeBatchID(te, b), 0);
+    CHECK(peer_cmd(&peer, reply, sizeof reply, "CHECK 0 %zu 61", n) == 0);
+    CHECK(strcmp(reply, "OK") == 0);
+
+    CHECK(peer_cmd(&peer, reply, sizeof reply, "FILL 0 %zu 62", n) == 0);
+    b = allocateBatchID(te, 1);
+    struct transfer_request r = {.opcode = OPCODE_READ, .source = gpu, .target_id = seg,
+                                 .target_offset = peer.addr, .length = n};
+    CHECK_EQ(submitTransfer(te, b, &r, 1), 0);
+    CHECK(te_wait(te, b, 1));
+    CHECK_EQ(freeBatchID(te, b), 0);
+    CHECK(gpu_holds(gpu, n, 62));
+    CHECK_EQ(unregisterLocalMemory(te, gpu), 0);
+    destroyTransferEngine(te);
+
+    /* The native API: "cuda:0" is this memory; a GPU the host lacks and
+     * host memory named as a GPU are refused. */
+    mc_engine_t e = 0;
+    REQUIRE_MC(MC_OK, test_engine("tcp", &e, &E));
+    CHECK_MC(MC_TE_ERR_DEVICE_NOT_FOUND, mc_engine_register_memory(e, gpu, n, "cuda:9", 1, &E));
+    CHECK_MC(MC_TE_ERR_INVALID_ARGUMENT, mc_engine_register_memory(e, host, n, "cuda:0", 1, &E));
+    CHECK_MC(MC_OK, mc_engine_register_memory(e, gpu, n, "cuda:0", 1, &E));
+    CHECK_MC(MC_OK, mc_engine_unregister_memory(e, gpu, &E));
+    CHECK_MC(MC_OK, mc_engine_destroy(e, &E));
+
+    CHECK_EQ(peer_stop(&peer), 0);
+    cu.free((CUdeviceptr)(uintptr_t)gpu);
+    free(host);
 }
