@@ -63,15 +63,6 @@ func fromGPU(t testing.TB, b []byte) []byte {
 	return out
 }
 
-// gpuValue is a GPU buffer holding value(seed, n), and that value.
-func gpuValue(t testing.TB, dev int, seed uint64, n int) ([]byte, []byte) {
-	t.Helper()
-	want := value(seed, n)
-	b := gpuBuf(t, dev, n)
-	toGPU(t, b, want)
-	return b, want
-}
-
 // gpuRegistered is gpuBuf registered with c.
 func gpuRegistered(t testing.TB, c *Client, dev, n int) []byte {
 	t.Helper()
