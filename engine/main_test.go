@@ -32,22 +32,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("MC_TEST_NODRIVER") != "" {
 		os.Exit(registerWithoutDriver())
 	}
-	dir, err := os.MkdirTemp("", "mc-fakecuda-")
-	if err != nil {
-		panic(err)
-	}
-	if err := devicetest.Setup(dir); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(devicetest.Run(m, func() error { return goleak.Find() }))
 }
 
 // targetInfo is what a target process prints on its first stdout line.

@@ -22,16 +22,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	dir, err := os.MkdirTemp("", "mc-fakecuda-")
-	if err != nil {
-		panic(err)
-	}
-	if err := devicetest.Setup(dir); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(devicetest.Run(m))
 }
 
 func child(mode string) error {

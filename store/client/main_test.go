@@ -1,7 +1,6 @@
 package client
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -17,20 +16,5 @@ import (
 // GPU memory is the CUDA driver test double's (devicetest), built for the
 // run: the driver is loaded only by the tests that allocate device memory.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "mc-fakecuda-")
-	if err != nil {
-		panic(err)
-	}
-	if err := devicetest.Setup(dir); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(devicetest.Run(m, func() error { return goleak.Find() }))
 }

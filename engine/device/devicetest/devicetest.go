@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"testing"
 	"unsafe"
 
 	"github.com/mooncake-go/mooncake/engine/device"
@@ -42,6 +43,36 @@ func Setup(dir string) error {
 		return fmt.Errorf("devicetest: build the CUDA test double: %v\n%s", err, out)
 	}
 	return os.Setenv("MC_CUDA_DRIVER", filepath.Join(dir, "libfakecuda.so"))
+}
+
+// Run runs a test binary's tests on the double: it builds it into a
+// temporary directory (Setup), runs m, removes the directory and returns
+// m's exit code. checks run after passing tests (a leak check), each
+// failing the run with its error. A TestMain is then
+//
+//	func TestMain(m *testing.M) { os.Exit(devicetest.Run(m)) }
+func Run(m *testing.M, checks ...func() error) int {
+	dir, err := os.MkdirTemp("", "mc-fakecuda-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "devicetest:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := Setup(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	for _, check := range checks {
+		if code != 0 {
+			break
+		}
+		if err := check(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	return code
 }
 
 // Driver loads the driver (the double after Setup).

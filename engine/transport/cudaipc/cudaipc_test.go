@@ -23,16 +23,7 @@ import (
 // descriptors it accepts.
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "mc-fakecuda-")
-	if err != nil {
-		panic(err)
-	}
-	if err := devicetest.Setup(dir); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(devicetest.Run(m))
 }
 
 var handle = base64.StdEncoding.EncodeToString(make([]byte, metadata.IPCHandleSize))

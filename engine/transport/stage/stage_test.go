@@ -20,16 +20,7 @@ import (
 // path is transporttest's fake, which holds slices until the test settles
 // them, so the test sees what is staged while nothing has been sent.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "mc-fakecuda-")
-	if err != nil {
-		panic(err)
-	}
-	if err := devicetest.Setup(dir); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(devicetest.Run(m))
 }
 
 const slice = 64 << 10
