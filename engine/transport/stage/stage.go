@@ -59,7 +59,7 @@ type Transport struct {
 var (
 	_ transport.Transport = (*Transport)(nil)
 	_ transport.Peer      = (*peer)(nil)
-	_ transport.Inliner   = (*peer)(nil)
+	_ transport.Inliner   = inliner{}
 )
 
 // New returns the staging path. It allocates nothing until a slice on a
@@ -84,7 +84,11 @@ func (t *Transport) Open(_ context.Context, info transport.PeerInfo) (transport.
 		return nil, fmt.Errorf("%w: no path to stage onto for %s", transport.ErrUnavailable, info.Name)
 	}
 	p := &peer{t: t, next: info.Next}
-	p.inline, _ = info.Next.(transport.Inliner)
+	// Inline sends only where the next path has them: a peer that offers
+	// them sets the engine holding a Submit's slices back for them.
+	if in, ok := info.Next.(transport.Inliner); ok {
+		return inliner{p, in}, nil
+	}
 	return p, nil
 }
 
@@ -167,9 +171,14 @@ func (t *Transport) put(b []byte) { t.free <- b }
 
 // peer stages one peer's device slices onto the path after this one.
 type peer struct {
-	t      *Transport
-	next   transport.Peer
-	inline transport.Inliner // next, if it sends inline
+	t    *Transport
+	next transport.Peer
+}
+
+// inliner is a peer whose next path sends inline.
+type inliner struct {
+	*peer
+	next transport.Inliner
 }
 
 // Path implements transport.Peer: the path the bytes take on the wire.
@@ -224,13 +233,13 @@ func (p *peer) Submit(ctx context.Context, s *transport.Slice) {
 
 // SubmitInline implements transport.Inliner: slices on host memory keep
 // the next path's inline sends; any on a device are submitted one by one.
-func (p *peer) SubmitInline(ctx context.Context, sl []*transport.Slice) transport.Inline {
+func (p inliner) SubmitInline(ctx context.Context, sl []*transport.Slice) transport.Inline {
 	host := true
 	for _, s := range sl {
 		host = host && s.LocalDevice == 0
 	}
-	if host && p.inline != nil {
-		return p.inline.SubmitInline(ctx, sl)
+	if host {
+		return p.next.SubmitInline(ctx, sl)
 	}
 	for _, s := range sl {
 		p.Submit(ctx, s)
