@@ -196,6 +196,10 @@ mc_status_t mc_store_put(mc_store_t store, const char *key, const void *value, u
     return mcgoStorePut(store, (char *)key, (void *)value, length, (mc_replicate_config_t *)rc, err);
 }
 
+mc_status_t mc_copy(void *dst, const void *src, uint64_t n, mc_error_t *err) {
+    return mcgoCopy(dst, (void *)src, n, err);
+}
+
 mc_status_t mc_store_put_from(mc_store_t store, const char *key, const void *buf, uint64_t length,
                               const mc_replicate_config_t *rc, mc_error_t *err) {
     return mcgoStorePutFrom(store, (char *)key, (void *)buf, length, (mc_replicate_config_t *)rc, err);

@@ -156,9 +156,10 @@ extern "C" {
  * 1.5: mc_store_config_t.op_timeout_ms (MC_STORE_CONFIG_SIZE_V2);
  * destroying a handle cancels the calls in progress on it
  * (MC_ERR_CANCELED); a panic poisons its handle; structs of a newer
- * header are accepted when their unknown fields are zero (VERSIONING). */
+ * header are accepted when their unknown fields are zero (VERSIONING).
+ * 1.6: mc_copy. */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 5
+#define MC_ABI_VERSION_MINOR 6
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -370,6 +371,12 @@ mc_status_t mc_engine_register_memory(mc_engine_t engine, void *addr, uint64_t l
 /* mc_engine_unregister_memory removes the region registered at addr; it
  * returns once no transfer serving a peer touches it any more. */
 mc_status_t mc_engine_unregister_memory(mc_engine_t engine, void *addr, mc_error_t *err);
+
+/* mc_copy copies n bytes from src to dst, two addresses of this process,
+ * each host or GPU memory: with the CUDA driver when either is GPU memory
+ * (when the process has the driver loaded, it is asked), with the CPU
+ * otherwise. A failed device copy is MC_TE_ERR_MEMORY. (1.6) */
+mc_status_t mc_copy(void *dst, const void *src, uint64_t n, mc_error_t *err);
 
 /* mc_engine_allocate_buffer maps size bytes of shared memory (memfd,
  * so a peer on the same host copies with one memcpy), registers it

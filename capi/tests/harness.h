@@ -143,6 +143,7 @@ void test_destroy_cancels(void);
 void test_store_silent_peer(void);
 void test_store_device(void);
 void test_engine_device(void);
+void test_copy_device(void);
 void test_no_leaks(void);
 
 #endif

@@ -76,6 +76,7 @@ static const struct {
     {"store_silent_peer", test_store_silent_peer, 1},
     {"store_device", test_store_device, 1},
     {"engine_device", test_engine_device, 0},
+    {"copy_device", test_copy_device, 0},
     {"fork_before_use", test_fork_before_use, 0},
     {"fork_after_use", test_fork_after_use, 0},
     {"copy_shares_runtime", test_copy_shares_runtime, 0},

@@ -255,3 +255,33 @@ void test_engine_device(void) {
     cu.free((CUdeviceptr)(uintptr_t)gpu);
     free(host);
 }
+
+/* mc_copy between host and GPU memory in every direction, through the
+ * driver (the CPU cannot touch the double's device memory, so a copy by
+ * the CPU would kill this process); a failing driver copy is an error. */
+void test_copy_device(void) {
+    REQUIRE(load_driver());
+    const size_t n = 1 << 20;
+    void *g1 = gpu_alloc(n), *g2 = gpu_alloc(n);
+    REQUIRE(g1 != NULL && g2 != NULL);
+    uint8_t *h1 = malloc(n), *h2 = malloc(n);
+    REQUIRE(h1 != NULL && h2 != NULL);
+    fill(h1, 0, n, 71);
+    CHECK_MC(MC_OK, mc_copy(g1, h1, n, &E));     /* host to GPU */
+    CHECK_MC(MC_OK, mc_copy(g2, g1, n, &E));     /* GPU to GPU */
+    memset(h2, 0, n);
+    CHECK_MC(MC_OK, mc_copy(h2, g2, n, &E));     /* GPU to host */
+    CHECK_EQ(check_pattern(h2, 0, n, 71), -1);
+    memset(h2, 0, n);
+    CHECK_MC(MC_OK, mc_copy(h2, h1, n, &E));     /* host to host */
+    CHECK_EQ(check_pattern(h2, 0, n, 71), -1);
+    CHECK_MC(MC_OK, mc_copy(NULL, NULL, 0, &E)); /* nothing to copy */
+    CHECK_MC(MC_ERR_NULL_ARGUMENT, mc_copy(NULL, h1, 1, &E));
+    cu.fail("cuMemcpy", 1, 0);
+    CHECK_MC(MC_TE_ERR_MEMORY, mc_copy(h2, g2, n, &E));
+    cu.reset();
+    cu.free((CUdeviceptr)(uintptr_t)g1);
+    cu.free((CUdeviceptr)(uintptr_t)g2);
+    free(h1);
+    free(h2);
+}

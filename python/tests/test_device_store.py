@@ -164,6 +164,14 @@ def child_native(master: str, cuda: Cuda) -> None:
         s.upsert_from(k, loose)
         assert s.get(k) == nxt
 
+        # mooncake_go.copy between host and device memory, every way
+        h = bytearray(value(4096, 9))
+        mg.copy(src.ptr, bytes(h))
+        mg.copy(dst.ptr, src.ptr, 4096)
+        back = bytearray(4096)
+        mg.copy(back, dst.ptr, 4096)
+        assert bytes(back) == bytes(h)
+
         # batches and parts (one per layer) in device memory
         want = value(N, 3)
         cuda.upload(src.ptr, want)

@@ -21,7 +21,7 @@ and for connectors.
 """
 
 from . import errors
-from ._buffers import Buffer, address
+from ._buffers import Buffer, address, copy
 from ._lib import live_handles
 from ._size import parse_size
 from .engine import LOCAL_SEGMENT, Notify, Op, Request, RequestArray, SharedBuffer, State, Status, TransferEngine
@@ -60,6 +60,7 @@ __all__ = [
     "library_path",
     "live_handles",
     "address",
+    "copy",
     "parse_size",
     "Buffer",
 ]

@@ -25,6 +25,17 @@ from typing import Any, Optional, Tuple, Union
 Buffer = Union[int, Any]
 
 
+def copy(dst: Buffer, src: Buffer, length: Optional[int] = None) -> None:
+    """Copies length bytes (all of src by default) from src to dst, each a
+    buffer or an address of this process, in host or CUDA memory: the
+    library copies GPU memory with the CUDA driver, never with the CPU."""
+    from . import _lib
+
+    s, n = address(src, length)
+    d, _ = address(dst, n, writable=True)
+    _lib.call(_lib.lib.mc_copy, d, s, n)
+
+
 def address(obj: Buffer, length: Optional[int] = None, *, writable: bool = False) -> Tuple[int, int]:
     """The (address, length) of obj; length, when given, must fit in obj."""
     if isinstance(obj, int):

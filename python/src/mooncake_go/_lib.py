@@ -167,6 +167,7 @@ _SIGNATURES = {
     "mc_engine_name": (c_int32, [c_uint64, c_char_p, c_size_t, POINTER(c_size_t)]),
     "mc_engine_ports": (c_int32, [c_uint64, POINTER(c_uint32), POINTER(c_uint32)]),
     "mc_engine_register_memory": (c_int32, [c_uint64, c_void_p, c_uint64, c_char_p, c_int]),
+    "mc_copy": (c_int32, [c_void_p, c_void_p, c_uint64]),
     "mc_engine_unregister_memory": (c_int32, [c_uint64, c_void_p]),
     "mc_engine_allocate_buffer": (c_int32, [c_uint64, c_uint64, c_char_p, _VPP]),
     "mc_engine_free_buffer": (c_int32, [c_uint64, c_void_p]),
@@ -231,6 +232,7 @@ _MINOR = {
     "mc_store_batch_put_ranges": 4,
     "mc_store_batch_put_session_end": 4,
     "mc_store_batch_put_session_revoke": 4,
+    "mc_copy": 6,
 }
 
 
