@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strconv"
 	"sync"
@@ -191,4 +192,33 @@ func TestFailoverUnderLoad(t *testing.T) {
 		require.Equal(t, value(uint64(i), 2000), got)
 	}
 	t.Logf("%d puts acknowledged across the failover, all readable", len(acked))
+}
+
+// A call whose connection another call dropped (that one found no master
+// serving) goes to the leader again: gRPC fails it with codes.Canceled,
+// "the client connection is closing", which is no answer from any master.
+func TestCallRetriesOnDroppedConnection(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	waitLeader(t, startHAMaster(t, etcd, 100000))
+	m, err := dialMaster(ctxT(t), &Config{Master: "etcd://" + etcd, ClusterID: "t", RPCTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	defer m.close()
+
+	attempts := 0
+	err = m.call(ctxT(t), func(ctx context.Context, rpc storepb.MasterClient) error {
+		attempts++
+		if attempts == 1 {
+			m.mu.Lock()
+			gen := m.gen
+			m.mu.Unlock()
+			m.drop(gen) // as a concurrent call that met codes.Unavailable does
+		}
+		res, err := rpc.ExistKey(ctx, &storepb.KeyRequest{Key: "k"})
+		if err != nil {
+			return err
+		}
+		return res.AsError()
+	})
+	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
+	require.Equal(t, 2, attempts)
 }

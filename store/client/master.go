@@ -116,7 +116,7 @@ func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc s
 		rpc, gen, err := m.current(ctx)
 		if err == nil {
 			err = f(ctx, rpc)
-			if err == nil || status.Code(err) != codes.Unavailable {
+			if err == nil || !m.retryable(ctx, err) {
 				return rpcErr(ctx, err)
 			}
 			if m.etcd != nil {
@@ -130,6 +130,20 @@ func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc s
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 	}
+}
+
+// retryable tells whether a failed call may go to the leader again: no
+// master served it (codes.Unavailable), or another call dropped the
+// connection under it (codes.Canceled while the call's own context
+// lives: gRPC's "the client connection is closing").
+func (m *masterConn) retryable(ctx context.Context, err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable:
+		return true
+	case codes.Canceled:
+		return m.etcd != nil && ctx.Err() == nil
+	}
+	return false
 }
 
 // rpcErr maps transport failures to the store's codes, keeping the failure
