@@ -1,0 +1,90 @@
+// Package labtest runs tests on a netlab.Lab: TestMain moves the package's
+// tests into a network namespace of their own, and New gives a test a Lab
+// that closes when it ends.
+package labtest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+
+	"github.com/mooncake-go/mooncake/internal/netlab"
+)
+
+// envChild marks the test process that runs in the private namespace.
+const envChild = "MC_NETLAB_CHILD"
+
+// EnvRequire, set to 1, turns the skip of a test that cannot have a Lab
+// (not root, no TUN device) into a failure: CI sets it, so that the
+// network-fault tests cannot pass by not running.
+const EnvRequire = "MC_NETLAB_REQUIRE"
+
+// Main runs the package's tests, in a new network namespace when a Lab can
+// be built here, and exits with their status. Call it from TestMain.
+//
+// The tests run in a child process, this test binary with the same flags,
+// in a namespace of its own: the Lab's local host takes its address there,
+// and loopback works as usual.
+func Main(m *testing.M) {
+	if os.Getenv(envChild) == "1" {
+		if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "labtest: loopback up: %v: %s\n", err, out)
+			os.Exit(2)
+		}
+		os.Exit(m.Run())
+	}
+	if netlab.Available() != nil {
+		os.Exit(m.Run()) // New skips (or fails, under EnvRequire)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "labtest:", err)
+		os.Exit(2)
+	}
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Env = append(os.Environ(), envChild+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			os.Exit(ee.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "labtest: run the tests in a new network namespace:", err)
+		os.Exit(2)
+	}
+	os.Exit(0)
+}
+
+// New returns a Lab for t, closed when t ends. It skips t where no Lab can
+// be built (and fails it under EnvRequire), and fails t outside Main's
+// namespace, where the local host would touch the machine's network.
+func New(t testing.TB, cfg netlab.Config) *netlab.Lab {
+	t.Helper()
+	if err := netlab.Available(); err != nil {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("%v (and %s=1)", err, EnvRequire)
+		}
+		t.Skip(err)
+	}
+	if os.Getenv(envChild) != "1" {
+		t.Fatal("labtest: call labtest.Main from TestMain")
+	}
+	l, err := netlab.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// Host adds a host to l, failing t if it cannot.
+func Host(t testing.TB, l *netlab.Lab, name string) *netlab.Host {
+	t.Helper()
+	h, err := l.Host(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
