@@ -56,7 +56,8 @@ $CONDUCTOR_CONFIG_PATH) registered at start.
 
 Also served: DELETE/GET /v1/instances[/{id}], POST /v1/index/query
 ({"tokens": [...]} or {"hashes": [...]} -> longest cached prefix per
-instance), /v1/models, /metrics, /health. Every flag can come from the
+instance), /v1/models, /metrics, /health (readiness: 503 unless a prefill and
+a decode instance answer their GET /health). Every flag can come from the
 environment (MC_CONDUCTOR_<FLAG>, upper case, '-' as '_') or the config file
 (--config_path, MC_CONDUCTOR_CONFIG).`,
 		Example: `  mooncake conductor --listen 0.0.0.0:8000 \

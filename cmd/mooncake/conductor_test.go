@@ -101,7 +101,9 @@ func TestConductorCommand(t *testing.T) {
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.JSONEq(t, `{"status":"ok","ready":true,"prefill":1,"decode":3,"inflight":0}`, string(b))
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.JSONEq(t, `{"status":"ok","ready":true,"prefill":1,"decode":3,"reachable_prefill":1,"reachable_decode":3,
+		"unreachable":[],"inflight":0}`, string(b))
 	resp, err = client.Get(base + "/metrics")
 	require.NoError(t, err)
 	b, _ = io.ReadAll(resp.Body)

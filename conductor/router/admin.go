@@ -93,29 +93,6 @@ func (r *Router) handleIndexQuery(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, indexAnswer{Blocks: len(blocks), PrefixBlocks: prefix})
 }
 
-// health is the body of GET /health. Ready says whether a request can be
-// routed now: at least one prefill and one decode instance.
-type health struct {
-	Status   string `json:"status"`
-	Ready    bool   `json:"ready"`
-	Prefill  int    `json:"prefill"`
-	Decode   int    `json:"decode"`
-	Inflight int64  `json:"inflight"`
-}
-
-func (r *Router) handleHealth(w http.ResponseWriter, _ *http.Request) {
-	h := health{Status: "ok", Inflight: r.inflight.Load()}
-	for _, in := range r.Instances() {
-		if in.Role == RolePrefill {
-			h.Prefill++
-		} else {
-			h.Decode++
-		}
-	}
-	h.Ready = h.Prefill > 0 && h.Decode > 0
-	writeJSON(w, http.StatusOK, h)
-}
-
 // handleModels answers GET /v1/models from one engine: OpenAI clients and
 // benchmark tools ask it for the model name before anything else.
 func (r *Router) handleModels(w http.ResponseWriter, req *http.Request) {

@@ -128,18 +128,18 @@ func TestHealthMetricsModels(t *testing.T) {
 	_, es := cluster(t, 1, 1)
 	h := newHarness(t, nil, nil, es[0])
 
-	var hl health
-	a := h.do("GET", "/health", nil)
-	require.Equal(t, 200, a.status)
-	require.NoError(t, json.Unmarshal(a.body, &hl))
-	assert.Equal(t, health{Status: "ok", Ready: false, Prefill: 1}, hl, "no decode instance: not ready")
+	status, hl := h.health()
+	require.Equal(t, 503, status)
+	assert.Equal(t, health{Status: "unavailable", Ready: false, Prefill: 1, ReachablePrefill: 1, Unreachable: []unreachable{}}, hl,
+		"no decode instance: not ready")
 
 	require.NoError(t, h.router.Register(es[1].instance()))
-	a = h.do("GET", "/health", nil)
-	require.NoError(t, json.Unmarshal(a.body, &hl))
-	assert.Equal(t, health{Status: "ok", Ready: true, Prefill: 1, Decode: 1}, hl)
+	status, hl = h.health()
+	require.Equal(t, 200, status)
+	assert.Equal(t, health{Status: "ok", Ready: true, Prefill: 1, Decode: 1, ReachablePrefill: 1, ReachableDecode: 1,
+		Unreachable: []unreachable{}}, hl)
 
-	a = h.do("POST", "/v1/completions", goodBody)
+	a := h.do("POST", "/v1/completions", goodBody)
 	require.Equal(t, 200, a.status)
 	a = h.do("GET", "/metrics", nil)
 	require.Equal(t, 200, a.status)

@@ -23,6 +23,8 @@ const (
 	DefaultDecodeTimeout    = 10 * time.Minute
 	DefaultIdleTimeout      = 60 * time.Second
 	DefaultMaxBodyBytes     = 32 << 20
+	DefaultProbeTimeout     = time.Second
+	DefaultProbeInterval    = 2 * time.Second
 	defaultMaxResponseBytes = 64 << 20
 	defaultMaxEventBytes    = 16 << 20
 )
@@ -54,6 +56,14 @@ type Config struct {
 	// MaxBodyBytes bounds a client's request body; a larger one is answered
 	// 413. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// ProbeTimeout bounds each probe of an instance (its engine's GET
+	// /health) that the router's /health makes to tell which instances are
+	// reachable. Zero means DefaultProbeTimeout.
+	ProbeTimeout time.Duration
+	// ProbeInterval is how long a probe's outcome stands: /health probes
+	// an instance again only once it is older, so that polling /health
+	// costs the engines little. Zero means DefaultProbeInterval.
+	ProbeInterval time.Duration
 	// Client sends the requests to engines. Nil: the router's own, with no
 	// overall timeout (the router sets deadlines per call) and idle
 	// connections closed by Close.
@@ -92,7 +102,8 @@ func (c Config) Validate() error {
 	durs := []struct {
 		name string
 		d    time.Duration
-	}{{"PrefillTimeout", c.PrefillTimeout}, {"DecodeTimeout", c.DecodeTimeout}, {"IdleTimeout", c.IdleTimeout}}
+	}{{"PrefillTimeout", c.PrefillTimeout}, {"DecodeTimeout", c.DecodeTimeout}, {"IdleTimeout", c.IdleTimeout},
+		{"ProbeTimeout", c.ProbeTimeout}, {"ProbeInterval", c.ProbeInterval}}
 	for _, d := range durs {
 		if d.d < 0 {
 			return fmt.Errorf("%w: Config.%s is negative (%v)", ErrInvalidConfig, d.name, d.d)
@@ -150,6 +161,8 @@ func (c Config) withDefaults() Config {
 	c.DecodeTimeout = cmp.Or(c.DecodeTimeout, DefaultDecodeTimeout)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, DefaultProbeTimeout)
+	c.ProbeInterval = cmp.Or(c.ProbeInterval, DefaultProbeInterval)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }

@@ -99,8 +99,18 @@
 //     /unregister, /query, /query_by_hash, GET /services (package
 //     conductor/indexer).
 //   - GET /v1/models: an engine's answer.
-//   - GET /health: {status, ready (a prefill and a decode instance are
-//     registered), prefill, decode, inflight}.
+//   - GET /health: readiness. 200 when a request can be routed, that is
+//     when at least one prefill and one decode instance are reachable,
+//     else 503, with the body {status: "ok"|"unavailable", ready,
+//     prefill, decode (registered), reachable_prefill, reachable_decode,
+//     unreachable: [{id, role, url, error}], inflight}. An instance is
+//     reachable when its engine answers GET /health within
+//     Config.ProbeTimeout with a status below 500 (a 404 or 401 still
+//     serves; vLLM answers 503 once its engine died). Outcomes are reused
+//     for Config.ProbeInterval, so polling costs the engines one probe per
+//     interval; a newly registered instance is probed at once. Use it as
+//     a readiness probe; a liveness probe should not, or it restarts the
+//     router whenever the engines are down.
 //   - GET /metrics: mooncake_conductor_requests_total{route,outcome},
 //     _rejected_total, _ttft_seconds (arrival to the first event relayed;
 //     streams only), _e2e_seconds, _prefill_seconds{instance},

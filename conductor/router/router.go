@@ -65,6 +65,8 @@ type Router struct {
 	tokenizeNext atomic.Uint64
 	// inflight counts the inference requests being served, for /health.
 	inflight atomic.Int64
+	// probes holds which instances answered their last probe, for /health.
+	probes prober
 }
 
 // New builds a router and registers cfg.Instances with its scheduler.

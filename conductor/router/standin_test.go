@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -81,6 +82,8 @@ type engine struct {
 	fault       atomic.Value // string, one of the faults
 	tokenizeErr atomic.Int32 // status /tokenize answers with; 0: tokenize
 	calls       atomic.Int32 // completion requests received
+	health      atomic.Int32 // status GET /health answers with; 0: 200
+	probes      atomic.Int32 // GET /health requests received
 	canceled    chan string  // request IDs whose caller went away mid-answer
 
 	mu       sync.Mutex
@@ -116,6 +119,9 @@ func (e *engine) auth() string {
 
 func (e *engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
+	case "/health":
+		e.probes.Add(1)
+		w.WriteHeader(cmp.Or(int(e.health.Load()), http.StatusOK))
 	case "/tokenize":
 		e.tokenize(w, r)
 	case "/v1/models":
