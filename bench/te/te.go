@@ -10,7 +10,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,7 +62,9 @@ type Options struct {
 	// TargetCPUProfile, when set, is where a target child process writes
 	// its CPU profile (see TargetConfig.CPUProfile).
 	TargetCPUProfile string
-	// Progress, when set, receives one line per second while measuring.
+	// Progress, when set, receives the plan (PlanLine) first, then the
+	// advance through it: a progress bar on a terminal, else a line a
+	// second while measuring.
 	Progress io.Writer
 	// Logger is our engine's logger. Zero: slog.Default().
 	Logger *slog.Logger
@@ -215,6 +216,8 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	pr := startProgress(o)
+	defer pr.stop()
 	// Deferred closes run in reverse: our engine first, the target last.
 	tinfo, tcloser, err := o.Launcher.StartTarget(ctx, TargetConfig{Transport: o.Transport, BufferSize: o.BufferSize,
 		CPUProfile: o.TargetCPUProfile, Logger: o.Logger, GPU: o.gpu()})
@@ -223,7 +226,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	}
 	defer func() { err = errors.Join(err, tcloser.Close()) }()
 
-	yard, cleanup, err := o.yardstick(ctx)
+	yard, cleanup, err := o.yardstick(ctx, pr)
 	if err != nil {
 		return Result{}, err
 	}
@@ -241,7 +244,7 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	}
 	for run := 1; run <= o.Repeat; run++ {
 		var moved atomic.Uint64
-		stop := o.meter(run, Ours, &moved)
+		stop := pr.meter(run, Ours, &moved)
 		f, err := w.measure(ctx, &moved)
 		stop()
 		if err != nil {
@@ -259,9 +262,9 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	return res, nil
 }
 
-// yardstick prepares the yardstick of o.Transport: measure runs it once,
-// cleanup releases what it holds.
-func (o Options) yardstick(ctx context.Context) (measure func(ctx context.Context, run int) ([]Figures, error),
+// yardstick prepares the yardstick of o.Transport: measure runs it once
+// (shown by pr), cleanup releases what it holds.
+func (o Options) yardstick(ctx context.Context, pr *progress) (measure func(ctx context.Context, run int) ([]Figures, error),
 	cleanup func() error, err error) {
 	none := func() error { return nil }
 	switch {
@@ -273,9 +276,9 @@ func (o Options) yardstick(ctx context.Context) (measure func(ctx context.Contex
 			return nil, nil, err
 		}
 		return func(ctx context.Context, run int) ([]Figures, error) {
-			const name = "memcpy-1thread"
+			const name = memcpyName
 			var moved atomic.Uint64
-			stop := o.meter(run, name, &moved)
+			stop := pr.meter(run, name, &moved)
 			f, err := MemcpyYardstick(ctx, MemcpyOptions{Chunk: o.BlockSize, Src: src, Dst: dst,
 				Duration: o.Duration, Progress: &moved})
 			stop()
@@ -291,16 +294,13 @@ func (o Options) yardstick(ctx context.Context) (measure func(ctx context.Contex
 	if err != nil {
 		return nil, nil, errors.Join(err, scloser.Close())
 	}
-	conns := []int{o.Lanes}
-	if o.Lanes != 1 {
-		conns = append(conns, 1)
-	}
+	conns := o.tcpConns()
 	return func(ctx context.Context, run int) ([]Figures, error) {
 			var out []Figures
 			for _, n := range conns {
-				name := fmt.Sprintf("loopback-tcp-%dconn", n)
+				name := tcpName(n)
 				var moved atomic.Uint64
-				stop := o.meter(run, name, &moved)
+				stop := pr.meter(run, name, &moved)
 				f, err := TCPYardstick(ctx, TCPOptions{Addr: sink.Addr, Conns: n, Op: o.Op, Chunk: o.BlockSize,
 					Buffer: local, SinkBuffer: o.BufferSize, Duration: o.Duration, Progress: &moved})
 				stop()
@@ -356,33 +356,4 @@ func median(fs []Figures) Figures {
 		return 0
 	})
 	return s[(len(s)-1)/2]
-}
-
-// meter prints a progress line per second until the returned func is
-// called.
-func (o Options) meter(run int, name string, moved *atomic.Uint64) (stop func()) {
-	if o.Progress == nil {
-		return func() {}
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		start, last, lastT := time.Now(), uint64(0), time.Now()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-t.C:
-				n := moved.Load()
-				fmt.Fprintf(o.Progress, "te: run %d/%d %-20s %5.1fs %8.3f GB/s\n", run, o.Repeat, name,
-					now.Sub(start).Seconds(), float64(n-last)/now.Sub(lastT).Seconds()/1e9)
-				last, lastT = n, now
-			}
-		}
-	}()
-	return func() { close(done); wg.Wait() }
 }

@@ -44,7 +44,12 @@ and an initiator here whose --threads workers submit batches of --batch-size
 requests of --block-size bytes, for --duration, --repeat times. After each
 run the yardstick of the transport runs for as long: loopback TCP streams to
 a sink child process (as many connections as lanes, and one) for tcp, a
-single-thread memcpy for shm. The report gives medians and ours/yardstick.`,
+single-thread memcpy for shm. The report gives medians and ours/yardstick.
+
+So a run measures --repeat x (1 + yardsticks) x --duration: 3 x 3 x 5s = 45s
+for tcp by default, plus start-up. The plan is printed first, then the
+progress (a bar on a terminal), both on stderr; the report alone goes to
+stdout.`,
 		Example: `  mooncake bench te --transport tcp --op write --block-size 1MiB --threads 2
   mooncake bench te --transport shm --op read --block-size 4MiB --json`,
 		Args: cobra.NoArgs,
@@ -83,9 +88,9 @@ single-thread memcpy for shm. The report gives medians and ours/yardstick.`,
 					o.TargetCPUProfile = cpuprofile + ".target"
 				}
 			}
-			if !asJSON {
-				o.Progress = cmd.ErrOrStderr()
-			}
+			// The plan and the progress go to stderr, the report alone to
+			// stdout, so that --json stays one parseable object.
+			o.Progress = cmd.ErrOrStderr()
 			if cpuprofile != "" {
 				stopProfile, err := startCPUProfile(cpuprofile)
 				if err != nil {

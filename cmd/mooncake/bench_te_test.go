@@ -170,3 +170,25 @@ func TestBenchTERejectsBadFlags(t *testing.T) {
 		})
 	}
 }
+
+// bench te says up front how long it will measure (--repeat x the
+// measurements x --duration), on stderr with its progress, and --json
+// keeps stdout to the one JSON object.
+func TestBenchTEPrintsItsPlan(t *testing.T) {
+	root := newRoot()
+	var stdout, stderr bytes.Buffer
+	root.SetArgs([]string{"bench", "te", "--in-process", "--json", "--duration", "100ms", "--repeat", "2",
+		"--block-size", "64KiB", "--batch-size", "8", "--lanes", "2"})
+	root.SetOut(&stdout)
+	root.SetErr(&stderr)
+	require.NoError(t, root.Execute(), "stderr:\n%s", stderr.String())
+
+	first, _, _ := strings.Cut(stderr.String(), "\n")
+	assert.Equal(t, "te: 2 run(s) x 3 measurement(s) (ours, loopback-tcp-2conn, loopback-tcp-1conn) x 100ms = 600ms of measuring, plus start-up",
+		first)
+	dec := json.NewDecoder(&stdout)
+	var res map[string]any
+	require.NoError(t, dec.Decode(&res), "stdout is JSON")
+	assert.False(t, dec.More(), "more than one JSON value on stdout")
+	assert.Len(t, res["runs"], 6)
+}
