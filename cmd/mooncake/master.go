@@ -56,6 +56,14 @@ evicted, for cache-aware routers; docs/kv-events.md has the format.`,
 	f.String("ha_backend_connstring", "", "alias of --etcd_endpoints, as Mooncake's")
 	f.String("cluster_id", "mooncake_cluster", "HA cluster name (the etcd key prefix)")
 	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
+	f.Int("max_key_length", master.MaxKeyLen, "longest object key accepted, bytes")
+	f.String("max_value_size", "64GiB", "largest value one put may store (bytes, or 1GiB, 16GB)")
+	f.Int("max_batch_size", master.DefaultMaxBatch, "most keys one batch call may carry")
+	f.String("max_batch_value_size", "1TiB", "most value bytes one batch put may reserve, all items together")
+	f.String("max_request_size", "256MiB", "largest gRPC request accepted")
+	f.Int("max_concurrent_streams", master.DefaultMaxConcurrentStreams, "most calls in flight on one client connection (gRPC queues the rest)")
+	f.Int("max_watchers", master.DefaultMaxWatchers, "most WatchObjects streams served at once")
+	f.String("max_admin_body", "64KiB", "largest admin HTTP request body (larger: 413)")
 	addKVEventsFlags(f)
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
@@ -90,6 +98,9 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 		if *d.dst, err = s.duration(d.key, d.unit); err != nil {
 			return err
 		}
+	}
+	if err := masterLimits(s, &cfg); err != nil {
+		return err
 	}
 	if err := svc.Validate(); err != nil {
 		return err
@@ -128,6 +139,41 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 	defer stop()
 	<-ctx.Done()
 	slog.Info("master: shutting down")
+	return nil
+}
+
+// masterLimits reads the --max_* flags into cfg; a zero takes the
+// master's default.
+func masterLimits(s *settings, cfg *master.ServerConfig) error {
+	svc := &cfg.Service
+	svc.MaxKeyLen = s.integer("max_key_length")
+	svc.MaxBatch = s.integer("max_batch_size")
+	svc.MaxWatchers = s.integer("max_watchers")
+	streams := s.integer("max_concurrent_streams")
+	if streams < 0 {
+		return fmt.Errorf("--max_concurrent_streams %d is negative", streams)
+	}
+	cfg.MaxConcurrentStreams = uint32(streams)
+	var value, batch, request int64
+	sizes := []struct {
+		key string
+		dst *int64
+	}{
+		{"max_value_size", &value}, {"max_batch_value_size", &batch},
+		{"max_request_size", &request}, {"max_admin_body", &cfg.MaxAdminBody},
+	}
+	for _, sz := range sizes {
+		n, err := s.size(sz.key)
+		if err != nil {
+			return err
+		}
+		if n < 0 {
+			return fmt.Errorf("--%s %d is negative", sz.key, n)
+		}
+		*sz.dst = n
+	}
+	svc.MaxValueLen, svc.MaxBatchValueBytes = uint64(value), uint64(batch)
+	cfg.MaxRecvMsgSize = int(request)
 	return nil
 }
 

@@ -147,7 +147,8 @@ func (m *masterConn) retryable(ctx context.Context, err error) bool {
 }
 
 // rpcErr maps transport failures to the store's codes, keeping the failure
-// as the cause; store errors pass. gRPC reports a call its context ended
+// as the cause, and a request the master refused as too large to
+// INVALID_PARAMS; store errors pass. gRPC reports a call its context ended
 // as a status, which is not the context's error: that is added to the
 // chain, so that callers can test errors.Is(err, context.Canceled).
 func rpcErr(ctx context.Context, err error) error {
@@ -157,6 +158,12 @@ func rpcErr(ctx context.Context, err error) error {
 	var se *storepb.Error
 	if errors.As(err, &se) {
 		return err
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.ResourceExhausted:
+		// The master refused the request as it is (a batch or a message
+		// over its limits): the caller's to fix, not an RPC to retry.
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: status.Convert(err).Message()}
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w: %w", cerr, err)

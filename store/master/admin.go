@@ -1,9 +1,12 @@
 package master
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -66,6 +69,35 @@ func (s *Server) adminHandler() http.Handler {
 		mux.HandleFunc("GET "+path, s.leaderOnly(h))
 	}
 	return mux
+}
+
+// limitBody reads a request's body, up to max bytes, before h sees it: a
+// longer one is answered 413, whether its length was declared or not, so
+// that no client can make the server hold or read more than max bytes of
+// a request's body.
+func limitBody(max int64, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tooLarge := func() {
+			http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
+		}
+		if r.ContentLength > max {
+			tooLarge()
+			return
+		}
+		if r.ContentLength != 0 { // -1: a chunked body of unknown length
+			b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				tooLarge()
+				return
+			}
+			if err != nil {
+				http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // leaderOnly runs h on the current term's Service, on the leader only.
@@ -304,7 +336,7 @@ func (s *Service) readableKeys() []string {
 // but grants no lease and starts no promotion: looking must not change what
 // eviction and the tiers do. The replicas are copies.
 func (s *Service) peek(key string) ([]replica, error) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkKey(key); err != nil {
 		return nil, err
 	}
 	sh := s.shardOf(key)

@@ -53,6 +53,34 @@
 //     from the live replicas, gives every object a fresh lease (readers of
 //     the old leader may still be copying) and serves.
 //
+// # Limits
+//
+// No client can make the master hold unbounded memory or reserve the pool
+// in one request. Each limit has a default and a field (mooncake master
+// flag in brackets); a refused request applies nothing and its message
+// names the limit and the value:
+//
+//   - ServiceConfig.MaxKeyLen [--max_key_length], 4 KiB: a longer key is
+//     INVALID_PARAMS on every call that takes one.
+//   - ServiceConfig.MaxValueLen [--max_value_size], 64 GiB: a put or
+//     upsert of a larger value is INVALID_PARAMS (its item, in a batch).
+//   - ServiceConfig.MaxBatch [--max_batch_size], 65536 keys, and
+//     MaxBatchValueBytes [--max_batch_value_size], 1 TiB of values in one
+//     batch put: a batch over either is refused whole with the gRPC status
+//     InvalidArgument (the Go client reads it as INVALID_PARAMS), since
+//     answering item by item would cost as much as the batch.
+//   - ServiceConfig.MaxWatchers [--max_watchers], 256 WatchObjects
+//     streams at once (each buffers DefaultWatchBuffer events): one more
+//     ends with ResourceExhausted.
+//   - ServerConfig.MaxRecvMsgSize [--max_request_size], 256 MiB: a larger
+//     gRPC request fails with ResourceExhausted before it is decoded.
+//   - ServerConfig.MaxConcurrentStreams [--max_concurrent_streams], 1024
+//     calls in flight per client connection; gRPC clients queue the rest.
+//   - ServerConfig.MaxAdminBody [--max_admin_body], 64 KiB: a longer admin
+//     HTTP request body (declared or chunked) is answered 413. The admin
+//     endpoints take their parameters in the URL, which net/http bounds
+//     with the headers (1 MiB).
+//
 // # Allocation
 //
 // Each mounted segment has an alloc.Allocator over its offsets [0, size);

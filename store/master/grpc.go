@@ -21,8 +21,9 @@ import (
 // codec never produces but a direct in-process caller can.
 type GRPCServer struct {
 	storepb.UnimplementedMasterServer
-	svc     atomic.Pointer[Service]
-	standby atomic.Bool
+	svc      atomic.Pointer[Service]
+	standby  atomic.Bool
+	watchers atomic.Int32 // WatchObjects streams being served
 }
 
 var _ storepb.MasterServer = (*GRPCServer)(nil)
@@ -60,6 +61,32 @@ func (g *GRPCServer) unaryStandby(ctx context.Context, req any, _ *grpc.UnarySer
 func (g *GRPCServer) Register(srv *grpc.Server) { storepb.RegisterMasterServer(srv, g) }
 
 var errNilRequest = status.Error(codes.InvalidArgument, "master: nil request")
+
+// checkBatch refuses a batch of n keys over ServiceConfig.MaxBatch.
+func (s *Service) checkBatch(n int) error {
+	if n > s.cfg.MaxBatch {
+		return status.Errorf(codes.InvalidArgument, "master: batch of %d keys is over the limit of %d keys (max_batch_size)",
+			n, s.cfg.MaxBatch)
+	}
+	return nil
+}
+
+// checkBatchPut refuses a batch put over ServiceConfig.MaxBatch, or whose
+// values add up to more than ServiceConfig.MaxBatchValueBytes.
+func (s *Service) checkBatchPut(items []*storepb.PutStartRequest) error {
+	if err := s.checkBatch(len(items)); err != nil {
+		return err
+	}
+	var total uint64
+	for _, it := range items {
+		// No wrap-around: a sum past the limit is refused as soon as it is.
+		if total += it.GetValueLength(); total > s.cfg.MaxBatchValueBytes || total < it.GetValueLength() {
+			return status.Errorf(codes.InvalidArgument, "master: batch put of more than %d value bytes is over the limit (max_batch_value_size)",
+				s.cfg.MaxBatchValueBytes)
+		}
+	}
+	return nil
+}
 
 // putStart is one PutStart or UpsertStart item. A nil item reads as an
 // empty key and so answers InvalidParams.
@@ -146,6 +173,9 @@ func (g *GRPCServer) BatchPutStart(ctx context.Context, req *storepb.BatchPutSta
 	if req == nil {
 		return nil, errNilRequest
 	}
+	if err := g.svc.Load().checkBatchPut(req.Items); err != nil {
+		return nil, err
+	}
 	return g.batchPutStart(ctx, req, false), nil
 }
 
@@ -174,6 +204,9 @@ func (g *GRPCServer) BatchPutEnd(ctx context.Context, req *storepb.BatchPutEndRe
 		return nil, errNilRequest
 	}
 	svc := g.svc.Load()
+	if err := svc.checkBatch(len(req.Items)); err != nil {
+		return nil, err
+	}
 	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Items), func(i int) (uint64, error) {
 		it := req.Items[i]
 		return svc.putEndSeq(it.GetClientId(), it.GetKey(), it.GetChecksum())
@@ -186,6 +219,9 @@ func (g *GRPCServer) BatchPutRevoke(ctx context.Context, req *storepb.BatchKeyRe
 		return nil, errNilRequest
 	}
 	svc := g.svc.Load()
+	if err := svc.checkBatch(len(req.Keys)); err != nil {
+		return nil, err
+	}
 	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Keys), func(i int) (uint64, error) {
 		return svc.revokeSeq(req.ClientId, req.Keys[i])
 	})}, nil
@@ -205,6 +241,9 @@ func (g *GRPCServer) BatchUpsertStart(ctx context.Context, req *storepb.BatchPut
 	if req == nil {
 		return nil, errNilRequest
 	}
+	if err := g.svc.Load().checkBatchPut(req.Items); err != nil {
+		return nil, err
+	}
 	return g.batchPutStart(ctx, req, true), nil
 }
 
@@ -221,6 +260,9 @@ func (g *GRPCServer) GetReplicaList(_ context.Context, req *storepb.KeyRequest) 
 func (g *GRPCServer) BatchGetReplicaList(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchGetReplicaListResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
+	}
+	if err := g.svc.Load().checkBatch(len(req.Keys)); err != nil {
+		return nil, err
 	}
 	out := &storepb.BatchGetReplicaListResponse{Items: make([]*storepb.GetReplicaListResponse, len(req.Keys))}
 	for i, k := range req.Keys {
@@ -241,6 +283,9 @@ func (g *GRPCServer) ExistKey(_ context.Context, req *storepb.KeyRequest) (*stor
 func (g *GRPCServer) BatchExistKey(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchResult, error) {
 	if req == nil {
 		return nil, errNilRequest
+	}
+	if err := g.svc.Load().checkBatch(len(req.Keys)); err != nil {
+		return nil, err
 	}
 	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(req.Keys))}
 	for i, k := range req.Keys {
@@ -263,6 +308,9 @@ func (g *GRPCServer) BatchRemove(ctx context.Context, req *storepb.BatchRemoveRe
 		return nil, errNilRequest
 	}
 	svc := g.svc.Load()
+	if err := svc.checkBatch(len(req.Keys)); err != nil {
+		return nil, err
+	}
 	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Keys), func(i int) (uint64, error) {
 		return svc.removeSeq(req.Keys[i], req.Force)
 	})}, nil
@@ -339,6 +387,11 @@ func (g *GRPCServer) WatchObjects(_ *storepb.WatchObjectsRequest, stream grpc.Se
 	svc := g.svc.Load()
 	if g.standby.Load() || svc == nil {
 		return status.Error(codes.Unavailable, "master: standby, not the leader")
+	}
+	defer g.watchers.Add(-1)
+	if n := g.watchers.Add(1); int(n) > svc.cfg.MaxWatchers {
+		return status.Errorf(codes.ResourceExhausted, "master: %d WatchObjects streams open, the limit (max_watchers)",
+			svc.cfg.MaxWatchers)
 	}
 	w, keys := svc.Watch(0)
 	defer w.Close()

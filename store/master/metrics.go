@@ -165,8 +165,8 @@ func (m *metrics) interceptor(ctx context.Context, req any, info *grpc.UnaryServ
 	return resp, err
 }
 
-// outcome counts the results in a response and how many are errors.
-// Exist answers OBJECT_NOT_FOUND for a missing key, which is no failure.
+// outcome counts the results in a response and how many are errors; a
+// call refused whole (a nil response) has none. Exist answers OBJECT_NOT_FOUND for a missing key, which is no failure.
 func outcome(resp any) (items, failed int) {
 	bad := func(r *storepb.Result) bool {
 		c := storepb.Code(r.GetCode())
@@ -182,25 +182,25 @@ func outcome(resp any) (items, failed int) {
 	case *storepb.Result:
 		one(v)
 	case *storepb.BatchResult:
-		for _, r := range v.Results {
+		for _, r := range v.GetResults() {
 			one(r)
 		}
 	case *storepb.PutStartResponse:
-		one(v.Result)
+		one(v.GetResult())
 	case *storepb.BatchPutStartResponse:
-		for _, it := range v.Items {
-			one(it.Result)
+		for _, it := range v.GetItems() {
+			one(it.GetResult())
 		}
 	case *storepb.GetReplicaListResponse:
-		one(v.Result)
+		one(v.GetResult())
 	case *storepb.BatchGetReplicaListResponse:
-		for _, it := range v.Items {
-			one(it.Result)
+		for _, it := range v.GetItems() {
+			one(it.GetResult())
 		}
 	case *storepb.RemoveAllResponse:
-		one(v.Result)
+		one(v.GetResult())
 	case *storepb.PingResponse:
-		one(v.Result)
+		one(v.GetResult())
 	}
 	return items, failed
 }

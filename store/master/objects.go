@@ -52,12 +52,14 @@ type deferredFree struct {
 	reps []replica
 }
 
-func checkKey(key string) error {
+// checkKey refuses an empty key and one over ServiceConfig.MaxKeyLen.
+func (s *Service) checkKey(key string) error {
 	switch {
 	case key == "":
 		return storeErr(storepb.InvalidParams, "empty key")
-	case len(key) > MaxKeyLen:
-		return storeErr(storepb.InvalidParams, "key of %d bytes is longer than %d", len(key), MaxKeyLen)
+	case len(key) > s.cfg.MaxKeyLen:
+		return storeErr(storepb.InvalidParams, "key of %d bytes is over the limit of %d bytes (max_key_length)",
+			len(key), s.cfg.MaxKeyLen)
 	}
 	return nil
 }
@@ -87,7 +89,7 @@ func (s *Service) start(ctx context.Context, clientID, key string, length uint64
 // startSeq is start without waiting for its journal record, whose sequence
 // number it returns: a batch waits once for all its items.
 func (s *Service) startSeq(ctx context.Context, clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkKey(key); err != nil {
 		return nil, 0, err
 	}
 	switch {
@@ -95,6 +97,9 @@ func (s *Service) startSeq(ctx context.Context, clientID, key string, length uin
 		return nil, 0, storeErr(storepb.InvalidParams, "empty client id")
 	case length == 0:
 		return nil, 0, storeErr(storepb.InvalidParams, "zero length")
+	case length > s.cfg.MaxValueLen:
+		return nil, 0, storeErr(storepb.InvalidParams, "value of %d bytes is over the limit of %d bytes (max_value_size)",
+			length, s.cfg.MaxValueLen)
 	case cfg.GetReplicaNum() < 0:
 		return nil, 0, storeErr(storepb.InvalidParams, "negative replica_num %d", cfg.GetReplicaNum())
 	case cfg.GetSoftPinTtlMs() < 0:
@@ -205,7 +210,7 @@ func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
 
 // pendingOf returns key's put in flight, checking that clientID started it.
 func (s *Service) pendingOf(sh *shard, clientID, key string) (*object, error) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkKey(key); err != nil {
 		return nil, err
 	}
 	o := sh.objects[key]
@@ -323,7 +328,7 @@ func (s *Service) UpsertRevoke(ctx context.Context, clientID, key string) error 
 // GetReplicaList returns the COMPLETE replicas of key with its checksum and
 // length, and grants (or extends) a lease of leaseTTL on it.
 func (s *Service) GetReplicaList(key string) (reps []*storepb.Replica, leaseTTL time.Duration, checksum uint32, length uint64, err error) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkKey(key); err != nil {
 		return nil, 0, 0, 0, err
 	}
 	sh := s.shardOf(key)
@@ -363,7 +368,7 @@ func (s *Service) grantLease(o *object) {
 // ExistKey reports whether key is readable; like Mooncake, it also grants a
 // lease on it. The error is only for an invalid key.
 func (s *Service) ExistKey(key string) (bool, error) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkKey(key); err != nil {
 		return false, err
 	}
 	sh := s.shardOf(key)
@@ -390,7 +395,7 @@ func (s *Service) Remove(ctx context.Context, key string, force bool) error {
 
 // removeSeq is Remove without waiting for its journal record.
 func (s *Service) removeSeq(key string, force bool) (uint64, error) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkKey(key); err != nil {
 		return 0, err
 	}
 	sh := s.shardOf(key)

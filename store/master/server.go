@@ -38,7 +38,33 @@ type ServerConfig struct {
 	// leads (kvevents.go), as mooncake_master --enable_kv_events. Zero:
 	// none.
 	KVEvents *KVEventsConfig
+	// MaxRecvMsgSize is the largest gRPC request accepted, in bytes; a
+	// larger one fails with ResourceExhausted before it is decoded. Zero:
+	// DefaultMaxRecvMsgSize.
+	MaxRecvMsgSize int
+	// MaxConcurrentStreams is the most calls one client connection may
+	// have in flight; a gRPC client queues the rest. Zero:
+	// DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+	// MaxAdminBody is the largest request body the admin HTTP server
+	// accepts, in bytes; a larger one is answered 413. Zero:
+	// DefaultMaxAdminBody.
+	MaxAdminBody int64
 }
+
+// Limits of the master's servers (ServerConfig).
+const (
+	// DefaultMaxRecvMsgSize bounds a gRPC request: a batch of
+	// DefaultMaxBatch keys of MaxKeyLen bytes fits.
+	DefaultMaxRecvMsgSize = 256 << 20
+	// DefaultMaxConcurrentStreams bounds the calls in flight on one
+	// client connection.
+	DefaultMaxConcurrentStreams = 1024
+	// DefaultMaxAdminBody bounds an admin HTTP request's body: every
+	// endpoint takes its parameters in the query, so any body is a
+	// mistake or an attack.
+	DefaultMaxAdminBody = 64 << 10
+)
 
 // HAConfig configures leader election and the journal.
 type HAConfig struct {
@@ -110,7 +136,16 @@ func Start(cfg ServerConfig) (*Server, error) {
 			return nil, err
 		}
 	}
+	if cfg.MaxRecvMsgSize < 0 {
+		return nil, fmt.Errorf("master: ServerConfig.MaxRecvMsgSize is negative (%d)", cfg.MaxRecvMsgSize)
+	}
+	if cfg.MaxAdminBody < 0 {
+		return nil, fmt.Errorf("master: ServerConfig.MaxAdminBody is negative (%d)", cfg.MaxAdminBody)
+	}
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
+	cfg.MaxRecvMsgSize = cmp.Or(cfg.MaxRecvMsgSize, DefaultMaxRecvMsgSize)
+	cfg.MaxConcurrentStreams = cmp.Or(cfg.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
+	cfg.MaxAdminBody = cmp.Or(cfg.MaxAdminBody, DefaultMaxAdminBody)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -143,7 +178,8 @@ func Start(cfg ServerConfig) (*Server, error) {
 	s.api = NewGRPCServer(nil)
 	s.api.serve(nil)
 	s.metrics = newMetrics(s)
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20),
+	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize), grpc.MaxSendMsgSize(256<<20),
+		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.ChainUnaryInterceptor(s.api.unaryStandby, s.metrics.interceptor))
 	if cfg.Admin != "" {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
@@ -152,7 +188,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 			s.closeEtcd()
 			return nil, &ListenError{Listener: "admin", Addr: cfg.Admin, Err: err}
 		}
-		s.admin = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.admin = &http.Server{Handler: limitBody(cfg.MaxAdminBody, s.adminHandler()), ReadHeaderTimeout: 10 * time.Second}
 		s.wg.Go(func() { _ = s.admin.Serve(s.adminLn) })
 	}
 	s.api.Register(s.grpc)

@@ -25,8 +25,25 @@ const (
 	StrategyLocalFirst = "local_first"
 )
 
-// MaxKeyLen is the longest object key the master accepts, in bytes.
-const MaxKeyLen = 4096
+// Limits on what one request may ask of the master (ServiceConfig's Max
+// fields). A request over one is refused whole with INVALID_PARAMS, before
+// anything of it is applied, and the message names the limit.
+const (
+	// MaxKeyLen is the default longest object key, in bytes.
+	MaxKeyLen = 4096
+	// DefaultMaxValueLen is the default largest value of one put: a value
+	// lives in one segment, and none is this large in practice.
+	DefaultMaxValueLen = 64 << 30
+	// DefaultMaxBatch is the default most keys of one batch call. With
+	// keys of MaxKeyLen it fills DefaultMaxRecvMsgSize.
+	DefaultMaxBatch = 1 << 16
+	// DefaultMaxBatchValueBytes is the default most value bytes one batch
+	// put may reserve in all.
+	DefaultMaxBatchValueBytes = 1 << 40
+	// DefaultMaxWatchers is the default most WatchObjects streams served
+	// at once; each holds a buffer of DefaultWatchBuffer events.
+	DefaultMaxWatchers = 256
+)
 
 // Mooncake's defaults (mooncake-internals §2.5-2.6).
 const (
@@ -84,6 +101,24 @@ type ServiceConfig struct {
 	// ViewVersion is reported by Ping: the master's view (its leader term
 	// under HA). Clients remount when it changes.
 	ViewVersion uint64
+
+	// MaxKeyLen is the longest key accepted, in bytes. Zero means
+	// MaxKeyLen (4 KiB).
+	MaxKeyLen int
+	// MaxValueLen is the largest value one put or upsert may store, in
+	// bytes. Zero means DefaultMaxValueLen (64 GiB).
+	MaxValueLen uint64
+	// MaxBatch is the most keys (or items) one batch call may carry. Zero
+	// means DefaultMaxBatch (65536).
+	MaxBatch int
+	// MaxBatchValueBytes is the most value bytes one batch put or upsert
+	// may reserve, all items together. Zero means
+	// DefaultMaxBatchValueBytes (1 TiB).
+	MaxBatchValueBytes uint64
+	// MaxWatchers is the most WatchObjects streams served at once; more
+	// are refused with ResourceExhausted. Zero means DefaultMaxWatchers
+	// (256).
+	MaxWatchers int
 }
 
 // Validate reports the first field that is out of range, by name.
@@ -107,8 +142,14 @@ func (c ServiceConfig) Validate() error {
 	if c.EvictionRatio < 0 || c.EvictionRatio > 1 {
 		return fmt.Errorf("master: ServiceConfig.EvictionRatio %v is outside [0, 1]", c.EvictionRatio)
 	}
-	if c.Shards < 0 {
-		return fmt.Errorf("master: ServiceConfig.Shards is negative (%d)", c.Shards)
+	ints := []struct {
+		name string
+		n    int
+	}{{"Shards", c.Shards}, {"MaxKeyLen", c.MaxKeyLen}, {"MaxBatch", c.MaxBatch}, {"MaxWatchers", c.MaxWatchers}}
+	for _, n := range ints {
+		if n.n < 0 {
+			return fmt.Errorf("master: ServiceConfig.%s is negative (%d)", n.name, n.n)
+		}
 	}
 	switch c.Strategy {
 	case "", StrategyRandom, StrategyFreeRatioFirst, StrategyLocalFirst:
@@ -128,6 +169,11 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)
 	c.Shards = cmp.Or(c.Shards, DefaultShards)
 	c.Strategy = cmp.Or(c.Strategy, StrategyRandom)
+	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, MaxKeyLen)
+	c.MaxValueLen = cmp.Or(c.MaxValueLen, DefaultMaxValueLen)
+	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
+	c.MaxBatchValueBytes = cmp.Or(c.MaxBatchValueBytes, DefaultMaxBatchValueBytes)
+	c.MaxWatchers = cmp.Or(c.MaxWatchers, DefaultMaxWatchers)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -78,6 +78,9 @@ func TestServiceConfigValidate(t *testing.T) {
 		{"negative ratio", ServiceConfig{EvictionRatio: -0.1}, "EvictionRatio"},
 		{"negative shards", ServiceConfig{Shards: -1}, "Shards"},
 		{"unknown strategy", ServiceConfig{Strategy: "best"}, "Strategy"},
+		{"negative key limit", ServiceConfig{MaxKeyLen: -1}, "MaxKeyLen"},
+		{"negative batch limit", ServiceConfig{MaxBatch: -1}, "MaxBatch"},
+		{"negative watcher limit", ServiceConfig{MaxWatchers: -1}, "MaxWatchers"},
 		// Every named strategy is accepted.
 		{"local first", ServiceConfig{Strategy: StrategyLocalFirst}, ""},
 	}
@@ -101,6 +104,11 @@ func TestServiceConfigValidate(t *testing.T) {
 	assert.Equal(t, 0.90, c.EvictionHighWatermark)
 	assert.Equal(t, 1024, c.Shards)
 	assert.Equal(t, StrategyRandom, c.Strategy)
+	assert.Equal(t, MaxKeyLen, c.MaxKeyLen)
+	assert.Equal(t, uint64(DefaultMaxValueLen), c.MaxValueLen)
+	assert.Equal(t, DefaultMaxBatch, c.MaxBatch)
+	assert.Equal(t, uint64(DefaultMaxBatchValueBytes), c.MaxBatchValueBytes)
+	assert.Equal(t, DefaultMaxWatchers, c.MaxWatchers)
 }
 
 func TestPutGetRoundTrip(t *testing.T) {

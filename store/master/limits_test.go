@@ -1,0 +1,279 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// limitsMaster starts a master with the given limits and one mounted
+// 1 MiB segment of client "c1".
+func limitsMaster(t *testing.T, cfg ServerConfig) (*Server, storepb.MasterClient, context.Context) {
+	t.Helper()
+	m, c := startAdminMaster(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	mountOver(t, ctx, c, "c1", seg("1", 0x10000000, 1<<20))
+	return m, c, ctx
+}
+
+// requireUntouched checks that a refused request applied nothing: no
+// key of keys is known and no byte of the pool is allocated.
+func requireUntouched(t *testing.T, m *Server, keys []string) {
+	t.Helper()
+	st := m.Service().Stats()
+	assert.Zero(t, st.Used, "a refused request reserved space")
+	for _, k := range keys {
+		sh := m.Service().shardOf(k)
+		sh.mu.Lock()
+		_, ok := sh.objects[k]
+		sh.mu.Unlock()
+		assert.False(t, ok, "%s was started", k)
+	}
+}
+
+func TestLimitKeyLength(t *testing.T) {
+	m, c, ctx := limitsMaster(t, ServerConfig{Service: ServiceConfig{MaxKeyLen: 16}})
+	long := strings.Repeat("k", 17)
+
+	ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: long, ValueLength: 64})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.InvalidParams, code(ps.Result))
+	assert.Contains(t, ps.Result.Message, "key of 17 bytes is over the limit of 16 bytes")
+	requireUntouched(t, m, []string{long})
+
+	// Every call that takes a key says the same.
+	gr, err := c.GetReplicaList(ctx, &storepb.KeyRequest{Key: long})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.InvalidParams, code(gr.Result))
+	ex, err := c.ExistKey(ctx, &storepb.KeyRequest{Key: long})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.InvalidParams, code(ex))
+	rm, err := c.Remove(ctx, &storepb.RemoveRequest{Key: long})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.InvalidParams, code(rm))
+
+	// A key at the limit is fine.
+	ps, err = c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: long[:16], ValueLength: 64})
+	require.NoError(t, err)
+	require.NoError(t, ps.Result.AsError())
+}
+
+func TestLimitValueSize(t *testing.T) {
+	m, c, ctx := limitsMaster(t, ServerConfig{Service: ServiceConfig{MaxValueLen: 1024, MaxBatchValueBytes: 2048}})
+
+	// One value over the per-value limit.
+	ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: "big", ValueLength: 1025})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.InvalidParams, code(ps.Result))
+	assert.Contains(t, ps.Result.Message, "value of 1025 bytes is over the limit of 1024 bytes")
+	us, err := c.UpsertStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: "big", ValueLength: 1025})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.InvalidParams, code(us.Result))
+	requireUntouched(t, m, []string{"big"})
+
+	// Three values each within the per-value limit, together over the
+	// per-batch one: refused whole, none started.
+	items := func(n int) []*storepb.PutStartRequest {
+		var out []*storepb.PutStartRequest
+		for i := range n {
+			out = append(out, &storepb.PutStartRequest{ClientId: "c1", Key: fmt.Sprint("b", i), ValueLength: 1000})
+		}
+		return out
+	}
+	keys := []string{"b0", "b1", "b2"}
+	for _, upsert := range []bool{false, true} {
+		call := c.BatchPutStart
+		if upsert {
+			call = c.BatchUpsertStart
+		}
+		_, err = call(ctx, &storepb.BatchPutStartRequest{Items: items(3)})
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "upsert=%v: %v", upsert, err)
+		assert.ErrorContains(t, err, "over the limit (max_batch_value_size)")
+		requireUntouched(t, m, keys)
+	}
+	// Two fit.
+	resp, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{Items: items(2)})
+	require.NoError(t, err)
+	for _, it := range resp.Items {
+		require.NoError(t, it.Result.AsError())
+	}
+}
+
+func TestLimitBatchSize(t *testing.T) {
+	m, c, ctx := limitsMaster(t, ServerConfig{Service: ServiceConfig{MaxBatch: 4}})
+	keys := []string{"k0", "k1", "k2", "k3", "k4"}
+	var items []*storepb.PutStartRequest
+	var ends []*storepb.PutEndRequest
+	for _, k := range keys {
+		items = append(items, &storepb.PutStartRequest{ClientId: "c1", Key: k, ValueLength: 64})
+		ends = append(ends, &storepb.PutEndRequest{ClientId: "c1", Key: k})
+	}
+	// Every batch call, with one key more than the limit.
+	calls := map[string]func() error{
+		"BatchPutStart": func() error {
+			_, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{Items: items})
+			return err
+		},
+		"BatchUpsertStart": func() error {
+			_, err := c.BatchUpsertStart(ctx, &storepb.BatchPutStartRequest{Items: items})
+			return err
+		},
+		"BatchPutEnd": func() error {
+			_, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{Items: ends})
+			return err
+		},
+		"BatchPutRevoke": func() error {
+			_, err := c.BatchPutRevoke(ctx, &storepb.BatchKeyRequest{ClientId: "c1", Keys: keys})
+			return err
+		},
+		"BatchGetReplicaList": func() error {
+			_, err := c.BatchGetReplicaList(ctx, &storepb.BatchKeyRequest{Keys: keys})
+			return err
+		},
+		"BatchExistKey": func() error {
+			_, err := c.BatchExistKey(ctx, &storepb.BatchKeyRequest{Keys: keys})
+			return err
+		},
+		"BatchRemove": func() error {
+			_, err := c.BatchRemove(ctx, &storepb.BatchRemoveRequest{Keys: keys})
+			return err
+		},
+	}
+	for name, call := range calls {
+		err := call()
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", name, err)
+		assert.ErrorContains(t, err, "batch of 5 keys is over the limit of 4 keys", name)
+	}
+	requireUntouched(t, m, keys)
+
+	// At the limit the batch runs.
+	resp, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{Items: items[:4]})
+	require.NoError(t, err)
+	require.Len(t, resp.Items, 4)
+	for _, it := range resp.Items {
+		require.NoError(t, it.Result.AsError())
+	}
+}
+
+func TestLimitRequestSize(t *testing.T) {
+	_, c, ctx := limitsMaster(t, ServerConfig{MaxRecvMsgSize: 64 << 10})
+	keys := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("%01000d", i) // 1000 bytes each
+		}
+		return out
+	}
+	_, err := c.BatchExistKey(ctx, &storepb.BatchKeyRequest{Keys: keys(100)})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.ErrorContains(t, err, "larger than max")
+	_, err = c.BatchExistKey(ctx, &storepb.BatchKeyRequest{Keys: keys(50)})
+	require.NoError(t, err)
+}
+
+// TestLimitConcurrentStreams holds the one stream a connection may have
+// with a watch: a second call on that connection waits (gRPC queues it
+// until a stream frees), while another connection is served.
+func TestLimitConcurrentStreams(t *testing.T) {
+	m, c, ctx := limitsMaster(t, ServerConfig{MaxConcurrentStreams: 1})
+	wctx, stop := context.WithCancel(ctx)
+	stream, err := c.WatchObjects(wctx, &storepb.WatchObjectsRequest{})
+	require.NoError(t, err)
+	resp, err := stream.Recv()
+	require.NoError(t, err)
+	require.True(t, resp.Synced)
+
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = c.ExistKey(short, &storepb.KeyRequest{Key: "k"})
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "a second stream was served: %v", err)
+
+	conn, err := grpc.NewClient(m.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	ex, err := storepb.NewMasterClient(conn).ExistKey(ctx, &storepb.KeyRequest{Key: "k"})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.ObjectNotFound, code(ex))
+
+	// The watch ends: the connection's stream is free again.
+	stop()
+	ex, err = c.ExistKey(ctx, &storepb.KeyRequest{Key: "k"})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.ObjectNotFound, code(ex))
+}
+
+func TestLimitWatchers(t *testing.T) {
+	m, c, ctx := limitsMaster(t, ServerConfig{Service: ServiceConfig{MaxWatchers: 2}})
+	watch := func(ctx context.Context) (grpc.ServerStreamingClient[storepb.WatchObjectsResponse], error) {
+		stream, err := c.WatchObjects(ctx, &storepb.WatchObjectsRequest{})
+		require.NoError(t, err)
+		_, err = stream.Recv()
+		return stream, err
+	}
+	first, stop := context.WithCancel(ctx)
+	_, err := watch(first)
+	require.NoError(t, err)
+	_, err = watch(ctx)
+	require.NoError(t, err)
+
+	_, err = watch(ctx)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.ErrorContains(t, err, "2 WatchObjects streams open, the limit")
+
+	// A watcher that goes makes room for another.
+	stop()
+	require.Eventually(t, func() bool { return m.api.watchers.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	_, err = watch(ctx)
+	require.NoError(t, err)
+}
+
+func TestLimitAdminBody(t *testing.T) {
+	m, _ := startAdminMaster(t, ServerConfig{MaxAdminBody: 1024})
+	do := func(body io.Reader, length int64) (int, string) {
+		req, err := http.NewRequest("GET", "http://"+m.AdminAddr()+"/health", body)
+		require.NoError(t, err)
+		req.ContentLength = length // -1: chunked
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	tests := []struct {
+		name   string
+		size   int
+		length int64 // declared; -1: chunked
+		want   int
+	}{
+		// A declared length over the limit is refused before any byte is read.
+		{"declared over", 2048, 2048, http.StatusRequestEntityTooLarge},
+		// A chunked body is read up to the limit, no further.
+		{"chunked over", 2048, -1, http.StatusRequestEntityTooLarge},
+		{"at the limit", 1024, 1024, http.StatusOK},
+		{"chunked under", 512, -1, http.StatusOK},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := do(strings.NewReader(strings.Repeat("x", tc.size)), tc.length)
+			assert.Equal(t, tc.want, code, body)
+			if tc.want == http.StatusRequestEntityTooLarge {
+				assert.Contains(t, body, "request body over the limit of 1024 bytes")
+			}
+		})
+	}
+}
