@@ -40,6 +40,18 @@ func (a storeAdapter) BatchPut(ctx context.Context, keys []string, values [][]by
 	return a.c.BatchPut(ctx, keys, values, nil)
 }
 
+// nodeLogName is the file in the output directory that the storage node
+// processes of bench trace log to.
+const nodeLogName = "nodes.log"
+
+// createNodeLog creates (or truncates) dir's node log, dir included.
+func createNodeLog(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return os.Create(filepath.Join(dir, nodeLogName))
+}
+
 func newBenchTraceCmd() *cobra.Command {
 	var (
 		o        trace.Options
@@ -63,7 +75,11 @@ verified) and writes the blocks it lacks. Blocks are --block-size bytes,
 scaled down from a real LLaMA3-70B block (160 MiB) so the replay runs in
 minutes. Prints a progress bar and a summary table (hit ratio against the
 infinite-cache bound, GB moved, GB/s, get latency), and writes per-request
-results as Parquet and a PNG plot to --out.`,
+results as Parquet and a PNG plot to --out.
+
+The table goes to stdout; the progress and this process's logs to stderr.
+The storage node processes log at --log-level to --out/nodes.log (to
+stderr without --out).`,
 		Example: `  mooncake bench trace
   mooncake bench trace --max-requests 2000 --block-size 16KiB --out /tmp/replay`,
 		Args: cobra.NoArgs,
@@ -89,22 +105,40 @@ results as Parquet and a PNG plot to --out.`,
 			out := cmd.OutOrStdout()
 			if masterAt == "" {
 				cfg := cluster.Config{NoHA: noHA, Nodes: nodes, NodeSegment: seg}
+				var logPath string
 				if !inProc {
 					self, err := os.Executable()
 					if err != nil {
 						return err
 					}
-					cfg.NodeCommand = []string{self, "node", "--local_buffer_size", "8MiB"}
+					// The nodes log at this command's level; to a file
+					// beside the results, so that no node's line breaks
+					// the progress bar or the table.
+					cfg.NodeCommand = []string{self, "node", "--local_buffer_size", "8MiB", "--log-level", slogLevel().String()}
+					if outDir != "" {
+						logs, err := createNodeLog(outDir)
+						if err != nil {
+							return err
+						}
+						defer logs.Close()
+						cfg.NodeStderr, logPath = logs, logs.Name()
+					}
 				}
 				start := time.Now()
 				cl, err := cluster.Start(ctx, cfg)
 				if err != nil {
+					if logPath != "" {
+						return fmt.Errorf("%w (node logs: %s)", err, logPath)
+					}
 					return err
 				}
 				defer cl.Close()
 				masterAt = cl.MasterURL()
 				fmt.Fprintf(out, "cluster: %d node(s) x %s, master %s, ready in %v\n", nodes, te.Size(seg), masterAt,
 					time.Since(start).Round(time.Millisecond))
+				if logPath != "" {
+					fmt.Fprintf(out, "node logs: %s\n", logPath)
+				}
 			}
 			// The replaying client is a prefill instance: it reads and writes
 			// the pool and contributes no memory of its own.

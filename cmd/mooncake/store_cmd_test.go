@@ -57,6 +57,47 @@ func TestBenchTraceCommand(t *testing.T) {
 	}
 }
 
+// The storage node processes of bench trace log at the command's
+// --log-level, to nodes.log beside the results: stdout holds the table
+// and nothing else, and no node's line reaches the terminal.
+func TestBenchTraceNodeLogs(t *testing.T) {
+	for _, tc := range []struct {
+		level   string
+		want    string // in nodes.log
+		notWant string // in nodes.log
+	}{
+		// At info, the nodes' start-up lines are in the file.
+		{"info", `level=INFO msg="node serving"`, ""},
+		// At warn, the children were told so: none of their info lines.
+		{"warn", "", "level=INFO"},
+	} {
+		t.Run(tc.level, func(t *testing.T) {
+			out := t.TempDir()
+			cmd := selfCommand(t, "bench", "trace", "--log-level", tc.level, "--nodes", "1", "--max-requests", "10",
+				"--block-size", "4KiB", "--global_segment_size", "32MiB", "--out", out)
+			cmd.Env = append(cmd.Env, "MC_LOG_LEVEL=") // the flag alone sets the level
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			require.NoError(t, cmd.Run(), "stderr:\n%s", stderr.String())
+
+			logPath := filepath.Join(out, nodeLogName)
+			assert.Contains(t, stdout.String(), "node logs: "+logPath)
+			assert.Contains(t, stdout.String(), "corrupt blocks        0")
+			assert.NotContains(t, stdout.String(), "level=", "no log line among the results")
+			assert.NotContains(t, stderr.String(), "node serving", "the nodes' lines are in their file")
+			logs, err := os.ReadFile(logPath)
+			require.NoError(t, err)
+			if tc.want != "" {
+				assert.Contains(t, string(logs), tc.want)
+			}
+			if tc.notWant != "" {
+				assert.NotContains(t, string(logs), tc.notWant)
+				assert.NotContains(t, stderr.String(), tc.notWant, "nor this process's")
+			}
+		})
+	}
+}
+
 // stopOnSIGTERM sends cmd SIGTERM and requires it to exit 0 within 20 s.
 func stopOnSIGTERM(t *testing.T, cmd *exec.Cmd, name string) {
 	t.Helper()

@@ -62,6 +62,9 @@ type Config struct {
 	// command line of `mooncake node` (the flags --master and
 	// --global_segment_size are appended). Zero: nodes run in this process.
 	NodeCommand []string
+	// NodeStderr receives the child-process nodes' stderr, their logs.
+	// Zero: this process's stderr.
+	NodeStderr io.Writer
 	// Engine configures in-process nodes' engines.
 	Engine engine.Config
 	// Logger receives progress. Zero: slog.Default().
@@ -266,7 +269,10 @@ func (c *Cluster) startProc(ctx context.Context) error {
 	args := append(slices.Clone(c.cfg.NodeCommand[1:]), "--master", c.MasterURL(),
 		"--global_segment_size", strconv.FormatInt(c.cfg.NodeSegment, 10))
 	cmd := exec.Command(c.cfg.NodeCommand[0], args...)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = c.cfg.NodeStderr
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
