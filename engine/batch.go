@@ -63,8 +63,10 @@ type submitOpts struct {
 	checksum bool
 }
 
-// WithDeadline sets the deadline of the submitted requests (default: now
-// plus Config.Timeout).
+// WithDeadline brings the deadline of the submitted requests forward. It
+// never extends it: a request runs at most Config.Timeout from its
+// submission (MC_TRANSFER_TIMEOUT), the operator's bound on a transfer to
+// a peer that does not answer.
 func WithDeadline(t time.Time) SubmitOption { return func(o *submitOpts) { o.deadline = t } }
 
 // WithNotify sends n to the target of the first request once every task of
@@ -142,8 +144,8 @@ func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ..
 	for _, f := range opts {
 		f(&o)
 	}
-	if o.deadline.IsZero() {
-		o.deadline = time.Now().Add(e.cfg.Timeout)
+	if limit := time.Now().Add(e.cfg.Timeout); o.deadline.IsZero() || o.deadline.After(limit) {
+		o.deadline = limit
 	}
 	b, err := e.batch(id)
 	if err != nil {

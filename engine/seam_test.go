@@ -389,3 +389,43 @@ func TestConcurrentOpenSegment(t *testing.T) {
 		require.Equal(t, remote, local)
 	}
 }
+
+// TestSeamDeadlineBoundedByTimeout: WithDeadline brings a request's
+// deadline forward, never past Config.Timeout from submission: the store
+// passes its lease as the deadline, and an operator's MC_TRANSFER_TIMEOUT
+// must still bound a read from a peer that does not answer.
+func TestSeamDeadlineBoundedByTimeout(t *testing.T) {
+	fake := &transporttest.Fake{}
+	target := newEngine(t, engine.Config{Transport: "tcp"})
+	remote := anonMem(t, 1<<16)
+	require.NoError(t, target.RegisterMemory(context.Background(), addr(remote), uint64(len(remote)), "", true))
+	const timeout = 2 * time.Second
+	init := newEngine(t, engine.Config{Transport: "tcp", Timeout: timeout, Transports: []transport.Transport{fake}})
+	local := anonMem(t, 1<<16)
+	require.NoError(t, init.RegisterMemory(context.Background(), addr(local), uint64(len(local)), "", false))
+	seg, err := init.OpenSegment(context.Background(), target.Name())
+	require.NoError(t, err)
+	sm := &seam{fake: fake, init: init, target: target, seg: seg, local: local, remote: remote}
+
+	for _, c := range []struct {
+		name string
+		in   time.Duration // WithDeadline from now; 0: none
+		want time.Duration // the slice's deadline from now
+	}{
+		{"none", 0, timeout},
+		{"earlier", 500 * time.Millisecond, 500 * time.Millisecond},
+		{"later", time.Hour, timeout},
+	} {
+		var opts []engine.SubmitOption
+		now := time.Now()
+		if c.in > 0 {
+			opts = append(opts, engine.WithDeadline(now.Add(c.in)))
+		}
+		b := sm.read(t, 0, 1024, opts...)
+		s := sm.take(t, 1)[0]
+		require.WithinDuration(t, now.Add(c.want), s.Deadline, 200*time.Millisecond, c.name)
+		transporttest.Move(s)
+		require.Equal(t, engine.Completed, sm.wait(t, b).Status, c.name)
+		require.NoError(t, init.FreeBatch(b))
+	}
+}

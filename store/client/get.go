@@ -242,6 +242,30 @@ func (c *Client) readAll(ctx context.Context, live []*getItem) {
 	}
 }
 
+// attemptDeadline is when the reads of round from their k-th replicas
+// must be done. Reads must finish within the leases (past one, the space
+// may hold another object), and a replica that does not answer (its node
+// cut off, not dead) must leave time for the next: each attempt gets an
+// equal share of what is left of the lease, so the last replica is tried
+// within the lease too. A round shares one deadline, the earliest of its
+// items'. Zero: no lease, no deadline.
+func attemptDeadline(round []*getItem, k int, now time.Time) time.Time {
+	var deadline time.Time
+	for _, it := range round {
+		if it.ttlMs <= 0 {
+			continue
+		}
+		end := it.start.Add(time.Duration(it.ttlMs) * time.Millisecond)
+		if left := len(it.reps) - k; left > 1 && end.After(now) {
+			end = now.Add(end.Sub(now) / time.Duration(left))
+		}
+		if deadline.IsZero() || end.Before(deadline) {
+			deadline = end
+		}
+	}
+	return deadline
+}
+
 // readRound reads every item of round from its k-th replica. An item
 // whose read fails or whose bytes fail the checksum stays undone with its
 // error, for the next replica to try; one past its lease fails for good.
@@ -258,15 +282,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		xs     []*xfer
 		pieces []piece
 	)
-	// Reads must finish within the leases: past one, the space may hold
-	// another object.
-	deadline := time.Time{}
-	for _, it := range round {
-		d := it.start.Add(time.Duration(it.ttlMs) * time.Millisecond)
-		if it.ttlMs > 0 && (deadline.IsZero() || d.Before(deadline)) {
-			deadline = d
-		}
-	}
+	deadline := attemptDeadline(round, k, time.Now())
 	// The lease bounds the engine's requests (no timer per read here).
 	flush := func() {
 		c.run(ctx, xs, deadline)

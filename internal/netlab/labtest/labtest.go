@@ -27,21 +27,26 @@ const EnvRequire = "MC_NETLAB_REQUIRE"
 // The tests run in a child process, this test binary with the same flags,
 // in a namespace of its own: the Lab's local host takes its address there,
 // and loopback works as usual.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main without the exit: it returns the tests' status, for a
+// TestMain with work to do after them. That work runs in both processes;
+// only the child ran the tests.
+func Run(m *testing.M) int {
 	if os.Getenv(envChild) == "1" {
 		if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "labtest: loopback up: %v: %s\n", err, out)
-			os.Exit(2)
+			return 2
 		}
-		os.Exit(m.Run())
+		return m.Run()
 	}
 	if netlab.Available() != nil {
-		os.Exit(m.Run()) // New skips (or fails, under EnvRequire)
+		return m.Run() // New skips (or fails, under EnvRequire)
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "labtest:", err)
-		os.Exit(2)
+		return 2
 	}
 	cmd := exec.Command(exe, os.Args[1:]...)
 	cmd.Env = append(os.Environ(), envChild+"=1")
@@ -49,12 +54,12 @@ func Main(m *testing.M) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Run(); err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
-			os.Exit(ee.ExitCode())
+			return ee.ExitCode()
 		}
 		fmt.Fprintln(os.Stderr, "labtest: run the tests in a new network namespace:", err)
-		os.Exit(2)
+		return 2
 	}
-	os.Exit(0)
+	return 0
 }
 
 // New returns a Lab for t, closed when t ends. It skips t where no Lab can
