@@ -13,6 +13,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/engine/transport/tcp"
 )
 
 // Config configures an Engine. The zero value is a working P2P-handshake
@@ -44,6 +45,11 @@ type Config struct {
 	// Lanes is the number of TCP connections per peer. Zero: 4
 	// (MC_TCP_LANES_PER_PEER).
 	Lanes int
+	// MaxConnsPerPeer caps the data connections this engine serves at once
+	// from one IP address (4096 in all), so that one peer cannot take every
+	// one; connections over it are closed and logged. Zero:
+	// MC_TCP_MAX_CONNS_PER_PEER, else tcp.DefaultMaxConnsPerPeer (1024).
+	MaxConnsPerPeer int
 	// SliceSize is the largest piece a request is cut into. Zero: 128 KiB,
 	// which reads a lone 1 MiB request over loopback TCP about 1.4x as fast
 	// as 1 MiB slices (the answers pipeline) and leaves batches as fast.
@@ -83,6 +89,9 @@ func (c *Config) Validate() error {
 	if c.Lanes < 0 || c.Lanes > 64 {
 		return errorf(CodeInvalidArgument, "config: Lanes %d (0..64)", c.Lanes)
 	}
+	if c.MaxConnsPerPeer < 0 {
+		return errorf(CodeInvalidArgument, "config: MaxConnsPerPeer %d is negative", c.MaxConnsPerPeer)
+	}
 	if c.SliceSize != 0 && c.SliceSize < 4096 {
 		return errorf(CodeInvalidArgument, "config: SliceSize %d (at least 4096)", c.SliceSize)
 	}
@@ -101,6 +110,7 @@ func (c Config) withDefaults() Config {
 		c.Host = defaultHost(c.LocalServerName)
 	}
 	c.Lanes = cmp.Or(c.Lanes, envInt("MC_TCP_LANES_PER_PEER", 4))
+	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, envInt("MC_TCP_MAX_CONNS_PER_PEER", tcp.DefaultMaxConnsPerPeer))
 	c.SliceSize = cmp.Or(c.SliceSize, 128<<10)
 	c.Timeout = cmp.Or(c.Timeout, time.Duration(envInt("MC_TRANSFER_TIMEOUT", 30))*time.Second)
 	c.MaxRetries = cmp.Or(c.MaxRetries, 3)

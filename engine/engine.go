@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 		return nil, &Error{Code: CodeMetadata, Err: err}
 	}
 	if e.server, err = tcp.Listen(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.DataPort)), tcp.ServerConfig{
-		Memory: e.mem, Secret: e.secret, Logger: e.log, Served: e.m.served,
+		Memory: e.mem, Secret: e.secret, Logger: e.log, Served: e.m.served, MaxConnsPerPeer: cfg.MaxConnsPerPeer,
 	}); err != nil {
 		return nil, &Error{Code: CodeSocket, Err: err}
 	}

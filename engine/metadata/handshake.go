@@ -66,6 +66,15 @@ func ReadFrame(r io.Reader, max int) (typ byte, body []byte, err error) {
 // request's type byte. An error closes the connection without a reply.
 type Handler func(typ byte, body []byte, remote net.Addr) ([]byte, error)
 
+// Connection limits of a HandshakeServer. Each connection carries one
+// request and lives seconds at most: generous caps still bound a flood,
+// and one peer cannot take every slot. A connection over one is closed as
+// it is accepted, and the refusal logged.
+const (
+	HandshakeMaxConns        = 1024
+	HandshakeMaxConnsPerPeer = 256
+)
+
 // HandshakeServer accepts handshake connections.
 type HandshakeServer struct {
 	*conn.Listener
@@ -90,8 +99,7 @@ func NewHandshakeServer(ln net.Listener, h Handler, secret []byte, log *slog.Log
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &HandshakeServer{handler: h, secret: secret, max: DefaultMaxFrame, log: log}
-	// Each connection carries one request: a generous cap still bounds a flood.
-	s.Listener = conn.Serve(ln, 1024, log, s.serve)
+	s.Listener = conn.ServeLimits(ln, conn.Limits{Total: HandshakeMaxConns, PerPeer: HandshakeMaxConnsPerPeer}, log, s.serve)
 	return s
 }
 

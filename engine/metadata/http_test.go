@@ -98,6 +98,7 @@ func TestHTTPTooLarge(t *testing.T) {
 	_, s := startHTTP(t)
 	err := s.Put(t.Context(), "big", make([]byte, MaxValueSize+1))
 	require.ErrorContains(t, err, "413")
+	require.ErrorContains(t, err, "over the limit of 16777216 bytes", "the answer names the limit")
 	// Exactly the limit is accepted.
 	require.NoError(t, s.Put(t.Context(), "big", make([]byte, MaxValueSize)))
 }
@@ -288,6 +289,7 @@ func TestServerTooLargeChunked(t *testing.T) {
 	w := httptest.NewRecorder()
 	srv.ServeHTTP(w, r)
 	assert.Equal(t, http.StatusRequestEntityTooLarge, w.Code)
+	assert.Equal(t, "metadata value over the limit of 16777216 bytes\n", w.Body.String())
 }
 
 func TestServerServe(t *testing.T) {

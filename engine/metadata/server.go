@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -123,14 +124,15 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) {
 	if k == "" {
 		return
 	}
+	tooLarge := fmt.Sprintf("metadata value over the limit of %d bytes", MaxValueSize)
 	if r.ContentLength > MaxValueSize {
-		http.Error(w, "metadata value too large", http.StatusRequestEntityTooLarge)
+		http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
 		return
 	}
 	v, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxValueSize))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			http.Error(w, "metadata value too large", http.StatusRequestEntityTooLarge)
+			http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
 			return
 		}
 		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)

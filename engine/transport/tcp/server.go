@@ -28,8 +28,12 @@ type ServerConfig struct {
 	// PayloadTimeout bounds moving one request's payload once its header has
 	// arrived. Zero means 30 s (Mooncake's MC_TCP_STATUS_TIMEOUT_SEC).
 	PayloadTimeout time.Duration
-	// MaxConns caps concurrent connections. Zero means 4096.
+	// MaxConns caps concurrent connections. Zero means DefaultMaxConns.
 	MaxConns int
+	// MaxConnsPerPeer caps concurrent connections from one remote IP, so
+	// that one peer cannot take every slot. Zero means
+	// DefaultMaxConnsPerPeer.
+	MaxConnsPerPeer int
 	// MaxDrain is the largest rejected WRITE payload the server reads and
 	// discards to keep the connection usable; past it the connection closes.
 	// Zero means 1 GiB.
@@ -38,6 +42,18 @@ type ServerConfig struct {
 	Served func(op transport.Op, n uint64, err error)
 	Logger *slog.Logger
 }
+
+// Connection limits of a Server. A connection over one is closed as it is
+// accepted and the refusal logged.
+const (
+	// DefaultMaxConns bounds the connections served at once.
+	DefaultMaxConns = 4096
+	// DefaultMaxConnsPerPeer bounds those from one IP. Our engines open
+	// Config.Lanes (4, at most 64) per peer each; Mooncake's open one per
+	// request in flight, or 4 lanes (at most 16) with its connection
+	// pool. 1024 leaves room for sixteen engines of 64 lanes on one host.
+	DefaultMaxConnsPerPeer = 1024
+)
 
 // Server accepts data connections and serves READ/WRITE requests against
 // registered memory. Payload moves straight between the socket and that
@@ -57,7 +73,10 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		cfg.PayloadTimeout = 30 * time.Second
 	}
 	if cfg.MaxConns == 0 {
-		cfg.MaxConns = 4096
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxConnsPerPeer == 0 {
+		cfg.MaxConnsPerPeer = DefaultMaxConnsPerPeer
 	}
 	if cfg.MaxDrain == 0 {
 		cfg.MaxDrain = 1 << 30
@@ -70,7 +89,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("tcp: listen %s: %w", addr, err)
 	}
 	s := &Server{cfg: cfg}
-	s.Listener = conn.Serve(ln, cfg.MaxConns, cfg.Logger, s.serve)
+	s.Listener = conn.ServeLimits(ln, conn.Limits{Total: cfg.MaxConns, PerPeer: cfg.MaxConnsPerPeer}, cfg.Logger, s.serve)
 	return s, nil
 }
 
