@@ -38,6 +38,8 @@ type putItem struct {
 	// started: the master holds a PutStart for it that needs an end or a
 	// revoke.
 	started bool
+	// upsert: it was started as an upsert.
+	upsert bool
 }
 
 // Put stores value under key, write-once: when the key exists Put
@@ -191,6 +193,7 @@ func (c *Client) start(ctx context.Context, items []*putItem, rc *storepb.Replic
 			continue
 		}
 		r := resp.Items[i]
+		it.upsert = upsert
 		if it.err = r.Result.AsError(); it.err == nil {
 			it.reps, it.started = r.Replicas, true
 		}
@@ -369,10 +372,15 @@ func (c *Client) end(ctx context.Context, items []*putItem) {
 		// Best effort: an unrevoked start is reclaimed by the master later.
 		_ = c.revoke(ctx, keys)
 	}
+	if c.cfg.ReportExisting {
+		// The caller wants to hear of a key that exists.
+		return
+	}
 	for _, it := range items {
 		// Write-once: the key exists already, which Mooncake's put reports
-		// as success.
-		if errors.Is(it.err, storepb.ErrObjectAlreadyExists) && !it.started {
+		// as success. Not an upsert's: it meets ObjectAlreadyExists only
+		// when another write of the key is in flight, and wrote nothing.
+		if !it.upsert && errors.Is(it.err, storepb.ErrObjectAlreadyExists) && !it.started {
 			it.err = nil
 		}
 	}
