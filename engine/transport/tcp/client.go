@@ -450,8 +450,23 @@ func (lc *laneConn) kill(err error) {
 	lc.once.Do(func() {
 		lc.err = err
 		close(lc.dead)
+		if !errors.Is(err, transport.ErrClosed) || lc.out.Load() > 0 {
+			abort(lc.conn)
+		}
 		lc.conn.Close()
 	})
+}
+
+// abort makes the next Close of c discard what its socket has not sent
+// (SO_LINGER 0: a reset, not a FIN after the data). A connection killed
+// with requests unanswered must not deliver the rest of a WRITE later:
+// when a cut-off link returns, the kernel would still send the payload of
+// a request its slice gave up on, into memory the store may have given to
+// another object since (internal/faults TestClientCutOffMidPut).
+func abort(c net.Conn) {
+	if l, ok := c.(interface{ SetLinger(int) error }); ok {
+		_ = l.SetLinger(0)
+	}
 }
 
 // usable reports whether the writer may still send on the connection.
