@@ -60,7 +60,8 @@ func storeEngine(h uint64) (*engine.Engine, error) {
 // storeConfig reads a C store config; the second result is its
 // op_timeout_ms.
 func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
-	c, err := readStruct(p, p.struct_size, "mc_store_config_t", C.MC_STORE_CONFIG_SIZE_V1, C.MC_STORE_CONFIG_SIZE_V2)
+	c, err := readStruct(p, p.struct_size, "mc_store_config_t", C.MC_STORE_CONFIG_SIZE_V1, C.MC_STORE_CONFIG_SIZE_V2,
+		C.MC_STORE_CONFIG_SIZE_V3)
 	if err != nil {
 		return client.Config{}, 0, err
 	}
@@ -79,6 +80,7 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 		LocalBufferSize: int64(p.local_buffer_size),
 		RPCTimeout:      time.Duration(p.rpc_timeout_ms) * time.Millisecond,
 		NoChecksum:      p.no_checksum != 0,
+		ReportExisting:  p.report_existing != 0,
 		Replicate:       client.ReplicateConfig{Replicas: int(p.replicas)},
 	}
 	if cfg.SegmentSize < 0 {

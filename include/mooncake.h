@@ -157,9 +157,10 @@ extern "C" {
  * destroying a handle cancels the calls in progress on it
  * (MC_ERR_CANCELED); a panic poisons its handle; structs of a newer
  * header are accepted when their unknown fields are zero (VERSIONING).
- * 1.6: mc_copy. */
+ * 1.6: mc_copy.
+ * 1.7: mc_store_config_t.report_existing (MC_STORE_CONFIG_SIZE_V3). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 6
+#define MC_ABI_VERSION_MINOR 7
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -505,11 +506,18 @@ typedef struct mc_store_config {
      * codes of a batch are the store's). 0: none beyond rpc_timeout_ms
      * per master call and the engine's per request. */
     uint64_t op_timeout_ms;
+    /* ABI 1.7 (MC_STORE_CONFIG_SIZE_V3): nonzero: a put (mc_store_put,
+     * _put_from, the batch puts and puts of parts; not an upsert) of a key
+     * that exists fails with MC_STORE_ERR_OBJECT_ALREADY_EXISTS, the value
+     * stored left as it is. 0: it succeeds without writing, as Mooncake's
+     * put does. */
+    uint32_t report_existing;
 } mc_store_config_t;
 
 /* Sizes of the versions of mc_store_config_t (see VERSIONING). */
-#define MC_STORE_CONFIG_SIZE_V1 (offsetof(mc_store_config_t, reserved) + sizeof(uint32_t))      /* ABI 1.0 */
-#define MC_STORE_CONFIG_SIZE_V2 (offsetof(mc_store_config_t, op_timeout_ms) + sizeof(uint64_t)) /* ABI 1.5 */
+#define MC_STORE_CONFIG_SIZE_V1 (offsetof(mc_store_config_t, reserved) + sizeof(uint32_t))        /* ABI 1.0 */
+#define MC_STORE_CONFIG_SIZE_V2 (offsetof(mc_store_config_t, op_timeout_ms) + sizeof(uint64_t))   /* ABI 1.5 */
+#define MC_STORE_CONFIG_SIZE_V3 (offsetof(mc_store_config_t, report_existing) + sizeof(uint32_t)) /* ABI 1.7 */
 
 /* mc_store_config_init zeroes *cfg and sets struct_size. */
 static inline void mc_store_config_init(mc_store_config_t *cfg) {
@@ -565,7 +573,9 @@ mc_status_t mc_store_register_buffer(mc_store_t store, void *addr, uint64_t leng
 mc_status_t mc_store_unregister_buffer(mc_store_t store, void *addr, mc_error_t *err);
 
 /* mc_store_put stores length bytes at value under key, write-once: when the
- * key exists the put succeeds without overwriting. value may be any memory
+ * key exists the put succeeds without overwriting (or fails with
+ * MC_STORE_ERR_OBJECT_ALREADY_EXISTS where the store's config set
+ * report_existing). value may be any memory
  * (unregistered memory goes through the staging buffer). rc may be NULL. */
 mc_status_t mc_store_put(mc_store_t store, const char *key, const void *value, uint64_t length,
                          const mc_replicate_config_t *rc, mc_error_t *err);

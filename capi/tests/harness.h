@@ -136,6 +136,7 @@ void test_store_bad_input(void);
 void test_store_threads(void);
 void test_store_parts(void);
 void test_store_put_session(void);
+void test_store_report_existing(void);
 void test_store_close_race(void);
 void test_struct_versions(void);
 void test_store_struct_versions(void);

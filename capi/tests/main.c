@@ -69,6 +69,7 @@ static const struct {
     {"store_threads", test_store_threads, 1},
     {"store_parts", test_store_parts, 1},
     {"store_put_session", test_store_put_session, 1},
+    {"store_report_existing", test_store_report_existing, 1},
     {"store_close_race", test_store_close_race, 1},
     {"struct_versions", test_struct_versions, 0},
     {"store_struct_versions", test_store_struct_versions, 1},

@@ -728,3 +728,48 @@ void test_store_close_race(void) {
         CHECK_MC(MC_ERR_INVALID_HANDLE, mc_store_get_size(racing_store, "k", &n, &E));
     }
 }
+
+/* report_existing (ABI 1.7): a put of a key that exists fails with
+ * MC_STORE_ERR_OBJECT_ALREADY_EXISTS and leaves the value; without it (a
+ * caller of the version 2 struct, whatever lies past it) the put succeeds
+ * without writing, as Mooncake's; an upsert replaces the value either way. */
+void test_store_report_existing(void) {
+    typedef struct {
+        unsigned char bytes[sizeof(mc_store_config_t) + 64];
+    } blob_t;
+    mc_store_config_t cfg;
+    mc_store_config_init(&cfg);
+    cfg.master = getenv("MC_TEST_MASTER");
+    cfg.local_hostname = store_host;
+    cfg.protocol = "tcp";
+    cfg.segment_size = -1;
+    cfg.local_buffer_size = 16 << 20;
+    cfg.report_existing = 1;
+    mc_store_t s = 0, old = 0;
+    REQUIRE_MC(MC_OK, mc_store_create(&cfg, &s, &E));
+    blob_t b;
+    memset(b.bytes, 0xff, sizeof b.bytes);
+    memcpy(b.bytes, &cfg, MC_STORE_CONFIG_SIZE_V2);
+    ((mc_store_config_t *)b.bytes)->struct_size = (uint32_t)MC_STORE_CONFIG_SIZE_V2;
+    REQUIRE_MC(MC_OK, mc_store_create((mc_store_config_t *)b.bytes, &old, &E));
+
+    char key[96];
+    unique_key(key, sizeof key, "existing");
+    uint8_t v1[100], v2[200], out[200];
+    fill(v1, 0, sizeof v1, 1);
+    fill(v2, 0, sizeof v2, 2);
+    uint64_t n = 0;
+    CHECK_MC(MC_OK, mc_store_put(s, key, v1, sizeof v1, NULL, &E));
+    CHECK_MC(MC_STORE_ERR_OBJECT_ALREADY_EXISTS, mc_store_put(s, key, v2, sizeof v2, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_put(old, key, v2, sizeof v2, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_get(s, key, out, sizeof out, &n, &E));
+    CHECK_EQ(n, sizeof v1);
+    CHECK(memcmp(out, v1, sizeof v1) == 0);
+    CHECK_MC(MC_OK, mc_store_upsert(s, key, v2, sizeof v2, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_get(s, key, out, sizeof out, &n, &E));
+    CHECK_EQ(n, sizeof v2);
+    CHECK(memcmp(out, v2, sizeof v2) == 0);
+    CHECK_MC(MC_OK, mc_store_remove(s, key, 1, &E));
+    CHECK_MC(MC_OK, mc_store_close(old, &E));
+    CHECK_MC(MC_OK, mc_store_close(s, &E));
+}

@@ -30,7 +30,8 @@ def test_put_get_remove(store):
     assert store.exists(k)
     assert store.get(k) == b"hello world"
     assert store.get_size(k) == 11
-    store.put(k, b"other")  # write-once: the first value stays
+    with pytest.raises(errors.ObjectAlreadyExists):
+        store.put(k, b"other")  # write-once: the first value stays
     assert store.get(k) == b"hello world"
     store.upsert(k, b"replaced")
     assert store.get(k) == b"replaced"
@@ -40,6 +41,51 @@ def test_put_get_remove(store):
         store.get(k)
     assert ei.value.code == -704 and ei.value.domain == errors.DOMAIN_STORE
     assert isinstance(ei.value, LookupError)
+
+
+def test_put_of_an_existing_key_says_so(store, master):
+    """A second put of a key raises ObjectAlreadyExists (batches give it
+    per key) and leaves the first value; upsert replaces it. A store opened
+    with exist_ok=True keeps Mooncake's silent success, and the compat
+    module still answers Mooncake's code for it, 0."""
+    np = numpy_or_skip()
+    k, fresh = key(), key()
+    store.put(k, b"first")
+    with pytest.raises(errors.ObjectAlreadyExists) as ei:
+        store.put(k, b"second")
+    assert ei.value.code == -705 and ei.value.domain == errors.DOMAIN_STORE
+    assert "already exists" in str(ei.value).lower() or k in str(ei.value)
+    res = store.batch_put([k, fresh], [b"x", b"y"])
+    assert isinstance(res[0], errors.ObjectAlreadyExists) and res[1] is None
+    buf = np.full(64, 7, dtype=np.uint8)
+    store.register_buffer(buf)
+    try:
+        with pytest.raises(errors.ObjectAlreadyExists):
+            store.put_from(k, buf)
+        res = store.batch_put_from_parts([k], [[buf[:10], buf[10:20]]])
+        assert isinstance(res[0], errors.ObjectAlreadyExists)
+    finally:
+        store.unregister_buffer(buf)
+    assert store.get(k) == b"first"
+    assert store.get(fresh) == b"y"
+    store.upsert(k, b"third")
+    assert store.get(k) == b"third"
+
+    with mg.Store(master, segment_size=-1, local_buffer_size=LOCAL_BUFFER, local_hostname="127.0.0.1",
+                  exist_ok=True) as quiet:
+        quiet.put(k, b"fourth")
+        assert quiet.batch_put([k], [b"fifth"]) == [None]
+    assert store.get(k) == b"third"
+
+    from mooncake.store import MooncakeDistributedStore
+    compat = MooncakeDistributedStore()
+    assert compat.setup("127.0.0.1", "P2PHANDSHAKE", 0, LOCAL_BUFFER, "tcp", "", master) == 0
+    try:
+        assert compat.put(k, b"sixth") == 0
+        assert compat.put_batch([k, key()], [b"a", b"b"]) == 0
+    finally:
+        assert compat.close() == 0
+    assert store.get(k) == b"third"
 
 
 def test_remove_by_regex(store):

@@ -66,6 +66,11 @@ type Config struct {
 	NoChecksum bool
 	// Replicate is the default replication of puts without their own.
 	Replicate ReplicateConfig
+	// ReportExisting makes a put (Put, PutFrom, the batch puts and puts of
+	// parts; not an upsert) of a key that exists fail with
+	// ObjectAlreadyExists, the value stored left as it is. Zero: such a
+	// put succeeds without writing, as Mooncake's put does.
+	ReportExisting bool
 	// SSDDir, when set, gives the client an SSD tier of SSDSize bytes: a
 	// file there that objects evicted from DRAM spill to and are promoted
 	// back from on a hit. Where the file cannot be allocated the client

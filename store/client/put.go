@@ -372,6 +372,10 @@ func (c *Client) end(ctx context.Context, items []*putItem) {
 		// Best effort: an unrevoked start is reclaimed by the master later.
 		_ = c.revoke(ctx, keys)
 	}
+	if c.cfg.ReportExisting {
+		// The caller wants to hear of a key that exists.
+		return
+	}
 	for _, it := range items {
 		// Write-once: the key exists already, which Mooncake's put reports
 		// as success. Not an upsert's: it meets ObjectAlreadyExists only

@@ -207,6 +207,8 @@ class MooncakeDistributedStore(TensorExt):
                 metadata=meta,
                 protocol=proto,
                 engine=native_engine,
+                # Mooncake's put of a key that exists succeeds (0).
+                exist_ok=True,
             )
         except errors.MooncakeError as e:
             return _code(e)

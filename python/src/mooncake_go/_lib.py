@@ -121,6 +121,7 @@ class StoreConfig(Structure):
         ("no_checksum", c_uint32),
         ("reserved", c_uint32),
         ("op_timeout_ms", c_uint64),  # ABI 1.5
+        ("report_existing", c_uint32),  # ABI 1.7
     ]
 
 

@@ -101,7 +101,8 @@ class ObjectNotFound(StoreError, LookupError):
 
 
 class ObjectAlreadyExists(StoreError):
-    pass
+    """A put of a key that exists (Mooncake's OBJECT_ALREADY_EXISTS,
+    -705); the value stored is left as it is."""
 
 
 class ObjectHasLease(StoreError):

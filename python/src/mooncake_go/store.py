@@ -12,7 +12,11 @@ Lifecycle::
         st.batch_get_into_parts(["k3"], [[out0, out1]])
 
 Failures raise :class:`~mooncake_go.errors.MooncakeError` subclasses
-(``ObjectNotFound``, ``NoAvailableHandle``, ...). Batch calls return one
+(``ObjectNotFound``, ``NoAvailableHandle``, ...). Puts are write-once: a
+put of a key that exists raises ``ObjectAlreadyExists`` and leaves the
+value as it is (``upsert`` replaces it; a store opened with
+``exist_ok=True`` lets such a put succeed without writing, as Mooncake's
+put does). Batch calls return one
 result per key instead of raising: ``None`` (or a length) for a success,
 the exception for a failure. Calls release the GIL; one store may be used
 from many threads at once.
@@ -101,6 +105,11 @@ class Store(_lib.Owned):
     :param engine: a :class:`TransferEngine` to move bytes with (it must
         outlive the store) [the store starts its own].
     :param checksum: CRC-32C on put and check on get [True].
+    :param exist_ok: a put (``put``, ``put_from``, the batch puts and
+        puts of parts; not an upsert) of a key that exists succeeds
+        without writing, as Mooncake's put, instead of failing with
+        :class:`~mooncake_go.errors.ObjectAlreadyExists` [False]. A
+        library older than ABI 1.7 cannot tell: there it is always True.
     """
 
     def __init__(
@@ -118,6 +127,7 @@ class Store(_lib.Owned):
         op_timeout_ms: int = 0,
         engine: Optional[TransferEngine] = None,
         checksum: bool = True,
+        exist_ok: bool = False,
     ):
         cfg = _lib.StoreConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
@@ -133,6 +143,8 @@ class Store(_lib.Owned):
         cfg.op_timeout_ms = op_timeout_ms
         cfg.engine = engine.handle if engine is not None else 0
         cfg.no_checksum = 0 if checksum else 1
+        if lib.mc_abi_version() & 0xFFFF >= _REPORT_EXISTING_MINOR:
+            cfg.report_existing = 0 if exist_ok else 1
         # get's first guess at a value's size: the last value it read.
         self._get_hint = _GET_HINT_MIN
         h = c_uint64()
@@ -163,7 +175,9 @@ class Store(_lib.Owned):
     # -- single objects --------------------------------------------------
 
     def put(self, key: str, value, replicate: Optional[Replicate] = None) -> None:
-        """Stores value (bytes-like, any memory) under key, write-once."""
+        """Stores value (bytes-like, any memory) under key, write-once: a
+        key that exists raises ObjectAlreadyExists, its value unchanged
+        (unless the store has ``exist_ok``)."""
         p, n = to_bytes_pointer(value)
         _lib.call(lib.mc_store_put, self.handle, _lib.cstr(key), p, n, _rc(replicate))
 
@@ -174,7 +188,8 @@ class Store(_lib.Owned):
 
     def put_from(self, key: str, buf: Buffer, length: Optional[int] = None,
                  replicate: Optional[Replicate] = None) -> None:
-        """Stores ``length`` bytes of a registered buffer (zero-copy)."""
+        """Stores ``length`` bytes of a registered buffer (zero-copy),
+        write-once as put."""
         addr, n = address(buf, length)
         _lib.call(lib.mc_store_put_from, self.handle, _lib.cstr(key), addr, n, _rc(replicate))
 
@@ -297,7 +312,8 @@ class Store(_lib.Owned):
         return list(ex), list(codes)
 
     def batch_put(self, keys: Sequence[str], values: Sequence, replicate: Optional[Replicate] = None) -> List[Result]:
-        """Puts values (any memory) under keys; None or the error per key."""
+        """Puts values (any memory) under keys; None or the error per key
+        (ObjectAlreadyExists for a key that exists, as put)."""
         return _results(self._put_values_codes(lib.mc_store_batch_put, keys, values, replicate))
 
     def batch_upsert(self, keys: Sequence[str], values: Sequence,
@@ -577,6 +593,8 @@ _WHOLE_CALL_FAILURES = frozenset({errors.INVALID_HANDLE, errors.NULL_ARGUMENT, e
 
 # get reads into a buffer of at least this many bytes.
 _GET_HINT_MIN = 4096
+# The ABI minor of mc_store_config_t.report_existing.
+_REPORT_EXISTING_MINOR = 7
 
 
 def _new_bytes(size: int):
