@@ -26,6 +26,8 @@ type chaosFlags struct {
 	valueSize, segment                       string
 	masters, nodes                           int
 	faults, out, master, clusterID           string
+	transport                                string
+	forceRemoves                             float64
 	seed                                     uint64
 }
 
@@ -67,6 +69,8 @@ faults).`,
 	fl.IntVar(&f.keys, "keys", 32, "keys the workload touches")
 	fl.StringVar(&f.valueSize, "value-size", "16KiB", "size of every value")
 	fl.IntVar(&f.replicas, "replicas", 2, "replicas per write")
+	fl.Float64Var(&f.forceRemoves, "force-removes", 0, "share of removes that are forced (remove leased objects too)")
+	fl.StringVar(&f.transport, "transport", "auto", "data path of clients and nodes: auto (shared memory on this host) or tcp")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 5*time.Second, "deadline of one operation (past it: unknown)")
 	fl.StringVar(&f.faults, "faults", "kill-node@5s,kill-master@12s,kill-node@20s", "fault schedule (none: no faults)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the workload and of the faults' choices")
@@ -97,7 +101,8 @@ func runChaos(cmd *cobra.Command, f chaosFlags) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	cfg := chaos.Config{Master: f.master, ClusterID: f.clusterID, Duration: f.duration, Clients: f.clients, Keys: f.keys,
-		ValueSize: int(valueSize), Replicas: f.replicas, OpTimeout: f.opTimeout, Seed: f.seed, Steps: steps}
+		ValueSize: int(valueSize), Replicas: f.replicas, OpTimeout: f.opTimeout, Seed: f.seed, Steps: steps,
+		Transport: f.transport, ForceRemoves: f.forceRemoves}
 	out := cmd.OutOrStdout()
 	if f.master == "" {
 		self, err := os.Executable()
@@ -105,7 +110,7 @@ func runChaos(cmd *cobra.Command, f chaosFlags) error {
 			return err
 		}
 		procs, err := chaos.StartProcs(ctx, chaos.ProcsConfig{Command: []string{self}, Masters: f.masters, Nodes: f.nodes,
-			NodeSegment: segment, Seed: f.seed, LogLevel: viper.GetString("log-level"),
+			NodeSegment: segment, Seed: f.seed, LogLevel: viper.GetString("log-level"), NodeArgs: []string{"--transport", f.transport},
 			MasterArgs: []string{"--default_kv_lease_ttl", f.leaseTTL.String(), "--client_ttl", f.clientTTL.String()}})
 		if err != nil {
 			return err

@@ -39,8 +39,9 @@ type ProcsConfig struct {
 	NodeSegment int64
 	// ClusterID names the HA cluster. Zero: "chaos".
 	ClusterID string
-	// MasterArgs are added to every master's flags (leases, client TTL).
-	MasterArgs []string
+	// MasterArgs and NodeArgs are added to every master's and node's
+	// flags (leases, client TTL; the data path).
+	MasterArgs, NodeArgs []string
 	// LogLevel is the children's --log-level. Zero: warn.
 	LogLevel string
 	// Stderr receives the children's logs. Zero: os.Stderr.
@@ -131,6 +132,7 @@ func StartProcs(ctx context.Context, cfg ProcsConfig) (_ *Procs, err error) {
 		n := &proc{name: "node " + strconv.Itoa(i), ready: cluster.ReadyLine(""),
 			args: []string{"node", "--master", p.MasterURL(), "--cluster_id", cfg.ClusterID, "--local_hostname", "127.0.0.1",
 				"--global_segment_size", strconv.FormatInt(cfg.NodeSegment, 10), "--local_buffer_size", "4MiB"}}
+		n.args = append(n.args, cfg.NodeArgs...)
 		p.nodes = append(p.nodes, n)
 		if err := p.start(ctx, n); err != nil {
 			return nil, err

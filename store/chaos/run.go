@@ -38,6 +38,13 @@ type Config struct {
 	OpTimeout time.Duration
 	// Seed drives the workload's choices and the faults'.
 	Seed uint64
+	// Transport is the clients' data path (engine.Config.Transport).
+	// Zero: auto.
+	Transport string
+	// ForceRemoves is the share of removes that are forced (a leased
+	// object removed too); the others fail on an object read within its
+	// lease. Zero: none.
+	ForceRemoves float64
 	// Steps and Faults are the nemesis' schedule and the faults it may
 	// name. The fault "lose-keys" (remove every object behind the
 	// checker's back, a control that the checker catches a loss) is added
@@ -74,6 +81,8 @@ func (c *Config) defaults() error {
 		c.Logger = slog.Default()
 	}
 	switch {
+	case c.ForceRemoves < 0 || c.ForceRemoves > 1:
+		return fmt.Errorf("chaos: ForceRemoves %v is not a share between 0 and 1", c.ForceRemoves)
 	case c.Duration < 0 || c.Clients < 0 || c.Keys < 0 || c.Replicas < 0 || c.OpTimeout < 0:
 		return errors.New("chaos: Duration, Clients, Keys, Replicas and OpTimeout must not be negative")
 	case c.ValueSize < MinValueSize(keyName(c.Keys-1)):
@@ -105,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (*History, error) {
 		return client.New(ctx, client.Config{Master: cfg.Master, ClusterID: cfg.ClusterID, SegmentSize: client.NoSegment,
 			LocalBufferSize: int64(max(cfg.ValueSize, 1<<20)), RPCTimeout: cfg.OpTimeout,
 			Replicate:    client.ReplicateConfig{Replicas: cfg.Replicas},
-			EngineConfig: engine.Config{Host: "127.0.0.1", Timeout: cfg.OpTimeout}})
+			EngineConfig: engine.Config{Host: "127.0.0.1", Timeout: cfg.OpTimeout, Transport: cfg.Transport}})
 	}
 	var clients []*client.Client
 	defer func() {
@@ -199,9 +208,7 @@ func work(ctx context.Context, h *History, cfg Config, id int, c *client.Client)
 		case Upsert:
 			err = c.Upsert(octx, op.Key, value, nil)
 		case Remove:
-			// Half forced: a plain remove of a key read within its lease
-			// fails, and the workload reads often.
-			err = c.Remove(octx, op.Key, r.IntN(2) == 0)
+			err = c.Remove(octx, op.Key, r.Float64() < cfg.ForceRemoves)
 		}
 		op.Complete = h.Now()
 		cancel()
