@@ -54,6 +54,19 @@ func mooncake(t *testing.T) string {
 // starting with ready; it is killed when t ends.
 func proc(t *testing.T, h *netlab.Host, ready string, args ...string) *exec.Cmd {
 	t.Helper()
+	cmd, _ := startProc(t, h, ready, args...)
+	return cmd
+}
+
+// procLine is proc returning the ready line.
+func procLine(t *testing.T, h *netlab.Host, ready string, args ...string) string {
+	t.Helper()
+	_, line := startProc(t, h, ready, args...)
+	return line
+}
+
+func startProc(t *testing.T, h *netlab.Host, ready string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
 	cmd := exec.Command(mooncake(t), args...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -64,36 +77,37 @@ func proc(t *testing.T, h *netlab.Host, ready string, args ...string) *exec.Cmd 
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	line := make(chan bool, 1)
+	line := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
 		found := false
 		for sc.Scan() {
 			if !found && strings.HasPrefix(sc.Text(), ready) {
 				found = true
-				line <- true
+				line <- sc.Text()
 			}
 		}
 		if !found {
-			line <- false
+			close(line)
 		}
 		_, _ = io.Copy(io.Discard, out)
 	}()
 	select {
-	case ok := <-line:
+	case l, ok := <-line:
 		require.True(t, ok, "%v on %s exited before it was ready", args, h)
+		return cmd, l
 	case <-time.After(60 * time.Second):
 		t.Fatalf("%v on %s: not ready after 60s", args, h)
+		return nil, ""
 	}
-	return cmd
 }
 
 // node starts a storage node on h with a segment of seg bytes.
-func node(t *testing.T, h *netlab.Host, masterAddr string, seg int64) *exec.Cmd {
+func node(t *testing.T, h *netlab.Host, masterAddr string, seg int64, flags ...string) *exec.Cmd {
 	t.Helper()
-	return proc(t, h, cluster.ReadyLine(""), "node", "--master", masterAddr,
+	return proc(t, h, cluster.ReadyLine(""), append([]string{"node", "--master", masterAddr,
 		"--global_segment_size", fmt.Sprint(seg), "--local_hostname", h.IP.String(),
-		"--transport", "tcp", "--log-level", "warn")
+		"--transport", "tcp", "--log-level", "warn"}, flags...)...)
 }
 
 // storeClient is a client on the lab's local host with no segment.

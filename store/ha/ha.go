@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/mooncake-go/mooncake/store/masterview"
@@ -62,6 +63,7 @@ func Campaign(ctx context.Context, cli *clientv3.Client, clusterID, addr string,
 	}
 	key := ViewKey(clusterID)
 	for {
+		granted := time.Now() // the lease runs from no earlier than this
 		grant, err := cli.Grant(ctx, int64(max(ttl/time.Second, 1)))
 		if err != nil {
 			return nil, fmt.Errorf("ha: grant lease: %w", err)
@@ -75,7 +77,7 @@ func Campaign(ctx context.Context, cli *clientv3.Client, clusterID, addr string,
 			return nil, fmt.Errorf("ha: campaign: %w", err)
 		}
 		if txn.Succeeded {
-			return keep(ctx, cli, key, grant.ID, txn.Header.Revision)
+			return keep(ctx, cli, key, grant.ID, txn.Header.Revision, granted.Add(time.Duration(grant.TTL)*time.Second))
 		}
 		_, _ = cli.Revoke(ctx, grant.ID)
 		// Someone leads: wait for the key to go, then try again.
@@ -112,25 +114,68 @@ func waitGone(ctx context.Context, cli *clientv3.Client, key string) error {
 	return errors.New("ha: watch on the leader key ended")
 }
 
-func keep(ctx context.Context, cli *clientv3.Client, key string, lease clientv3.LeaseID, term int64) (*Leadership, error) {
+// keep renews the lease until it cannot, and ends the leadership before
+// etcd can have expired it: the lease runs out on etcd at the latest
+// renewal it received plus its TTL, which is no earlier than when that
+// renewal was sent plus the TTL. The leadership ends a margin before that
+// (clock rates differ a little), so that a leader cut off from etcd stops
+// serving before a standby can win the key: two masters never lead at
+// once. (etcd's own KeepAlive counts from the answers, which arrive
+// later, and checks every half second: a cut-off leader overlapped its
+// successor; internal/faults TestLeaderCutOff.)
+func keep(ctx context.Context, cli *clientv3.Client, key string, lease clientv3.LeaseID, term int64, expires time.Time) (*Leadership, error) {
 	kctx, cancel := context.WithCancel(ctx)
-	ch, err := cli.KeepAlive(kctx, lease)
-	if err != nil {
-		cancel()
-		_, _ = cli.Revoke(context.WithoutCancel(ctx), lease)
-		return nil, fmt.Errorf("ha: keep lease alive: %w", err)
-	}
 	l := &Leadership{cli: cli, key: key, lease: lease, term: term,
 		lost: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		defer close(l.lost)
-		// The channel closes when the lease expires, is revoked, or kctx
-		// ends; draining it is what keeps the lease alive.
-		for range ch {
-		}
+		renewLoop(kctx, cli, lease, expires)
 	}()
 	return l, nil
+}
+
+// renewLoop renews lease every third of its TTL and returns when the
+// leadership must end: the lease is gone, ctx ended, or no renewal came
+// back in time.
+func renewLoop(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID, expires time.Time) {
+	ttl := time.Until(expires)
+	margin := max(ttl/10, 50*time.Millisecond)
+	for {
+		end := expires.Add(-margin)
+		if !time.Now().Before(end) {
+			return
+		}
+		sent := time.Now()
+		rctx, cancel := context.WithDeadline(ctx, end)
+		resp, err := cli.KeepAliveOnce(rctx, lease)
+		cancel()
+		next := sent.Add(max(ttl/3, 100*time.Millisecond))
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil && resp.TTL <= 0:
+			return // revoked or expired
+		case err == nil:
+			ttl = time.Duration(resp.TTL) * time.Second
+			expires = sent.Add(ttl)
+			margin = max(ttl/10, 50*time.Millisecond)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			return
+		default:
+			next = time.Now().Add(100 * time.Millisecond) // try again soon
+		}
+		if stop := expires.Add(-margin); stop.Before(next) {
+			next = stop
+		}
+		wait := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return
+		case <-wait.C:
+		}
+	}
 }
 
 // Term is the etcd revision at which this leadership began; a later
