@@ -138,6 +138,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 			c.ssd, err = nil, nil
 		} else {
 			undo = append(undo, func() { _ = self.ssd.close(self.eng) })
+			c.ssd.onFail = c.retireSSD
 		}
 	}
 	// ReMountSegment registers the client even without a segment, so the
@@ -157,8 +158,8 @@ func (c *Client) segments() []*storepb.Segment {
 	if c.seg != nil {
 		out = append(out, c.seg)
 	}
-	if c.ssd != nil {
-		out = append(out, c.ssd.seg)
+	if c.ssd != nil && c.ssd.failed() == nil {
+		out = append(out, c.ssd.seg) // a failed tier is not mounted again
 	}
 	return out
 }
@@ -199,6 +200,7 @@ func (c *Client) heartbeat(ctx context.Context) {
 			st, tasks = r.ClientStatus, r.Tasks
 			return r.Result.AsError()
 		})
+		c.unmountSSD(ctx) // a failed tier the master could not be told of
 		if len(tasks) > 0 {
 			c.runMoves(ctx, tasks)
 			// More may be queued: ask again at once.

@@ -16,6 +16,8 @@ type metrics struct {
 	readBytes, writeBytes prometheus.Counter
 	latency               *prometheus.HistogramVec // by op: get, put, batch_get, batch_put
 	failures              *prometheus.CounterVec   // by op and Mooncake error name
+	moveFailures          *prometheus.CounterVec   // tier moves, by target medium
+	ssdFailed             prometheus.Gauge         // 1 once the SSD tier failed (ssd.go)
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -29,9 +31,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18)}, []string{"op"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mooncake_transfer_failures_total",
 			Help: "Failed objects by op and error code."}, []string{"op", "code"}),
+		moveFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mooncake_store_move_failures_total",
+			Help: "Tier moves (offload, spill, promotion) that failed, by target medium (disk, dram)."}, []string{"target"}),
+		ssdFailed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mooncake_store_ssd_tier_failed",
+			Help: "1 once the SSD tier had an I/O error and was unmounted."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.readBytes, m.writeBytes, m.latency, m.failures)
+		reg.MustRegister(m.readBytes, m.writeBytes, m.latency, m.failures, m.moveFailures, m.ssdFailed)
 	}
 	return m
 }

@@ -2,8 +2,12 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,10 +24,129 @@ import (
 // them back on a hit (see store/master's tier story); the client does the
 // copies it is given in ping answers. The file is a cache: it is removed
 // on Close and not reloaded by a restart.
+//
+// A failing disk shows through the mapping: a page that cannot be read in
+// faults the process (SIGBUS), a page that cannot be written back fails
+// the next fdatasync. Copies in this process that touch the mapping therefore
+// turn a fault into an error (copy), moves into the tier are synced
+// before they are reported done (flush), and the first I/O error retires
+// the tier: it is unmounted at the master, whose sweep drops every replica
+// on it (objects also in DRAM keep those; the others are lost, never
+// served wrong), and it is not mounted again. Reads by peers go through
+// the engine's server, whose socket writes fail with EFAULT on such a
+// page: the peer sees a failed transfer, not a crash.
 type ssdTier struct {
 	f   *os.File
 	mem []byte
 	seg *storepb.Segment
+
+	// onFail is told of the tier's first I/O error (set by the client).
+	onFail    func(error)
+	failErr   atomic.Pointer[error] // the first I/O error; nil while healthy
+	once      sync.Once
+	unmounted atomic.Bool // failed, and unmounted at the master
+}
+
+// errSSD is the cause of every error of a failing SSD tier.
+var errSSD = errors.New("SSD tier I/O error")
+
+// holds reports whether b lies in the tier's mapping (false without one).
+func (t *ssdTier) holds(b []byte) bool {
+	if t == nil || len(b) == 0 {
+		return false
+	}
+	a, base := engine.AddrOf(b), engine.AddrOf(t.mem)
+	return a >= base && a+uintptr(len(b)) <= base+uintptr(len(t.mem))
+}
+
+// offset is where in the file the mapped address a lies.
+func (t *ssdTier) offset(a uintptr) int64 { return int64(a - engine.AddrOf(t.mem)) }
+
+// failed returns the tier's first I/O error, nil while it is healthy.
+func (t *ssdTier) failed() error {
+	if t == nil {
+		return nil
+	}
+	if p := t.failErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fail records err as the tier's failure; the first one is passed on to
+// onFail (once), later ones only returned. It returns err.
+func (t *ssdTier) fail(err error) error {
+	t.once.Do(func() {
+		t.failErr.Store(&err)
+		if t.onFail != nil {
+			t.onFail(err)
+		}
+	})
+	return err
+}
+
+// copy copies src to dst, either of which may lie in the tier's mapping
+// (t may be nil: a plain copy). A page of the tier that cannot be paged
+// in faults; the fault is caught and becomes the tier's failure instead
+// of killing the process. A tier that has failed is not touched again.
+func (t *ssdTier) copy(dst, src []byte) (err error) {
+	in, out := t.holds(src), t.holds(dst)
+	if !in && !out {
+		copy(dst, src)
+		return nil
+	}
+	if err := t.failed(); err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			// Only a fault in the tier's mapping is the disk's; any other
+			// goes on as the crash it was.
+			f, ok := r.(interface{ Addr() uintptr })
+			base := engine.AddrOf(t.mem)
+			if !ok || f.Addr() < base || f.Addr() >= base+uintptr(len(t.mem)) {
+				panic(r)
+			}
+			err = t.fail(fmt.Errorf("%w: %s at offset %d: a page of the file could not be read in from the disk",
+				errSSD, t.f.Name(), t.offset(f.Addr())))
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	copy(dst, src)
+	return nil
+}
+
+// flush writes what was copied into the tier through to the disk, so that
+// a move is reported done only once its bytes are there: a page whose
+// write-back fails would otherwise read back as the old bytes (or fault)
+// once the kernel drops it, after the master freed the DRAM copy of a
+// spill. One fdatasync covers a whole batch of moves.
+func (t *ssdTier) flush() error {
+	if err := t.failed(); err != nil {
+		return err
+	}
+	if err := unix.Fdatasync(int(t.f.Fd())); err != nil {
+		return t.fail(fmt.Errorf("%w: fdatasync of %s: %v", errSSD, t.f.Name(), err))
+	}
+	return nil
+}
+
+// check reads b's bytes from the file (not the mapping), to tell whether
+// a move from the tier that the engine failed failed on the disk: a read
+// error fails the tier.
+func (t *ssdTier) check(b []byte) error {
+	if err := t.failed(); err != nil {
+		return err
+	}
+	off := t.offset(engine.AddrOf(b))
+	buf := make([]byte, min(len(b), 1<<20))
+	for n := 0; n < len(b); n += len(buf) {
+		m := min(len(buf), len(b)-n)
+		if _, err := t.f.ReadAt(buf[:m], off+int64(n)); err != nil {
+			return t.fail(fmt.Errorf("%w: %w", errSSD, err))
+		}
+	}
+	return nil
 }
 
 // openSSD creates and maps the tier. The file is fallocated in full, so a
@@ -67,6 +190,39 @@ func (t *ssdTier) close(e *engine.Engine) error {
 	return err
 }
 
+// retireSSD takes the failing tier out of the pool: the master drops its
+// replicas (so none is handed to a reader again) and the client stops
+// mounting it. Its mapping stays until Close, as the engine may still be
+// serving a read of it.
+func (c *Client) retireSSD(err error) {
+	c.log.Error("store: SSD tier failing; unmounting it, the DRAM segment carries on", "path", c.ssd.f.Name(), "err", err)
+	c.met.ssdFailed.Set(1)
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+	defer cancel()
+	c.unmountSSD(ctx)
+}
+
+// unmountSSD unmounts a failed tier at the master, unless done already;
+// the heartbeat calls it again while the master cannot be reached.
+func (c *Client) unmountSSD(ctx context.Context) {
+	t := c.ssd
+	if t == nil || t.failed() == nil || t.unmounted.Load() {
+		return
+	}
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
+		r, err := rpc.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id, SegmentId: t.seg.Id})
+		if err != nil {
+			return err
+		}
+		return r.AsError()
+	})
+	if err != nil && !errors.Is(err, storepb.ErrSegmentNotFound) {
+		c.log.Warn("store: unmount of the failed SSD tier (retried)", "path", t.f.Name(), "err", err)
+		return
+	}
+	t.unmounted.Store(true)
+}
+
 // Path is the tier's file ("" without a tier), for operators and tests.
 func (c *Client) SSDPath() string {
 	if c.ssd == nil {
@@ -97,6 +253,11 @@ func (c *Client) runMoves(ctx context.Context, tasks []*storepb.MoveTask) {
 			continue
 		}
 		x.seg, x.remote = dst.SegmentName, dst.BufferAddress
+		if c.ssd.holds(x.local) {
+			// A copy by the engine from a failed tier would fail too, or
+			// read bytes a failed write-back left stale.
+			x.err = c.ssd.failed()
+		}
 	}
 	var run []*xfer
 	for _, x := range xs {
@@ -105,10 +266,25 @@ func (c *Client) runMoves(ctx context.Context, tasks []*storepb.MoveTask) {
 		}
 	}
 	c.run(ctx, run, time.Time{})
+	flushed, ferr := false, error(nil)
+	for _, x := range run {
+		switch into := transport.Bytes(uintptr(x.remote), uint64(len(x.local))); {
+		case x.err == nil && x.seg == c.name && c.ssd.holds(into):
+			if !flushed {
+				flushed, ferr = true, c.ssd.flush()
+			}
+			x.err = ferr
+		case x.err != nil && c.ssd.holds(x.local) && !errors.Is(x.err, errSSD):
+			// The engine failed a copy out of the tier: if the disk is
+			// why, the tier goes.
+			_ = c.ssd.check(x.local)
+		}
+	}
 	for i, t := range tasks {
 		ok := xs[i].err == nil
 		if !ok {
-			c.log.Warn("store: move failed", "key", t.Key, "err", xs[i].err)
+			c.met.moveFailures.WithLabelValues(mediumName(t.GetTarget().GetMedium())).Inc()
+			c.log.Warn("store: move failed", "key", t.Key, "target", t.GetTarget().GetMedium(), "err", xs[i].err)
 		}
 		err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
 			r, err := rpc.MoveEnd(ctx, &storepb.MoveEndRequest{ClientId: c.id, TaskId: t.Id, Ok: ok})
@@ -121,4 +297,12 @@ func (c *Client) runMoves(ctx context.Context, tasks []*storepb.MoveTask) {
 			c.log.Debug("store: move not taken", "key", t.Key, "err", err)
 		}
 	}
+}
+
+// mediumName labels a move's target medium in metrics.
+func mediumName(m storepb.Medium) string {
+	if m == storepb.Medium_MEDIUM_DISK {
+		return "disk"
+	}
+	return "dram"
 }

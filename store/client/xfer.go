@@ -134,13 +134,18 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 	_ = c.eng.FreeBatch(b)
 }
 
-// copyLocal performs x, between host memory and this client's segment.
+// copyLocal performs x, between host memory and this client's segment
+// (or its SSD tier, whose disk may fail under the copy: see ssdTier.copy).
 func (c *Client) copyLocal(x *xfer) {
 	dst := transport.Bytes(uintptr(x.remote), uint64(len(x.local)))
 	if x.op == engine.Read {
-		copy(x.local, dst)
+		x.err = c.ssd.copy(x.local, dst)
 	} else {
-		copy(dst, x.local)
+		x.err = c.ssd.copy(dst, x.local)
+	}
+	if x.err != nil {
+		x.err = &storepb.Error{Code: storepb.TransferFail, Err: x.err}
+		return
 	}
 	if x.crc {
 		x.sum = crc32c.Checksum(x.local)
@@ -257,9 +262,5 @@ func (c *Client) registered(b []byte) bool {
 	if within(c.segBuf) || within(c.stage.buf) {
 		return true
 	}
-	if c.ssd != nil {
-		base := engine.AddrOf(c.ssd.mem)
-		return a >= base && a+n <= base+uintptr(len(c.ssd.mem))
-	}
-	return false
+	return c.ssd.holds(b)
 }
