@@ -1,7 +1,8 @@
 # mooncake-go: two commands on a fresh machine.
 #   make run    the main job: the all-in-one store (embedded etcd, an HA master, two
 #               storage node processes) replays the FAST'25 conversation trace
-#               (replay-out/: Parquet, PNG and SVG); bench-te is the Transfer Engine benchmark
+#               (replay-out/: Parquet, PNG and SVG, and nodes.log, the storage nodes' log);
+#               bench-te is the Transfer Engine benchmark
 #   make test   everything CI checks: deps, gofmt, vet, staticcheck, Go tests with -race,
 #               the C ABI suite, the C++ SDK suite, the Python suite and the framework
 #               suites (e2e/)
