@@ -186,6 +186,7 @@ func addKVEventsFlags(f *pflag.FlagSet) {
 	f.String("kv_events_model_name", "", "model_name of the events")
 	f.Int("kv_events_block_size", 0, "block_size of the events, in tokens (0: unknown)")
 	f.String("kv_events_topic", "", "ZMQ topic (first frame) of the messages")
+	f.Int("kv_events_max_subscribers", master.DefaultKVEventsMaxSubscribers, "most connections the KV events PUB (and replay) socket serves at once")
 }
 
 // kvEventsConfig is the KV events configuration the flags ask for, nil
@@ -201,6 +202,8 @@ func kvEventsConfig(boolean func(string) bool, str func(string) string, integer 
 		ModelName: str("kv_events_model_name"),
 		BlockSize: integer("kv_events_block_size"),
 		Topic:     str("kv_events_topic"),
+
+		MaxSubscribers: integer("kv_events_max_subscribers"),
 	}
 }
 

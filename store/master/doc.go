@@ -72,6 +72,10 @@
 //   - ServiceConfig.MaxWatchers [--max_watchers], 256 WatchObjects
 //     streams at once (each buffers DefaultWatchBuffer events): one more
 //     ends with ResourceExhausted.
+//   - KVEventsConfig.MaxSubscribers [--kv_events_max_subscribers], 256
+//     connections each on the KV events PUB and replay sockets; more are
+//     closed unserved. A peer has 5 s for its ZMTP handshake and may send
+//     no frame over 64 KiB (kvlimit.go).
 //   - ServerConfig.MaxRecvMsgSize [--max_request_size], 256 MiB: a larger
 //     gRPC request fails with ResourceExhausted before it is decoded.
 //   - ServerConfig.MaxConcurrentStreams [--max_concurrent_streams], 1024

@@ -72,6 +72,10 @@ type KVEventsConfig struct {
 	// Queue is the number of events that may wait for the sender. Zero:
 	// DefaultKVEventsQueue.
 	Queue int
+	// MaxSubscribers is the most connections the PUB socket, and the replay
+	// socket, each serve at once (kvlimit.go); more are closed as they are
+	// accepted. Zero: DefaultKVEventsMaxSubscribers.
+	MaxSubscribers int
 }
 
 // Validate reports the first field that is out of range, by name.
@@ -88,6 +92,8 @@ func (c KVEventsConfig) Validate() error {
 		return fmt.Errorf("master: KVEventsConfig.Buffer is negative (%d)", c.Buffer)
 	case c.Queue < 0:
 		return fmt.Errorf("master: KVEventsConfig.Queue is negative (%d)", c.Queue)
+	case c.MaxSubscribers < 0:
+		return fmt.Errorf("master: KVEventsConfig.MaxSubscribers is negative (%d)", c.MaxSubscribers)
 	}
 	return nil
 }
@@ -101,6 +107,9 @@ func (c KVEventsConfig) withDefaults() KVEventsConfig {
 	}
 	if c.Queue == 0 {
 		c.Queue = DefaultKVEventsQueue
+	}
+	if c.MaxSubscribers == 0 {
+		c.MaxSubscribers = DefaultKVEventsMaxSubscribers
 	}
 	return c
 }
@@ -154,6 +163,8 @@ type kvPublisher struct {
 	log       *slog.Logger
 	pub       zmq4.Socket
 	router    zmq4.Socket // nil without a replay endpoint
+	pubLim    *kvConnLimit
+	replayLim *kvConnLimit // nil without a replay endpoint
 
 	queue chan kvEvent
 	// hold is taken by the sender around each message; tests hold it to
@@ -197,7 +208,8 @@ func startKVPublisher(cfg KVEventsConfig, backendID string, log *slog.Logger) (*
 		batch: make([]kvEvent, 0, kvBatchMax), cancel: cancel, done: make(chan struct{})}
 	p.enc = msgpack.NewEncoder(&p.buf)
 	p.enc.UseCompactInts(true)
-	p.pub = zmq4.NewPub(ctx)
+	p.pubLim = &kvConnLimit{max: cfg.MaxSubscribers, name: "pub", log: log}
+	p.pub = zmq4.NewPub(kvContext(ctx, p.pubLim))
 	// zmq4 queues a PUB's messages without bound by default: bound them by
 	// the replay buffer (a subscriber further behind replays).
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.Buffer); err != nil {
@@ -205,14 +217,15 @@ func startKVPublisher(cfg KVEventsConfig, backendID string, log *slog.Logger) (*
 		_ = p.pub.Close()
 		return nil, fmt.Errorf("master: kv events PUB high-water mark: %w", err)
 	}
-	if err := p.pub.Listen(cfg.Bind); err != nil {
+	if err := kvListen(p.pub, cfg.Bind); err != nil {
 		cancel()
 		_ = p.pub.Close()
 		return nil, &ListenError{Listener: "kv_events", Addr: cfg.Bind, Err: err}
 	}
 	if cfg.Replay != "" {
-		p.router = zmq4.NewRouter(ctx)
-		if err := p.router.Listen(cfg.Replay); err != nil {
+		p.replayLim = &kvConnLimit{max: cfg.MaxSubscribers, name: "replay", log: log}
+		p.router = zmq4.NewRouter(kvContext(ctx, p.replayLim))
+		if err := kvListen(p.router, cfg.Replay); err != nil {
 			cancel()
 			_ = p.pub.Close()
 			_ = p.router.Close()

@@ -443,6 +443,7 @@ func TestKVEventsConfigValidate(t *testing.T) {
 		{KVEventsConfig{BlockSize: -1}, "BlockSize"},
 		{KVEventsConfig{Buffer: -1}, "Buffer"},
 		{KVEventsConfig{Queue: -1}, "Queue"},
+		{KVEventsConfig{MaxSubscribers: -1}, "MaxSubscribers"},
 	} {
 		err := tc.cfg.Validate()
 		if tc.field == "" {

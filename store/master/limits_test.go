@@ -1,10 +1,14 @@
 package master
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -274,6 +278,101 @@ func TestLimitAdminBody(t *testing.T) {
 			if tc.want == http.StatusRequestEntityTooLarge {
 				assert.Contains(t, body, "request body over the limit of 1024 bytes")
 			}
+		})
+	}
+	// A refused body's connection lingers half-closed for 500 ms in
+	// net/http (closeWriteAndWait), longer than the next test's leak check
+	// waits: close the server and wait for its connections here.
+	require.NoError(t, m.Close())
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		return !bytes.Contains(buf[:runtime.Stack(buf, true)], []byte("net/http.(*conn).serve"))
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// zmtpGreetingNull is a ZMTP 3.0 client greeting with the NULL mechanism.
+func zmtpGreetingNull() []byte {
+	g := make([]byte, zmtpGreeting)
+	g[0], g[9], g[10] = 0xff, 0x7f, 3
+	copy(g[12:], "NULL")
+	return g
+}
+
+// TestLimitKVEventsSubscribers fills the KV events PUB socket's
+// connections: one more is closed before the ZMTP greeting; a peer that
+// announces a frame over kvMaxFrame is cut (zmq4 would allocate it) and
+// its place given back; the subscribers within the limit get events.
+func TestLimitKVEventsSubscribers(t *testing.T) {
+	m, svc := startKVMaster(t, KVEventsConfig{MaxSubscribers: 2})
+	lim := m.kv.pubLim
+	openNow := func() int { n, _ := lim.counts(); return n }
+	addr := loopback(strings.TrimPrefix(m.KVEventsAddr(), "tcp://"))
+	sub := subscribeKV(t, m, "", "")
+	require.Eventually(t, func() bool { return openNow() == 1 }, 10*time.Second, time.Millisecond)
+
+	// What the publisher sends a raw peer until it hangs up.
+	answer := func(send []byte) []byte {
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer c.Close()
+		_, _ = c.Write(send)
+		// Within kvHandshakeTimeout: a hang-up must come from a limit.
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(kvHandshakeTimeout/2)))
+		b, err := io.ReadAll(c)
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the publisher kept the connection")
+		return b
+	}
+	// A greeting, then a READY command claiming 1 TiB.
+	huge := append(zmtpGreetingNull(), 0x06, 0, 0, 1, 0, 0, 0, 0, 0)
+	got := answer(huge)
+	assert.GreaterOrEqual(t, len(got), zmtpGreeting, "the publisher greeted the peer within the limit")
+	require.Eventually(t, func() bool { return openNow() == 1 }, 10*time.Second, time.Millisecond,
+		"the cut connection still counts")
+
+	// A second subscriber fills the socket; a third peer is not greeted.
+	subscribeKV(t, m, "x", "", "x")
+	require.Equal(t, 2, openNow())
+	assert.Empty(t, answer(zmtpGreetingNull()), "a connection over the limit was served")
+	_, refused := lim.counts()
+	assert.Equal(t, uint64(1), refused)
+
+	// Those within the limit still get events.
+	require.NoError(t, svc.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 1<<20)))
+	put(t, svc, "c1", "k", 64, nil)
+	evs, _ := sub.events(1)
+	assert.Equal(t, "k", evs[0].ObjectKey)
+}
+
+func TestZMTPReader(t *testing.T) {
+	greeting := make([]byte, zmtpGreeting)
+	tests := []struct {
+		name   string
+		chunks [][]byte // fed in turn
+		frames int
+		err    bool
+	}{
+		// A short frame (READY), then a short message frame.
+		{"short frames", [][]byte{greeting, {0x04, 3, 'a', 'b', 'c'}, {0x00, 1, 'x'}}, 2, false},
+		// Bytes split anywhere: inside the greeting, the size, the body.
+		{"split", [][]byte{greeting[:10], greeting[10:], {0x06, 0, 0, 0}, {0, 0, 0, 0, 2, 'a'}, {'b'}}, 1, false},
+		// An empty frame counts.
+		{"empty frame", [][]byte{greeting, {0x00, 0}}, 1, false},
+		// A long size at the limit is fine; over it is refused.
+		{"long at the limit", [][]byte{greeting, {0x02, 0, 0, 0, 0, 0, 1, 0, 0}}, 0, false},
+		{"long over the limit", [][]byte{greeting, {0x02, 0, 0, 0, 0, 0, 1, 0, 1}}, 0, true},
+		{"long huge", [][]byte{greeting, {0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}, 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			z := zmtpReader{need: zmtpGreeting}
+			var err error
+			for _, c := range tc.chunks {
+				if err = z.feed(c); err != nil {
+					break
+				}
+			}
+			assert.Equal(t, tc.err, err != nil, "%v", err)
+			assert.Equal(t, tc.frames, z.frames)
 		})
 	}
 }
