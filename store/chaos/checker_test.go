@@ -53,6 +53,9 @@ func TestCheck(t *testing.T) {
 		// A timed-out write may have happened: its value may be read, even
 		// long after it "ended".
 		{"the value of an unknown write", []Op{w(Upsert, 0, 1, 0, 10, Unknown), read(1, 1, 1, 500, 510)}, nil, 0, nil},
+		// ...and it may have landed after a later acknowledged upsert.
+		{"an unknown write landing late", []Op{w(Upsert, 0, 1, 0, 10, Unknown), w(Upsert, 1, 2, 20, 30, OK),
+			read(1, 1, 1, 40, 50)}, nil, 0, nil},
 		// The acknowledged upsert completed before the get began.
 		{"stale read after an acknowledged upsert", []Op{w(Put, 0, 1, 0, 10, OK), w(Upsert, 0, 2, 20, 30, OK),
 			read(0, 1, 1, 40, 50)}, nil, 0, []AnomalyKind{StaleRead}},
