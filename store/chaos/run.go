@@ -156,7 +156,7 @@ func Run(ctx context.Context, cfg Config) (*History, error) {
 	// Evictions up to the final reads reach the watch before the
 	// barrier's put does.
 	seen := w.await(barrierKey)
-	if err := final.Upsert(ctx, barrierKey, []byte("barrier"), nil); err != nil {
+	if err := barrier(ctx, final); err != nil {
 		h.Note("barrier put failed (" + err.Error() + "): evictions just before the end may be missing")
 	} else {
 		select {
@@ -167,6 +167,22 @@ func Run(ctx context.Context, cfg Config) (*History, error) {
 		}
 	}
 	return h, ctx.Err()
+}
+
+// barrier writes barrierKey, retrying for a while: a node killed last may
+// still be in the pool, and a write placed on it fails.
+func barrier(ctx context.Context, c *client.Client) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.Upsert(ctx, barrierKey, []byte("barrier"), nil)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // work is one workload client: random operations on random keys until
