@@ -31,10 +31,13 @@ import (
 // during the handshake it never closes, so the transport does.
 
 const (
-	kvTransport        = "mctcp"
-	kvHandshakeTimeout = 5 * time.Second
-	kvMaxFrame         = 64 << 10
+	kvTransport = "mctcp"
+	kvMaxFrame  = 64 << 10
 )
+
+// kvHandshakeTimeout is the time a peer has to finish its ZMTP handshake
+// (a variable for tests).
+var kvHandshakeTimeout = 5 * time.Second
 
 // DefaultKVEventsMaxSubscribers is the default of
 // KVEventsConfig.MaxSubscribers.

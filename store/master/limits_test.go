@@ -343,6 +343,24 @@ func TestLimitKVEventsSubscribers(t *testing.T) {
 	assert.Equal(t, "k", evs[0].ObjectKey)
 }
 
+// TestLimitKVEventsHandshake has a peer connect to the KV events PUB
+// socket and say nothing: zmq4 handshakes in its accept loop, so the
+// silent peer holds every later subscriber off until the deadline cuts it.
+func TestLimitKVEventsHandshake(t *testing.T) {
+	defer func(d time.Duration) { kvHandshakeTimeout = d }(kvHandshakeTimeout)
+	kvHandshakeTimeout = 200 * time.Millisecond
+	m, _ := startKVMaster(t, KVEventsConfig{})
+	c, err := net.Dial("tcp", loopback(strings.TrimPrefix(m.KVEventsAddr(), "tcp://")))
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	b, err := io.ReadAll(c)
+	require.NoError(t, err, "the silent peer was not cut")
+	assert.Len(t, b, zmtpGreeting, "greeted, then cut")
+	require.Eventually(t, func() bool { n, _ := m.kv.pubLim.counts(); return n == 0 }, 10*time.Second, time.Millisecond)
+	subscribeKV(t, m, "", "") // the accept loop is free again
+}
+
 func TestZMTPReader(t *testing.T) {
 	greeting := make([]byte, zmtpGreeting)
 	tests := []struct {
