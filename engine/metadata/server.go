@@ -7,12 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 )
 
 // Server is an in-memory HTTP metadata server speaking Mooncake's protocol,
@@ -59,9 +62,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // shutdownGrace is how long Serve lets requests in flight finish.
 const shutdownGrace = 5 * time.Second
 
-// Serve answers requests on ln until ctx is done, then stops accepting,
-// lets requests in flight finish (up to 5 s) and returns nil. It closes ln.
-// Any other failure of the listener is returned at once.
+// Connection limits of Serve: a connection over one is closed as it is
+// accepted, and the refusal logged, so that no client can hold every file
+// descriptor (ours keep a few alive per engine; Mooncake's curl opens one
+// per request).
+const (
+	ServerMaxConns        = 4096
+	ServerMaxConnsPerPeer = 256
+)
+
+// Serve answers requests on ln, within ServerMaxConns and
+// ServerMaxConnsPerPeer connections, until ctx is done, then stops
+// accepting, lets requests in flight finish (up to 5 s) and returns nil.
+// It closes ln. Any other failure of the listener is returned at once.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
 		Handler: s,
@@ -72,7 +85,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	lim := conn.Limit(ln, conn.Limits{Total: ServerMaxConns, PerPeer: ServerMaxConnsPerPeer}, slog.Default())
+	go func() { errc <- hs.Serve(lim) }()
 	select {
 	case err := <-errc:
 		return err
