@@ -208,7 +208,7 @@ func startKVPublisher(cfg KVEventsConfig, backendID string, log *slog.Logger) (*
 		batch: make([]kvEvent, 0, kvBatchMax), cancel: cancel, done: make(chan struct{})}
 	p.enc = msgpack.NewEncoder(&p.buf)
 	p.enc.UseCompactInts(true)
-	p.pubLim = &kvConnLimit{max: cfg.MaxSubscribers, name: "pub", log: log}
+	p.pubLim = &kvConnLimit{max: cfg.MaxSubscribers, log: log.With("socket", "kv_events pub")}
 	p.pub = zmq4.NewPub(kvContext(ctx, p.pubLim))
 	// zmq4 queues a PUB's messages without bound by default: bound them by
 	// the replay buffer (a subscriber further behind replays).
@@ -223,7 +223,7 @@ func startKVPublisher(cfg KVEventsConfig, backendID string, log *slog.Logger) (*
 		return nil, &ListenError{Listener: "kv_events", Addr: cfg.Bind, Err: err}
 	}
 	if cfg.Replay != "" {
-		p.replayLim = &kvConnLimit{max: cfg.MaxSubscribers, name: "replay", log: log}
+		p.replayLim = &kvConnLimit{max: cfg.MaxSubscribers, log: log.With("socket", "kv_events replay")}
 		p.router = zmq4.NewRouter(kvContext(ctx, p.replayLim))
 		if err := kvListen(p.router, cfg.Replay); err != nil {
 			cancel()

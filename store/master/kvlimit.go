@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 )
 
 // The KV events sockets listen for TCP through kvTransport, TCP with the
@@ -52,7 +54,7 @@ var registerKVTransport = sync.OnceValue(func() error {
 type kvLimitKey struct{}
 
 // kvListen binds s to endpoint; a tcp:// endpoint goes through
-// kvTransport under lim. s must have been made with kvContext.
+// kvTransport, under the limit s's context carries (kvContext).
 func kvListen(s zmq4.Socket, endpoint string) error {
 	if rest, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
 		if err := registerKVTransport(); err != nil {
@@ -68,46 +70,24 @@ func kvContext(ctx context.Context, lim *kvConnLimit) context.Context {
 	return context.WithValue(ctx, kvLimitKey{}, lim)
 }
 
-// kvConnLimit counts one socket's connections.
+// kvConnLimit is one socket's connection limit; its listener, once zmq4
+// has made it, counts the connections.
 type kvConnLimit struct {
-	max  int
-	name string // what the socket is, for the logs
-	log  *slog.Logger
+	max int
+	log *slog.Logger // with the socket's name
 
-	mu      sync.Mutex
-	open    int
-	refused uint64
-	lastLog time.Time
-}
-
-func (l *kvConnLimit) take() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.open >= l.max {
-		l.refused++
-		// A flood logs a line a second, not one a connection.
-		if now := time.Now(); now.Sub(l.lastLog) >= time.Second {
-			l.lastLog = now
-			l.log.Warn("master: refused a KV events connection", "socket", l.name,
-				"reason", fmt.Sprintf("%d connections open, the limit (max_subscribers)", l.max), "refused", l.refused)
-		}
-		return false
-	}
-	l.open++
-	return true
-}
-
-func (l *kvConnLimit) release() {
-	l.mu.Lock()
-	l.open--
-	l.mu.Unlock()
+	mu sync.Mutex
+	ll *conn.LimitListener
 }
 
 // counts returns the connections open and refused so far.
 func (l *kvConnLimit) counts() (open int, refused uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.open, l.refused
+	if l.ll == nil {
+		return 0, 0
+	}
+	return l.ll.Open(), l.ll.Refused()
 }
 
 // kvLimitedTCP is kvTransport.
@@ -130,35 +110,31 @@ func (kvLimitedTCP) Listen(ctx context.Context, addr string) (net.Listener, erro
 	if err != nil {
 		return nil, err
 	}
-	return &kvListener{Listener: ln, lim: lim}, nil
+	ll := conn.Limit(ln, conn.Limits{Total: lim.max}, lim.log)
+	lim.mu.Lock()
+	lim.ll = ll
+	lim.mu.Unlock()
+	return kvListener{ll}, nil
 }
 
-type kvListener struct {
-	net.Listener
-	lim *kvConnLimit
-}
+// kvListener hands out connections within the limit, each with a
+// deadline on its handshake.
+type kvListener struct{ *conn.LimitListener }
 
-func (l *kvListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if !l.lim.take() {
-			c.Close()
-			continue
-		}
-		_ = c.SetDeadline(time.Now().Add(kvHandshakeTimeout))
-		return &kvConn{Conn: c, lim: l.lim, in: zmtpReader{need: zmtpGreeting}}, nil
+func (l kvListener) Accept() (net.Conn, error) {
+	c, err := l.LimitListener.Accept()
+	if err != nil {
+		return nil, err
 	}
+	_ = c.SetDeadline(time.Now().Add(kvHandshakeTimeout))
+	return &kvConn{Conn: c, in: zmtpReader{need: zmtpGreeting}}, nil
 }
 
-// kvConn is a counted connection that checks the frames it reads.
+// kvConn is a connection that checks the frames it reads. Its Close, that
+// of a conn.LimitListener's connection, gives its place back.
 type kvConn struct {
 	net.Conn
-	lim  *kvConnLimit
-	once sync.Once
-	in   zmtpReader // used by the one goroutine zmq4 reads with at a time
+	in zmtpReader // used by the one goroutine zmq4 reads with at a time
 }
 
 var errKVFrame = fmt.Errorf("master: kv events: a frame over %d bytes", kvMaxFrame)
@@ -177,11 +153,6 @@ func (c *kvConn) Read(p []byte) (int, error) {
 		c.Close() // zmq4 drops a failed handshake without closing it
 	}
 	return n, err
-}
-
-func (c *kvConn) Close() error {
-	c.once.Do(c.lim.release)
-	return c.Conn.Close()
 }
 
 // zmtpGreeting is the length of a ZMTP 3 greeting.
