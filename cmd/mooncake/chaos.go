@@ -17,6 +17,7 @@ import (
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/store/chaos"
 	"github.com/mooncake-go/mooncake/store/ha"
+	"github.com/mooncake-go/mooncake/store/master"
 )
 
 // chaosFlags are `mooncake chaos`'s settings.
@@ -78,7 +79,7 @@ faults).`,
 	fl.IntVar(&f.masters, "masters", 2, "masters of the store started (HA)")
 	fl.IntVar(&f.nodes, "nodes", 3, "storage nodes of the store started")
 	fl.StringVar(&f.segment, "node-segment", "64MiB", "memory each storage node contributes")
-	fl.DurationVar(&f.leaseTTL, "lease-ttl", 100*time.Millisecond, "read lease of the store started (with --master: that store's, for the checker)")
+	fl.DurationVar(&f.leaseTTL, "lease-ttl", 100*time.Millisecond, "read lease of the store started (with --master: that store's, for the checker; default 10s there)")
 	fl.DurationVar(&f.clientTTL, "client-ttl", 4*time.Second, "how long the master keeps a silent node's segment")
 	fl.StringVar(&f.master, "master", "", "run against this store (host:port or etcd://...) instead of starting one")
 	fl.StringVar(&f.clusterID, "cluster_id", "", "HA cluster name with --master (zero: the client's default)")
@@ -86,6 +87,14 @@ faults).`,
 }
 
 func runChaos(cmd *cobra.Command, f chaosFlags) error {
+	if f.master != "" {
+		if !cmd.Flags().Changed("faults") {
+			f.faults = "none" // no processes of its own to kill
+		}
+		if !cmd.Flags().Changed("lease-ttl") {
+			f.leaseTTL = master.DefaultLeaseTTL // what a master runs with unless told
+		}
+	}
 	steps, err := chaos.ParseSchedule(f.faults)
 	if err != nil {
 		return err
