@@ -179,15 +179,6 @@ func mediaOf(t *testing.T, m *master.Server, key string) []storepb.Medium {
 	return media
 }
 
-func containsDRAM(media []storepb.Medium) bool {
-	for _, m := range media {
-		if m != storepb.Medium_MEDIUM_DISK {
-			return true
-		}
-	}
-	return false
-}
-
 // tally reads every key from c and counts right values and misses; a
 // value with wrong bytes fails the test, as does an error that is neither
 // a miss nor one of wantErrs.
