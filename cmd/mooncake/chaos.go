@@ -70,7 +70,7 @@ faults).`,
 	fl.IntVar(&f.keys, "keys", 64, "keys the workload touches")
 	fl.StringVar(&f.valueSize, "value-size", "16KiB", "size of every value")
 	fl.IntVar(&f.replicas, "replicas", 2, "replicas per write")
-	fl.Float64Var(&f.forceRemoves, "force-removes", 0, "share of removes that are forced (remove leased objects too)")
+	fl.Float64Var(&f.forceRemoves, "force-removes", 0.25, "share of removes that are forced (remove leased objects too)")
 	fl.StringVar(&f.transport, "transport", "auto", "data path of clients and nodes: auto (shared memory on this host) or tcp")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 5*time.Second, "deadline of one operation (past it: unknown)")
 	fl.StringVar(&f.faults, "faults", "kill-node@5s,kill-master@12s,kill-node@20s", "fault schedule (none: no faults)")

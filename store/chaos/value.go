@@ -4,17 +4,19 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
-
-	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 // A value says who wrote it: the key, the writer and the writer's
-// sequence number, then filler, then a CRC-32C of everything before it.
+// sequence number, then filler, then a CRC-32 (IEEE) of everything before
+// it. Not CRC-32C, the store's own checksum: a value that ends with its
+// CRC-32C has the same CRC-32C as every other such value (the CRC
+// residue), which would blind the store's checks of what it reads.
 // A get's bytes are thereby attributed to the write that made them, or
 // shown to match none (torn, reused space, another key's object).
 //
-//	magic "MCHV" | key length u16 | key | writer u32 | seq u64 | filler ... | crc32c u32
+//	magic "MCHV" | key length u16 | key | writer u32 | seq u64 | filler ... | crc32 u32
 const valueMagic = "MCHV"
 
 // ValueID names one write: the writer (a workload client) and its
@@ -59,7 +61,7 @@ func EncodeValue(key string, id ValueID, size int) ([]byte, error) {
 		b = binary.LittleEndian.AppendUint64(b, r.Uint64())
 	}
 	b = b[:size-4]
-	return binary.LittleEndian.AppendUint32(b, crc32c.Checksum(b)), nil
+	return binary.LittleEndian.AppendUint32(b, crc32.ChecksumIEEE(b)), nil
 }
 
 // DecodeValue attributes b: the key and write that made it, or an error
@@ -74,7 +76,7 @@ func DecodeValue(b []byte) (key string, id ValueID, err error) {
 		return "", ValueID{}, fmt.Errorf("%d bytes, too short for its %d-byte key", len(b), n)
 	}
 	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
-	if got := crc32c.Checksum(body); got != sum {
+	if got := crc32.ChecksumIEEE(body); got != sum {
 		return "", ValueID{}, fmt.Errorf("checksum %08x, trailer says %08x", got, sum)
 	}
 	key = string(b[6 : 6+n])

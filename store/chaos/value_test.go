@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 func TestValueRoundTrip(t *testing.T) {
@@ -23,6 +25,10 @@ func TestValueRoundTrip(t *testing.T) {
 	a, _ := EncodeValue("key", ValueID{1, 1}, 4096)
 	b, _ := EncodeValue("key", ValueID{1, 2}, 4096)
 	assert.NotEqual(t, a[2048:], b[2048:])
+	// ...and in the store's checksum (CRC-32C of the whole value), which
+	// the store's reads verify: a value ending with its own CRC-32C would
+	// have the CRC-32C of every other one.
+	assert.NotEqual(t, crc32c.Checksum(a), crc32c.Checksum(b))
 
 	_, err := EncodeValue("key", id, MinValueSize("key")-1)
 	assert.ErrorContains(t, err, "below")
