@@ -64,6 +64,8 @@ evicted, for cache-aware routers; docs/kv-events.md has the format.`,
 	f.Int("max_concurrent_streams", master.DefaultMaxConcurrentStreams, "most calls in flight on one client connection (gRPC queues the rest)")
 	f.Int("max_watchers", master.DefaultMaxWatchers, "most WatchObjects streams served at once")
 	f.String("max_admin_body", "64KiB", "largest admin HTTP request body (larger: 413)")
+	f.Int("max_connections", master.DefaultMaxConns, "most gRPC connections open at once")
+	f.Int("max_connections_per_peer", master.DefaultMaxConnsPerPeer, "most gRPC connections open at once from one IP address")
 	addKVEventsFlags(f)
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
@@ -149,6 +151,8 @@ func masterLimits(s *settings, cfg *master.ServerConfig) error {
 	svc.MaxKeyLen = s.integer("max_key_length")
 	svc.MaxBatch = s.integer("max_batch_size")
 	svc.MaxWatchers = s.integer("max_watchers")
+	cfg.MaxConns = s.integer("max_connections")
+	cfg.MaxConnsPerPeer = s.integer("max_connections_per_peer")
 	streams := s.integer("max_concurrent_streams")
 	if streams < 0 {
 		return fmt.Errorf("--max_concurrent_streams %d is negative", streams)

@@ -80,6 +80,11 @@
 //     gRPC request fails with ResourceExhausted before it is decoded.
 //   - ServerConfig.MaxConcurrentStreams [--max_concurrent_streams], 1024
 //     calls in flight per client connection; gRPC clients queue the rest.
+//   - ServerConfig.MaxConns [--max_connections], 16384 gRPC connections,
+//     and MaxConnsPerPeer [--max_connections_per_peer], 1024 from one IP
+//     address; the admin HTTP server takes 1024, 64 from one address.
+//     Connections over a limit are closed as they are accepted, and
+//     logged.
 //   - ServerConfig.MaxAdminBody [--max_admin_body], 64 KiB: a longer admin
 //     HTTP request body (declared or chunked) is answered 413. The admin
 //     endpoints take their parameters in the URL, which net/http bounds

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -393,4 +395,69 @@ func TestZMTPReader(t *testing.T) {
 			assert.Equal(t, tc.frames, z.frames)
 		})
 	}
+}
+
+// TestLimitConnectionsPerPeer opens raw connections to the master's gRPC
+// port from one address: as many as the per-peer limit get the server's
+// HTTP/2 settings, the next is closed unanswered, and a client from
+// another address is served.
+func TestLimitConnectionsPerPeer(t *testing.T) {
+	m, c, ctx := limitsMaster(t, ServerConfig{MaxConnsPerPeer: 2})
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
+	// served opens a connection from 127.0.0.2, left open, and says
+	// whether the server answered the HTTP/2 preface.
+	served := func() bool {
+		nc, err := d.Dial("tcp", m.Addr())
+		if err != nil {
+			t.Skipf("cannot dial from 127.0.0.2: %v", err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		require.NoError(t, nc.SetDeadline(time.Now().Add(10*time.Second)))
+		// The client preface and an empty SETTINGS frame.
+		_, _ = nc.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0))
+		frame := make([]byte, 9)
+		_, err = io.ReadFull(nc, frame)
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "neither served nor refused")
+		return err == nil && frame[3] == 4 // a SETTINGS frame
+	}
+	require.True(t, served())
+	require.True(t, served())
+	assert.False(t, served(), "a third connection from one peer was served")
+
+	ex, err := c.ExistKey(ctx, &storepb.KeyRequest{Key: "k"})
+	require.NoError(t, err)
+	assert.Equal(t, storepb.ObjectNotFound, code(ex))
+}
+
+// TestLimitAdminConnections keeps admin HTTP connections open from one
+// address past the admin server's per-peer limit: the next is closed
+// unanswered.
+func TestLimitAdminConnections(t *testing.T) {
+	defer func(l conn.Limits) { adminLimits = l }(adminLimits)
+	adminLimits = conn.Limits{Total: 8, PerPeer: 2}
+	m, _ := startAdminMaster(t, ServerConfig{})
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
+	health := func() string {
+		nc, err := d.Dial("tcp", m.AdminAddr())
+		if err != nil {
+			t.Skipf("cannot dial from 127.0.0.2: %v", err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		require.NoError(t, nc.SetDeadline(time.Now().Add(10*time.Second)))
+		_, _ = io.WriteString(nc, "GET /role HTTP/1.1\r\nHost: m\r\n\r\n")
+		line, err := bufio.NewReader(nc).ReadString('\n')
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "neither served nor refused")
+		return strings.TrimSpace(line)
+	}
+	require.Equal(t, "HTTP/1.1 200 OK", health())
+	require.Equal(t, "HTTP/1.1 200 OK", health())
+	assert.Empty(t, health(), "a third connection from one peer was served")
+	assert.Equal(t, http.StatusOK, adminDo(t, m, "GET", "/role").code, "another peer is served")
+	// The kept-alive connections end with the server, before the next
+	// test's leak check.
+	require.NoError(t, m.Close())
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		return !bytes.Contains(buf[:runtime.Stack(buf, true)], []byte("net/http.(*conn).serve"))
+	}, 10*time.Second, 10*time.Millisecond)
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/mooncake-go/mooncake/engine/transport/conn"
 	"github.com/mooncake-go/mooncake/store/ha"
 )
 
@@ -50,6 +51,12 @@ type ServerConfig struct {
 	// accepts, in bytes; a larger one is answered 413. Zero:
 	// DefaultMaxAdminBody.
 	MaxAdminBody int64
+	// MaxConns and MaxConnsPerPeer cap the gRPC connections open at once,
+	// in all and from one IP address: with MaxConcurrentStreams they bound
+	// the calls and streams clients can hold. Connections over them are
+	// closed as they are accepted, and logged. Zero: DefaultMaxConns,
+	// DefaultMaxConnsPerPeer.
+	MaxConns, MaxConnsPerPeer int
 }
 
 // Limits of the master's servers (ServerConfig).
@@ -64,7 +71,16 @@ const (
 	// endpoint takes its parameters in the query, so any body is a
 	// mistake or an attack.
 	DefaultMaxAdminBody = 64 << 10
+	// DefaultMaxConns bounds the gRPC connections: a store client keeps
+	// one to the master.
+	DefaultMaxConns = 16384
+	// DefaultMaxConnsPerPeer bounds those from one host.
+	DefaultMaxConnsPerPeer = 1024
 )
+
+// adminLimits bound the admin HTTP server's connections: scrapers and
+// operators hold a few.
+var adminLimits = conn.Limits{Total: 1024, PerPeer: 64}
 
 // HAConfig configures leader election and the journal.
 type HAConfig struct {
@@ -142,10 +158,15 @@ func Start(cfg ServerConfig) (*Server, error) {
 	if cfg.MaxAdminBody < 0 {
 		return nil, fmt.Errorf("master: ServerConfig.MaxAdminBody is negative (%d)", cfg.MaxAdminBody)
 	}
+	if cfg.MaxConns < 0 || cfg.MaxConnsPerPeer < 0 {
+		return nil, fmt.Errorf("master: ServerConfig.MaxConns (%d) or MaxConnsPerPeer (%d) is negative", cfg.MaxConns, cfg.MaxConnsPerPeer)
+	}
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
 	cfg.MaxRecvMsgSize = cmp.Or(cfg.MaxRecvMsgSize, DefaultMaxRecvMsgSize)
 	cfg.MaxConcurrentStreams = cmp.Or(cfg.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
 	cfg.MaxAdminBody = cmp.Or(cfg.MaxAdminBody, DefaultMaxAdminBody)
+	cfg.MaxConns = cmp.Or(cfg.MaxConns, DefaultMaxConns)
+	cfg.MaxConnsPerPeer = cmp.Or(cfg.MaxConnsPerPeer, DefaultMaxConnsPerPeer)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -167,7 +188,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 		s.closeEtcd()
 		return nil, &ListenError{Listener: "rpc", Addr: cfg.Listen, Err: err}
 	}
-	s.lis = lis
+	s.lis = conn.Limit(lis, conn.Limits{Total: cfg.MaxConns, PerPeer: cfg.MaxConnsPerPeer}, s.log.With("listener", "rpc"))
 	if cfg.KVEvents != nil {
 		if s.kv, err = startKVPublisher(*cfg.KVEvents, s.advertise(), s.log); err != nil {
 			_ = lis.Close()
@@ -189,7 +210,8 @@ func Start(cfg ServerConfig) (*Server, error) {
 			return nil, &ListenError{Listener: "admin", Addr: cfg.Admin, Err: err}
 		}
 		s.admin = &http.Server{Handler: limitBody(cfg.MaxAdminBody, s.adminHandler()), ReadHeaderTimeout: 10 * time.Second}
-		s.wg.Go(func() { _ = s.admin.Serve(s.adminLn) })
+		admin := conn.Limit(s.adminLn, adminLimits, s.log.With("listener", "admin"))
+		s.wg.Go(func() { _ = s.admin.Serve(admin) })
 	}
 	s.api.Register(s.grpc)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -213,7 +235,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 		s.wg.Go(func() { s.campaign(ctx) })
 	}
 	s.wg.Go(func() {
-		if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := s.grpc.Serve(s.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Error("master: gRPC server stopped", "err", err)
 		}
 	})
