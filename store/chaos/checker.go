@@ -221,11 +221,11 @@ func (c *keyChecker) mayBeGone(w, g *Op) bool {
 			if x.Result != Fail && x.Invoke < g.Complete && end(x) > w.Invoke {
 				return true
 			}
-		case x.Kind.writes():
-			// A put or upsert in flight when w ran makes w succeed without
-			// writing (the store's write-once put: the key "exists"); if
-			// that one then failed, or had not ended when g looked, the key
-			// may hold nothing readable.
+		case x.Kind.writes() && w.Kind == Put:
+			// A put or upsert in flight when put w ran makes w succeed
+			// without writing (write-once: the key "exists"); if that one
+			// then failed, or had not ended when g looked, the key may hold
+			// nothing readable. An upsert that succeeds has written.
 			if x.Invoke < w.Complete && end(x) > w.Invoke && (x.Result != OK || x.Complete > g.Invoke) {
 				return true
 			}

@@ -105,6 +105,8 @@ func TestCheck(t *testing.T) {
 		// ...or had not ended when the get looked.
 		{"acknowledged put beside a slow one", []Op{w(Put, 1, 1, 0, 60, OK), w(Put, 0, 1, 5, 10, OK),
 			read(0, 0, 0, 40, 50)}, nil, 0, nil},
+		{"acknowledged upsert beside a failed write", []Op{w(Put, 1, 1, 0, 20, Unknown), w(Upsert, 0, 1, 5, 10, OK),
+			read(0, 0, 0, 40, 50)}, nil, 0, []AnomalyKind{LostWrite}},
 		{"acknowledged put beside one that ended", []Op{w(Put, 1, 1, 0, 30, OK), w(Put, 0, 1, 5, 10, OK),
 			read(0, 0, 0, 40, 50)}, nil, 0, []AnomalyKind{LostWrite}},
 		// Nothing found before any write, or with only unknown writes.

@@ -65,6 +65,9 @@ func Report(w io.Writer, h *History, anomalies []Anomaly) error {
 		if f.Healed > 0 {
 			fmt.Fprintf(w, "; healed at %v", f.Healed.Round(time.Millisecond))
 		}
+		if d, ok := firstWriteAfter(ops, f.At); ok {
+			fmt.Fprintf(w, "; first write acknowledged %v after", d.Round(time.Millisecond))
+		}
 		if f.Err != "" {
 			fmt.Fprintf(w, "; error: %s", f.Err)
 		}
@@ -139,4 +142,23 @@ func errClass(s string) string {
 		s = s[:i]
 	}
 	return strings.TrimSpace(s)
+}
+
+// firstWriteAfter is how long after t the first write invoked after t
+// was acknowledged: how long the store took to serve writes again after a
+// fault (ops are ordered by invocation).
+func firstWriteAfter(ops []Op, t time.Duration) (time.Duration, bool) {
+	best, ok := time.Duration(0), false
+	for _, o := range ops {
+		if o.Invoke < t || o.Final {
+			continue
+		}
+		if ok && o.Invoke-t > best {
+			break // invoked later than the best completion: none beats it
+		}
+		if o.Kind.writes() && o.Result == OK && (!ok || o.Complete-t < best) {
+			best, ok = o.Complete-t, true
+		}
+	}
+	return best, ok
 }
