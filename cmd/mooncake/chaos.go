@@ -138,10 +138,11 @@ func runChaos(cmd *cobra.Command, f chaosFlags) error {
 	}
 	fmt.Fprintf(out, "workload: %d clients, %d keys, %d-byte values, %d replicas, %v, seed %d; faults: %s\n",
 		f.clients, f.keys, valueSize, f.replicas, f.duration, f.seed, scheduleString(steps))
-	h, err := chaos.Run(ctx, cfg)
-	if err != nil {
-		return err
+	h, runErr := chaos.Run(ctx, cfg)
+	if h == nil {
+		return runErr
 	}
+	// Interrupted, the history so far is still worth a report.
 	anomalies := chaos.Check(h.Ops(), h.Evictions(), chaos.CheckConfig{StaleWindow: f.leaseTTL * 3 / 4})
 	if err := chaos.Report(out, h, anomalies); err != nil {
 		return err
@@ -158,7 +159,7 @@ func runChaos(cmd *cobra.Command, f chaosFlags) error {
 	if len(anomalies) > 0 {
 		return fmt.Errorf("chaos: %d anomalies", len(anomalies))
 	}
-	return nil
+	return runErr
 }
 
 func scheduleString(steps []chaos.Step) string {
