@@ -106,6 +106,14 @@ type Eviction struct {
 	Key string
 }
 
+// Vanished is a key that was readable when the eviction watch ended and
+// was not when the next one began: evicted, removed or lost between From
+// and To, with no event seen.
+type Vanished struct {
+	Key      string
+	From, To time.Duration
+}
+
 // History records a run: operations, faults and evictions. Its methods
 // are safe for concurrent use.
 type History struct {
@@ -115,6 +123,7 @@ type History struct {
 	ops       []Op
 	faults    []FaultEvent
 	evictions []Eviction
+	vanished  []Vanished
 	notes     []string
 }
 
@@ -159,6 +168,20 @@ func (h *History) AddEviction(e Eviction) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.evictions = append(h.evictions, e)
+}
+
+// AddVanished records a key gone while no watch was open.
+func (h *History) AddVanished(v Vanished) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.vanished = append(h.vanished, v)
+}
+
+// Vanished returns the keys gone while no watch was open, in order.
+func (h *History) Vanished() []Vanished {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Vanished(nil), h.vanished...)
 }
 
 // Note records something the run saw that is neither an operation nor a

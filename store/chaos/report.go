@@ -79,6 +79,13 @@ func Report(w io.Writer, h *History, anomalies []Anomaly) error {
 		keys[e.Key] = true
 	}
 	fmt.Fprintf(w, "evictions seen: %d (%d keys)\n", len(ev), len(keys))
+	gone := map[string][]Vanished{}
+	for _, v := range h.Vanished() {
+		gone[v.Key] = append(gone[v.Key], v)
+	}
+	if len(gone) > 0 {
+		fmt.Fprintf(w, "keys gone while no watch was open: %d (not excused)\n", len(gone))
+	}
 	for _, n := range h.Notes() {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
@@ -101,7 +108,7 @@ func Report(w io.Writer, h *History, anomalies []Anomaly) error {
 			fmt.Fprintf(w, "  ... %d more\n", len(anomalies)-MaxListed)
 			break
 		}
-		fmt.Fprintf(w, "  %s\n", a)
+		fmt.Fprintf(w, "  %s%s\n", a, vanishedNote(a, gone[a.Key]))
 	}
 	return nil
 }
@@ -161,4 +168,20 @@ func firstWriteAfter(ops []Op, t time.Duration) (time.Duration, bool) {
 		}
 	}
 	return best, ok
+}
+
+// vanishedNote says, for a lost write, that its key went while no watch
+// was open after the write began: an eviction the checker could not see,
+// or a loss in a failover.
+func vanishedNote(a Anomaly, gone []Vanished) string {
+	if a.Kind != LostWrite || a.Write == nil {
+		return ""
+	}
+	for _, v := range gone {
+		if v.To > a.Write.Invoke && v.From < a.Get.Complete {
+			return fmt.Sprintf(" (the key went while no watch was open, %v..%v: evicted unseen, or lost)",
+				v.From.Round(time.Millisecond), v.To.Round(time.Millisecond))
+		}
+	}
+	return ""
 }

@@ -23,6 +23,12 @@ type watcher struct {
 
 	mu    sync.Mutex
 	waits map[string]chan struct{}
+
+	// readable is what the last watch said is readable, nil before the
+	// first snapshot; lostAt is when that watch ended. Only run's
+	// goroutine uses them.
+	readable map[string]bool
+	lostAt   time.Duration
 }
 
 func newWatcher(h *History, leader func(context.Context) (string, error)) *watcher {
@@ -52,6 +58,7 @@ func (w *watcher) run(ctx context.Context) {
 		}
 		if gap < 0 {
 			gap = w.h.Now()
+			w.lostAt = gap
 			w.h.Note(fmt.Sprintf("%v: the eviction watch of master %s ended: %v",
 				gap.Round(time.Millisecond), addr, err))
 		}
@@ -63,7 +70,7 @@ func (w *watcher) run(ctx context.Context) {
 }
 
 // watch follows one watch of the master at addr until it ends; opened is
-// called when its first answer came.
+// called once its snapshot is whole.
 func (w *watcher) watch(ctx context.Context, addr string, opened func()) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -76,13 +83,11 @@ func (w *watcher) watch(ctx context.Context, addr string, opened func()) error {
 	if err != nil {
 		return err
 	}
-	for first := true; ; first = false {
+	snap := map[string]bool{} // the snapshot, until it is whole
+	for {
 		resp, err := stream.Recv()
 		if err != nil {
 			return err
-		}
-		if first {
-			opened()
 		}
 		at := w.h.Now()
 		for _, ev := range resp.Events {
@@ -92,8 +97,33 @@ func (w *watcher) watch(ctx context.Context, addr string, opened func()) error {
 			case storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT:
 				w.seen(ev.Key)
 			}
+			switch {
+			case snap != nil:
+				snap[ev.Key] = true
+			case ev.Kind == storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT:
+				w.readable[ev.Key] = true
+			default:
+				delete(w.readable, ev.Key)
+			}
+		}
+		if snap != nil && resp.Synced {
+			w.resync(snap, at)
+			snap = nil
+			opened()
 		}
 	}
+}
+
+// resync takes a new watch's snapshot: keys readable when the last watch
+// ended and missing now went while no watch was open, unseen, evicted or
+// lost; the history notes them (they excuse nothing).
+func (w *watcher) resync(snap map[string]bool, at time.Duration) {
+	for k := range w.readable {
+		if !snap[k] {
+			w.h.AddVanished(Vanished{Key: k, From: w.lostAt, To: at})
+		}
+	}
+	w.readable = snap
 }
 
 // await returns a channel closed once the watch reports key readable:
