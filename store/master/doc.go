@@ -62,10 +62,10 @@
 //
 //   - ServiceConfig.MaxKeyLen [--max_key_length], 4 KiB: a longer key is
 //     INVALID_PARAMS on every call that takes one.
-//   - ServiceConfig.MaxValueLen [--max_value_size], 64 GiB: a put or
+//   - ServiceConfig.MaxValueLen [--max_value_size], 1 TiB: a put or
 //     upsert of a larger value is INVALID_PARAMS (its item, in a batch).
 //   - ServiceConfig.MaxBatch [--max_batch_size], 65536 keys, and
-//     MaxBatchValueBytes [--max_batch_value_size], 1 TiB of values in one
+//     MaxBatchValueBytes [--max_batch_value_size], 16 TiB of values in one
 //     batch put: a batch over either is refused whole with the gRPC status
 //     InvalidArgument (the Go client reads it as INVALID_PARAMS), since
 //     answering item by item would cost as much as the batch.

@@ -31,15 +31,17 @@ const (
 const (
 	// MaxKeyLen is the default longest object key, in bytes.
 	MaxKeyLen = 4096
-	// DefaultMaxValueLen is the default largest value of one put: a value
-	// lives in one segment, and none is this large in practice.
-	DefaultMaxValueLen = 64 << 30
+	// DefaultMaxValueLen is the default largest value of one put. A value
+	// costs the master no memory, only pool space, so the limit is policy:
+	// generous, a value lives in one segment, and none is this large in
+	// practice (a larger one is refused, not tried against the pool).
+	DefaultMaxValueLen = 1 << 40
 	// DefaultMaxBatch is the default most keys of one batch call. With
 	// keys of MaxKeyLen it fills DefaultMaxRecvMsgSize.
 	DefaultMaxBatch = 1 << 16
 	// DefaultMaxBatchValueBytes is the default most value bytes one batch
 	// put may reserve in all.
-	DefaultMaxBatchValueBytes = 1 << 40
+	DefaultMaxBatchValueBytes = 16 << 40
 	// DefaultMaxWatchers is the default most WatchObjects streams served
 	// at once; each holds a buffer of DefaultWatchBuffer events.
 	DefaultMaxWatchers = 256
@@ -106,14 +108,14 @@ type ServiceConfig struct {
 	// MaxKeyLen (4 KiB).
 	MaxKeyLen int
 	// MaxValueLen is the largest value one put or upsert may store, in
-	// bytes. Zero means DefaultMaxValueLen (64 GiB).
+	// bytes. Zero means DefaultMaxValueLen (1 TiB).
 	MaxValueLen uint64
 	// MaxBatch is the most keys (or items) one batch call may carry. Zero
 	// means DefaultMaxBatch (65536).
 	MaxBatch int
 	// MaxBatchValueBytes is the most value bytes one batch put or upsert
 	// may reserve, all items together. Zero means
-	// DefaultMaxBatchValueBytes (1 TiB).
+	// DefaultMaxBatchValueBytes (16 TiB).
 	MaxBatchValueBytes uint64
 	// MaxWatchers is the most WatchObjects streams served at once; more
 	// are refused with ResourceExhausted. Zero means DefaultMaxWatchers
