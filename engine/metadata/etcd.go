@@ -11,6 +11,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/logutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/mooncake-go/mooncake/internal/etcdopt"
 )
 
 const (
@@ -67,11 +69,9 @@ func OpenEtcd(endpoints []string) (*Etcd, error) {
 	// failed, so only its errors are worth a log line.
 	logCfg := logutil.DefaultZapLoggerConfig
 	logCfg.Level = zap.NewAtomicLevelAt(zap.ErrorLevel)
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   eps,
-		DialTimeout: etcdDialTimeout,
-		LogConfig:   &logCfg,
-	})
+	ecfg := etcdopt.Config(eps, etcdDialTimeout)
+	ecfg.Logger, ecfg.LogConfig = nil, &logCfg
+	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("metadata: etcd %v: %w", eps, err)
 	}

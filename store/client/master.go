@@ -9,12 +9,12 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/mooncake-go/mooncake/internal/etcdopt"
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/store/masterview"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -40,7 +40,7 @@ func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 	m := &masterConn{cluster: cfg.ClusterID, timeout: cfg.RPCTimeout}
 	if strings.HasPrefix(cfg.Master, "etcd://") {
 		eps := metadata.EtcdEndpoints(cfg.Master)
-		cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(etcdopt.Config(eps, 5*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("client: etcd %v: %w", eps, err)
 		}
@@ -56,14 +56,18 @@ func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 }
 
 // current returns the connection in use, dialing the leader if there is
-// none.
+// none. The leader is looked up without holding mu: with etcd unreachable
+// the lookup lasts as long as ctx, and every other call (each with its own
+// deadline, some served from the lease cache) would otherwise queue behind
+// it, past their deadlines (internal/faults TestEtcdUnavailable).
 func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.rpc != nil {
+		defer m.mu.Unlock()
 		return m.rpc, m.gen, nil
 	}
 	addr := m.addr
+	m.mu.Unlock()
 	if m.etcd != nil {
 		a, _, err := masterview.Leader(ctx, m.etcd, m.cluster)
 		if err != nil {
@@ -75,6 +79,12 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)))
 	if err != nil {
 		return nil, 0, fmt.Errorf("client: master %s: %w", addr, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rpc != nil { // another call dialed meanwhile: use its connection
+		_ = conn.Close()
+		return m.rpc, m.gen, nil
 	}
 	m.conn, m.rpc = conn, storepb.NewMasterClient(conn)
 	m.gen++

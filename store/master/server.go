@@ -13,10 +13,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
+	"github.com/mooncake-go/mooncake/internal/etcdopt"
 	"github.com/mooncake-go/mooncake/store/ha"
 )
 
@@ -177,7 +177,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 		}
 		h.ClusterID = cmp.Or(h.ClusterID, "mooncake_cluster")
 		h.SnapshotEvery = cmp.Or(h.SnapshotEvery, 100000)
-		cli, err := clientv3.New(clientv3.Config{Endpoints: h.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(etcdopt.Config(h.Etcd, 5*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("master: etcd %v: %w", h.Etcd, err)
 		}

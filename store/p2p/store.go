@@ -11,8 +11,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
+	"github.com/mooncake-go/mooncake/internal/etcdopt"
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/metadata"
 )
@@ -87,11 +87,7 @@ func New(ctx context.Context, cfg Config) (s *Store, err error) {
 	}
 	s.name = s.e.Name()
 	s.mem = newMemory(s.e)
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   metadata.EtcdEndpoints(cfg.Metadata),
-		DialTimeout: cfg.Timeout,
-		Logger:      zap.NewNop(), // failures reach the caller as errors
-	})
+	cli, err := clientv3.New(etcdopt.Config(metadata.EtcdEndpoints(cfg.Metadata), cfg.Timeout))
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect %s: %w", ErrMetadata, cfg.Metadata, err)
 	}

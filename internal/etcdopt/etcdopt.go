@@ -1,0 +1,36 @@
+// Package etcdopt holds the etcd client settings that every etcd client of
+// mooncake-go shares (masters, store clients, the engine's metadata, the
+// P2P store).
+package etcdopt
+
+import (
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Keep-alive of the client's connection: gRPC pings the member every
+// KeepAliveTime and drops the connection when no answer comes within
+// KeepAliveTimeout, then dials again. Without it a connection cut off
+// silently (a partition, not a closed socket) stays open until TCP gives
+// up, many minutes later: after etcd came back from a 30 s outage, the
+// masters' campaigns and watches waited on the dead connection's TCP
+// retransmission backoff and no master led for over 30 s
+// (internal/faults TestEtcdUnavailable).
+const (
+	KeepAliveTime    = 2 * time.Second
+	KeepAliveTimeout = 2 * time.Second
+)
+
+// Config is a client configuration for endpoints with the shared settings
+// and no logging (failures reach callers as errors).
+func Config(endpoints []string, dialTimeout time.Duration) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          dialTimeout,
+		DialKeepAliveTime:    KeepAliveTime,
+		DialKeepAliveTimeout: KeepAliveTimeout,
+		Logger:               zap.NewNop(),
+	}
+}
