@@ -145,3 +145,13 @@ func (c *limitedConn) Close() error {
 	c.once.Do(c.release)
 	return c.Conn.Close()
 }
+
+// CloseWrite half-closes a TCP connection, as net/http does before it
+// closes one whose request it refused (so the answer is not lost to a
+// reset). A wrapper must pass it on: net/http looks for the method.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}

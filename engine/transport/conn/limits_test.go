@@ -63,3 +63,30 @@ func TestLimitListener(t *testing.T) {
 	<-accepted
 	assert.Equal(t, 3, ll.Open())
 }
+
+// TestLimitListenerCloseWrite checks that a connection keeps its TCP
+// half-close, which net/http uses before hanging up on a refused request.
+func TestLimitListenerCloseWrite(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ll := Limit(inner, Limits{}, nil)
+	defer ll.Close()
+	c, err := net.Dial("tcp", ll.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	sc, err := ll.Accept()
+	require.NoError(t, err)
+	defer sc.Close()
+	cw, ok := sc.(interface{ CloseWrite() error })
+	require.True(t, ok, "no CloseWrite")
+	require.NoError(t, cw.CloseWrite())
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the write side was not closed")
+	// The other direction still works.
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	b := make([]byte, 1)
+	_, err = io.ReadFull(sc, b)
+	require.NoError(t, err)
+}
