@@ -11,7 +11,7 @@ GO    ?= go
 BIN   := bin/mooncake
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run bench-te bench-vllm demo test deps lint unit capi-test cxx-test python-test e2e install fuzz clean
+.PHONY: faults-table all build run bench-te bench-vllm demo test deps lint unit capi-test cxx-test python-test e2e install fuzz clean
 
 all: build
 
@@ -39,8 +39,17 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
+# The network-fault tests (internal/netlab, internal/faults) build hosts in
+# network namespaces, which needs root: as root they must run, never skip.
+NETLAB_REQUIRE := $(shell [ "$$(id -u)" = 0 ] && echo 1)
+
 unit:
-	$(GO) test -race -count=1 -timeout 20m ./...
+	MC_NETLAB_REQUIRE=$(NETLAB_REQUIRE) $(GO) test -race -count=1 -timeout 20m ./...
+
+# faults-table runs the network-fault scenarios (root) and writes their
+# table, with the figures of this run, to docs/faults.md.
+faults-table:
+	MC_NETLAB_REQUIRE=1 MC_FAULT_TABLE=$(CURDIR)/docs/faults.md $(GO) test -count=1 -v ./internal/faults/
 
 # The C ABI (libmooncake.so) against its C test suite, in two processes and
 # with a store started for it; then again built with GOEXPERIMENT=cgocheck2

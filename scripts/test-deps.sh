@@ -3,6 +3,8 @@
 #  - Debian libraries the official Mooncake wheel links against;
 #  - redis-server, the Redis yardstick of the store benchmark (bench/store);
 #  - cmake and GoogleTest, for the C++ SDK's suite (make cxx-test);
+#  - iproute2 (ip), with which the network-fault tests build their hosts
+#    (internal/netlab);
 #  - the official wheel (mooncake-transfer-engine-non-cuda) in .venv-official,
 #    used only by the cross-implementation tests.
 # A step that cannot be done is reported; the tests that need it then skip
@@ -10,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-need=(libcurl4 libibverbs1 rdma-core librdmacm1 libnuma1 liburing2 redis-server cmake libgtest-dev)
+need=(libcurl4 libibverbs1 rdma-core librdmacm1 libnuma1 liburing2 redis-server cmake libgtest-dev iproute2)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,7 +21,7 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "test-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
-    || echo "test-deps: apt-get failed; official-Mooncake interop tests and the Redis yardstick tests will skip"
+    || echo "test-deps: apt-get failed; official-Mooncake interop tests and the Redis yardstick tests will skip (and, as root, the network-fault tests fail)"
 fi
 
 venv=.venv-official

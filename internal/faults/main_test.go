@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -52,12 +53,17 @@ func record(t *testing.T, r row) {
 	})
 }
 
+// table is docs/faults.md: what the scenarios are, then their rows with
+// the figures of this run.
 func table() string {
 	var b strings.Builder
+	b.WriteString(tableHead)
 	b.WriteString("| scenario | load | fault | expectation | measured |\n|---|---|---|---|---|\n")
+	slices.SortFunc(rows, func(x, y row) int { return strings.Compare(x.Scenario, y.Scenario) })
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.Scenario, r.Load, r.Fault, r.Expectation, r.Measured)
 	}
+	b.WriteString(tableFoot)
 	return b.String()
 }
 

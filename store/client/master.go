@@ -10,12 +10,14 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
-	"github.com/mooncake-go/mooncake/internal/etcdopt"
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/internal/etcdopt"
 	"github.com/mooncake-go/mooncake/store/masterview"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -55,6 +57,14 @@ func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 	return m, nil
 }
 
+// masterKeepalive pings the master on an idle or busy connection: a master
+// cut off silently (a partition, not a dead process) fails the calls on
+// its connection with codes.Unavailable within seconds, and call looks the
+// leader up again; without pings every call waited out its RPC timeout on
+// the dead connection, for as long as TCP kept it (internal/faults
+// TestLeaderCutOff, "from everyone"). The master permits pings this often.
+var masterKeepalive = keepalive.ClientParameters{Time: 2 * time.Second, Timeout: 2 * time.Second, PermitWithoutStream: true}
+
 // current returns the connection in use, dialing the leader if there is
 // none. The leader is looked up without holding mu: with etcd unreachable
 // the lookup lasts as long as ctx, and every other call (each with its own
@@ -76,7 +86,13 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 		addr = a
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
+		grpc.WithKeepaliveParams(masterKeepalive),
+		// A reconnection to a master cut off hangs in connect (its SYNs
+		// dropped), and calls wait for it to their deadline: give up on
+		// a connect after 2 s, so that they fail with codes.Unavailable
+		// and call looks the leader up again.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 2 * time.Second}))
 	if err != nil {
 		return nil, 0, fmt.Errorf("client: master %s: %w", addr, err)
 	}
@@ -127,6 +143,9 @@ func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc s
 		if err == nil {
 			err = f(ctx, rpc)
 			if err == nil || !m.retryable(ctx, err) {
+				if m.etcd != nil && status.Code(err) == codes.DeadlineExceeded {
+					m.drop(gen) // the leader may have moved: look it up next time
+				}
 				return rpcErr(ctx, err)
 			}
 			if m.etcd != nil {

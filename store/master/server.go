@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
 	"github.com/mooncake-go/mooncake/internal/etcdopt"
@@ -201,6 +202,10 @@ func Start(cfg ServerConfig) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize), grpc.MaxSendMsgSize(256<<20),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		// Clients ping every couple of seconds to find a connection cut
+		// off silently (store/client master.go); gRPC's default policy
+		// would answer that with GOAWAY (too many pings).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(s.api.unaryStandby, s.metrics.interceptor))
 	if cfg.Admin != "" {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {

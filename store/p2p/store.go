@@ -12,9 +12,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/mooncake-go/mooncake/internal/etcdopt"
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/internal/etcdopt"
 )
 
 // Store is one node of the P2P store: a seed for the objects it registers
