@@ -222,3 +222,31 @@ func TestCallRetriesOnDroppedConnection(t *testing.T) {
 	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
 	require.Equal(t, 2, attempts)
 }
+
+// The records a new leader loads after the latest snapshot count towards
+// its next snapshot: a cluster failing over more often than every
+// SnapshotEvery records must still write snapshots, or every leader loads a
+// longer log than the last (counted from zero each term, none was written).
+func TestSnapshotCountsLoadedRecords(t *testing.T) {
+	const every = 100
+	etcd := etcdtest.Start(t)
+	m1 := startHAMaster(t, etcd, every)
+	leader := waitLeader(t, m1)
+	c := newClient(t, "", 16<<20, func(c *Config) { c.Master = "etcd://" + etcd; c.ClusterID = "t" })
+	ctx := ctxT(t)
+	put := func(from, to int) {
+		for i := from; i < to; i++ {
+			require.NoError(t, c.Put(ctx, fmt.Sprintf("k%d", i), value(uint64(i), 100), nil))
+		}
+	}
+	put(0, 30)                          // ~60 records: under every
+	time.Sleep(1500 * time.Millisecond) // a snapshot tick passes
+	require.Zero(t, leader.SnapshotSeq(), "a snapshot under SnapshotEvery records")
+
+	m2 := startHAMaster(t, etcd, every)
+	require.NoError(t, leader.Close())
+	require.Same(t, m2, waitLeader(t, m2))
+	put(30, 60) // ~60 more: under every in this term, over it in all
+	require.Eventually(t, func() bool { return m2.SnapshotSeq() > 0 }, 10*time.Second, 50*time.Millisecond,
+		"no snapshot after %d records in two terms", every)
+}

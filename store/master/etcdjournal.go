@@ -70,9 +70,12 @@ type etcdJournal struct {
 
 var _ journal = (*etcdJournal)(nil)
 
-func newEtcdJournal(cli *clientv3.Client, clusterID string, term int64, last uint64) *etcdJournal {
+// newEtcdJournal continues the journal after record last, of which the
+// ones after the latest snapshot (seq snap) count towards the next one.
+func newEtcdJournal(cli *clientv3.Client, clusterID string, term int64, last, snap uint64) *etcdJournal {
 	j := &etcdJournal{cli: cli, prefix: journalPrefix(clusterID), viewKey: ha.ViewKey(clusterID), term: term,
-		next: last + 1, committed: last, wake: make(chan struct{}, 1), done: make(chan struct{})}
+		next: last + 1, committed: last, sinceSnap: int(last - min(snap, last)),
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	j.cond = sync.NewCond(&j.mu)
 	go j.run()
 	return j
@@ -351,6 +354,7 @@ func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string, te
 		if err != nil {
 			return nil, 0, err
 		}
+		st.snapSeq = last
 	}
 	logDir := prefix + "log/"
 	gap := false

@@ -115,6 +115,7 @@ var ErrBadRecord = errors.New("master: journal record does not fit the state")
 type state struct {
 	segs    map[string]*storepb.JournalMount
 	objects map[string]*storepb.ObjectState
+	snapSeq uint64 // the snapshot the state was loaded from (0: none)
 }
 
 func newState() *state {

@@ -30,7 +30,7 @@ func BenchmarkEtcdJournalAppend(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	j := newEtcdJournal(cli, "b", l.Term(), 0)
+	j := newEtcdJournal(cli, "b", l.Term(), 0, 0)
 	defer j.close()
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: "k"}}}
 	for b.Loop() {
