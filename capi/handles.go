@@ -231,12 +231,22 @@ func storeCall(h C.mc_store_t, cerr *C.mc_error_t, f func(ctx context.Context, s
 			ctx, cancel := s.callCtx()
 			defer cancel()
 			err := f(ctx, s)
-			if err != nil && s.ctx.Err() == nil && ctx.Err() == context.DeadlineExceeded {
+			// Past the deadline, not only ctx.Err(): a socket deadline set
+			// to the same instant (the engine's handshake) can fire before
+			// ctx's timer, and the call then ended with an i/o timeout.
+			if err != nil && s.ctx.Err() == nil && pastDeadline(ctx) {
 				return abiErrorf(C.MC_ERR_TIMED_OUT, "store handle %d: call not done after op_timeout_ms %d: %v", h, s.opTimeout.Milliseconds(), err)
 			}
 			return err
 		})
 	})
+}
+
+// pastDeadline reports whether ctx's deadline has come, whether or not
+// its timer has marked it done yet.
+func pastDeadline(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // close cancels the calls in progress, frees the buffers left from
