@@ -3,6 +3,7 @@ package master
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,10 +15,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
 	"github.com/mooncake-go/mooncake/internal/etcdopt"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/ha"
 )
 
@@ -58,6 +61,18 @@ type ServerConfig struct {
 	// closed as they are accepted, and logged. Zero: DefaultMaxConns,
 	// DefaultMaxConnsPerPeer.
 	MaxConns, MaxConnsPerPeer int
+	// TLS makes the gRPC and admin servers speak TLS with its certificate;
+	// its CAFile makes it mutual: a client must present a certificate that
+	// CA signed. Zero: plaintext, as Mooncake's master.
+	TLS secure.TLS
+	// Token, when set, is the bearer token every gRPC call and admin
+	// request must carry ("authorization: Bearer <token>"); others are
+	// answered codes.Unauthenticated or 401. Zero: none, as Mooncake's.
+	Token string
+	// OpenProbes lets /health and /metrics of the admin server answer
+	// without the Token, for probes and scrapers that cannot present one.
+	// Every other endpoint still requires it.
+	OpenProbes bool
 }
 
 // Limits of the master's servers (ServerConfig).
@@ -98,6 +113,8 @@ type HAConfig struct {
 	// SnapshotEvery is the number of journal records after which the
 	// leader writes a snapshot and trims the log. Zero: 100000.
 	SnapshotEvery int
+	// EtcdTLS is how the master dials etcd over TLS. Zero: plaintext.
+	EtcdTLS secure.TLS
 }
 
 // DefaultListen is the master's default gRPC address.
@@ -171,6 +188,10 @@ func Start(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	tlsCfg, err := cfg.TLS.Server()
+	if err != nil {
+		return nil, fmt.Errorf("master: ServerConfig.TLS: %w", err)
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	if h := cfg.HA; h != nil {
 		if len(h.Etcd) == 0 {
@@ -178,7 +199,11 @@ func Start(cfg ServerConfig) (*Server, error) {
 		}
 		h.ClusterID = cmp.Or(h.ClusterID, "mooncake_cluster")
 		h.SnapshotEvery = cmp.Or(h.SnapshotEvery, 100000)
-		cli, err := clientv3.New(etcdopt.Config(h.Etcd, 5*time.Second))
+		ecfg, err := etcdopt.ConfigTLS(h.Etcd, 5*time.Second, h.EtcdTLS)
+		if err != nil {
+			return nil, fmt.Errorf("master: %w", err)
+		}
+		cli, err := clientv3.New(ecfg)
 		if err != nil {
 			return nil, fmt.Errorf("master: etcd %v: %w", h.Etcd, err)
 		}
@@ -200,13 +225,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 	s.api = NewGRPCServer(nil)
 	s.api.serve(nil)
 	s.metrics = newMetrics(s)
-	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize), grpc.MaxSendMsgSize(256<<20),
-		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
-		// Clients ping every couple of seconds to find a connection cut
-		// off silently (store/client master.go); gRPC's default policy
-		// would answer that with GOAWAY (too many pings).
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(s.api.unaryStandby, s.metrics.interceptor))
+	s.grpc = grpc.NewServer(s.grpcOptions(tlsCfg)...)
 	if cfg.Admin != "" {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			_ = lis.Close()
@@ -214,8 +233,11 @@ func Start(cfg ServerConfig) (*Server, error) {
 			s.closeEtcd()
 			return nil, &ListenError{Listener: "admin", Addr: cfg.Admin, Err: err}
 		}
-		s.admin = &http.Server{Handler: limitBody(cfg.MaxAdminBody, s.adminHandler()), ReadHeaderTimeout: 10 * time.Second}
-		admin := conn.Limit(s.adminLn, adminLimits, s.log.With("listener", "admin"))
+		s.admin = &http.Server{Handler: s.adminAuth(limitBody(cfg.MaxAdminBody, s.adminHandler())), ReadHeaderTimeout: 10 * time.Second}
+		var admin net.Listener = conn.Limit(s.adminLn, adminLimits, s.log.With("listener", "admin"))
+		if tlsCfg != nil {
+			admin = tls.NewListener(admin, tlsCfg)
+		}
 		s.wg.Go(func() { _ = s.admin.Serve(admin) })
 	}
 	s.api.Register(s.grpc)
@@ -244,12 +266,52 @@ func Start(cfg ServerConfig) (*Server, error) {
 			s.log.Error("master: gRPC server stopped", "err", err)
 		}
 	})
-	s.log.Info("master: listening", "addr", lis.Addr().String(), "ha", cfg.HA != nil)
+	s.log.Info("master: listening", "addr", lis.Addr().String(), "ha", cfg.HA != nil,
+		"tls", tlsCfg != nil, "mutual_tls", cfg.TLS.CAFile != "", "token", cfg.Token != "")
 	if s.kv != nil {
 		s.log.Info("master: publishing KV events", "endpoint", s.KVEventsAddr(),
 			"replay", s.KVEventsReplayAddr(), "backend_id", s.kv.backendID)
 	}
 	return s, nil
+}
+
+// grpcOptions are the gRPC server's options: its limits, keep-alive
+// policy, TLS (nil: none) and interceptors, the token's first so that a
+// call without it reaches nothing else.
+func (s *Server) grpcOptions(tlsCfg *tls.Config) []grpc.ServerOption {
+	cfg := s.cfg
+	unary := []grpc.UnaryServerInterceptor{s.api.unaryStandby, s.metrics.interceptor}
+	var stream []grpc.StreamServerInterceptor
+	if cfg.Token != "" {
+		unary = append([]grpc.UnaryServerInterceptor{secure.UnaryServerInterceptor(cfg.Token)}, unary...)
+		stream = append(stream, secure.StreamServerInterceptor(cfg.Token))
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize), grpc.MaxSendMsgSize(256 << 20),
+		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		// Clients ping every couple of seconds to find a connection cut
+		// off silently (store/client master.go); gRPC's default policy
+		// would answer that with GOAWAY (too many pings).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
+	}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	return opts
+}
+
+// adminAuth requires the Token on the admin server, but on /health and
+// /metrics with OpenProbes (read-only, and what probes and scrapers ask).
+func (s *Server) adminAuth(h http.Handler) http.Handler {
+	var open func(*http.Request) bool
+	if s.cfg.OpenProbes {
+		open = func(r *http.Request) bool {
+			return r.Method == http.MethodGet && (r.URL.Path == "/health" || r.URL.Path == "/metrics")
+		}
+	}
+	return secure.RequireHTTP(s.cfg.Token, open, h)
 }
 
 // advertise is the address clients reach this master at: HAConfig's
