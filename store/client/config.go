@@ -9,6 +9,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -77,6 +78,16 @@ type Config struct {
 	// runs without a tier and logs why.
 	SSDDir  string
 	SSDSize int64
+	// MasterTLS is how the client dials the master over TLS: its CAFile
+	// verifies the master, and its certificate is presented to a master
+	// that requires one (mutual TLS). Zero: plaintext, as Mooncake's.
+	MasterTLS secure.TLS
+	// Token is the bearer token presented on every call to the master
+	// (master.ServerConfig.Token). Zero: none.
+	Token string
+	// EtcdTLS is how the client dials etcd over TLS to find the leader
+	// (an etcd:// Master). Zero: plaintext.
+	EtcdTLS secure.TLS
 }
 
 // NoSegment as Config.SegmentSize: the client contributes no memory.

@@ -12,12 +12,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/internal/etcdopt"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/masterview"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -31,6 +33,8 @@ type masterConn struct {
 	cluster string
 	timeout time.Duration
 
+	opts []grpc.DialOption // credentials: TLS or none, and the token
+
 	mu   sync.Mutex
 	addr string
 	conn *grpc.ClientConn
@@ -40,9 +44,18 @@ type masterConn struct {
 
 func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 	m := &masterConn{cluster: cfg.ClusterID, timeout: cfg.RPCTimeout}
+	opts, err := credentialOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m.opts = opts
 	if strings.HasPrefix(cfg.Master, "etcd://") {
 		eps := metadata.EtcdEndpoints(cfg.Master)
-		cli, err := clientv3.New(etcdopt.Config(eps, 5*time.Second))
+		ecfg, err := etcdopt.ConfigTLS(eps, 5*time.Second, cfg.EtcdTLS)
+		if err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		cli, err := clientv3.New(ecfg)
 		if err != nil {
 			return nil, fmt.Errorf("client: etcd %v: %w", eps, err)
 		}
@@ -55,6 +68,24 @@ func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// credentialOptions are the dial options that present cfg's credentials
+// to the master: TLS (MasterTLS) or plaintext, and the bearer token.
+func credentialOptions(cfg *Config) ([]grpc.DialOption, error) {
+	tc, err := cfg.MasterTLS.Client()
+	if err != nil {
+		return nil, fmt.Errorf("client: Config.MasterTLS: %w", err)
+	}
+	creds := insecure.NewCredentials()
+	if tc != nil {
+		creds = credentials.NewTLS(tc)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if cfg.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(secure.PerRPC(cfg.Token)))
+	}
+	return opts, nil
 }
 
 // masterKeepalive pings the master on an idle or busy connection: a master
@@ -85,14 +116,14 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 		}
 		addr = a
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(addr, append(m.opts,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
 		grpc.WithKeepaliveParams(masterKeepalive),
 		// A reconnection to a master cut off hangs in connect (its SYNs
 		// dropped), and calls wait for it to their deadline: give up on
 		// a connect after 2 s, so that they fail with codes.Unavailable
 		// and call looks the leader up again.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 2 * time.Second}))
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 2 * time.Second}))...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("client: master %s: %w", addr, err)
 	}
