@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -15,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/internal/netlab"
 	"github.com/mooncake-go/mooncake/store/chaos"
 	"github.com/mooncake-go/mooncake/store/ha"
 	"github.com/mooncake-go/mooncake/store/master"
@@ -30,6 +32,7 @@ type chaosFlags struct {
 	transport                                string
 	forceRemoves                             float64
 	seed                                     uint64
+	netlab                                   bool
 }
 
 func newChaosCmd() *cobra.Command {
@@ -56,10 +59,19 @@ standby), lose-keys (a control: removes every object behind the
 checker's back, which it must report). A schedule is a comma-separated
 list of name@time[/period][+hold] or name/period[+hold].
 
+With --netlab (root) every process runs on a host of its own, emulated in
+a network namespace (internal/netlab; the command runs itself again in a
+namespace of its own), the data path is TCP, and the network faults join
+the schedule's choices: partition-leader (the leader isolated),
+split-leader (the leader cut off from etcd and the nodes, clients still
+reach it), partition-node, partition-etcd, lossy-links (5% loss and 20 ms
+delay on every link).
+
 With --master the workload runs against that store instead (no process
 faults).`,
 		Example: `  mooncake chaos
   mooncake chaos --duration 10m --faults kill-node/20s,kill-master@45s/60s+3s --clients 8
+  mooncake chaos --netlab --duration 10m --faults partition-node/30s+5s,partition-leader@20s/60s+5s,lossy-links@45s/60s+5s,kill-master@50s/90s
   mooncake chaos --master etcd://10.0.0.1:2379 --faults none`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runChaos(cmd, f) },
@@ -83,10 +95,39 @@ faults).`,
 	fl.DurationVar(&f.clientTTL, "client-ttl", 4*time.Second, "how long the master keeps a silent node's segment")
 	fl.StringVar(&f.master, "master", "", "run against this store (host:port or etcd://...) instead of starting one")
 	fl.StringVar(&f.clusterID, "cluster_id", "", "HA cluster name with --master (zero: the client's default)")
+	fl.BoolVar(&f.netlab, "netlab", false, "run every process on an emulated host of its own and allow the network faults (root)")
 	return c
 }
 
 func runChaos(cmd *cobra.Command, f chaosFlags) error {
+	var lab *netlab.Lab
+	if f.netlab {
+		if f.master != "" {
+			return errors.New("--netlab starts its own store: not with --master")
+		}
+		if !netlab.InOwnNamespace() {
+			if err := netlab.Available(); err != nil {
+				return fmt.Errorf("--netlab: %w", err)
+			}
+			code, err := netlab.Reexec()
+			if err != nil {
+				return err
+			}
+			os.Exit(code) // the child printed the report
+		}
+		if err := netlab.UpLoopback(); err != nil {
+			return err
+		}
+		var err error
+		if lab, err = netlab.New(netlab.Config{Seed: f.seed}); err != nil {
+			return err
+		}
+		defer lab.Close()
+		f.transport = "tcp" // shared memory would bypass the emulated links
+		if !cmd.Flags().Changed("faults") {
+			f.faults = "partition-node@4s+3s,partition-leader@10s+3s,lossy-links@16s+2s,kill-node@22s"
+		}
+	}
 	if f.master != "" {
 		if !cmd.Flags().Changed("faults") {
 			f.faults = "none" // no processes of its own to kill
@@ -119,13 +160,16 @@ func runChaos(cmd *cobra.Command, f chaosFlags) error {
 			return err
 		}
 		procs, err := chaos.StartProcs(ctx, chaos.ProcsConfig{Command: []string{self}, Masters: f.masters, Nodes: f.nodes,
-			NodeSegment: segment, Seed: f.seed, LogLevel: viper.GetString("log-level"), NodeArgs: []string{"--transport", f.transport},
+			NodeSegment: segment, Seed: f.seed, LogLevel: viper.GetString("log-level"), NodeArgs: []string{"--transport", f.transport}, Lab: lab,
 			MasterArgs: []string{"--default_kv_lease_ttl", f.leaseTTL.String(), "--client_ttl", f.clientTTL.String()}})
 		if err != nil {
 			return err
 		}
 		defer procs.Close()
 		cfg.Master, cfg.ClusterID, cfg.Leader, cfg.Faults = procs.MasterURL(), procs.ClusterID(), procs.Leader, procs.Faults()
+		if lab != nil {
+			cfg.Host = lab.Local().IP.String()
+		}
 		fmt.Fprintf(out, "store: %d masters, %d nodes of %s; clients --master %s --cluster_id %s\n",
 			f.masters, f.nodes, f.segment, cfg.Master, cfg.ClusterID)
 	} else {

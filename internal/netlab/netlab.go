@@ -138,6 +138,13 @@ func New(cfg Config) (*Lab, error) {
 // and receive as it.
 func (l *Lab) Local() *Host { return l.hosts[0] }
 
+// Hosts returns every host, the local one first.
+func (l *Lab) Hosts() []*Host {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]*Host(nil), l.hosts...)
+}
+
 // Host adds a host in a new network namespace, with the next address.
 func (l *Lab) Host(name string) (*Host, error) {
 	l.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -19,6 +20,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/mooncake-go/mooncake/internal/embedetcd"
+	"github.com/mooncake-go/mooncake/internal/etcdopt"
+	"github.com/mooncake-go/mooncake/internal/netlab"
 	"github.com/mooncake-go/mooncake/store/cluster"
 	"github.com/mooncake-go/mooncake/store/ha"
 )
@@ -48,16 +51,22 @@ type ProcsConfig struct {
 	Stderr io.Writer
 	// Seed picks which node a kill-node fault kills.
 	Seed uint64
+	// Lab, when set, puts etcd, every master and every node on a host of
+	// its own (the clients are its local host), and adds the network
+	// faults (NetFaults). Nodes should then use the TCP data path
+	// (NodeArgs "--transport tcp"): shared memory would bypass the links.
+	Lab *netlab.Lab
 }
 
 // Procs is a store whose masters and nodes are child processes, so that
 // faults can kill -9 them; etcd runs in this process (the masters journal
 // there, and its loss is a fault of its own, not one of these).
 type Procs struct {
-	cfg  ProcsConfig
-	etcd *embedetcd.Etcd
-	tmp  string
-	cli  *clientv3.Client
+	cfg      ProcsConfig
+	etcd     *embedetcd.Etcd
+	etcdHost *netlab.Host // nil without a Lab
+	tmp      string
+	cli      *clientv3.Client
 
 	mu      sync.Mutex
 	masters []*proc
@@ -68,9 +77,10 @@ type Procs struct {
 // proc is one child: its arguments (to restart it) and what it said when
 // ready.
 type proc struct {
-	name   string   // "master 1", "node 0"
-	args   []string // the subcommand and its flags
-	ready  string   // the stdout line that says it serves
+	host   *netlab.Host // where it runs; nil: this host
+	name   string       // "master 1", "node 0"
+	args   []string     // the subcommand and its flags
+	ready  string       // the stdout line that says it serves
 	cmd    *exec.Cmd
 	exited chan struct{}
 	line   string // its ready line, the part after the prefix
@@ -110,16 +120,31 @@ func StartProcs(ctx context.Context, cfg ProcsConfig) (_ *Procs, err error) {
 	if p.tmp, err = os.MkdirTemp("", "mooncake-chaos-etcd-"); err != nil {
 		return nil, fmt.Errorf("chaos: etcd directory: %w", err)
 	}
-	if p.etcd, err = embedetcd.Start(p.tmp, "127.0.0.1:0", embedetcd.NoFsync()); err != nil {
+	startEtcd := func() (err error) {
+		p.etcd, err = embedetcd.Start(p.tmp, net.JoinHostPort(p.addrOf(p.etcdHost), "0"), embedetcd.NoFsync())
+		return err
+	}
+	if cfg.Lab != nil {
+		if p.etcdHost, err = cfg.Lab.Host("etcd"); err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		err = p.etcdHost.Do(startEtcd) // its listeners on its host
+	} else {
+		err = startEtcd()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
-	if p.cli, err = clientv3.New(clientv3.Config{Endpoints: []string{p.etcd.Addr()}, DialTimeout: 5 * time.Second}); err != nil {
+	if p.cli, err = clientv3.New(etcdopt.Config([]string{p.etcd.Addr()}, 5*time.Second)); err != nil {
 		return nil, fmt.Errorf("chaos: etcd client: %w", err)
 	}
 	for i := range cfg.Masters {
-		args := append([]string{"master", "--enable_ha", "--etcd_endpoints", p.etcd.Addr(), "--cluster_id", cfg.ClusterID,
-			"--rpc_address", "127.0.0.1", "--rpc_port", "0", "--metrics_port", "-1"}, cfg.MasterArgs...)
-		m := &proc{name: "master " + strconv.Itoa(i), args: args, ready: "master listening rpc="}
+		m := &proc{name: "master " + strconv.Itoa(i), ready: "master listening rpc="}
+		if m.host, err = p.host(m.name); err != nil {
+			return nil, err
+		}
+		m.args = append([]string{"master", "--enable_ha", "--etcd_endpoints", p.etcd.Addr(), "--cluster_id", cfg.ClusterID,
+			"--rpc_address", p.addrOf(m.host), "--rpc_port", "0", "--metrics_port", "-1"}, cfg.MasterArgs...)
 		p.masters = append(p.masters, m)
 		if err := p.start(ctx, m); err != nil {
 			return nil, err
@@ -129,9 +154,12 @@ func StartProcs(ctx context.Context, cfg ProcsConfig) (_ *Procs, err error) {
 		return nil, err
 	}
 	for i := range cfg.Nodes {
-		n := &proc{name: "node " + strconv.Itoa(i), ready: cluster.ReadyLine(""),
-			args: []string{"node", "--master", p.MasterURL(), "--cluster_id", cfg.ClusterID, "--local_hostname", "127.0.0.1",
-				"--global_segment_size", strconv.FormatInt(cfg.NodeSegment, 10), "--local_buffer_size", "4MiB"}}
+		n := &proc{name: "node " + strconv.Itoa(i), ready: cluster.ReadyLine("")}
+		if n.host, err = p.host(n.name); err != nil {
+			return nil, err
+		}
+		n.args = []string{"node", "--master", p.MasterURL(), "--cluster_id", cfg.ClusterID, "--local_hostname", p.addrOf(n.host),
+			"--global_segment_size", strconv.FormatInt(cfg.NodeSegment, 10), "--local_buffer_size", "4MiB"}
 		n.args = append(n.args, cfg.NodeArgs...)
 		p.nodes = append(p.nodes, n)
 		if err := p.start(ctx, n); err != nil {
@@ -154,7 +182,11 @@ func (p *Procs) start(ctx context.Context, pr *proc) error {
 	if err != nil {
 		return err
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if pr.host != nil {
+		start = func() error { return pr.host.Start(cmd) }
+	}
+	if err := start(); err != nil {
 		return fmt.Errorf("chaos: %s: start %s: %w", pr.name, p.cfg.Command[0], err)
 	}
 	pr.cmd, pr.exited = cmd, make(chan struct{})
@@ -193,6 +225,26 @@ func kill(pr *proc) error {
 	}
 	<-pr.exited
 	return nil
+}
+
+// host is a new Lab host for the child called name; nil without a Lab.
+func (p *Procs) host(name string) (*netlab.Host, error) {
+	if p.cfg.Lab == nil {
+		return nil, nil
+	}
+	h, err := p.cfg.Lab.Host(strings.ReplaceAll(name, " ", ""))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	return h, nil
+}
+
+// addrOf is the address a child on h serves at.
+func (p *Procs) addrOf(h *netlab.Host) string {
+	if h == nil {
+		return "127.0.0.1"
+	}
+	return h.IP.String()
 }
 
 // MasterURL is what clients give as their master: the cluster in etcd.
@@ -275,9 +327,14 @@ func (p *Procs) killAndRestart(pr *proc, what string) (string, func(context.Cont
 	}, nil
 }
 
-// Faults are the process faults: kill-node and kill-master.
+// Faults are the process faults, kill-node and kill-master, and with a Lab
+// the network faults (NetFaults).
 func (p *Procs) Faults() Faults {
-	return Faults{"kill-node": p.KillNode(), "kill-master": p.KillMaster()}
+	f := Faults{"kill-node": p.KillNode(), "kill-master": p.KillMaster()}
+	for name, nf := range p.NetFaults() {
+		f[name] = nf
+	}
+	return f
 }
 
 // Close stops every child (SIGTERM, then SIGKILL after 5 s) and etcd, and

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +39,8 @@ type Config struct {
 	OpTimeout time.Duration
 	// Seed drives the workload's choices and the faults'.
 	Seed uint64
+	// Host is the address of the clients' engines. Zero: 127.0.0.1.
+	Host string
 	// Transport is the clients' data path (engine.Config.Transport).
 	// Zero: auto.
 	Transport string
@@ -114,7 +117,7 @@ func Run(ctx context.Context, cfg Config) (*History, error) {
 		return client.New(ctx, client.Config{Master: cfg.Master, ClusterID: cfg.ClusterID, SegmentSize: client.NoSegment,
 			LocalBufferSize: int64(max(cfg.ValueSize, 1<<20)), RPCTimeout: cfg.OpTimeout,
 			Replicate:    client.ReplicateConfig{Replicas: cfg.Replicas},
-			EngineConfig: engine.Config{Host: "127.0.0.1", Timeout: cfg.OpTimeout, Transport: cfg.Transport}})
+			EngineConfig: engine.Config{Host: cmp.Or(cfg.Host, "127.0.0.1"), Timeout: cfg.OpTimeout, Transport: cfg.Transport}})
 	}
 	var clients []*client.Client
 	defer func() {

@@ -6,19 +6,14 @@ package labtest
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 
 	"github.com/mooncake-go/mooncake/internal/netlab"
 )
 
-// envChild marks the test process that runs in the private namespace.
-const envChild = "MC_NETLAB_CHILD"
-
 // EnvRequire, set to 1, turns the skip of a test that cannot have a Lab
-// (not root, no TUN device) into a failure: CI sets it, so that the
-// network-fault tests cannot pass by not running.
+// (not root, no TUN device) into a failure: make test sets it as root, so
+// that the network-fault tests cannot pass by not running.
 const EnvRequire = "MC_NETLAB_REQUIRE"
 
 // Main runs the package's tests, in a new network namespace when a Lab can
@@ -33,9 +28,9 @@ func Main(m *testing.M) { os.Exit(Run(m)) }
 // TestMain with work to do after them. That work runs in both processes;
 // only the child ran the tests.
 func Run(m *testing.M) int {
-	if os.Getenv(envChild) == "1" {
-		if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "labtest: loopback up: %v: %s\n", err, out)
+	if netlab.InOwnNamespace() {
+		if err := netlab.UpLoopback(); err != nil {
+			fmt.Fprintln(os.Stderr, "labtest:", err)
 			return 2
 		}
 		return m.Run()
@@ -43,23 +38,11 @@ func Run(m *testing.M) int {
 	if netlab.Available() != nil {
 		return m.Run() // New skips (or fails, under EnvRequire)
 	}
-	exe, err := os.Executable()
+	code, err := netlab.Reexec()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "labtest:", err)
-		return 2
 	}
-	cmd := exec.Command(exe, os.Args[1:]...)
-	cmd.Env = append(os.Environ(), envChild+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Run(); err != nil {
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode()
-		}
-		fmt.Fprintln(os.Stderr, "labtest: run the tests in a new network namespace:", err)
-		return 2
-	}
-	return 0
+	return code
 }
 
 // New returns a Lab for t, closed when t ends. It skips t where no Lab can
@@ -73,7 +56,7 @@ func New(t testing.TB, cfg netlab.Config) *netlab.Lab {
 		}
 		t.Skip(err)
 	}
-	if os.Getenv(envChild) != "1" {
+	if !netlab.InOwnNamespace() {
 		t.Fatal("labtest: call labtest.Main from TestMain")
 	}
 	l, err := netlab.New(cfg)
