@@ -147,12 +147,14 @@ func TestLoss(t *testing.T) {
 	ua, ub := udpSocket(t, a), udpSocket(t, b)
 	lab.SetLink(a, b, netlab.Link{Loss: 0.2})
 	got := sendSeq(t, ua, ub, 2000, 20*time.Microsecond)
-	// 20% of 2000: 400 expected, sd ~18; a wide band still catches a switch
-	// that drops nothing or everything.
-	assert.InDelta(t, 1600, len(got), 120, "received of 2000 at 20%% loss")
+	// 20% of 2000: 400 dropped expected, sd ~18; a wide band still catches
+	// a switch that drops nothing or everything. (The receiving socket may
+	// drop a few more on a loaded machine: the switch's counts are exact.)
 	st := lab.Stats(a, b)
-	assert.Equal(t, uint64(len(got)), st.Packets)
-	assert.Equal(t, uint64(2000-len(got)), st.Dropped)
+	assert.Equal(t, uint64(2000), st.Packets+st.Dropped)
+	assert.InDelta(t, 400, st.Dropped, 120, "dropped of 2000 at 20%% loss")
+	assert.LessOrEqual(t, uint64(len(got)), st.Packets)
+	assert.Greater(t, len(got), 1400)
 }
 
 func TestDelayAndReorder(t *testing.T) {
@@ -179,7 +181,7 @@ func TestDelayAndReorder(t *testing.T) {
 
 	lab.SetLink(a, b, netlab.Link{Delay: 5 * time.Millisecond, Reorder: 0.3})
 	got := sendSeq(t, ua, ub, 300, 200*time.Microsecond)
-	require.Len(t, got, 300, "reordering loses nothing")
+	require.Zero(t, lab.Stats(a, b).Dropped, "reordering loses nothing")
 	inversions := 0
 	for i := 1; i < len(got); i++ {
 		if got[i] < got[i-1] {
