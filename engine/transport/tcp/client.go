@@ -571,6 +571,13 @@ gather:
 	// its payload): the reader settles each slice from what arrived.
 	l.handOff(lc, l.sl)
 	if err != nil {
+		// What went out may end inside a request (a local EFAULT, a
+		// write deadline): the peer would wait for its rest, and the
+		// reader for its answer, until the deadline. Half-close: the
+		// peer answers what it read whole and hangs up on the rest.
+		if cw, ok := lc.conn.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
 		l.drop()
 	}
 }
