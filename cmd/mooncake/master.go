@@ -31,10 +31,19 @@ change to etcd so that a standby taking over loses no completed put.
 
 With --enable_kv_events the leader publishes a KV event per object key on
 a ZMQ PUB socket (--kv_events_bind_endpoint) as it is stored, removed or
-evicted, for cache-aware routers; docs/kv-events.md has the format.`,
+evicted, for cache-aware routers; docs/kv-events.md has the format.
+
+Security is off by default, as Mooncake's master. --auth_token (or
+--auth_token_file, MC_AUTH_TOKEN) makes every gRPC call and admin request
+carry "authorization: Bearer <token>"; others are refused (gRPC
+Unauthenticated, HTTP 401). --auth_open_probes leaves /health and /metrics
+open to probes and scrapers. --tls_cert_file and --tls_key_file serve gRPC
+and the admin HTTP over TLS; --tls_client_ca_file makes it mutual.
+--etcd_tls_* dial etcd over TLS under HA.`,
 		Example: `  mooncake master --rpc_port 50051 --metrics_port 9003
   mooncake master --enable_ha --etcd_endpoints 10.0.0.1:2379 --rpc_address 10.0.0.2
-  mooncake master --enable_kv_events --kv_events_backend_id pool-a --kv_events_replay_endpoint tcp://*:5558`,
+  mooncake master --enable_kv_events --kv_events_backend_id pool-a --kv_events_replay_endpoint tcp://*:5558
+  MC_AUTH_TOKEN=$(cat token) mooncake master --tls_cert_file server.pem --tls_key_file server-key.pem --tls_client_ca_file ca.pem`,
 		Args: cobra.NoArgs,
 		RunE: runMaster,
 	}
@@ -67,6 +76,10 @@ evicted, for cache-aware routers; docs/kv-events.md has the format.`,
 	f.Int("max_connections", master.DefaultMaxConns, "most gRPC connections open at once")
 	f.Int("max_connections_per_peer", master.DefaultMaxConnsPerPeer, "most gRPC connections open at once from one IP address")
 	addKVEventsFlags(f)
+	addTokenFlags(f, "master requires")
+	f.Bool("auth_open_probes", false, "with --auth_token, answer /health and /metrics without it (every other endpoint still requires it)")
+	addServerTLSFlags(f)
+	addEtcdTLSFlags(f)
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
 }
@@ -76,11 +89,15 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
 		envs[fl.Name] = []string{"MC_MASTER_" + strings.ToUpper(fl.Name)}
 	})
-	s, err := newSettings(cmd, "MOONCAKE_CONFIG_PATH", envs)
+	s, err := newSettings(cmd, "MOONCAKE_CONFIG_PATH", withTokenEnvs(envs))
 	if err != nil {
 		return err
 	}
 	var cfg master.ServerConfig
+	if cfg.Token, err = readToken(s.str); err != nil {
+		return err
+	}
+	cfg.TLS, cfg.OpenProbes = serverTLS(s.str), s.boolean("auth_open_probes")
 	svc := &cfg.Service
 	svc.EvictionRatio = s.float("eviction_ratio")
 	svc.EvictionHighWatermark = s.float("eviction_high_watermark_ratio")
@@ -124,7 +141,7 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 		if err != nil {
 			return err
 		}
-		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl}
+		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl, EtcdTLS: clientTLS(s.str, "etcd_")}
 		if a := s.str("rpc_address"); a != "0.0.0.0" && a != "" {
 			cfg.HA.Advertise = cfg.Listen
 		}

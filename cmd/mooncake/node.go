@@ -23,18 +23,26 @@ import (
 // nodeEnvs are the environment names of `mooncake node`'s settings:
 // Mooncake's Python launcher's first, then ours.
 var nodeEnvs = map[string][]string{
-	"master":              {"MOONCAKE_MASTER", "MC_NODE_MASTER"},
-	"metadata_server":     {"MOONCAKE_TE_META_DATA_SERVER", "MC_NODE_METADATA_SERVER"},
-	"protocol":            {"MOONCAKE_PROTOCOL", "MC_NODE_PROTOCOL"},
-	"global_segment_size": {"MOONCAKE_GLOBAL_SEGMENT_SIZE", "MC_NODE_GLOBAL_SEGMENT_SIZE"},
-	"local_buffer_size":   {"MOONCAKE_LOCAL_BUFFER_SIZE", "MC_NODE_LOCAL_BUFFER_SIZE"},
-	"local_hostname":      {"MOONCAKE_LOCAL_HOSTNAME", "MC_NODE_LOCAL_HOSTNAME"},
-	"cluster_id":          {"MC_STORE_CLUSTER_ID"},
-	"transport":           {"MC_NODE_TRANSPORT"},
-	"enable_http_server":  {"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"},
-	"ssd_dir":             {"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "MC_NODE_SSD_DIR"},
-	"ssd_size":            {"MC_NODE_SSD_SIZE"},
-	"http_port":           {"MOONCAKE_CLIENT_HTTP_PORT"},
+	"master":               {"MOONCAKE_MASTER", "MC_NODE_MASTER"},
+	"metadata_server":      {"MOONCAKE_TE_META_DATA_SERVER", "MC_NODE_METADATA_SERVER"},
+	"protocol":             {"MOONCAKE_PROTOCOL", "MC_NODE_PROTOCOL"},
+	"global_segment_size":  {"MOONCAKE_GLOBAL_SEGMENT_SIZE", "MC_NODE_GLOBAL_SEGMENT_SIZE"},
+	"local_buffer_size":    {"MOONCAKE_LOCAL_BUFFER_SIZE", "MC_NODE_LOCAL_BUFFER_SIZE"},
+	"local_hostname":       {"MOONCAKE_LOCAL_HOSTNAME", "MC_NODE_LOCAL_HOSTNAME"},
+	"cluster_id":           {"MC_STORE_CLUSTER_ID"},
+	"transport":            {"MC_NODE_TRANSPORT"},
+	"enable_http_server":   {"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"},
+	"ssd_dir":              {"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "MC_NODE_SSD_DIR"},
+	"ssd_size":             {"MC_NODE_SSD_SIZE"},
+	"http_port":            {"MOONCAKE_CLIENT_HTTP_PORT"},
+	"auth_token":           {"MC_NODE_AUTH_TOKEN", "MC_AUTH_TOKEN"},
+	"auth_token_file":      {"MC_NODE_AUTH_TOKEN_FILE", "MC_AUTH_TOKEN_FILE"},
+	"master_tls_ca_file":   {"MC_NODE_MASTER_TLS_CA_FILE"},
+	"master_tls_cert_file": {"MC_NODE_MASTER_TLS_CERT_FILE"},
+	"master_tls_key_file":  {"MC_NODE_MASTER_TLS_KEY_FILE"},
+	"etcd_tls_ca_file":     {"MC_NODE_ETCD_TLS_CA_FILE"},
+	"etcd_tls_cert_file":   {"MC_NODE_ETCD_TLS_CERT_FILE"},
+	"etcd_tls_key_file":    {"MC_NODE_ETCD_TLS_KEY_FILE"},
 }
 
 func newNodeCmd() *cobra.Command {
@@ -46,7 +54,12 @@ func newNodeCmd() *cobra.Command {
 and serves reads and writes of its segment through the Transfer Engine until
 stopped; on SIGTERM it unmounts first. Settings also come from Mooncake's
 environment names (MOONCAKE_MASTER, MOONCAKE_GLOBAL_SEGMENT_SIZE, ...) or a
-config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.`,
+config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.
+
+To a secured master (mooncake master --auth_token, --tls_*) it presents
+--auth_token (or --auth_token_file, MC_AUTH_TOKEN) and dials over TLS with
+--master_tls_ca_file, and --master_tls_cert_file/--master_tls_key_file
+where the master requires a client certificate; --etcd_tls_* for etcd.`,
 		Example: `  mooncake node --master 127.0.0.1:50051 --global_segment_size 4GiB`,
 		Args:    cobra.NoArgs,
 		RunE:    runNode,
@@ -64,6 +77,9 @@ config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.`,
 	f.String("ssd_size", "16GiB", "size of the SSD tier file (fallocated)")
 	f.Bool("enable_http_server", false, "serve /health and /metrics (engine and client) over HTTP")
 	f.Int("http_port", 9300, "port of the HTTP server (0 picks one)")
+	addTokenFlags(f, "node presents")
+	addClientTLSFlags(f, "master_", "the master")
+	addEtcdTLSFlags(f)
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
 }
@@ -97,8 +113,13 @@ func runNode(cmd *cobra.Command, _ []string) error {
 			return err
 		}
 	}
+	token, err := readToken(s.str)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	cfg := client.Config{
+		Token: token, MasterTLS: clientTLS(s.str, "master_"), EtcdTLS: clientTLS(s.str, "etcd_"),
 		Master: s.str("master"), ClusterID: s.str("cluster_id"), SegmentSize: seg, LocalBufferSize: buf, Registerer: reg,
 		SSDDir: s.str("ssd_dir"), SSDSize: ssdSize,
 		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"),
