@@ -13,17 +13,19 @@ import (
 	"github.com/mooncake-go/mooncake/internal/secure"
 )
 
-// Keep-alive of the client's connection: gRPC pings the member every
-// KeepAliveTime and drops the connection when no answer comes within
+// Keep-alive of the client's connection: while an RPC or a stream is open
+// (a campaign's grant, a watch, a lease renewal), gRPC pings the member
+// every KeepAliveTime and drops the connection when no answer comes within
 // KeepAliveTimeout, then dials again. Without it a connection cut off
 // silently (a partition, not a closed socket) stays open until TCP gives
 // up, many minutes later: after etcd came back from a 30 s outage, the
 // masters' campaigns and watches waited on the dead connection's TCP
 // retransmission backoff and no master led for over 30 s
-// (internal/faults TestEtcdUnavailable).
+// (internal/faults TestEtcdUnavailable). 10 s is the least gRPC allows;
+// idle connections are not pinged, as etcd refuses that by default.
 const (
-	KeepAliveTime    = 2 * time.Second
-	KeepAliveTimeout = 2 * time.Second
+	KeepAliveTime    = 10 * time.Second
+	KeepAliveTimeout = 3 * time.Second
 )
 
 // Config is a client configuration for endpoints with the shared settings

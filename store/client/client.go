@@ -14,6 +14,8 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -194,6 +196,9 @@ func (c *Client) heartbeat(ctx context.Context) {
 			pctx, cancel := context.WithTimeout(ctx, c.cfg.PingInterval*3)
 			defer cancel()
 			r, err := rpc.Ping(pctx, &storepb.PingRequest{ClientId: c.id})
+			if status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil {
+				return fmt.Errorf("%w: ping: %w", errNoAnswer, err)
+			}
 			if err != nil {
 				return err
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/status"
 
 	"github.com/mooncake-go/mooncake/internal/etcdtest"
 	"github.com/mooncake-go/mooncake/store/master"
@@ -249,4 +250,46 @@ func TestSnapshotCountsLoadedRecords(t *testing.T) {
 	put(30, 60) // ~60 more: under every in this term, over it in all
 	require.Eventually(t, func() bool { return m2.SnapshotSeq() > 0 }, 10*time.Second, 50*time.Millisecond,
 		"no snapshot after %d records in two terms", every)
+}
+
+// A caller's own short deadline passing keeps the connection to the
+// master (it says nothing of it; other calls share it); the RPC timeout
+// passing, or the heartbeat's probe going unanswered, drops it so that the
+// next call looks the leader up again.
+func TestCallDropsOnlyDoubtfulConnections(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	waitLeader(t, startHAMaster(t, etcd, 100000))
+	m, err := dialMaster(ctxT(t), &Config{Master: "etcd://" + etcd, ClusterID: "t", RPCTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	defer m.close()
+	gen := func() uint64 {
+		_, g, err := m.current(ctxT(t))
+		require.NoError(t, err)
+		return g
+	}
+	exist := func(ctx context.Context, rpc storepb.MasterClient) error {
+		_, err := rpc.ExistKey(ctx, &storepb.KeyRequest{Key: "k"})
+		return err
+	}
+
+	g0 := gen()
+	short, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	<-short.Done()
+	require.Error(t, m.call(short, exist))
+	require.Equal(t, g0, gen(), "a caller's deadline dropped the shared connection")
+
+	// The call's own deadline: the master does not answer within the RPC
+	// timeout (f waits it out, as a call to a master cut off would).
+	require.Error(t, m.call(context.Background(), func(ctx context.Context, _ storepb.MasterClient) error {
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}))
+	g1 := gen()
+	require.NotEqual(t, g0, g1, "the RPC timeout passed and the connection was kept")
+
+	require.Error(t, m.call(context.Background(), func(context.Context, storepb.MasterClient) error {
+		return fmt.Errorf("%w: ping", errNoAnswer)
+	}))
+	require.NotEqual(t, g1, gen(), "an unanswered probe kept the connection")
 }

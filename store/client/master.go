@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,12 +36,16 @@ type masterConn struct {
 
 	opts []grpc.DialOption // credentials: TLS or none, and the token
 
-	mu   sync.Mutex
-	addr string
-	conn *grpc.ClientConn
-	rpc  storepb.MasterClient
-	gen  uint64 // bumped by each reconnect
+	mu     sync.Mutex
+	addr   string
+	conn   *grpc.ClientConn
+	rpc    storepb.MasterClient
+	gen    uint64 // bumped by each reconnect
+	closed bool   // by close: no connection may be installed after it
 }
+
+// errMasterClosed is the error of a call racing the client's Close.
+var errMasterClosed = errors.New("client: master connection closed")
 
 func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 	m := &masterConn{cluster: cfg.ClusterID, timeout: cfg.RPCTimeout}
@@ -88,13 +93,21 @@ func credentialOptions(cfg *Config) ([]grpc.DialOption, error) {
 	return opts, nil
 }
 
-// masterKeepalive pings the master on an idle or busy connection: a master
-// cut off silently (a partition, not a dead process) fails the calls on
-// its connection with codes.Unavailable within seconds, and call looks the
-// leader up again; without pings every call waited out its RPC timeout on
-// the dead connection, for as long as TCP kept it (internal/faults
-// TestLeaderCutOff, "from everyone"). The master permits pings this often.
-var masterKeepalive = keepalive.ClientParameters{Time: 2 * time.Second, Timeout: 2 * time.Second, PermitWithoutStream: true}
+// masterKeepalive pings the master while calls or streams are open, and
+// when idle: a connection cut off silently (a partition, not a dead
+// process) then fails its calls with codes.Unavailable, and call looks the
+// leader up again. gRPC pings no more often than every 10 s, so this is
+// the backstop (for a WatchObjects stream, say); the heartbeat's ping,
+// with its own deadline, finds a silent master sooner (errNoAnswer). The
+// master permits pings this often.
+var masterKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}
+
+// errNoAnswer marks a call the master did not answer within a deadline
+// the client set itself to probe it (the heartbeat's ping): the
+// connection is in doubt, and the next call looks the leader up again. A
+// caller's own short deadline passing says nothing of the connection and
+// keeps it.
+var errNoAnswer = errors.New("the master did not answer in time")
 
 // current returns the connection in use, dialing the leader if there is
 // none. The leader is looked up without holding mu: with etcd unreachable
@@ -116,20 +129,24 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 		}
 		addr = a
 	}
-	conn, err := grpc.NewClient(addr, append(m.opts,
+	conn, err := grpc.NewClient(addr, slices.Concat(m.opts, []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
 		grpc.WithKeepaliveParams(masterKeepalive),
 		// A reconnection to a master cut off hangs in connect (its SYNs
 		// dropped), and calls wait for it to their deadline: give up on
 		// a connect after 2 s, so that they fail with codes.Unavailable
 		// and call looks the leader up again.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 2 * time.Second}))...)
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 2 * time.Second})})...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("client: master %s: %w", addr, err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.rpc != nil { // another call dialed meanwhile: use its connection
+	switch {
+	case m.closed:
+		_ = conn.Close()
+		return nil, 0, errMasterClosed
+	case m.rpc != nil: // another call dialed meanwhile: use its connection
 		_ = conn.Close()
 		return m.rpc, m.gen, nil
 	}
@@ -151,6 +168,7 @@ func (m *masterConn) drop(gen uint64) {
 
 func (m *masterConn) close() {
 	m.mu.Lock()
+	m.closed = true
 	if m.conn != nil {
 		_ = m.conn.Close()
 		m.conn, m.rpc = nil, nil
@@ -166,6 +184,10 @@ func (m *masterConn) close() {
 // RPC is safe to repeat: the master answers a repeated PutStart or PutEnd
 // of the same client as the first.
 func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc storepb.MasterClient) error) error {
+	// The call's own deadline, the RPC timeout, passing without an answer
+	// puts the connection in doubt; a caller's earlier one does not.
+	parent, bounded := ctx.Deadline()
+	ownDeadline := !bounded || !parent.Before(time.Now().Add(m.timeout))
 	ctx, cancel := context.WithTimeout(ctx, m.timeout)
 	defer cancel()
 	backoff := 20 * time.Millisecond
@@ -174,7 +196,7 @@ func (m *masterConn) call(ctx context.Context, f func(ctx context.Context, rpc s
 		if err == nil {
 			err = f(ctx, rpc)
 			if err == nil || !m.retryable(ctx, err) {
-				if m.etcd != nil && status.Code(err) == codes.DeadlineExceeded {
+				if m.etcd != nil && (errors.Is(err, errNoAnswer) || ownDeadline && status.Code(err) == codes.DeadlineExceeded) {
 					m.drop(gen) // the leader may have moved: look it up next time
 				}
 				return rpcErr(ctx, err)
