@@ -14,6 +14,7 @@ import (
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/tcp"
+	"github.com/mooncake-go/mooncake/internal/secure"
 )
 
 // Config configures an Engine. The zero value is a working P2P-handshake
@@ -23,6 +24,13 @@ type Config struct {
 	// "P2PHANDSHAKE" (zero), "etcd://h:p", "http://h:p/metadata",
 	// "memory://name".
 	Metadata string
+	// MetadataToken is the bearer token presented to an HTTP metadata
+	// server that requires one (mooncake metadata --auth_token). Zero:
+	// none.
+	MetadataToken string
+	// MetadataTLS dials an https:// metadata server, or etcd, over TLS.
+	// Zero: plaintext.
+	MetadataTLS secure.TLS
 	// LocalServerName is this engine's segment name. In P2PHANDSHAKE mode it
 	// becomes "<host>:<rpc port>", as Mooncake does; elsewhere zero means the
 	// same.

@@ -117,7 +117,7 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 			e = nil
 		}
 	}()
-	if e.meta, err = metadata.Open(cfg.Metadata); err != nil {
+	if e.meta, err = metadata.Open(cfg.Metadata, metadata.WithToken(cfg.MetadataToken), metadata.WithTLS(cfg.MetadataTLS)); err != nil {
 		return nil, &Error{Code: CodeMetadata, Err: err}
 	}
 	if e.server, err = tcp.Listen(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.DataPort)), tcp.ServerConfig{

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/client"
 	"github.com/mooncake-go/mooncake/store/cluster"
 )
@@ -23,26 +25,29 @@ import (
 // nodeEnvs are the environment names of `mooncake node`'s settings:
 // Mooncake's Python launcher's first, then ours.
 var nodeEnvs = map[string][]string{
-	"master":               {"MOONCAKE_MASTER", "MC_NODE_MASTER"},
-	"metadata_server":      {"MOONCAKE_TE_META_DATA_SERVER", "MC_NODE_METADATA_SERVER"},
-	"protocol":             {"MOONCAKE_PROTOCOL", "MC_NODE_PROTOCOL"},
-	"global_segment_size":  {"MOONCAKE_GLOBAL_SEGMENT_SIZE", "MC_NODE_GLOBAL_SEGMENT_SIZE"},
-	"local_buffer_size":    {"MOONCAKE_LOCAL_BUFFER_SIZE", "MC_NODE_LOCAL_BUFFER_SIZE"},
-	"local_hostname":       {"MOONCAKE_LOCAL_HOSTNAME", "MC_NODE_LOCAL_HOSTNAME"},
-	"cluster_id":           {"MC_STORE_CLUSTER_ID"},
-	"transport":            {"MC_NODE_TRANSPORT"},
-	"enable_http_server":   {"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"},
-	"ssd_dir":              {"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "MC_NODE_SSD_DIR"},
-	"ssd_size":             {"MC_NODE_SSD_SIZE"},
-	"http_port":            {"MOONCAKE_CLIENT_HTTP_PORT"},
-	"auth_token":           {"MC_NODE_AUTH_TOKEN", "MC_AUTH_TOKEN"},
-	"auth_token_file":      {"MC_NODE_AUTH_TOKEN_FILE", "MC_AUTH_TOKEN_FILE"},
-	"master_tls_ca_file":   {"MC_NODE_MASTER_TLS_CA_FILE"},
-	"master_tls_cert_file": {"MC_NODE_MASTER_TLS_CERT_FILE"},
-	"master_tls_key_file":  {"MC_NODE_MASTER_TLS_KEY_FILE"},
-	"etcd_tls_ca_file":     {"MC_NODE_ETCD_TLS_CA_FILE"},
-	"etcd_tls_cert_file":   {"MC_NODE_ETCD_TLS_CERT_FILE"},
-	"etcd_tls_key_file":    {"MC_NODE_ETCD_TLS_KEY_FILE"},
+	"master":                 {"MOONCAKE_MASTER", "MC_NODE_MASTER"},
+	"metadata_server":        {"MOONCAKE_TE_META_DATA_SERVER", "MC_NODE_METADATA_SERVER"},
+	"protocol":               {"MOONCAKE_PROTOCOL", "MC_NODE_PROTOCOL"},
+	"global_segment_size":    {"MOONCAKE_GLOBAL_SEGMENT_SIZE", "MC_NODE_GLOBAL_SEGMENT_SIZE"},
+	"local_buffer_size":      {"MOONCAKE_LOCAL_BUFFER_SIZE", "MC_NODE_LOCAL_BUFFER_SIZE"},
+	"local_hostname":         {"MOONCAKE_LOCAL_HOSTNAME", "MC_NODE_LOCAL_HOSTNAME"},
+	"cluster_id":             {"MC_STORE_CLUSTER_ID"},
+	"transport":              {"MC_NODE_TRANSPORT"},
+	"enable_http_server":     {"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"},
+	"ssd_dir":                {"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "MC_NODE_SSD_DIR"},
+	"ssd_size":               {"MC_NODE_SSD_SIZE"},
+	"http_port":              {"MOONCAKE_CLIENT_HTTP_PORT"},
+	"auth_token":             {"MC_NODE_AUTH_TOKEN", "MC_AUTH_TOKEN"},
+	"auth_token_file":        {"MC_NODE_AUTH_TOKEN_FILE", "MC_AUTH_TOKEN_FILE"},
+	"master_tls_ca_file":     {"MC_NODE_MASTER_TLS_CA_FILE"},
+	"master_tls_cert_file":   {"MC_NODE_MASTER_TLS_CERT_FILE"},
+	"master_tls_key_file":    {"MC_NODE_MASTER_TLS_KEY_FILE"},
+	"etcd_tls_ca_file":       {"MC_NODE_ETCD_TLS_CA_FILE"},
+	"etcd_tls_cert_file":     {"MC_NODE_ETCD_TLS_CERT_FILE"},
+	"etcd_tls_key_file":      {"MC_NODE_ETCD_TLS_KEY_FILE"},
+	"metadata_tls_ca_file":   {"MC_NODE_METADATA_TLS_CA_FILE"},
+	"metadata_tls_cert_file": {"MC_NODE_METADATA_TLS_CERT_FILE"},
+	"metadata_tls_key_file":  {"MC_NODE_METADATA_TLS_KEY_FILE"},
 }
 
 func newNodeCmd() *cobra.Command {
@@ -59,7 +64,10 @@ config file (--config_path, MOONCAKE_CONFIG_PATH) with Mooncake's keys.
 To a secured master (mooncake master --auth_token, --tls_*) it presents
 --auth_token (or --auth_token_file, MC_AUTH_TOKEN) and dials over TLS with
 --master_tls_ca_file, and --master_tls_cert_file/--master_tls_key_file
-where the master requires a client certificate; --etcd_tls_* for etcd.`,
+where the master requires a client certificate; --etcd_tls_* for etcd
+(an etcd:// master or metadata server). The token goes to an http(s)
+metadata server too (mooncake metadata --auth_token), dialed over TLS with
+--metadata_tls_*.`,
 		Example: `  mooncake node --master 127.0.0.1:50051 --global_segment_size 4GiB`,
 		Args:    cobra.NoArgs,
 		RunE:    runNode,
@@ -80,6 +88,7 @@ where the master requires a client certificate; --etcd_tls_* for etcd.`,
 	addTokenFlags(f, "node presents")
 	addClientTLSFlags(f, "master_", "the master")
 	addEtcdTLSFlags(f)
+	addClientTLSFlags(f, "metadata_", "an https:// metadata server")
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
 }
@@ -123,7 +132,8 @@ func runNode(cmd *cobra.Command, _ []string) error {
 		Master: s.str("master"), ClusterID: s.str("cluster_id"), SegmentSize: seg, LocalBufferSize: buf, Registerer: reg,
 		SSDDir: s.str("ssd_dir"), SSDSize: ssdSize,
 		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"),
-			Transport: s.str("transport"), Registerer: reg},
+			Transport: s.str("transport"), Registerer: reg,
+			MetadataToken: token, MetadataTLS: metadataTLS(s.str)},
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -155,4 +165,13 @@ func runNode(cmd *cobra.Command, _ []string) error {
 	fmt.Fprintln(cmd.OutOrStdout(), cluster.ReadyLine(c.SegmentName()))
 	<-ctx.Done()
 	return nil
+}
+
+// metadataTLS is the TLS of the engine's metadata store: --etcd_tls_* for
+// etcd, --metadata_tls_* for an http(s) server.
+func metadataTLS(str func(string) string) secure.TLS {
+	if m := str("metadata_server"); strings.HasPrefix(m, "http://") || strings.HasPrefix(m, "https://") {
+		return clientTLS(str, "metadata_")
+	}
+	return clientTLS(str, "etcd_")
 }

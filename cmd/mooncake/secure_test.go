@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,9 +24,10 @@ import (
 
 // TestMasterNodeSecurityFlags: `mooncake master` with its token from
 // MC_AUTH_TOKEN and mutual TLS from flags refuses callers without them,
-// on gRPC and admin HTTP; `mooncake node` with --auth_token_file and the
-// --master_tls_* flags mounts its segment, and one without the token
-// fails saying why.
+// on gRPC and admin HTTP; so does `mooncake metadata` with its token from
+// a file; `mooncake node` with --auth_token_file and the --master_tls_*
+// and --metadata_tls_* flags mounts its segment, and one without the
+// token, or without the metadata server's TLS, fails saying why.
 func TestMasterNodeSecurityFlags(t *testing.T) {
 	dir := t.TempDir()
 	files, err := secure.Generate(dir)
@@ -70,17 +72,37 @@ func TestMasterNodeSecurityFlags(t *testing.T) {
 	_ = resp.Body.Close()
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "admin /health without the token")
 
-	nodeArgs := []string{"node", "--master", rpc, "--global_segment_size", "16MiB", "--local_buffer_size", "1MiB",
+	md := selfCommand(t, "metadata", "--port", "0", "--auth_token_file", tokenFile,
+		"--tls_cert_file", files.ServerCert, "--tls_key_file", files.ServerKey, "--tls_client_ca_file", files.CA)
+	mdURL := startProc(t, md, "https://")
+	resp, err = hc.Get(mdURL + "?key=x")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "metadata without the token")
+
+	nodeArgs := []string{"node", "--master", rpc, "--metadata_server", mdURL, "--global_segment_size", "16MiB", "--local_buffer_size", "1MiB",
 		"--local_hostname", "127.0.0.1",
-		"--master_tls_ca_file", files.CA, "--master_tls_cert_file", files.ClientCert, "--master_tls_key_file", files.ClientKey}
-	// Bounded: a node the master let in would serve until stopped.
-	bare := selfCommand(t, nodeArgs...)
-	bare.Stderr = nil
-	timer := time.AfterFunc(20*time.Second, func() { _ = bare.Process.Kill() })
-	out, err := bare.CombinedOutput()
-	timer.Stop()
-	require.Error(t, err, "a node without the token ran: %s", out)
-	assert.Contains(t, string(out), "missing bearer token")
+		"--master_tls_ca_file", files.CA, "--master_tls_cert_file", files.ClientCert, "--master_tls_key_file", files.ClientKey,
+		"--metadata_tls_ca_file", files.CA, "--metadata_tls_cert_file", files.ClientCert, "--metadata_tls_key_file", files.ClientKey}
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		// No token: the metadata server (first) refuses it.
+		{"no token", nil, "missing bearer token"},
+		// No CA for the metadata server: its certificate is unknown.
+		{"no metadata TLS", []string{"--auth_token_file", tokenFile, "--metadata_tls_ca_file", ""}, "certificate"},
+	} {
+		// Bounded: a node let in would serve until stopped.
+		bare := selfCommand(t, append(slices.Clone(nodeArgs), tt.args...)...)
+		bare.Stderr = nil
+		timer := time.AfterFunc(20*time.Second, func() { _ = bare.Process.Kill() })
+		out, err := bare.CombinedOutput()
+		timer.Stop()
+		require.Error(t, err, "%s: the node ran: %s", tt.name, out)
+		assert.Contains(t, string(out), tt.want, tt.name)
+	}
 
 	startProc(t, selfCommand(t, append(nodeArgs, "--auth_token_file", tokenFile)...), cluster.ReadyLine(""))
 }

@@ -53,7 +53,7 @@ func EtcdEndpoints(conn string) []string {
 // "http://host:port". It fails if no endpoint answers within 5 s, so a
 // wrong connection string is reported at start-up rather than at the first
 // transfer.
-func OpenEtcd(endpoints []string) (*Etcd, error) {
+func OpenEtcd(endpoints []string, opts ...OpenOption) (*Etcd, error) {
 	var eps []string
 	for _, ep := range endpoints {
 		// "etcd://" is Mooncake's scheme, not a URL gRPC understands.
@@ -69,7 +69,10 @@ func OpenEtcd(endpoints []string) (*Etcd, error) {
 	// failed, so only its errors are worth a log line.
 	logCfg := logutil.DefaultZapLoggerConfig
 	logCfg.Level = zap.NewAtomicLevelAt(zap.ErrorLevel)
-	ecfg := etcdopt.Config(eps, etcdDialTimeout)
+	ecfg, err := etcdopt.ConfigTLS(eps, etcdDialTimeout, openOptions(opts).tls)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
 	ecfg.Logger, ecfg.LogConfig = nil, &logCfg
 	cli, err := clientv3.New(ecfg)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/mooncake-go/mooncake/internal/secure"
 )
 
 // MaxValueSize is the largest value the HTTP client reads and our Server
@@ -41,8 +43,11 @@ type HTTP struct {
 var _ Store = (*HTTP)(nil)
 
 // OpenHTTP returns a client for the metadata server at rawURL, e.g.
-// "http://10.0.0.1:8080/metadata". It does not contact the server.
-func OpenHTTP(rawURL string) (*HTTP, error) {
+// "http://10.0.0.1:8080/metadata", presenting the token and TLS
+// credentials of opts (an https URL without WithTLS verifies the server
+// against the system roots). It does not contact the server.
+func OpenHTTP(rawURL string, opts ...OpenOption) (*HTTP, error) {
+	o := openOptions(opts)
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("metadata: http url %q: %w", rawURL, err)
@@ -60,7 +65,13 @@ func OpenHTTP(rawURL string) (*HTTP, error) {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return &HTTP{base: u, client: &http.Client{Transport: tr, Timeout: httpTimeout}}, nil
+	if tr.TLSClientConfig, err = o.tls.Client(); err != nil {
+		return nil, fmt.Errorf("metadata: http %s: %w", rawURL, err)
+	}
+	if tr.TLSClientConfig != nil && u.Scheme != "https" {
+		return nil, fmt.Errorf("metadata: http url %q: TLS credentials given for a plain http URL (use https://)", rawURL)
+	}
+	return &HTTP{base: u, client: &http.Client{Transport: secure.Transport(o.token, tr), Timeout: httpTimeout}}, nil
 }
 
 // keyURL is the base URL with ?key= set, escaped as Mooncake does ('/'

@@ -3,6 +3,7 @@ package metadata
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
+	"github.com/mooncake-go/mooncake/internal/secure"
 )
 
 // Server is an in-memory HTTP metadata server speaking Mooncake's protocol,
@@ -34,8 +36,16 @@ import (
 //
 // Server is an http.Handler; Serve runs it on a listener, or mount it in
 // any http.Server. Contents live only as long as the Server.
+//
+// It is open by default, as Mooncake's. ServerToken requires a bearer
+// token on every request, /health included (401 without it: Mooncake's
+// engines present none, and cannot use a server that asks); ServerTLS makes
+// Serve speak TLS, mutual where the configuration requires client
+// certificates.
 type Server struct {
 	mux *http.ServeMux
+	h   http.Handler // mux, behind the token check when there is one
+	tls *tls.Config  // nil: plaintext
 
 	mu sync.RWMutex
 	// kv values are never modified after they are stored (a PUT stores a
@@ -45,19 +55,41 @@ type Server struct {
 
 var _ http.Handler = (*Server)(nil)
 
+// ServerOption configures a Server.
+type ServerOption func(*Server, *serverOptions)
+
+type serverOptions struct{ token string }
+
+// ServerToken makes every request carry "Authorization: Bearer " + token;
+// others get 401. An empty token: none.
+func ServerToken(token string) ServerOption {
+	return func(_ *Server, o *serverOptions) { o.token = token }
+}
+
+// ServerTLS makes Serve speak TLS with cfg (see secure.TLS.Server); nil:
+// plaintext.
+func ServerTLS(cfg *tls.Config) ServerOption {
+	return func(s *Server, _ *serverOptions) { s.tls = cfg }
+}
+
 // NewServer returns an empty metadata server.
-func NewServer() *Server {
+func NewServer(opts ...ServerOption) *Server {
 	s := &Server{mux: http.NewServeMux(), kv: map[string][]byte{}}
+	var o serverOptions
+	for _, opt := range opts {
+		opt(s, &o)
+	}
 	s.mux.HandleFunc("GET /metadata", s.get)
 	s.mux.HandleFunc("PUT /metadata", s.put)
 	s.mux.HandleFunc("DELETE /metadata", s.delete)
 	s.mux.HandleFunc("GET /metadata/keys", s.keys)
 	s.mux.HandleFunc("GET /health", s.health)
+	s.h = secure.RequireHTTP(o.token, nil, s.mux)
 	return s
 }
 
 // ServeHTTP routes a request; unknown paths get 404, wrong methods 405.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.h.ServeHTTP(w, r) }
 
 // shutdownGrace is how long Serve lets requests in flight finish.
 const shutdownGrace = 5 * time.Second
@@ -85,7 +117,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 	}
 	errc := make(chan error, 1)
-	lim := conn.Limit(ln, conn.Limits{Total: ServerMaxConns, PerPeer: ServerMaxConnsPerPeer}, slog.Default())
+	var lim net.Listener = conn.Limit(ln, conn.Limits{Total: ServerMaxConns, PerPeer: ServerMaxConnsPerPeer}, slog.Default())
+	if s.tls != nil {
+		lim = tls.NewListener(lim, s.tls)
+	}
 	go func() { errc <- hs.Serve(lim) }()
 	select {
 	case err := <-errc:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"strings"
 	"sync"
 )
@@ -32,7 +33,9 @@ type Store interface {
 //	etcd://h1:p1,h2:p2 or h:p     etcd (scheme-less strings are etcd, as Mooncake)
 //	http://h:p/metadata           HTTP (GET/PUT/DELETE ?key=)
 //	memory://name                 process-wide in-memory store, for tests
-func Open(conn string) (Store, error) {
+//
+// opts carry credentials: a bearer token (HTTP) and TLS (HTTP, etcd).
+func Open(conn string, opts ...OpenOption) (Store, error) {
 	if conn == "" || conn == P2PHandshake {
 		return nil, nil
 	}
@@ -42,13 +45,38 @@ func Open(conn string) (Store, error) {
 	}
 	switch scheme {
 	case "etcd":
-		return OpenEtcd(EtcdEndpoints(rest))
+		return OpenEtcd(EtcdEndpoints(rest), opts...)
 	case "http", "https":
-		return OpenHTTP(conn)
+		return OpenHTTP(conn, opts...)
 	case "memory":
 		return OpenMemory(rest), nil
 	}
 	return nil, fmt.Errorf("metadata: unsupported connection string %q (want P2PHANDSHAKE, etcd://, http://, memory://)", conn)
+}
+
+// OpenOption carries a credential to Open, OpenHTTP or OpenEtcd.
+type OpenOption func(*openOpts)
+
+type openOpts struct {
+	token string
+	tls   secure.TLS
+}
+
+// WithToken presents "Authorization: Bearer " + token on every HTTP
+// request (Server's ServerToken); etcd ignores it. Empty: none.
+func WithToken(token string) OpenOption { return func(o *openOpts) { o.token = token } }
+
+// WithTLS dials the HTTP server (an https URL) or etcd over TLS: its
+// CAFile verifies the server, and its certificate is presented where the
+// server requires one. Zero: plaintext.
+func WithTLS(t secure.TLS) OpenOption { return func(o *openOpts) { o.tls = t } }
+
+func openOptions(opts []OpenOption) openOpts {
+	var o openOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
 }
 
 // Memory is an in-process Store. Stores opened with the same name share
