@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/mooncake-go/mooncake/engine"
@@ -238,7 +239,20 @@ func (c *Client) readAll(ctx context.Context, live []*getItem) {
 		if len(round) == 0 {
 			return
 		}
-		c.readRound(ctx, round, k)
+		// Items on their last replica may use all their lease; the others
+		// only a share of it (attemptDeadline). A round shares one engine
+		// deadline, so the two kinds go in two rounds, side by side: one
+		// key's spare replicas must not cut another's last read short.
+		last := slices.DeleteFunc(slices.Clone(round), func(it *getItem) bool { return len(it.reps)-k > 1 })
+		if len(last) == 0 || len(last) == len(round) {
+			c.readRound(ctx, round, k)
+			continue
+		}
+		more := slices.DeleteFunc(round, func(it *getItem) bool { return len(it.reps)-k <= 1 })
+		var wg sync.WaitGroup
+		wg.Go(func() { c.readRound(ctx, more, k) })
+		c.readRound(ctx, last, k)
+		wg.Wait()
 	}
 }
 
@@ -248,7 +262,8 @@ func (c *Client) readAll(ctx context.Context, live []*getItem) {
 // cut off, not dead) must leave time for the next: each attempt gets an
 // equal share of what is left of the lease, so the last replica is tried
 // within the lease too. A round shares one deadline, the earliest of its
-// items'. Zero: no lease, no deadline.
+// items' (readAll keeps items on their last replica in a round of their
+// own). Zero: no lease, no deadline.
 func attemptDeadline(round []*getItem, k int, now time.Time) time.Time {
 	var deadline time.Time
 	for _, it := range round {

@@ -63,10 +63,18 @@ func (s *segmentCache) closeAll() {
 // process are plain copies, unless the local memory is on a GPU: those go
 // to the engine's local segment, whose copy the driver makes. The rest go
 // to the engine as one batch, with the earlier of ctx's deadline and until
-// (zero: none) on every request, or the engine's timeout without either.
-// The engine checksums what it moves slice by slice as the slices land,
-// overlapped with the rest of the transfer.
+// (zero: none) on every request, never past the engine's timeout
+// (MC_TRANSFER_TIMEOUT). Opening a peer's segment is bounded by until too:
+// a handshake with a node cut off must not outlast the attempt. The engine
+// checksums what it moves slice by slice as the slices land, overlapped
+// with the rest of the transfer.
 func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
+	octx := ctx
+	if !until.IsZero() {
+		var cancel context.CancelFunc
+		octx, cancel = context.WithDeadline(ctx, until)
+		defer cancel()
+	}
 	var remote []*xfer
 	var reqs []engine.Request
 	crc := false
@@ -79,7 +87,7 @@ func (c *Client) run(ctx context.Context, xs []*xfer, until time.Time) {
 			}
 		} else {
 			var err error
-			if id, err = c.segs.open(ctx, x.seg); err != nil {
+			if id, err = c.segs.open(octx, x.seg); err != nil {
 				x.err = transferErr(err, "open segment %s", x.seg)
 				continue
 			}
