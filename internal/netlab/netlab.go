@@ -75,19 +75,37 @@ type Stats struct {
 	Dropped        uint64 // by Down, Loss or a full rate-limit queue
 }
 
-// Available says whether this process can build a Lab: it runs as root and
-// /dev/net/tun exists. Without it, tests that need a Lab skip (labtest).
+// Available says whether this process can build a Lab: it can create a
+// network namespace holding a TUN device, and the ip command exists.
+// Without it (not root, a container without CAP_SYS_ADMIN or NET_ADMIN, no
+// /dev/net/tun), tests that need a Lab skip (labtest). It tries once.
 func Available() error {
-	if os.Geteuid() != 0 {
-		return errors.New("netlab: needs root (network namespaces and TUN devices)")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		return fmt.Errorf("netlab: no TUN device: %w", err)
-	}
+	availableOnce.Do(func() { availableErr = probe() })
+	return availableErr
+}
+
+var (
+	availableOnce sync.Once
+	availableErr  error
+)
+
+func probe() error {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return fmt.Errorf("netlab: no ip command (iproute2): %w", err)
 	}
-	return nil
+	ns, err := newNamespace()
+	if err != nil {
+		return fmt.Errorf("netlab: cannot create network namespaces (root with CAP_SYS_ADMIN needed): %w", err)
+	}
+	defer ns.Close()
+	h := &Host{Name: "probe", ns: ns}
+	return h.Do(func() error {
+		tun, err := openTUN(tunName)
+		if err != nil {
+			return fmt.Errorf("netlab: cannot create TUN devices: %w", err)
+		}
+		return tun.Close()
+	})
 }
 
 // Lab is a set of emulated hosts and the switch between them.
@@ -97,6 +115,7 @@ type Lab struct {
 	mu    sync.Mutex
 	rng   *rand.Rand
 	hosts []*Host
+	next  int // the number of the next host's address
 	byIP  map[netip.Addr]*Host
 	links map[[2]*Host]*linkState
 
@@ -121,7 +140,7 @@ func New(cfg Config) (*Lab, error) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	l := &Lab{mtu: cfg.MTU, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+	l := &Lab{mtu: cfg.MTU, next: 1, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		byIP: map[netip.Addr]*Host{}, links: map[[2]*Host]*linkState{}, closed: make(chan struct{})}
 	self, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -148,7 +167,8 @@ func (l *Lab) Hosts() []*Host {
 // Host adds a host in a new network namespace, with the next address.
 func (l *Lab) Host(name string) (*Host, error) {
 	l.mu.Lock()
-	n := len(l.hosts)
+	n := l.next // reserved: hosts added at once get addresses of their own
+	l.next++
 	l.mu.Unlock()
 	ip := labNet.Addr().As4()
 	ip[2], ip[3] = byte((n+1)>>8), byte(n+1)
@@ -175,7 +195,8 @@ func (l *Lab) add(name string, ns *os.File, ip netip.Addr) (*Host, error) {
 		for _, args := range [][]string{
 			{"link", "set", "lo", "up"},
 			{"addr", "add", fmt.Sprintf("%s/%d", ip, labNet.Bits()), "dev", tunName},
-			{"link", "set", tunName, "mtu", fmt.Sprint(l.mtu), "up"},
+			// A long queue: the switch reads in bursts on a loaded machine.
+			{"link", "set", tunName, "mtu", fmt.Sprint(l.mtu), "txqueuelen", "10000", "up"},
 		} {
 			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 				return fmt.Errorf("ip %v: %w: %s", args, err, out)

@@ -3,11 +3,13 @@ package netlab_test
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,9 +152,13 @@ func TestLoss(t *testing.T) {
 	// 20% of 2000: 400 dropped expected, sd ~18; a wide band still catches
 	// a switch that drops nothing or everything. (The receiving socket may
 	// drop a few more on a loaded machine: the switch's counts are exact.)
+	// (A few may be lost before the switch reads them, on a loaded
+	// machine: the share is of what it read.)
 	st := lab.Stats(a, b)
-	assert.Equal(t, uint64(2000), st.Packets+st.Dropped)
-	assert.InDelta(t, 400, st.Dropped, 120, "dropped of 2000 at 20%% loss")
+	seen := st.Packets + st.Dropped
+	assert.LessOrEqual(t, seen, uint64(2000))
+	assert.Greater(t, seen, uint64(1900))
+	assert.InDelta(t, 0.2, float64(st.Dropped)/float64(seen), 0.06, "share dropped at 20%% loss")
 	assert.LessOrEqual(t, uint64(len(got)), st.Packets)
 	assert.Greater(t, len(got), 1400)
 }
@@ -241,4 +247,25 @@ func TestStartOnHost(t *testing.T) {
 	require.NoError(t, cmd.Wait())
 	assert.Contains(t, out.String(), a.IP.String()+"/16")
 	assert.False(t, strings.Contains(out.String(), lab.Local().IP.String()+"/"), "the local host's address is in a's namespace")
+}
+
+// Hosts added at once get addresses of their own.
+func TestHostsAtOnce(t *testing.T) {
+	lab := labtest.New(t, netlab.Config{})
+	hosts := make([]*netlab.Host, 4)
+	var wg sync.WaitGroup
+	for i := range hosts {
+		wg.Go(func() {
+			h, err := lab.Host(fmt.Sprintf("h%d", i))
+			assert.NoError(t, err)
+			hosts[i] = h
+		})
+	}
+	wg.Wait()
+	seen := map[string]bool{lab.Local().IP.String(): true}
+	for _, h := range hosts {
+		require.NotNil(t, h)
+		require.False(t, seen[h.IP.String()], "%s given twice", h.IP)
+		seen[h.IP.String()] = true
+	}
 }

@@ -13,8 +13,18 @@ const envChild = "MC_NETLAB_CHILD"
 
 // InOwnNamespace reports whether this process is one Reexec started: it
 // runs in a network namespace of its own, where a Lab's local host may
-// take its address without touching the machine's network.
-func InOwnNamespace() bool { return os.Getenv(envChild) == "1" }
+// take its address without touching the machine's network. The mark is in
+// the environment, which children inherit: the namespace must also differ
+// from init's, so that a process started on the machine's network by one
+// that was marked is not taken for one.
+func InOwnNamespace() bool {
+	if os.Getenv(envChild) != "1" {
+		return false
+	}
+	self, err1 := os.Readlink("/proc/self/ns/net")
+	init, err2 := os.Readlink("/proc/1/ns/net")
+	return err1 != nil || err2 != nil || self != init
+}
 
 // Reexec runs this program again, with the same arguments and standard
 // streams, in a new network namespace, and returns its exit status. The
