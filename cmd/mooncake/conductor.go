@@ -23,6 +23,7 @@ import (
 	"github.com/mooncake-go/mooncake/conductor/kvevents"
 	"github.com/mooncake-go/mooncake/conductor/router"
 	"github.com/mooncake-go/mooncake/conductor/storefeed"
+	"github.com/mooncake-go/mooncake/internal/secure"
 )
 
 func newConductorCmd() *cobra.Command {
@@ -59,7 +60,14 @@ Also served: DELETE/GET /v1/instances[/{id}], POST /v1/index/query
 instance), /v1/models, /metrics, /health (readiness: 503 unless a prefill and
 a decode instance answer their GET /health). Every flag can come from the
 environment (MC_CONDUCTOR_<FLAG>, upper case, '-' as '_') or the config file
-(--config_path, MC_CONDUCTOR_CONFIG).`,
+(--config_path, MC_CONDUCTOR_CONFIG).
+
+Open by default. --auth-token (or --auth-token-file, MC_AUTH_TOKEN) requires
+"Authorization: Bearer <token>" on the instance API, the index query and the
+indexer API (also on --indexer-listen), 401 without it; the OpenAI routes,
+/health and /metrics stay open unless --auth-inference. The token is also
+presented to the store masters of --store-master, dialed over TLS with
+--store-master-tls-*.`,
 		Example: `  mooncake conductor --listen 0.0.0.0:8000 \
     --prefill p0=http://10.0.0.1:8100,cache_blocks=4096 \
     --decode d0=http://10.0.0.2:8200
@@ -99,6 +107,12 @@ environment (MC_CONDUCTOR_<FLAG>, upper case, '-' as '_') or the config file
 	f.String("indexer-listen", "", "also serve the indexer API alone on this address (official Mooncake's port: 13333)")
 	f.String("store-kv-events", "", "a store master's KV event endpoint (mooncake master --enable_kv_events), tcp://host:port: its blocks feed the index's store holder")
 	f.String("store-kv-replay", "", "that master's replay endpoint (--kv_events_replay_endpoint)")
+	f.String("auth-token", "", "bearer token the instance and indexer APIs require, and the store masters are shown (env MC_AUTH_TOKEN; empty: none)")
+	f.String("auth-token-file", "", "file whose first line is --auth-token (env MC_AUTH_TOKEN_FILE)")
+	f.Bool("auth-inference", false, "require --auth-token on the OpenAI routes too")
+	f.String("store-master-tls-ca-file", "", "PEM CA bundle verifying the --store-master masters: TLS on")
+	f.String("store-master-tls-cert-file", "", "PEM client certificate presented to the masters (mutual TLS)")
+	f.String("store-master-tls-key-file", "", "PEM key of --store-master-tls-cert-file")
 	addConfigFlag(f, "MC_CONDUCTOR_CONFIG")
 	return c
 }
@@ -160,6 +174,8 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
 		envs[fl.Name] = []string{"MC_CONDUCTOR_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))}
 	})
+	envs["auth-token"] = append(envs["auth-token"], "MC_AUTH_TOKEN")
+	envs["auth-token-file"] = append(envs["auth-token-file"], "MC_AUTH_TOKEN_FILE")
 	s, err := newSettings(cmd, "MC_CONDUCTOR_CONFIG", envs)
 	if err != nil {
 		return err
@@ -168,6 +184,10 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Token, err = secure.ReadToken(strings.TrimSpace(s.str("auth-token")), s.str("auth-token-file")); err != nil {
+		return fmt.Errorf("--auth-token-file: %w", err)
+	}
+	cfg.TokenOnInference = s.boolean("auth-inference")
 	drain, err := s.duration("drain-timeout", time.Second)
 	if err != nil {
 		return err
@@ -209,7 +229,7 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	if addr := s.str("indexer-listen"); addr != "" {
-		stopIdx, err := serveIndexer(cmd, addr, idx, reg)
+		stopIdx, err := serveIndexer(cmd, addr, idx, reg, cfg.Token)
 		if err != nil {
 			return err
 		}
@@ -236,7 +256,7 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	fed, err := followStore(ctx, s, sched)
+	fed, err := followStore(ctx, s, sched, cfg.Token)
 	if err != nil {
 		return err
 	}
@@ -266,7 +286,7 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 
 // followStore feeds the scheduler's prefix index from the store masters of
 // --store-master, if any, until ctx ends; the channel is closed then.
-func followStore(ctx context.Context, s *settings, sched router.Scheduler) (<-chan struct{}, error) {
+func followStore(ctx context.Context, s *settings, sched router.Scheduler, token string) (<-chan struct{}, error) {
 	done := make(chan struct{})
 	var masters []string
 	for _, m := range strings.Split(s.str("store-master"), ",") {
@@ -282,7 +302,9 @@ func followStore(ctx context.Context, s *settings, sched router.Scheduler) (<-ch
 	if !ok {
 		return nil, errors.New("--store-master: the scheduler takes no store events")
 	}
-	f, err := storefeed.New(storefeed.Config{Masters: masters}, sink)
+	tlsFiles := secure.TLS{CAFile: s.str("store-master-tls-ca-file"),
+		CertFile: s.str("store-master-tls-cert-file"), KeyFile: s.str("store-master-tls-key-file")}
+	f, err := storefeed.New(storefeed.Config{Masters: masters, TLS: tlsFiles, Token: token}, sink)
 	if err != nil {
 		return nil, fmt.Errorf("--store-master: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/conductor/indexer"
 	"github.com/mooncake-go/mooncake/conductor/kvevents"
+	"github.com/mooncake-go/mooncake/internal/secure"
 )
 
 func newIndexerCmd() *cobra.Command {
@@ -76,7 +77,7 @@ func runIndexer(cmd *cobra.Command, _ []string) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), idx.Collector())
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	stopSrv, err := serveIndexer(cmd, addr, idx, reg)
+	stopSrv, err := serveIndexer(cmd, addr, idx, reg, "")
 	if err != nil {
 		return err
 	}
@@ -105,7 +106,7 @@ func registerIndexerConfig(path string, idx *indexer.Indexer) error {
 
 // serveIndexer serves idx's API, /metrics of reg and /health on addr, and
 // prints the address on stdout; the function stops the server.
-func serveIndexer(cmd *cobra.Command, addr string, idx *indexer.Indexer, reg *prometheus.Registry) (func(), error) {
+func serveIndexer(cmd *cobra.Command, addr string, idx *indexer.Indexer, reg *prometheus.Registry, token string) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: listen %s: %w", addr, err)
@@ -117,7 +118,9 @@ func serveIndexer(cmd *cobra.Command, addr string, idx *indexer.Indexer, reg *pr
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"status":"ok","publishers":%d}`+"\n", len(idx.Registrations()))
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// With a token, all but the probes require it (the conductor's).
+	probe := func(r *http.Request) bool { return r.URL.Path == "/health" || r.URL.Path == "/metrics" }
+	srv := &http.Server{Handler: secure.RequireHTTP(token, probe, mux), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -116,3 +116,41 @@ func field(line, name string) string {
 	}
 	return ""
 }
+
+// TestConductorTokenFlags: `mooncake conductor --auth-token-file` requires
+// the token on the instance API and leaves /health and the OpenAI routes
+// open; --auth-inference (here from the environment) closes those too.
+func TestConductorTokenFlags(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("cond-token\n"), 0o600))
+	for _, tt := range []struct {
+		name       string
+		env        []string
+		modelsOpen bool
+	}{
+		{"admin only", nil, true},
+		{"inference too", []string{"MC_CONDUCTOR_AUTH_INFERENCE=true"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := selfCommand(t, "conductor", "--listen", "127.0.0.1:0", "--auth-token-file", tokenFile)
+			cmd.Env = append(cmd.Env, tt.env...)
+			url := field(startProc(t, cmd, "conductor listening "), "http://")
+			get := func(path, token string) int {
+				req, err := http.NewRequest(http.MethodGet, "http://"+url+path, nil)
+				require.NoError(t, err)
+				if token != "" {
+					req.Header.Set("Authorization", "Bearer "+token)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				_ = resp.Body.Close()
+				return resp.StatusCode
+			}
+			assert.Equal(t, http.StatusUnauthorized, get("/v1/instances", ""))
+			assert.Equal(t, http.StatusUnauthorized, get("/v1/instances", "other"))
+			assert.Equal(t, http.StatusOK, get("/v1/instances", "cond-token"))
+			assert.NotEqual(t, http.StatusUnauthorized, get("/health", ""))
+			assert.Equal(t, tt.modelsOpen, get("/v1/models", "") != http.StatusUnauthorized)
+		})
+	}
+}

@@ -92,6 +92,14 @@ type Config struct {
 	// Model is the served model's name: the scope the instances' KV
 	// events are registered under in the Indexer.
 	Model string
+	// Token, when set, is the bearer token ("Authorization: Bearer
+	// <token>") every request must carry but those to the OpenAI routes
+	// (/v1/completions, /v1/chat/completions, /v1/models), /health and
+	// /metrics: the instance registration API, the index query and the
+	// Indexer's API answer 401 without it. Zero: none, as Mooncake's.
+	Token string
+	// TokenOnInference requires the Token on the OpenAI routes too.
+	TokenOnInference bool
 }
 
 // Validate reports the first invalid field of c.

@@ -17,6 +17,7 @@ import (
 	"github.com/mooncake-go/mooncake/conductor"
 	"github.com/mooncake-go/mooncake/conductor/blockhash"
 	"github.com/mooncake-go/mooncake/conductor/indexer"
+	"github.com/mooncake-go/mooncake/internal/secure"
 )
 
 // Scheduler is what the router needs of the conductor's scheduling core;
@@ -48,6 +49,7 @@ type Router struct {
 	ownedTr *http.Transport // Close closes its idle connections
 	metrics *metrics
 	mux     *http.ServeMux
+	handler http.Handler // mux behind the token check, if any
 	epoch   time.Time
 
 	// schedMu serialises the calls to the scheduler. Never held while
@@ -103,7 +105,21 @@ func New(cfg Config) (*Router, error) {
 	}
 	r.mux = http.NewServeMux()
 	r.routes(reg)
+	r.handler = secure.RequireHTTP(cfg.Token, r.open, r.mux)
 	return r, nil
+}
+
+// open tells the routes that answer without the Token: probes, and the
+// OpenAI API unless TokenOnInference. Every other route requires it, those
+// added later included.
+func (r *Router) open(req *http.Request) bool {
+	switch req.URL.Path {
+	case "/health", "/metrics":
+		return true
+	case "/v1/completions", "/v1/chat/completions", "/v1/models":
+		return !r.cfg.TokenOnInference
+	}
+	return false
 }
 
 func (r *Router) routes(reg *prometheus.Registry) {
@@ -137,7 +153,7 @@ func only(method string, h http.Handler) http.Handler {
 }
 
 // ServeHTTP serves the router's routes.
-func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.mux.ServeHTTP(w, req) }
+func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.handler.ServeHTTP(w, req) }
 
 // Close releases the router's idle connections to engines. Requests in
 // progress are the HTTP server's to drain (http.Server.Shutdown) first.

@@ -25,9 +25,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -58,6 +60,11 @@ type Config struct {
 	Retry time.Duration
 	// Logger receives the feed's logs. Zero: slog.Default().
 	Logger *slog.Logger
+	// TLS dials the masters over TLS (a CA, and a client certificate for
+	// masters that require one); Token is presented on every call. Zero:
+	// plaintext, no token.
+	TLS   secure.TLS
+	Token string
 }
 
 // ErrInvalid is wrapped by the errors of New about its arguments.
@@ -114,9 +121,21 @@ func (f *Feed) Stats() Stats {
 // Run watches the masters until ctx ends, then returns nil; an error only
 // for a master address gRPC cannot use.
 func (f *Feed) Run(ctx context.Context) error {
+	creds := insecure.NewCredentials()
+	tc, err := f.cfg.TLS.Client()
+	if err != nil {
+		return fmt.Errorf("storefeed: %w", err)
+	}
+	if tc != nil {
+		creds = credentials.NewTLS(tc)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if f.cfg.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(secure.PerRPC(f.cfg.Token)))
+	}
 	clients := make([]storepb.MasterClient, len(f.cfg.Masters))
 	for i, addr := range f.cfg.Masters {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(addr, opts...)
 		if err != nil {
 			return fmt.Errorf("storefeed: master %s: %w", addr, err)
 		}
