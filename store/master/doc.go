@@ -90,6 +90,30 @@
 //     endpoints take their parameters in the URL, which net/http bounds
 //     with the headers (1 MiB).
 //
+// # Security
+//
+// Open by default, as Mooncake's master, so that its clients work
+// unchanged. Two locks, independent, best used together
+// (internal/secure):
+//
+//   - ServerConfig.Token [--auth_token, --auth_token_file, MC_AUTH_TOKEN]:
+//     every gRPC call, unary or stream, and every admin request must carry
+//     "authorization: Bearer <token>" (compared in constant time); others
+//     are answered codes.Unauthenticated ("missing bearer token", "wrong
+//     bearer token") or 401, before any other interceptor or handler
+//     runs. RemoveAll and every other mutating call are behind it.
+//     ServerConfig.OpenProbes [--auth_open_probes] lets GET /health and
+//     /metrics through without it, for probes and scrapers that cannot
+//     present one: they disclose counts, not keys or segments; every
+//     other admin endpoint still requires it.
+//   - ServerConfig.TLS [--tls_cert_file, --tls_key_file]: gRPC and the
+//     admin server speak TLS; with a CAFile [--tls_client_ca_file] it is
+//     mutual, and a client without a certificate that CA signed fails its
+//     handshake. HAConfig.EtcdTLS [--etcd_tls_*] dials etcd over TLS.
+//
+// Store clients present them with client.Config.Token, MasterTLS and
+// EtcdTLS (mooncake node --auth_token, --master_tls_*, --etcd_tls_*).
+//
 // # Allocation
 //
 // Each mounted segment has an alloc.Allocator over its offsets [0, size);
