@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,9 @@ func TestMain(m *testing.M) {
 		os.Exit(putter())
 	}
 	code := labtest.Run(m)
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath)) // the mooncake built for the run
+	}
 	if path := os.Getenv("MC_FAULT_TABLE"); path != "" && len(rows) > 0 {
 		if err := os.WriteFile(path, []byte(table()), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "fault table:", err)

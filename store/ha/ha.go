@@ -77,7 +77,8 @@ func Campaign(ctx context.Context, cli *clientv3.Client, clusterID, addr string,
 			return nil, fmt.Errorf("ha: campaign: %w", err)
 		}
 		if txn.Succeeded {
-			return keep(ctx, cli, key, grant.ID, txn.Header.Revision, granted.Add(time.Duration(grant.TTL)*time.Second))
+			ttl := time.Duration(grant.TTL) * time.Second
+			return keep(ctx, cli, key, grant.ID, txn.Header.Revision, granted.Add(ttl), ttl)
 		}
 		_, _ = cli.Revoke(ctx, grant.ID)
 		// Someone leads: wait for the key to go, then try again.
@@ -123,30 +124,35 @@ func waitGone(ctx context.Context, cli *clientv3.Client, key string) error {
 // once. (etcd's own KeepAlive counts from the answers, which arrive
 // later, and checks every half second: a cut-off leader overlapped its
 // successor; internal/faults TestLeaderCutOff.)
-func keep(ctx context.Context, cli *clientv3.Client, key string, lease clientv3.LeaseID, term int64, expires time.Time) (*Leadership, error) {
+func keep(ctx context.Context, cli *clientv3.Client, key string, lease clientv3.LeaseID, term int64, expires time.Time, ttl time.Duration) (*Leadership, error) {
 	kctx, cancel := context.WithCancel(ctx)
 	l := &Leadership{cli: cli, key: key, lease: lease, term: term,
 		lost: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		defer close(l.lost)
-		renewLoop(kctx, cli, lease, expires)
+		renewLoop(kctx, cli, lease, expires, ttl)
 	}()
 	return l, nil
 }
 
-// renewLoop renews lease every third of its TTL and returns when the
-// leadership must end: the lease is gone, ctx ended, or no renewal came
-// back in time.
-func renewLoop(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID, expires time.Time) {
-	ttl := time.Until(expires)
+// renewLoop renews lease (of the given TTL, estimated to expire at
+// expires) every third of its TTL and returns when the leadership must
+// end: the lease is gone, ctx ended, or no renewal came back in time. It
+// renews once at once: a grant that waited long for etcd may have left the
+// estimate in the past, while the lease lives; a renewal answered proves
+// it did when etcd received it.
+func renewLoop(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID, expires time.Time, ttl time.Duration) {
 	margin := max(ttl/10, 50*time.Millisecond)
-	for {
+	for first := true; ; first = false {
 		end := expires.Add(-margin)
-		if !time.Now().Before(end) {
+		if !first && !time.Now().Before(end) {
 			return
 		}
 		sent := time.Now()
+		if first && !sent.Before(end) {
+			end = sent.Add(max(ttl/3, 100*time.Millisecond)) // the attempt's own bound
+		}
 		rctx, cancel := context.WithDeadline(ctx, end)
 		resp, err := cli.KeepAliveOnce(rctx, lease)
 		cancel()

@@ -408,6 +408,17 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 		stop()
 		wg.Wait()
 	}()
+	// A snapshot ends with the leadership: a master that lost it must not
+	// go on writing one (and serving meanwhile).
+	lctx, lost := context.WithCancel(ctx)
+	defer lost()
+	go func() {
+		select {
+		case <-l.Lost():
+			lost()
+		case <-lctx.Done():
+		}
+	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -421,7 +432,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 				return err
 			}
 			if j.pendingSnapshot() >= h.SnapshotEvery {
-				seq, err := j.writeSnapshot(ctx, svc)
+				seq, err := j.writeSnapshot(lctx, svc)
 				if err != nil {
 					return fmt.Errorf("snapshot: %w", err)
 				}
