@@ -504,7 +504,9 @@ typedef struct mc_store_config {
      * store, from its start to its return, master calls and transfers
      * included; past it the call fails with MC_ERR_TIMED_OUT (the per-key
      * codes of a batch are the store's). 0: none beyond rpc_timeout_ms
-     * per master call and the engine's per request. */
+     * per master call and the engine's per request. Each transfer is
+     * also bounded by the engine's timeout (MC_TRANSFER_TIMEOUT, 30 s by
+     * default): an op_timeout_ms above it does not let one run longer. */
     uint64_t op_timeout_ms;
     /* ABI 1.7 (MC_STORE_CONFIG_SIZE_V3): nonzero: a put (mc_store_put,
      * _put_from, the batch puts and puts of parts; not an upsert) of a key

@@ -35,7 +35,8 @@ type Config struct {
 	// shard is tried at least once per source it has. Zero: 3.
 	Retries int
 	// Timeout bounds each metadata call and each attempt at a shard.
-	// Zero: 30 s.
+	// Zero: 30 s. The engine the Store starts gets at least this timeout;
+	// a given Engine bounds each request by its own (Config.Timeout).
 	Timeout time.Duration
 	// Concurrency is the number of shards GetReplica fetches at once; of
 	// those, it reads about Concurrency divided by the number of receivers

@@ -74,7 +74,14 @@ func New(ctx context.Context, cfg Config) (s *Store, err error) {
 	cfg = cfg.withDefaults()
 	s = &Store{cfg: cfg, log: cfg.Logger.With("component", "p2p"), e: cfg.Engine, catalog: map[string]*entry{}}
 	if s.e == nil {
-		if s.e, err = engine.New(ctx, cfg.EngineConfig); err != nil {
+		// An attempt at a shard runs up to Timeout; the engine bounds
+		// every request by its own timeout too, which must not be shorter.
+		// (Zero is the engine's default: MC_TRANSFER_TIMEOUT, else 30 s.)
+		ecfg := cfg.EngineConfig
+		if cfg.Timeout > ecfg.Timeout && (ecfg.Timeout != 0 || cfg.Timeout > 30*time.Second) {
+			ecfg.Timeout = cfg.Timeout
+		}
+		if s.e, err = engine.New(ctx, ecfg); err != nil {
 			return nil, fmt.Errorf("%w: start: %w", ErrTransferEngine, err)
 		}
 		s.ownsEngine = true
