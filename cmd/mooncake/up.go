@@ -5,12 +5,14 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/cluster"
 )
 
@@ -25,6 +27,8 @@ func newUpCmd() *cobra.Command {
 		segment     string
 		noHA        bool
 		procs       bool
+		secureOn    bool
+		secureDir   string
 	)
 	c := &cobra.Command{
 		Use:   "up",
@@ -33,9 +37,17 @@ func newUpCmd() *cobra.Command {
 by; every durable change is journaled in etcd) and --nodes storage nodes of
 --global_segment_size each, prints where everything listens, and runs until
 interrupted. Clients connect with master "etcd://<etcd>" (or the master's
-address with --no-ha).`,
+address with --no-ha).
+
+--secure turns the masters' security on at once: it generates a CA, a
+server and a client certificate and a random token into --secure-dir
+(zero: <data-dir>/secure, else a new temporary directory, kept), prints
+where they are and the flags clients need, and the masters then require
+mutual TLS and the token (the nodes present them). The embedded etcd stays
+plaintext on its address (loopback by default).`,
 		Example: `  mooncake up
-  mooncake up --nodes 2 --global_segment_size 4GiB --masters 2`,
+  mooncake up --nodes 2 --global_segment_size 4GiB --masters 2
+  mooncake up --secure --secure-dir ./mc-secure`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			seg, err := parseSize(segment)
@@ -49,6 +61,12 @@ address with --no-ha).`,
 			}
 			if metricsPort >= 0 {
 				cfg.Admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort))
+			}
+			var tokenFile string
+			if secureOn {
+				if cfg.TLS, cfg.Token, tokenFile, err = upSecure(secureDir, dataDir); err != nil {
+					return fmt.Errorf("--secure: %w", err)
+				}
 			}
 			if procs {
 				self, err := os.Executable()
@@ -79,7 +97,14 @@ address with --no-ha).`,
 			for i, s := range cl.NodeSegments {
 				fmt.Fprintf(out, "node %d    segment=%s size=%d\n", i, s, seg)
 			}
-			fmt.Fprintf(out, "clients   --master %s\n", cl.MasterURL())
+			if secureOn {
+				f := cfg.TLS
+				fmt.Fprintf(out, "secure    ca=%s client_cert=%s client_key=%s token_file=%s\n", f.CA, f.ClientCert, f.ClientKey, tokenFile)
+				fmt.Fprintf(out, "clients   --master %s --auth_token_file %s --master_tls_ca_file %s --master_tls_cert_file %s --master_tls_key_file %s\n",
+					cl.MasterURL(), tokenFile, f.CA, f.ClientCert, f.ClientKey)
+			} else {
+				fmt.Fprintf(out, "clients   --master %s\n", cl.MasterURL())
+			}
 			fmt.Fprintln(out, "ready")
 			<-ctx.Done()
 			return nil
@@ -95,6 +120,8 @@ address with --no-ha).`,
 	f.StringVar(&segment, "global_segment_size", "1GiB", "memory each node contributes")
 	f.BoolVar(&noHA, "no-ha", false, "one master without etcd (no journal, no failover)")
 	f.BoolVar(&procs, "node-processes", false, "run nodes as child processes instead of in this one")
+	f.BoolVar(&secureOn, "secure", false, "masters require mutual TLS and a token: generate both, print where they are")
+	f.StringVar(&secureDir, "secure-dir", "", "where --secure writes its CA, certificates and token (zero: <data-dir>/secure, else a new temporary directory)")
 	addKVEventsFlags(f)
 	return c
 }
@@ -111,4 +138,32 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// upSecure generates --secure's certificates and token into dir (zero:
+// <dataDir>/secure, else a new temporary directory, kept: clients need
+// the files after up exits as while it runs) and returns them with the
+// token file's path.
+func upSecure(dir, dataDir string) (secure.Files, string, string, error) {
+	switch {
+	case dir != "":
+	case dataDir != "":
+		dir = filepath.Join(dataDir, "secure")
+	default:
+		d, err := os.MkdirTemp("", "mooncake-secure-")
+		if err != nil {
+			return secure.Files{}, "", "", err
+		}
+		dir = d
+	}
+	files, err := secure.Generate(dir)
+	if err != nil {
+		return secure.Files{}, "", "", err
+	}
+	token := secure.NewToken()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		return secure.Files{}, "", "", err
+	}
+	return files, token, tokenFile, nil
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/internal/embedetcd"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/client"
 	"github.com/mooncake-go/mooncake/store/master"
 )
@@ -69,6 +70,15 @@ type Config struct {
 	Engine engine.Config
 	// Logger receives progress. Zero: slog.Default().
 	Logger *slog.Logger
+	// Token, when set, is required by the masters and presented by the
+	// nodes (to child processes through MC_AUTH_TOKEN, not their command
+	// line). Zero: none.
+	Token string
+	// TLS, when set (secure.Generate), makes the masters serve mutual TLS
+	// with its server certificate and the nodes dial them with its client
+	// certificate. Zero: plaintext. The embedded etcd stays plaintext, on
+	// the address it is given (loopback by default).
+	TLS secure.Files
 }
 
 // NoNodes as Config.Nodes: a cluster of masters only.
@@ -185,7 +195,10 @@ func (c *Cluster) startEtcd() error {
 // startMaster starts master i. The first takes the configured addresses,
 // the others free ports.
 func (c *Cluster) startMaster(i int) error {
-	sc := master.ServerConfig{Service: c.cfg.Service, Listen: "127.0.0.1:0", Logger: c.cfg.Logger}
+	sc := master.ServerConfig{Service: c.cfg.Service, Listen: "127.0.0.1:0", Logger: c.cfg.Logger, Token: c.cfg.Token}
+	if c.cfg.TLS.CA != "" {
+		sc.TLS = c.cfg.TLS.ServerTLS()
+	}
 	if i == 0 {
 		sc.Listen, sc.Admin = c.cfg.MasterListen, c.cfg.Admin
 	} else if c.cfg.Admin != "" {
@@ -233,8 +246,12 @@ func (c *Cluster) startNode(ctx context.Context, i int) error {
 	if len(c.cfg.NodeCommand) > 0 {
 		return c.startProc(ctx)
 	}
-	n, err := client.New(ctx, client.Config{Master: c.MasterURL(), SegmentSize: c.cfg.NodeSegment,
-		LocalBufferSize: 16 << 20, EngineConfig: c.cfg.Engine})
+	cc := client.Config{Master: c.MasterURL(), SegmentSize: c.cfg.NodeSegment,
+		LocalBufferSize: 16 << 20, EngineConfig: c.cfg.Engine, Token: c.cfg.Token}
+	if c.cfg.TLS.CA != "" {
+		cc.MasterTLS = c.cfg.TLS.ClientTLS()
+	}
+	n, err := client.New(ctx, cc)
 	if err != nil {
 		return err
 	}
@@ -268,7 +285,13 @@ func ReadyLine(segment string) string { return readyPrefix + segment }
 func (c *Cluster) startProc(ctx context.Context) error {
 	args := append(slices.Clone(c.cfg.NodeCommand[1:]), "--master", c.MasterURL(),
 		"--global_segment_size", strconv.FormatInt(c.cfg.NodeSegment, 10))
+	if f := c.cfg.TLS; f.CA != "" {
+		args = append(args, "--master_tls_ca_file", f.CA, "--master_tls_cert_file", f.ClientCert, "--master_tls_key_file", f.ClientKey)
+	}
 	cmd := exec.Command(c.cfg.NodeCommand[0], args...)
+	if c.cfg.Token != "" {
+		cmd.Env = append(os.Environ(), "MC_AUTH_TOKEN="+c.cfg.Token)
+	}
 	cmd.Stderr = c.cfg.NodeStderr
 	if cmd.Stderr == nil {
 		cmd.Stderr = os.Stderr
