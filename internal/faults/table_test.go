@@ -41,10 +41,22 @@ const tableFoot = `
   margin (a tenth of the TTL) before the lease can have expired, counted from
   when each renewal was sent.
 - **No master led for over 30 s after etcd returned.** Connections to etcd cut
-  off silently stayed open until TCP gave up; etcd clients now ping every
-  2 s and redial (internal/etcdopt). The store client also looked the leader
-  up while holding its lock, so during the outage every call, even those the
-  lease cache could serve, queued behind one etcd lookup.
+  off silently stayed open until TCP gave up; etcd clients now ping while a
+  call or stream is open (every 10 s, gRPC's least) and redial
+  (internal/etcdopt). The store client also looked the leader up while holding
+  its lock, so during the outage every call, even those the lease cache could
+  serve, queued behind one etcd lookup.
+- **Clients stayed with a leader cut off from everyone.** Calls waited out
+  their RPC timeout on the dead connection, again and again, for as long as TCP
+  kept it. The client now drops the connection when its heartbeat's ping goes
+  unanswered (or a call's own RPC timeout passes, not a caller's shorter
+  deadline), pings the master every 10 s as a backstop, and gives up a
+  reconnection after 2 s, so that it looks the leader up again.
+- **Found by the checked soak:** an upsert racing another write of the key
+  reported success without writing (fixed in the client); each failover
+  loaded a longer journal, because the records loaded after the last snapshot
+  did not count towards the next one (11 s, 22 s, 44 s, 55 s to fail over in a
+  5-minute soak; fixed in the master).
 
 ## Scenario 7: the SSD tier's disk full or failing
 
