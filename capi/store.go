@@ -6,17 +6,20 @@ package main
 import "C"
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/client"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -61,7 +64,7 @@ func storeEngine(h uint64) (*engine.Engine, error) {
 // op_timeout_ms.
 func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 	c, err := readStruct(p, p.struct_size, "mc_store_config_t", C.MC_STORE_CONFIG_SIZE_V1, C.MC_STORE_CONFIG_SIZE_V2,
-		C.MC_STORE_CONFIG_SIZE_V3)
+		C.MC_STORE_CONFIG_SIZE_V3, C.MC_STORE_CONFIG_SIZE_V4)
 	if err != nil {
 		return client.Config{}, 0, err
 	}
@@ -82,6 +85,10 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 		NoChecksum:      p.no_checksum != 0,
 		ReportExisting:  p.report_existing != 0,
 		Replicate:       client.ReplicateConfig{Replicas: int(p.replicas)},
+		// ABI 1.8: a caller of an older header has zeros here (NULL).
+		Token: cmp.Or(cString(p.auth_token), os.Getenv("MC_AUTH_TOKEN")),
+		MasterTLS: secure.TLS{CAFile: cString(p.tls_ca_file), CertFile: cString(p.tls_cert_file),
+			KeyFile: cString(p.tls_key_file)},
 	}
 	if cfg.SegmentSize < 0 {
 		cfg.SegmentSize = client.NoSegment
@@ -93,7 +100,8 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 		}
 		cfg.Engine = e
 	} else {
-		cfg.EngineConfig = engine.Config{Host: cString(p.local_hostname), Metadata: cString(p.metadata)}
+		cfg.EngineConfig = engine.Config{Host: cString(p.local_hostname), Metadata: cString(p.metadata),
+			MetadataToken: cfg.Token}
 		if h, port, err := net.SplitHostPort(cfg.EngineConfig.Host); err == nil {
 			n, err := strconv.Atoi(port)
 			if err != nil || n < 0 || n > 65535 {

@@ -103,7 +103,8 @@ def start_cluster(mooncake_bin: Path, *args: str, admin: bool = False, timeout: 
         for line in proc.stdout:
             lines.append(line.rstrip())
             if line.startswith("clients") and "--master" in line:
-                master = line.split("--master", 1)[1].strip()
+                # "clients --master URL [--auth_token_file F ...]" (--secure)
+                master = line.split("--master", 1)[1].split()[0]
             if line.startswith("master") and admin_addr is None:
                 admin_addr = field(line, "admin")
             if line.strip() == "ready":

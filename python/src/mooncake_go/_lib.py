@@ -122,6 +122,10 @@ class StoreConfig(Structure):
         ("reserved", c_uint32),
         ("op_timeout_ms", c_uint64),  # ABI 1.5
         ("report_existing", c_uint32),  # ABI 1.7
+        ("auth_token", c_char_p),  # ABI 1.8
+        ("tls_ca_file", c_char_p),
+        ("tls_cert_file", c_char_p),
+        ("tls_key_file", c_char_p),
     ]
 
 

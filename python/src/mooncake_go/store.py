@@ -25,6 +25,7 @@ from many threads at once.
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
@@ -110,6 +111,14 @@ class Store(_lib.Owned):
         without writing, as Mooncake's put, instead of failing with
         :class:`~mooncake_go.errors.ObjectAlreadyExists` [False]. A
         library older than ABI 1.7 cannot tell: there it is always True.
+    :param auth_token: the bearer token a master started with
+        ``--auth_token`` requires, also shown to an HTTP metadata server
+        [the environment's MC_AUTH_TOKEN, else none].
+    :param tls_ca_file: a PEM CA bundle verifying the master: TLS on
+        [plaintext].
+    :param tls_cert_file, tls_key_file: the client certificate a master
+        with mutual TLS (``--tls_client_ca_file``) requires [none].
+        These four need ABI 1.8; an older library raises ValueError.
     """
 
     def __init__(
@@ -128,6 +137,10 @@ class Store(_lib.Owned):
         engine: Optional[TransferEngine] = None,
         checksum: bool = True,
         exist_ok: bool = False,
+        auth_token: Optional[str] = None,
+        tls_ca_file: Optional[str] = None,
+        tls_cert_file: Optional[str] = None,
+        tls_key_file: Optional[str] = None,
     ):
         cfg = _lib.StoreConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
@@ -145,6 +158,18 @@ class Store(_lib.Owned):
         cfg.no_checksum = 0 if checksum else 1
         if lib.mc_abi_version() & 0xFFFF >= _REPORT_EXISTING_MINOR:
             cfg.report_existing = 0 if exist_ok else 1
+        creds = (auth_token, tls_ca_file, tls_cert_file, tls_key_file)
+        if lib.mc_abi_version() & 0xFFFF >= _CREDENTIALS_MINOR:
+            # Read here, not by the library: Go reads its environment once,
+            # when it is loaded, and misses what the process set after.
+            if auth_token is None:
+                auth_token = os.environ.get("MC_AUTH_TOKEN") or None
+            cfg.auth_token = _lib.cstr(auth_token)
+            cfg.tls_ca_file = _lib.cstr(tls_ca_file)
+            cfg.tls_cert_file = _lib.cstr(tls_cert_file)
+            cfg.tls_key_file = _lib.cstr(tls_key_file)
+        elif any(c is not None for c in creds):
+            raise ValueError("auth_token and tls_*: the library is older than ABI 1.8 and cannot present credentials")
         # get's first guess at a value's size: the last value it read.
         self._get_hint = _GET_HINT_MIN
         h = c_uint64()
@@ -595,6 +620,8 @@ _WHOLE_CALL_FAILURES = frozenset({errors.INVALID_HANDLE, errors.NULL_ARGUMENT, e
 _GET_HINT_MIN = 4096
 # The ABI minor of mc_store_config_t.report_existing.
 _REPORT_EXISTING_MINOR = 7
+# The ABI minor of mc_store_config_t's credentials (auth_token, tls_*).
+_CREDENTIALS_MINOR = 8
 
 
 def _new_bytes(size: int):
