@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/mooncake-go/mooncake/internal/embedetcd"
 	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -202,4 +203,24 @@ func TestAuthConfig(t *testing.T) {
 	_, err = Start(ServerConfig{Listen: "127.0.0.1:0", TLS: secure.TLS{CertFile: "/x.pem"}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "key file")
+}
+
+// TestAuthEtcdTLS: an HA master dials an etcd that requires client
+// certificates with HAConfig.EtcdTLS, and leads.
+func TestAuthEtcdTLS(t *testing.T) {
+	files, err := secure.Generate(t.TempDir())
+	require.NoError(t, err)
+	e, err := embedetcd.Start(t.TempDir(), "127.0.0.1:0", embedetcd.NoFsync(),
+		embedetcd.ClientTLS(files.ServerCert, files.ServerKey, files.CA))
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	m, err := Start(ServerConfig{Listen: "127.0.0.1:0",
+		HA: &HAConfig{Etcd: []string{e.Addr()}, EtcdTLS: files.ClientTLS()}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	require.Eventually(t, m.Leading, 20*time.Second, 10*time.Millisecond, "the master never led")
+
+	_, err = Start(ServerConfig{Listen: "127.0.0.1:0",
+		HA: &HAConfig{Etcd: []string{e.Addr()}, EtcdTLS: secure.TLS{CAFile: "/nonexistent.pem"}}})
+	assert.ErrorContains(t, err, "etcd TLS")
 }
