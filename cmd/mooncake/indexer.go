@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -34,7 +36,11 @@ indexer (mooncake_conductor), with its HTTP API (POST /register, /unregister,
 http_server_port, kvevent_instance) and log level ($CONDUCTOR_LOG_LEVEL). Also
 /metrics and /health.
 
-'mooncake conductor' serves the same API beside its router, and routes on it.`,
+'mooncake conductor' serves the same API beside its router, and routes on it.
+
+Open by default, as official Mooncake's. --auth-token (or --auth-token-file,
+MC_AUTH_TOKEN) requires "Authorization: Bearer <token>" on every route but
+/health and /metrics (401 without it).`,
 		Example: `  CONDUCTOR_CONFIG_PATH=/etc/mooncake/conductor_config.json mooncake indexer
   mooncake indexer --listen 127.0.0.1:13333`,
 		Args: cobra.NoArgs,
@@ -44,6 +50,8 @@ http_server_port, kvevent_instance) and log level ($CONDUCTOR_LOG_LEVEL). Also
 	f.String("config", "", "the config file (default $"+indexer.ConfigEnv+", else ~/.mooncake/conductor_config.json)")
 	f.String("listen", "", "address of the API, host:port (default :http_server_port of the config, 13333)")
 	f.Duration("down-after", kvevents.DefaultDownAfter, "a publisher unreachable for this long leaves the index")
+	f.String("auth-token", "", "bearer token the API requires but on /health and /metrics (env MC_AUTH_TOKEN; empty: none)")
+	f.String("auth-token-file", "", "file whose first line is --auth-token (env MC_AUTH_TOKEN_FILE)")
 	return c
 }
 
@@ -77,7 +85,13 @@ func runIndexer(cmd *cobra.Command, _ []string) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), idx.Collector())
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	stopSrv, err := serveIndexer(cmd, addr, idx, reg, "")
+	tok, _ := cmd.Flags().GetString("auth-token")
+	tokFile, _ := cmd.Flags().GetString("auth-token-file")
+	token, err := secure.ReadToken(cmp.Or(strings.TrimSpace(tok), os.Getenv("MC_AUTH_TOKEN")), cmp.Or(tokFile, os.Getenv("MC_AUTH_TOKEN_FILE")))
+	if err != nil {
+		return fmt.Errorf("--auth-token-file: %w", err)
+	}
+	stopSrv, err := serveIndexer(cmd, addr, idx, reg, token)
 	if err != nil {
 		return err
 	}

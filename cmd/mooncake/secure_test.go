@@ -208,3 +208,28 @@ func TestUpSecure(t *testing.T) {
 	}
 	stopOnSIGTERM(t, cmd, "up")
 }
+
+// TestIndexerTokenFlags: `mooncake indexer` with MC_AUTH_TOKEN requires
+// it on its API and leaves /health open.
+func TestIndexerTokenFlags(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "conductor_config.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{"http_server_port": 13333, "kvevent_instance": {}}`), 0o600))
+	cmd := selfCommand(t, "indexer", "--config", cfg, "--listen", "127.0.0.1:0")
+	cmd.Env = append(cmd.Env, "MC_AUTH_TOKEN=idx-token")
+	base := strings.Fields(strings.TrimPrefix(startProc(t, cmd, "indexer listening "), "indexer listening "))[0]
+	get := func(path, token string) int {
+		req, err := http.NewRequest(http.MethodGet, base+path, nil)
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	assert.Equal(t, http.StatusUnauthorized, get("/services", ""))
+	assert.Equal(t, http.StatusUnauthorized, get("/services", "other"))
+	assert.Equal(t, http.StatusOK, get("/services", "idx-token"))
+	assert.Equal(t, http.StatusOK, get("/health", ""))
+}
