@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,7 +68,9 @@ Open by default. --auth-token (or --auth-token-file, MC_AUTH_TOKEN) requires
 indexer API (also on --indexer-listen), 401 without it; the OpenAI routes,
 /health and /metrics stay open unless --auth-inference. The token is also
 presented to the store masters of --store-master, dialed over TLS with
---store-master-tls-*.`,
+--store-master-tls-*. --tls-cert-file and --tls-key-file serve https (the
+indexer's --indexer-listen stays plain http); --tls-client-ca-file makes it
+mutual.`,
 		Example: `  mooncake conductor --listen 0.0.0.0:8000 \
     --prefill p0=http://10.0.0.1:8100,cache_blocks=4096 \
     --decode d0=http://10.0.0.2:8200
@@ -110,6 +113,9 @@ presented to the store masters of --store-master, dialed over TLS with
 	f.String("auth-token", "", "bearer token the instance and indexer APIs require, and the store masters are shown (env MC_AUTH_TOKEN; empty: none)")
 	f.String("auth-token-file", "", "file whose first line is --auth-token (env MC_AUTH_TOKEN_FILE)")
 	f.Bool("auth-inference", false, "require --auth-token on the OpenAI routes too")
+	f.String("tls-cert-file", "", "PEM certificate of the conductor's HTTP server: https on (empty: plaintext)")
+	f.String("tls-key-file", "", "PEM key of --tls-cert-file")
+	f.String("tls-client-ca-file", "", "PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
 	f.String("store-master-tls-ca-file", "", "PEM CA bundle verifying the --store-master masters: TLS on")
 	f.String("store-master-tls-cert-file", "", "PEM client certificate presented to the masters (mutual TLS)")
 	f.String("store-master-tls-key-file", "", "PEM key of --store-master-tls-cert-file")
@@ -236,9 +242,18 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 		defer stopIdx()
 	}
 
+	tc, err := secure.TLS{CertFile: s.str("tls-cert-file"), KeyFile: s.str("tls-key-file"),
+		CAFile: s.str("tls-client-ca-file")}.Server()
+	if err != nil {
+		return fmt.Errorf("--tls-cert-file: %w", err)
+	}
 	ln, err := net.Listen("tcp", s.str("listen"))
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
+	}
+	scheme := "http"
+	if tc != nil {
+		ln, scheme = tls.NewListener(ln, tc), "https"
 	}
 	srv := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
@@ -252,7 +267,7 @@ func runConductor(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	// Scripts and tests read the address from stdout.
-	fmt.Fprintf(cmd.OutOrStdout(), "conductor listening http://%s prefill=%d decode=%d\n", ln.Addr(), np, nd)
+	fmt.Fprintf(cmd.OutOrStdout(), "conductor listening %s://%s prefill=%d decode=%d\n", scheme, ln.Addr(), np, nd)
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -233,3 +233,30 @@ func TestIndexerTokenFlags(t *testing.T) {
 	assert.Equal(t, http.StatusOK, get("/services", "idx-token"))
 	assert.Equal(t, http.StatusOK, get("/health", ""))
 }
+
+// TestConductorTLSFlags: `mooncake conductor` with --tls-* serves https
+// with mutual TLS: a client without a certificate is refused at the
+// handshake, one with it is answered.
+func TestConductorTLSFlags(t *testing.T) {
+	files, err := secure.Generate(t.TempDir())
+	require.NoError(t, err)
+	cmd := selfCommand(t, "conductor", "--listen", "127.0.0.1:0",
+		"--tls-cert-file", files.ServerCert, "--tls-key-file", files.ServerKey, "--tls-client-ca-file", files.CA)
+	addr := field(startProc(t, cmd, "conductor listening "), "https://")
+	require.NotEmpty(t, addr)
+	client := func(s secure.TLS) *http.Client {
+		tc, err := s.Client()
+		require.NoError(t, err)
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+	}
+	noCert := files.ClientTLS()
+	noCert.CertFile, noCert.KeyFile = "", ""
+	_, err = client(noCert).Get("https://" + addr + "/v1/instances")
+	require.Error(t, err, "a client without a certificate was answered")
+	// The server's alert, or the reset after it, whichever the client reads first.
+	assert.Regexp(t, "certificate required|connection reset|broken pipe|EOF", err.Error())
+	resp, err := client(files.ClientTLS()).Get("https://" + addr + "/v1/instances")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}

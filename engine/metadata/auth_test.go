@@ -44,7 +44,7 @@ func TestServerAuth(t *testing.T) {
 	type client struct {
 		name string
 		opts []OpenOption
-		want string // in every call's error; "": served
+		want string // matches every call's error; "": served
 	}
 	tests := []struct {
 		name    string
@@ -58,8 +58,9 @@ func TestServerAuth(t *testing.T) {
 			{"right", []OpenOption{WithToken(token)}, ""},
 		}},
 		{"mutual TLS", "https", []ServerOption{ServerToken(token), ServerTLS(srvTLS)}, []client{
-			// No client certificate: the handshake is refused.
-			{"no client cert", []OpenOption{WithToken(token), WithTLS(noCert)}, "certificate required"},
+			// No client certificate: the handshake is refused (the
+			// client reads the server's alert, or the reset after it).
+			{"no client cert", []OpenOption{WithToken(token), WithTLS(noCert)}, "certificate required|connection reset|broken pipe|EOF"},
 			// The certificate without the token.
 			{"no token", []OpenOption{WithTLS(files.ClientTLS())}, "401 Unauthorized"},
 			{"right", []OpenOption{WithToken(token), WithTLS(files.ClientTLS())}, ""},
@@ -82,8 +83,8 @@ func TestServerAuth(t *testing.T) {
 						call := []string{"PUT", "GET", "DELETE"}[i]
 						if c.want == "" {
 							assert.NoError(t, err, call)
-						} else {
-							assert.ErrorContains(t, err, c.want, call)
+						} else if assert.Error(t, err, call) {
+							assert.Regexp(t, c.want, err.Error(), call)
 						}
 					}
 				})

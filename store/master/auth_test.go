@@ -184,7 +184,8 @@ func TestAuthAdmin(t *testing.T) {
 		noCert.CertFile, noCert.KeyFile = "", ""
 		_, err = client(noCert).Get(url)
 		require.Error(t, err, "a client without a certificate was answered")
-		assert.Contains(t, err.Error(), "certificate required")
+		// The server's alert, or the reset after it, whichever the client reads first.
+		assert.Regexp(t, "certificate required|connection reset|broken pipe|EOF", err.Error())
 		// Plaintext to the TLS port: net/http answers 400, nothing else.
 		code, _ := get(t, http.DefaultClient, strings.Replace(url, "https", "http", 1), testToken)
 		assert.Equal(t, http.StatusBadRequest, code, "plaintext to the TLS admin server")
