@@ -101,7 +101,7 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 		cfg.Engine = e
 	} else {
 		cfg.EngineConfig = engine.Config{Host: cString(p.local_hostname), Metadata: cString(p.metadata),
-			MetadataToken: cfg.Token}
+			MetadataToken: cfg.Token, Secret: cString(p.te_secret)} // zero: the engine reads MC_TE_SECRET
 		if h, port, err := net.SplitHostPort(cfg.EngineConfig.Host); err == nil {
 			n, err := strconv.Atoi(port)
 			if err != nil || n < 0 || n > 65535 {

@@ -160,7 +160,7 @@ extern "C" {
  * 1.6: mc_copy.
  * 1.7: mc_store_config_t.report_existing (MC_STORE_CONFIG_SIZE_V3).
  * 1.8: mc_store_config_t.auth_token, tls_ca_file, tls_cert_file,
- * tls_key_file (MC_STORE_CONFIG_SIZE_V4). */
+ * tls_key_file, te_secret (MC_STORE_CONFIG_SIZE_V4). */
 #define MC_ABI_VERSION_MAJOR 1
 #define MC_ABI_VERSION_MINOR 8
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
@@ -522,18 +522,22 @@ typedef struct mc_store_config {
      * an HTTP metadata server; NULL: the environment's MC_AUTH_TOKEN, else
      * none. tls_ca_file: a PEM CA bundle verifying the master, turning TLS
      * on; tls_cert_file and tls_key_file: the client certificate a master
-     * with mutual TLS requires. NULL: plaintext, as Mooncake's. */
+     * with mutual TLS requires. NULL: plaintext, as Mooncake's.
+     * te_secret: the Transfer Engine's shared secret, which every peer
+     * must know, for the engine the store starts (not an existing engine,
+     * which has its own); NULL: MC_TE_SECRET, else none. */
     const char *auth_token;
     const char *tls_ca_file;
     const char *tls_cert_file;
     const char *tls_key_file;
+    const char *te_secret;
 } mc_store_config_t;
 
 /* Sizes of the versions of mc_store_config_t (see VERSIONING). */
 #define MC_STORE_CONFIG_SIZE_V1 (offsetof(mc_store_config_t, reserved) + sizeof(uint32_t))        /* ABI 1.0 */
 #define MC_STORE_CONFIG_SIZE_V2 (offsetof(mc_store_config_t, op_timeout_ms) + sizeof(uint64_t))   /* ABI 1.5 */
 #define MC_STORE_CONFIG_SIZE_V3 (offsetof(mc_store_config_t, report_existing) + sizeof(uint32_t)) /* ABI 1.7 */
-#define MC_STORE_CONFIG_SIZE_V4 (offsetof(mc_store_config_t, tls_key_file) + sizeof(const char *)) /* ABI 1.8 */
+#define MC_STORE_CONFIG_SIZE_V4 (offsetof(mc_store_config_t, te_secret) + sizeof(const char *)) /* ABI 1.8 */
 
 /* mc_store_config_init zeroes *cfg and sets struct_size. */
 static inline void mc_store_config_init(mc_store_config_t *cfg) {

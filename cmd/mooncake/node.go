@@ -45,6 +45,7 @@ var nodeEnvs = map[string][]string{
 	"etcd_tls_ca_file":       {"MC_NODE_ETCD_TLS_CA_FILE"},
 	"etcd_tls_cert_file":     {"MC_NODE_ETCD_TLS_CERT_FILE"},
 	"etcd_tls_key_file":      {"MC_NODE_ETCD_TLS_KEY_FILE"},
+	"te_secret_file":         {"MC_NODE_TE_SECRET_FILE", "MC_TE_SECRET_FILE"},
 	"metadata_tls_ca_file":   {"MC_NODE_METADATA_TLS_CA_FILE"},
 	"metadata_tls_cert_file": {"MC_NODE_METADATA_TLS_CERT_FILE"},
 	"metadata_tls_key_file":  {"MC_NODE_METADATA_TLS_KEY_FILE"},
@@ -89,6 +90,7 @@ metadata server too (mooncake metadata --auth_token), dialed over TLS with
 	addClientTLSFlags(f, "master_", "the master")
 	addEtcdTLSFlags(f)
 	addClientTLSFlags(f, "metadata_", "an https:// metadata server")
+	f.String("te_secret_file", "", "file whose first line is the Transfer Engine's shared secret, which every peer must know (MC_TE_SECRET sets it too)")
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
 	return c
 }
@@ -126,6 +128,10 @@ func runNode(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	teSecret, err := secure.ReadToken("", s.str("te_secret_file"))
+	if err != nil {
+		return fmt.Errorf("--te_secret_file: %w", err)
+	}
 	reg := prometheus.NewRegistry()
 	cfg := client.Config{
 		Token: token, MasterTLS: clientTLS(s.str, "master_"), EtcdTLS: clientTLS(s.str, "etcd_"),
@@ -133,7 +139,7 @@ func runNode(cmd *cobra.Command, _ []string) error {
 		SSDDir: s.str("ssd_dir"), SSDSize: ssdSize,
 		EngineConfig: engine.Config{Metadata: s.str("metadata_server"), Host: s.str("local_hostname"),
 			Transport: s.str("transport"), Registerer: reg,
-			MetadataToken: token, MetadataTLS: metadataTLS(s.str)},
+			MetadataToken: token, MetadataTLS: metadataTLS(s.str), Secret: teSecret},
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

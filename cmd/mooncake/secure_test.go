@@ -157,9 +157,10 @@ func TestConductorTokenFlags(t *testing.T) {
 	}
 }
 
-// TestUpSecure: `mooncake up --secure` writes a CA, certificates and a
-// token, its node processes present them, a client without them is
-// refused, and one with the printed files stores and reads.
+// TestUpSecure: `mooncake up --secure` writes a CA, certificates, a token
+// and a Transfer Engine secret, its node processes present them, a client
+// without them is refused (by the master, or by the node's engine for the
+// secret), and one with the printed files stores and reads.
 func TestUpSecure(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "sec")
 	cmd := selfCommand(t, "up", "--etcd", "127.0.0.1:0", "--rpc_port", "0", "--metrics_port", "0",
@@ -170,24 +171,29 @@ func TestUpSecure(t *testing.T) {
 	token, err := secure.ReadToken("", filepath.Join(dir, "token"))
 	require.NoError(t, err)
 	assert.Len(t, token, 64)
+	teSecret, err := secure.ReadToken("", filepath.Join(dir, "te_secret"))
+	require.NoError(t, err)
 	files := secure.Files{CA: filepath.Join(dir, "ca.pem"),
 		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem")}
 
-	base := client.Config{Master: url, SegmentSize: client.NoSegment, LocalBufferSize: 1 << 20,
-		RPCTimeout: 3 * time.Second, EngineConfig: engine.Config{Host: "127.0.0.1"}}
 	for _, tt := range []struct {
-		name  string
-		tls   secure.TLS
-		token string
-		want  string // in New's error; "": it works
+		name     string
+		tls      secure.TLS
+		token    string
+		teSecret string
+		want     string // in New's error, or in Put's with putFails; "": it works
+		putFails bool
 	}{
-		{"plaintext", secure.TLS{}, token, "deadline exceeded"},
-		{"no token", files.ClientTLS(), "", "missing bearer token"},
-		{"both", files.ClientTLS(), token, ""},
+		{"plaintext", secure.TLS{}, token, teSecret, "deadline exceeded", false},
+		{"no token", files.ClientTLS(), "", teSecret, "missing bearer token", false},
+		// The master lets it in; the node's engine does not.
+		{"no TE secret", files.ClientTLS(), token, "", "", true},
+		{"all", files.ClientTLS(), token, teSecret, "", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := base
-			cfg.MasterTLS, cfg.Token = tt.tls, tt.token
+			cfg := client.Config{Master: url, SegmentSize: client.NoSegment, LocalBufferSize: 1 << 20,
+				RPCTimeout: 3 * time.Second, MasterTLS: tt.tls, Token: tt.token,
+				EngineConfig: engine.Config{Host: "127.0.0.1", Secret: tt.teSecret, Timeout: 3 * time.Second}}
 			c, err := client.New(context.Background(), cfg)
 			if tt.want != "" {
 				require.Error(t, err)
@@ -198,10 +204,16 @@ func TestUpSecure(t *testing.T) {
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
+			k := "k-" + tt.name
+			err = c.Put(ctx, k, []byte("secure"), nil)
+			if tt.putFails {
+				require.Error(t, err, "a put reached a node whose engine requires a secret without it")
+				return
+			}
 			// The node process presented its credentials: its segment
 			// takes the put.
-			require.NoError(t, c.Put(ctx, "k", []byte("secure"), nil))
-			got, err := c.Get(ctx, "k")
+			require.NoError(t, err)
+			got, err := c.Get(ctx, k)
 			require.NoError(t, err)
 			assert.Equal(t, "secure", string(got))
 		})

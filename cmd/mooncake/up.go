@@ -39,11 +39,12 @@ by; every durable change is journaled in etcd) and --nodes storage nodes of
 interrupted. Clients connect with master "etcd://<etcd>" (or the master's
 address with --no-ha).
 
---secure turns the masters' security on at once: it generates a CA, a
-server and a client certificate and a random token into --secure-dir
-(zero: <data-dir>/secure, else a new temporary directory, kept), prints
-where they are and the flags clients need, and the masters then require
-mutual TLS and the token (the nodes present them). The embedded etcd stays
+--secure turns security on at once: it generates a CA, a server and a
+client certificate, a random token and a Transfer Engine secret into
+--secure-dir (zero: <data-dir>/secure, else a new temporary directory,
+kept), prints where they are and the flags clients need; the masters then
+require mutual TLS and the token, and the nodes' engines the secret (the
+nodes present them all). The embedded etcd stays
 plaintext on its address (loopback by default).`,
 		Example: `  mooncake up
   mooncake up --nodes 2 --global_segment_size 4GiB --masters 2
@@ -62,11 +63,12 @@ plaintext on its address (loopback by default).`,
 			if metricsPort >= 0 {
 				cfg.Admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort))
 			}
-			var tokenFile string
+			var sec upSecrets
 			if secureOn {
-				if cfg.TLS, cfg.Token, tokenFile, err = upSecure(secureDir, dataDir); err != nil {
+				if sec, err = upSecure(secureDir, dataDir); err != nil {
 					return fmt.Errorf("--secure: %w", err)
 				}
+				cfg.TLS, cfg.Token, cfg.Engine.Secret = sec.files, sec.token, sec.teSecret
 			}
 			if procs {
 				self, err := os.Executable()
@@ -99,9 +101,10 @@ plaintext on its address (loopback by default).`,
 			}
 			if secureOn {
 				f := cfg.TLS
-				fmt.Fprintf(out, "secure    ca=%s client_cert=%s client_key=%s token_file=%s\n", f.CA, f.ClientCert, f.ClientKey, tokenFile)
-				fmt.Fprintf(out, "clients   --master %s --auth_token_file %s --master_tls_ca_file %s --master_tls_cert_file %s --master_tls_key_file %s\n",
-					cl.MasterURL(), tokenFile, f.CA, f.ClientCert, f.ClientKey)
+				fmt.Fprintf(out, "secure    ca=%s client_cert=%s client_key=%s token_file=%s te_secret_file=%s\n",
+					f.CA, f.ClientCert, f.ClientKey, sec.tokenFile, sec.teSecretFile)
+				fmt.Fprintf(out, "clients   --master %s --auth_token_file %s --te_secret_file %s --master_tls_ca_file %s --master_tls_cert_file %s --master_tls_key_file %s\n",
+					cl.MasterURL(), sec.tokenFile, sec.teSecretFile, f.CA, f.ClientCert, f.ClientKey)
 			} else {
 				fmt.Fprintf(out, "clients   --master %s\n", cl.MasterURL())
 			}
@@ -140,11 +143,17 @@ func orNone(s string) string {
 	return s
 }
 
-// upSecure generates --secure's certificates and token into dir (zero:
-// <dataDir>/secure, else a new temporary directory, kept: clients need
-// the files after up exits as while it runs) and returns them with the
-// token file's path.
-func upSecure(dir, dataDir string) (secure.Files, string, string, error) {
+// upSecrets are what --secure generated.
+type upSecrets struct {
+	files                  secure.Files
+	token, tokenFile       string
+	teSecret, teSecretFile string
+}
+
+// upSecure generates --secure's certificates, token and Transfer Engine
+// secret into dir (zero: <dataDir>/secure, else a new temporary directory,
+// kept: clients need the files after up exits as while it runs).
+func upSecure(dir, dataDir string) (upSecrets, error) {
 	switch {
 	case dir != "":
 	case dataDir != "":
@@ -152,18 +161,20 @@ func upSecure(dir, dataDir string) (secure.Files, string, string, error) {
 	default:
 		d, err := os.MkdirTemp("", "mooncake-secure-")
 		if err != nil {
-			return secure.Files{}, "", "", err
+			return upSecrets{}, err
 		}
 		dir = d
 	}
 	files, err := secure.Generate(dir)
 	if err != nil {
-		return secure.Files{}, "", "", err
+		return upSecrets{}, err
 	}
-	token := secure.NewToken()
-	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		return secure.Files{}, "", "", err
+	sec := upSecrets{files: files, token: secure.NewToken(), tokenFile: filepath.Join(dir, "token"),
+		teSecret: secure.NewToken(), teSecretFile: filepath.Join(dir, "te_secret")}
+	for path, v := range map[string]string{sec.tokenFile: sec.token, sec.teSecretFile: sec.teSecret} {
+		if err := os.WriteFile(path, []byte(v+"\n"), 0o600); err != nil {
+			return upSecrets{}, err
+		}
 	}
-	return files, token, tokenFile, nil
+	return sec, nil
 }

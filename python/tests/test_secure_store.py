@@ -31,9 +31,10 @@ def open_store(master, **creds):
 def test_credentials(secure_cluster, monkeypatch):
     c, d = secure_cluster
     monkeypatch.delenv("MC_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("MC_TE_SECRET", raising=False)
     token = (d / "token").read_text().strip()
     tls = dict(tls_ca_file=str(d / "ca.pem"), tls_cert_file=str(d / "client.pem"),
-               tls_key_file=str(d / "client-key.pem"))
+               tls_key_file=str(d / "client-key.pem"), te_secret=(d / "te_secret").read_text().strip())
 
     # Plaintext to the TLS master: no connection.
     with pytest.raises(errors.MooncakeError):
@@ -43,7 +44,13 @@ def test_credentials(secure_cluster, monkeypatch):
         open_store(c.master, **tls)
     with pytest.raises(errors.MooncakeError, match="wrong bearer token"):
         open_store(c.master, auth_token="other", **tls)
-    # Both: served.
+    # Without the Transfer Engine's secret: the master lets it in, the
+    # node's engine refuses its transfers.
+    no_secret = dict(tls, te_secret=None)
+    with open_store(c.master, auth_token=token, **no_secret) as s:
+        with pytest.raises(errors.MooncakeError):
+            s.put(f"secure-{uuid.uuid4().hex}", b"x")
+    # All: served.
     k = f"secure-{uuid.uuid4().hex}"
     with open_store(c.master, auth_token=token, **tls) as s:
         s.put(k, b"secret")

@@ -289,8 +289,14 @@ func (c *Cluster) startProc(ctx context.Context) error {
 		args = append(args, "--master_tls_ca_file", f.CA, "--master_tls_cert_file", f.ClientCert, "--master_tls_key_file", f.ClientKey)
 	}
 	cmd := exec.Command(c.cfg.NodeCommand[0], args...)
+	if c.cfg.Token != "" || c.cfg.Engine.Secret != "" {
+		cmd.Env = os.Environ()
+	}
 	if c.cfg.Token != "" {
-		cmd.Env = append(os.Environ(), "MC_AUTH_TOKEN="+c.cfg.Token)
+		cmd.Env = append(cmd.Env, "MC_AUTH_TOKEN="+c.cfg.Token)
+	}
+	if c.cfg.Engine.Secret != "" { // Engine configures in-process nodes only
+		cmd.Env = append(cmd.Env, "MC_TE_SECRET="+c.cfg.Engine.Secret)
 	}
 	cmd.Stderr = c.cfg.NodeStderr
 	if cmd.Stderr == nil {

@@ -126,6 +126,7 @@ class StoreConfig(Structure):
         ("tls_ca_file", c_char_p),
         ("tls_cert_file", c_char_p),
         ("tls_key_file", c_char_p),
+        ("te_secret", c_char_p),
     ]
 
 

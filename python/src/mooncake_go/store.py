@@ -118,7 +118,10 @@ class Store(_lib.Owned):
         [plaintext].
     :param tls_cert_file, tls_key_file: the client certificate a master
         with mutual TLS (``--tls_client_ca_file``) requires [none].
-        These four need ABI 1.8; an older library raises ValueError.
+    :param te_secret: the Transfer Engine's shared secret, which every
+        peer must know (``mooncake up --secure`` writes one), for the engine
+        the store starts [the environment's MC_TE_SECRET, else none].
+        These five need ABI 1.8; an older library raises ValueError.
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class Store(_lib.Owned):
         tls_ca_file: Optional[str] = None,
         tls_cert_file: Optional[str] = None,
         tls_key_file: Optional[str] = None,
+        te_secret: Optional[str] = None,
     ):
         cfg = _lib.StoreConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
@@ -158,7 +162,7 @@ class Store(_lib.Owned):
         cfg.no_checksum = 0 if checksum else 1
         if lib.mc_abi_version() & 0xFFFF >= _REPORT_EXISTING_MINOR:
             cfg.report_existing = 0 if exist_ok else 1
-        creds = (auth_token, tls_ca_file, tls_cert_file, tls_key_file)
+        creds = (auth_token, tls_ca_file, tls_cert_file, tls_key_file, te_secret)
         if lib.mc_abi_version() & 0xFFFF >= _CREDENTIALS_MINOR:
             # Read here, not by the library: Go reads its environment once,
             # when it is loaded, and misses what the process set after.
@@ -168,8 +172,11 @@ class Store(_lib.Owned):
             cfg.tls_ca_file = _lib.cstr(tls_ca_file)
             cfg.tls_cert_file = _lib.cstr(tls_cert_file)
             cfg.tls_key_file = _lib.cstr(tls_key_file)
+            if te_secret is None:
+                te_secret = os.environ.get("MC_TE_SECRET") or None
+            cfg.te_secret = _lib.cstr(te_secret)
         elif any(c is not None for c in creds):
-            raise ValueError("auth_token and tls_*: the library is older than ABI 1.8 and cannot present credentials")
+            raise ValueError("auth_token, tls_* and te_secret: the library is older than ABI 1.8 and cannot present credentials")
         # get's first guess at a value's size: the last value it read.
         self._get_hint = _GET_HINT_MIN
         h = c_uint64()
