@@ -109,7 +109,9 @@
 //   - ServerConfig.TLS [--tls_cert_file, --tls_key_file]: gRPC and the
 //     admin server speak TLS; with a CAFile [--tls_client_ca_file] it is
 //     mutual, and a client without a certificate that CA signed fails its
-//     handshake. HAConfig.EtcdTLS [--etcd_tls_*] dials etcd over TLS.
+//     handshake; on the admin server too, so probes of a mutual-TLS
+//     master present a certificate (OpenProbes waives the token only).
+//     HAConfig.EtcdTLS [--etcd_tls_*] dials etcd over TLS.
 //
 // Store clients present them with client.Config.Token, MasterTLS and
 // EtcdTLS (mooncake node --auth_token, --master_tls_*, --etcd_tls_*).
