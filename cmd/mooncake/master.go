@@ -76,6 +76,8 @@ and the admin HTTP over TLS; --tls_client_ca_file makes it mutual.
 	f.Int("max_connections", master.DefaultMaxConns, "most gRPC connections open at once")
 	f.Int("max_connections_per_peer", master.DefaultMaxConnsPerPeer, "most gRPC connections open at once from one IP address")
 	addKVEventsFlags(f)
+	addTenantFlags(f)  // master_tenant.go
+	addPersistFlags(f) // master_persist.go
 	addTokenFlags(f, "master requires")
 	f.Bool("auth_open_probes", false, "with --auth_token, answer /health and /metrics without it (every other endpoint still requires it)")
 	addServerTLSFlags(f)
@@ -147,6 +149,12 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	cfg.KVEvents = kvEventsConfig(s.boolean, s.str, s.integer)
+	if err := tenantConfig(s, &cfg); err != nil {
+		return err
+	}
+	if err := persistConfig(s, &cfg); err != nil {
+		return err
+	}
 	m, err := master.Start(cfg)
 	if err != nil {
 		return err
