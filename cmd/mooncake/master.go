@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/master"
 )
 
@@ -39,17 +41,32 @@ carry "authorization: Bearer <token>"; others are refused (gRPC
 Unauthenticated, HTTP 401). --auth_open_probes leaves /health and /metrics
 open to probes and scrapers. --tls_cert_file and --tls_key_file serve gRPC
 and the admin HTTP over TLS; --tls_client_ca_file makes it mutual.
---etcd_tls_* dial etcd over TLS under HA.`,
+--etcd_tls_* dial etcd over TLS under HA.
+
+With --enable_http_metadata_server the master also serves the Transfer
+Engines' HTTP metadata (GET/PUT/DELETE /metadata?key=) in this process, on
+--http_metadata_server_host:--http_metadata_server_port, as Mooncake's.
+
+Every flag of official mooncake_master is accepted: the ones without an
+equivalent here log a warning naming the flag and why it has no effect
+(docs/operator-flags.md has the table), so an official command line or
+config file starts this master unchanged. A flag neither has still fails.`,
 		Example: `  mooncake master --rpc_port 50051 --metrics_port 9003
+  mooncake master --enable_http_metadata_server --http_metadata_server_port 8080
   mooncake master --enable_ha --etcd_endpoints 10.0.0.1:2379 --rpc_address 10.0.0.2
   mooncake master --enable_kv_events --kv_events_backend_id pool-a --kv_events_replay_endpoint tcp://*:5558
   MC_AUTH_TOKEN=$(cat token) mooncake master --tls_cert_file server.pem --tls_key_file server-key.pem --tls_client_ca_file ca.pem`,
 		Args: cobra.NoArgs,
-		RunE: runMaster,
 	}
 	f := c.Flags()
-	f.Int("rpc_port", 50051, "gRPC port")
+	f.Int("rpc_port", 50051, "gRPC port (0 picks one)")
+	f.Int("port", 50051, "deprecated alias of --rpc_port, as Mooncake's")
+	_ = f.MarkDeprecated("port", "use --rpc_port")
 	f.String("rpc_address", "0.0.0.0", "gRPC address; under HA also what clients are told to dial (use a reachable one)")
+	f.String("rpc_interface", "", "network interface whose IPv4 address replaces --rpc_address")
+	f.Bool("enable_http_metadata_server", false, "also serve the Transfer Engines' HTTP metadata (/metadata?key=) in this process")
+	f.String("http_metadata_server_host", "0.0.0.0", "address of the HTTP metadata server")
+	f.Int("http_metadata_server_port", 8080, "port of the HTTP metadata server (0 picks one)")
 	f.Int("metrics_port", 9003, "admin HTTP port (/metrics, /health, /role, /leader, /get_all_segments, /query_key, ...); 0 picks one, -1 disables")
 	f.String("metrics_host", "0.0.0.0", "admin HTTP address")
 	f.Float64("eviction_ratio", master.DefaultEvictionRatio, "share of capacity one eviction round frees")
@@ -63,6 +80,7 @@ and the admin HTTP over TLS; --tls_client_ca_file makes it mutual.
 	f.Bool("enable_ha", false, "campaign for leadership in etcd and journal there")
 	f.String("etcd_endpoints", "", "etcd endpoints for HA, ';' or ',' separated (also --ha_backend_connstring)")
 	f.String("ha_backend_connstring", "", "alias of --etcd_endpoints, as Mooncake's")
+	f.String("ha_backend_type", "etcd", "HA backend; etcd is the only one here")
 	f.String("cluster_id", "mooncake_cluster", "HA cluster name (the etcd key prefix)")
 	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
 	f.Int("max_key_length", master.MaxKeyLen, "longest object key accepted, bytes")
@@ -83,10 +101,13 @@ and the admin HTTP over TLS; --tls_client_ca_file makes it mutual.
 	addServerTLSFlags(f)
 	addEtcdTLSFlags(f)
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")
+	// Last, so that only the official flags still undefined are added.
+	official := addOfficialFlags(f, officialMasterFlags, officialLoggingFlags)
+	c.RunE = func(cmd *cobra.Command, _ []string) error { return runMaster(cmd, official) }
 	return c
 }
 
-func runMaster(cmd *cobra.Command, _ []string) error {
+func runMaster(cmd *cobra.Command, official []officialFlag) error {
 	envs := map[string][]string{}
 	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
 		envs[fl.Name] = []string{"MC_MASTER_" + strings.ToUpper(fl.Name)}
@@ -94,6 +115,10 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 	s, err := newSettings(cmd, "MOONCAKE_CONFIG_PATH", withTokenEnvs(envs))
 	if err != nil {
 		return err
+	}
+	warnOfficialFlags(cmd.Flags(), official, s.v.InConfig)
+	if b := s.str("ha_backend_type"); b != "etcd" {
+		return fmt.Errorf("--ha_backend_type %q: etcd is the only HA backend here", b)
 	}
 	var cfg master.ServerConfig
 	if cfg.Token, err = readToken(s.str); err != nil {
@@ -126,7 +151,11 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 	if err := svc.Validate(); err != nil {
 		return err
 	}
-	cfg.Listen = net.JoinHostPort(s.str("rpc_address"), strconv.Itoa(s.integer("rpc_port")))
+	rpcAddr, err := masterRPCAddress(s)
+	if err != nil {
+		return err
+	}
+	cfg.Listen = net.JoinHostPort(rpcAddr, strconv.Itoa(masterRPCPort(cmd.Flags(), s)))
 	if p := s.integer("metrics_port"); p >= 0 {
 		cfg.Admin = net.JoinHostPort(s.str("metrics_host"), strconv.Itoa(p))
 	}
@@ -144,7 +173,7 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 			return err
 		}
 		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl, EtcdTLS: clientTLS(s.str, "etcd_")}
-		if a := s.str("rpc_address"); a != "0.0.0.0" && a != "" {
+		if a := rpcAddr; a != "0.0.0.0" && a != "" {
 			cfg.HA.Advertise = cfg.Listen
 		}
 	}
@@ -155,18 +184,105 @@ func runMaster(cmd *cobra.Command, _ []string) error {
 	if err := persistConfig(s, &cfg); err != nil {
 		return err
 	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	// The metadata server listens first: engines of the clients that the
+	// master's address brings need it from their first call.
+	meta, err := startMasterMetadata(ctx, s, cfg.Token, cfg.TLS)
+	if err != nil {
+		return err
+	}
+	defer meta.stop()
 	m, err := master.Start(cfg)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	// Scripts and tests read the addresses from stdout.
-	fmt.Fprintf(cmd.OutOrStdout(), "master listening rpc=%s admin=%s ha=%v%s\n", m.Addr(), m.AdminAddr(), cfg.HA != nil, kvEventsAddrs(m))
-	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	fmt.Fprintf(cmd.OutOrStdout(), "master listening rpc=%s admin=%s ha=%v%s%s\n", m.Addr(), m.AdminAddr(), cfg.HA != nil, kvEventsAddrs(m), meta.suffix())
 	<-ctx.Done()
 	slog.Info("master: shutting down")
 	return nil
+}
+
+// masterRPCPort is --rpc_port, or the deprecated --port where only it is
+// given (as Mooncake's, whose --rpc_port 0 defers to --port).
+func masterRPCPort(fs *pflag.FlagSet, s *settings) int {
+	if fs.Changed("port") && !fs.Changed("rpc_port") {
+		return s.integer("port")
+	}
+	return s.integer("rpc_port")
+}
+
+// masterRPCAddress is --rpc_address, or the IPv4 address of
+// --rpc_interface where one is named (it wins, as Mooncake's).
+func masterRPCAddress(s *settings) (string, error) {
+	name := s.str("rpc_interface")
+	if name == "" {
+		return s.str("rpc_address"), nil
+	}
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return "", fmt.Errorf("--rpc_interface %q: %w", name, err)
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return "", fmt.Errorf("--rpc_interface %q: %w", name, err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			return ipn.IP.String(), nil
+		}
+	}
+	return "", fmt.Errorf("--rpc_interface %q has no IPv4 address", name)
+}
+
+// masterMetadata is the HTTP metadata server a master runs in-process
+// with --enable_http_metadata_server.
+type masterMetadata struct {
+	url  string // "" when not enabled
+	stop func()
+}
+
+// suffix is the startup line's part naming the metadata URL.
+func (m masterMetadata) suffix() string {
+	if m.url == "" {
+		return ""
+	}
+	return " metadata=" + m.url
+}
+
+// startMasterMetadata serves the HTTP metadata API when the flags ask for
+// it, with the master's token and TLS (open when the master is), until ctx
+// ends or stop is called.
+func startMasterMetadata(ctx context.Context, s *settings, token string, tlsCfg secure.TLS) (masterMetadata, error) {
+	if !s.boolean("enable_http_metadata_server") {
+		return masterMetadata{stop: func() {}}, nil
+	}
+	tc, err := tlsCfg.Server()
+	if err != nil {
+		return masterMetadata{}, err
+	}
+	addr := net.JoinHostPort(s.str("http_metadata_server_host"), strconv.Itoa(s.integer("http_metadata_server_port")))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return masterMetadata{}, fmt.Errorf("--http_metadata_server_port: %w", err)
+	}
+	scheme := "http"
+	if tc != nil {
+		scheme = "https"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- metadata.NewServer(metadata.ServerToken(token), metadata.ServerTLS(tc)).Serve(ctx, ln) }()
+	url := fmt.Sprintf("%s://%s/metadata", scheme, ln.Addr())
+	slog.Info("master: HTTP metadata server listening", "url", url)
+	return masterMetadata{url: url, stop: func() {
+		cancel()
+		if err := <-done; err != nil {
+			slog.Warn("master: HTTP metadata server", "err", err)
+		}
+	}}, nil
 }
 
 // masterLimits reads the --max_* flags into cfg; a zero takes the
