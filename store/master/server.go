@@ -33,6 +33,10 @@ type ServerConfig struct {
 	// HA, when set, makes this master one of several: it serves only while
 	// it leads, journaling every durable change to etcd.
 	HA *HAConfig
+	// Persist, when set, keeps a master without HA's state on local disk
+	// across restarts: a journal of every durable change plus snapshots
+	// (persist.go). Not with HA, whose journal is in etcd.
+	Persist *PersistConfig
 	// Admin is the address of the HTTP admin server (/metrics, /health,
 	// /role, /leader, /get_all_segments, /query_key, ...: admin.go),
 	// Mooncake's --metrics_port. Zero: none.
@@ -140,6 +144,7 @@ type Server struct {
 	leading atomic.Bool
 	term    atomic.Int64
 	snapSeq atomic.Uint64 // the seq of the last snapshot this server wrote
+	local   *fileJournal  // the journal on local disk (Persist); nil otherwise
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -178,6 +183,15 @@ func Start(cfg ServerConfig) (*Server, error) {
 	}
 	if cfg.MaxConns < 0 || cfg.MaxConnsPerPeer < 0 {
 		return nil, fmt.Errorf("master: ServerConfig.MaxConns (%d) or MaxConnsPerPeer (%d) is negative", cfg.MaxConns, cfg.MaxConnsPerPeer)
+	}
+	if p := cfg.Persist; p != nil {
+		if cfg.HA != nil {
+			return nil, errors.New("master: ServerConfig.Persist and HA are exclusive: under HA the journal is in etcd")
+		}
+		if err := p.Validate(); err != nil {
+			return nil, err
+		}
+		p.withDefaults()
 	}
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
 	cfg.MaxRecvMsgSize = cmp.Or(cfg.MaxRecvMsgSize, DefaultMaxRecvMsgSize)
@@ -244,7 +258,12 @@ func Start(cfg ServerConfig) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	if cfg.HA == nil {
-		svc, err := NewService(cfg.Service)
+		var svc *Service
+		if cfg.Persist != nil {
+			svc, s.local, err = openLocal(*cfg.Persist, cfg.Service, s.log)
+		} else {
+			svc, err = NewService(cfg.Service)
+		}
 		if err != nil {
 			cancel()
 			_ = lis.Close()
@@ -258,6 +277,9 @@ func Start(cfg ServerConfig) (*Server, error) {
 		}
 		s.lead(svc)
 		s.wg.Go(func() { _ = svc.Run(ctx) })
+		if s.local != nil {
+			s.wg.Go(func() { s.persistLoop(ctx, svc, s.local) })
+		}
 	} else {
 		s.wg.Go(func() { s.campaign(ctx) })
 	}
@@ -504,6 +526,9 @@ func (s *Server) Close() error {
 		}
 		s.cancel()
 		s.wg.Wait()
+		if s.local != nil {
+			s.local.close()
+		}
 		s.closeKV()
 		s.closeEtcd()
 	})
