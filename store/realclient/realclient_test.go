@@ -1,0 +1,442 @@
+package realclient
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/client"
+	"github.com/mooncake-go/mooncake/store/master"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// The helper processes of the tests that kill one side with SIGKILL run
+// this test binary again with helperEnv set; see helperMain.
+const helperEnv = "MC_REALCLIENT_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEnv); mode != "" {
+		helperMain(mode)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// socketName is an abstract socket name of the test's own.
+func socketName(t testing.TB) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("@mc-realclient-test-%x", b)
+}
+
+// counting is a Store whose shared-memory registrations are counted, so
+// that a test sees the real client free a dummy's memory.
+type counting struct {
+	Store
+	registered atomic.Int64 // bytes registered now
+}
+
+func (c *counting) RegisterBuffer(b []byte) error {
+	err := c.Store.RegisterBuffer(b)
+	if err == nil {
+		c.registered.Add(int64(len(b)))
+	}
+	return err
+}
+
+func (c *counting) UnregisterBuffer(b []byte) error {
+	err := c.Store.UnregisterBuffer(b)
+	if err == nil {
+		c.registered.Add(-int64(len(b)))
+	}
+	return err
+}
+
+// realClient starts a master, a store client with a segment (the real
+// client's) and a Server over it.
+func realClient(t *testing.T) (*Server, *client.Client, *counting) {
+	t.Helper()
+	m, err := master.Start(master.ServerConfig{Service: master.ServiceConfig{}, Listen: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	c, err := client.New(context.Background(), client.Config{Master: m.Addr(), SegmentSize: 64 << 20,
+		LocalBufferSize: 8 << 20, EngineConfig: engine.Config{Host: "127.0.0.1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	st := &counting{Store: c}
+	srv, err := Listen(Config{Store: st, Socket: socketName(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Close() })
+	return srv, c, st
+}
+
+func dial(t *testing.T, addr string, pool, staging uint64) *Dummy {
+	t.Helper()
+	d, err := Dial(ctxT(t), addr, pool, staging)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*131) + seed
+	}
+	return b
+}
+
+func code(err error) storepb.Code {
+	var e *storepb.Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return storepb.OK
+}
+
+// Two dummies (two TP ranks) share the real client's pool: what one puts
+// the other and the real client read, whichever memory it came from.
+func TestTwoDummiesShareOnePool(t *testing.T) {
+	srv, real, st := realClient(t)
+	ctx := ctxT(t)
+	a := dial(t, srv.Addr(), 4<<20, 1<<20)
+	b := dial(t, srv.Addr(), 4<<20, 1<<20)
+	require.NoError(t, srv.WaitSessions(ctx, 2))
+	require.GreaterOrEqual(t, st.registered.Load(), int64(2*(5<<20)))
+
+	// From the pool (zero-copy) and from Go memory (staged), in one batch.
+	pooled, err := a.Alloc(1 << 20)
+	require.NoError(t, err)
+	copy(pooled, pattern(1<<20, 1))
+	heap := pattern(300<<10, 2)
+	keys := []string{"tp0-pooled", "tp0-heap"}
+	require.Equal(t, []error{nil, nil}, a.BatchPut(ctx, keys, [][]byte{pooled, heap}, nil, false))
+
+	// Rank 1 reads both, into its pool and into Go memory.
+	into, err := b.Alloc(1 << 20)
+	require.NoError(t, err)
+	dst := make([]byte, 1<<20)
+	ns, errs := b.BatchGetInto(ctx, []string{"tp0-pooled", "tp0-heap"}, [][]byte{into, dst})
+	require.Equal(t, []error{nil, nil}, errs)
+	require.Equal(t, []int{1 << 20, 300 << 10}, ns)
+	require.Equal(t, pattern(1<<20, 1), into)
+	require.Equal(t, heap, dst[:ns[1]])
+
+	// The real client sees one pool.
+	got, err := real.Get(ctx, "tp0-heap")
+	require.NoError(t, err)
+	require.Equal(t, heap, got)
+	ok, errs := b.BatchExist(ctx, []string{"tp0-pooled", "nope"})
+	require.Equal(t, []bool{true, false}, ok)
+	require.Equal(t, []error{nil, nil}, errs)
+	n, err := b.Size(ctx, "tp0-pooled")
+	require.NoError(t, err)
+	require.EqualValues(t, 1<<20, n)
+	v, err := b.Get(ctx, "tp0-heap")
+	require.NoError(t, err)
+	require.Equal(t, heap, v)
+
+	// Missing keys and removal, per key.
+	_, err = b.Get(ctx, "nope")
+	require.Equal(t, storepb.ObjectNotFound, code(err))
+	require.Equal(t, []error{nil}, a.BatchRemove(ctx, []string{"tp0-heap"}, true))
+	_, err = real.Get(ctx, "tp0-heap")
+	require.Equal(t, storepb.ObjectNotFound, code(err))
+	require.NoError(t, a.Free(pooled))
+	require.Error(t, a.Free(pooled)) // twice
+}
+
+// A put from the pool sends no payload: the request is a few dozen bytes
+// for a MiB, and yet the real client stores the bytes the dummy wrote in
+// the shared memory.
+func TestPoolPutIsZeroCopy(t *testing.T) {
+	srv, real, _ := realClient(t)
+	ctx := ctxT(t)
+	d := dial(t, srv.Addr(), 4<<20, 64<<10) // staging far smaller than the value
+	buf, err := d.Alloc(2 << 20)
+	require.NoError(t, err)
+	copy(buf, pattern(len(buf), 9))
+	before := srv.RequestBytes()
+	require.Equal(t, []error{nil}, d.BatchPut(ctx, []string{"zc"}, [][]byte{buf}, nil, false))
+	require.Less(t, srv.RequestBytes()-before, uint64(128), "the put sent its payload over the socket")
+	got, err := real.Get(ctx, "zc")
+	require.NoError(t, err)
+	require.Equal(t, pattern(2<<20, 9), got)
+
+	// The same value from Go memory does not fit the staging buffer: that
+	// key fails with a message naming the remedy, the others of its batch
+	// go through.
+	errs := d.BatchPut(ctx, []string{"big", "small"}, [][]byte{pattern(2<<20, 1), pattern(10, 1)}, nil, false)
+	require.Equal(t, storepb.InvalidParams, code(errs[0]))
+	require.Contains(t, errs[0].Error(), "alloc_from_mem_pool")
+	require.NoError(t, errs[1])
+}
+
+// Values from Go memory that together exceed the staging buffer travel in
+// several rounds, each of which fits.
+func TestStagingRounds(t *testing.T) {
+	srv, _, _ := realClient(t)
+	ctx := ctxT(t)
+	d := dial(t, srv.Addr(), 0, 100<<10)
+	var keys []string
+	var vals [][]byte
+	for i := range 5 {
+		keys = append(keys, fmt.Sprintf("round-%d", i))
+		vals = append(vals, pattern(40<<10, byte(i)))
+	}
+	before := srv.RequestBytes()
+	require.Equal(t, make([]error, 5), d.BatchPut(ctx, keys, vals, &client.ReplicateConfig{Replicas: 1}, true))
+	require.Greater(t, srv.RequestBytes()-before, uint64(0))
+	dsts := make([][]byte, 5)
+	for i := range dsts {
+		dsts[i] = make([]byte, 40<<10)
+	}
+	ns, errs := d.BatchGetInto(ctx, keys, dsts)
+	require.Equal(t, make([]error, 5), errs)
+	for i := range dsts {
+		require.Equal(t, 40<<10, ns[i])
+		require.Equal(t, vals[i], dsts[i], "key %d", i)
+	}
+	_, err := d.Alloc(4096)
+	require.Error(t, err) // no pool asked for
+	n, err := d.RemoveAll(ctx, true)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, 5)
+}
+
+// A dummy that closes, or is killed, has its shared memory freed by the
+// real client.
+func TestDummyDeathFreesItsMemory(t *testing.T) {
+	srv, real, st := realClient(t)
+	ctx := ctxT(t)
+
+	d := dial(t, srv.Addr(), 1<<20, 1<<20)
+	require.NoError(t, srv.WaitSessions(ctx, 1))
+	require.NoError(t, d.Close())
+	require.NoError(t, srv.WaitSessions(ctx, 0))
+	require.Zero(t, st.registered.Load())
+
+	// kill -9 of a dummy process after a put from its pool.
+	cmd, out := helper(t, "dummy", srv.Addr())
+	require.Equal(t, "put", readLine(t, out))
+	require.Equal(t, 1, srv.Sessions())
+	require.Positive(t, st.registered.Load())
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	require.NoError(t, srv.WaitSessions(ctx, 0))
+	require.Zero(t, st.registered.Load())
+	got, err := real.Get(ctx, "from-dead-dummy") // its object outlives it
+	require.NoError(t, err)
+	require.Equal(t, pattern(8192, 5), got)
+}
+
+// kill -9 of the real client during a call: that call and the next fail
+// at once with ErrGone, saying so, instead of hanging.
+func TestRealClientKilledMidCall(t *testing.T) {
+	sock := socketName(t)
+	cmd, out := helper(t, "stuck-real", sock)
+	require.Equal(t, "ready", readLine(t, out))
+	d, err := Dial(ctxT(t), sock, 1<<20, 1<<20, WithCallTimeout(time.Hour))
+	require.NoError(t, err)
+	defer d.Close()
+
+	done := make(chan []error, 1)
+	go func() { done <- d.BatchPut(context.Background(), []string{"k"}, [][]byte{[]byte("v")}, nil, false) }()
+	require.Equal(t, "in-call", readLine(t, out))
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	var errs []error
+	select {
+	case errs = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the call in progress still waits for a killed real client")
+	}
+	require.ErrorIs(t, errs[0], ErrGone)
+	require.Equal(t, storepb.RPCFail, code(errs[0]))
+	require.Contains(t, errs[0].Error(), "hung up")
+	ok, errs := d.BatchExist(context.Background(), []string{"k"})
+	require.False(t, ok[0])
+	require.ErrorIs(t, errs[0], ErrGone)
+
+	// No real client at all: Dial says where it looked.
+	_, err = Dial(ctxT(t), sock, 1<<20, 1<<20)
+	require.ErrorContains(t, err, "no real client at "+sock)
+}
+
+// Malformed frames get an INVALID_PARAMS answer saying what is wrong and
+// the connection closed; the server goes on serving others.
+func TestMalformedFrames(t *testing.T) {
+	srv, _, st := realClient(t)
+	ctx := ctxT(t)
+	hello, err := AppendRequest(nil, &Request{Op: OpHello, Arg0: 4096, Arg1: 4096})
+	require.NoError(t, err)
+	good, err := AppendRequest(nil, &Request{Op: OpGet, Items: []Item{{Key: "k", Off: 0, Len: 10}}})
+	require.NoError(t, err)
+	with := func(f []byte, edit func(b []byte) []byte) []byte { return edit(append([]byte(nil), f...)) }
+	cases := []struct {
+		name      string
+		afterHelo bool   // sent after a good hello
+		frame     []byte // raw bytes
+		want      string // in the answer's message
+	}{
+		// A version this build does not speak.
+		{"version", false, with(hello, func(b []byte) []byte { b[4] = 9; return b }), "version mismatch"},
+		// An op that does not exist.
+		{"unknown op", true, with(good, func(b []byte) []byte { b[5] = 77; return b }), "unknown request"},
+		// An item count the frame cannot hold.
+		{"huge count", true, with(good, func(b []byte) []byte { copy(b[headerLen+30:], []byte{0xff, 0xff, 0xff, 0xff}); return b }), "elements in"},
+		// A frame one byte longer than its fields.
+		{"trailing", true, append(with(good, func(b []byte) []byte { b[0]++; return b }), 0), "trailing"},
+		// The first request is not a hello.
+		{"no hello", false, good, "not hello"},
+		// A hello asking for no memory.
+		{"empty hello", false, mustReq(t, &Request{Op: OpHello}), "must be positive"},
+		// A get of bytes outside the shared memory: answered per key (no
+		// want), the session goes on.
+		{"out of range", true, mustReq(t, &Request{Op: OpGet, Items: []Item{{Key: "k", Off: 1 << 40, Len: 1}}}), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("unix", srv.Addr())
+			require.NoError(t, err)
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			if tc.afterHelo {
+				_, err = c.Write(hello)
+				require.NoError(t, err)
+				f, err := ReadFrame(c, nil)
+				require.NoError(t, err)
+				r, err := DecodeResponse(f)
+				require.NoError(t, err)
+				require.Zero(t, r.Code)
+			}
+			_, err = c.Write(tc.frame)
+			require.NoError(t, err)
+			f, err := ReadFrame(c, nil)
+			require.NoError(t, err)
+			r, err := DecodeResponse(f)
+			require.NoError(t, err)
+			msg := r.Msg
+			if tc.want == "" { // answered per key
+				require.Zero(t, r.Code)
+				require.Len(t, r.Results, 1)
+				require.Equal(t, int32(storepb.InvalidParams), r.Results[0].Code)
+				require.Contains(t, msg, "outside the 8192 shared bytes")
+				return
+			}
+			require.Equal(t, int32(storepb.InvalidParams), r.Code)
+			require.Contains(t, msg, tc.want)
+			_, err = ReadFrame(c, nil)
+			require.ErrorIs(t, err, io.EOF) // hung up
+		})
+	}
+	require.NoError(t, srv.WaitSessions(ctx, 0))
+	require.Zero(t, st.registered.Load())
+	d := dial(t, srv.Addr(), 0, 4096)
+	_, errs := d.BatchExist(ctx, []string{"x"})
+	require.NoError(t, errs[0])
+}
+
+func mustReq(t *testing.T, r *Request) []byte {
+	f, err := AppendRequest(nil, r)
+	require.NoError(t, err)
+	return f
+}
+
+// helper starts this test binary as a helper process of mode with arg
+// and returns it and its stdout.
+func helper(t *testing.T, mode, arg string) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "MC_REALCLIENT_TEST_ARG="+arg)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd, bufio.NewReader(out)
+}
+
+// readLine reads one line of a helper's stdout (bounded by the test's
+// own timeout: a helper that dies closes the pipe).
+func readLine(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	l, err := r.ReadString('\n')
+	require.NoError(t, err)
+	return string(bytes.TrimSpace([]byte(l)))
+}
+
+// stuck is a Store whose puts block until the process is killed: the
+// interleaving TestRealClientKilledMidCall needs.
+type stuck struct{ Store }
+
+func (stuck) RegisterBuffer([]byte) error   { return nil }
+func (stuck) UnregisterBuffer([]byte) error { return nil }
+func (stuck) BatchPutFrom(context.Context, []string, [][]byte, *client.ReplicateConfig) []error {
+	fmt.Println("in-call")
+	select {}
+}
+
+// helperMain runs a helper process: "stuck-real" serves on the socket in
+// MC_REALCLIENT_TEST_ARG with a Store whose puts never return; "dummy"
+// dials the real client there, puts one object from its pool and waits
+// to be killed.
+func helperMain(mode string) {
+	arg := os.Getenv("MC_REALCLIENT_TEST_ARG")
+	switch mode {
+	case "stuck-real":
+		srv, err := Listen(Config{Store: stuck{}, Socket: arg})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		defer srv.Close()
+		fmt.Println("ready")
+		select {}
+	case "dummy":
+		d, err := Dial(context.Background(), arg, 1<<20, 1<<20)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		b, err := d.Alloc(8192)
+		if err == nil {
+			copy(b, pattern(8192, 5))
+			if errs := d.BatchPut(context.Background(), []string{"from-dead-dummy"}, [][]byte{b}, nil, false); errs[0] != nil {
+				err = errs[0]
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		fmt.Println("put")
+		var mu sync.Mutex
+		mu.Lock()
+		mu.Lock() // until killed
+	}
+	os.Exit(3)
+}
