@@ -1,0 +1,656 @@
+"""The communicator under mooncake.pg: registered buffers, all-pairs steps
+over the Transfer Engine, membership (epochs, failure and join syncs) and a
+point-to-point channel per pair of ranks.
+
+Memory. Each rank allocates, once, three engine buffers (shared memory on
+one host, registered remote-accessible): ``ctrl`` (flags and counters,
+u64 words), ``data`` (two parities x max_group_size slots of ``slot``
+bytes; peer p writes into slot [parity][p]) and ``p2p`` (one slot per
+sender), plus a local ``stage`` buffer (headers, reduction results, small
+sources). Peers learn the addresses once, through the torch Store.
+
+Steps. A collective is a series of all-pairs steps: every active rank
+writes its payload (if any) into its slot at each peer, then writes the
+step number into each peer's flag word for (itself, parity), then waits for
+every peer's flag. A rank cannot pass step s+1 before every peer finished
+step s (it needs their step s+1 flags, written after they consumed step
+s), so two parities make slot reuse safe with no acknowledgements.
+
+Membership. An epoch is a view (the active ranks) plus the step number the
+view starts at. A rank that sees a peer die (its process gone on this
+host, a failed write, or no flag within the timeout) or is asked to change
+the membership raises the sync word in every peer's ctrl; every active
+rank then reports (its suspects, its position = collective and piece) in
+the Store, the first complete set of reports decides the next view
+(compare-and-set), and every member applies it at one agreed position: the
+furthest reported. A rank that was one piece behind finishes that piece
+from the data already delivered first (every live peer had sent it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from mooncake_go.engine import LOCAL_SEGMENT, Op, Request, RequestArray, TransferEngine  # noqa: F401
+from mooncake_go.errors import MooncakeError
+
+#: Payload slot per (parity, sender); large collectives go in pieces.
+DEFAULT_SLOT = 4 << 20
+#: Point-to-point slot per sender.
+P2P_SLOT = 256 << 10
+#: Sources at least this large are registered in place (zero copy); smaller
+#: ones are copied into the stage buffer.
+REGISTER_MIN = 256 << 10
+_MAGIC = 0x4D43504731  # "MCPG1"
+
+
+class PeerFailure(RuntimeError):
+    """A collective could not complete because ranks failed (or this rank
+    was deactivated). The group's membership already excludes them when
+    auto-sync is on."""
+
+    def __init__(self, msg: str, ranks: Sequence[int] = ()):
+        super().__init__(msg)
+        self.ranks = sorted(ranks)
+
+
+class _Restart(Exception):
+    """The view changed at this rank's position: run the piece again."""
+
+
+class _Decision:
+    __slots__ = ("epoch", "view", "base", "pos", "dead")
+
+    def __init__(self, epoch: int, d: dict):
+        self.epoch = epoch
+        self.view: List[int] = d["view"]
+        self.base: int = d["base"]
+        self.pos: int = d["pos"]
+        self.dead: List[int] = d["dead"]
+
+
+class _Peer:
+    __slots__ = ("rank", "name", "ctrl", "data", "p2p", "pid", "host", "inc", "seg")
+
+    def __init__(self, rank: int, info: dict, seg: int):
+        self.rank = rank
+        self.name = info["name"]
+        self.ctrl, self.data, self.p2p = info["ctrl"], info["data"], info["p2p"]
+        self.pid, self.host, self.inc = info["pid"], info["host"], info["inc"]
+        self.seg = seg
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _pos(coll: int, piece: int) -> int:
+    return (coll << 32) | piece
+
+
+class Comm:
+    """One rank's side of one process group (see the module doc)."""
+
+    def __init__(self, engine: TransferEngine, store, rank: int, size: int, max_group: int,
+                 initial: Sequence[int], is_extension: bool, auto_deactivate: bool, auto_sync: bool,
+                 timeout: float, slot: int = 0, on_view=None):
+        self.eng = engine
+        self.store = store
+        self.rank, self.size, self.G = rank, size, max_group
+        self.auto_deactivate, self.auto_sync = auto_deactivate, auto_sync
+        self.timeout = timeout
+        self.on_view = on_view
+        self.slot = slot or int(os.environ.get("MOONCAKE_PG_SLOT_BYTES", 0)) or max(
+            256 << 10, min(DEFAULT_SLOT, (256 << 20) // (2 * max_group)))
+        self.slot = (self.slot + 4095) // 4096 * 4096
+        G = max_group
+        # Header of a slot: magic, signature (5 words), piece, then bytes
+        # sent to and expected from each rank (all_to_all's matrices).
+        self.H = (8 * (8 + 2 * G) + 63) // 64 * 64
+        self.P = self.slot - self.H
+        if self.P < 4096:
+            raise ValueError("mooncake-cpu: MOONCAKE_PG_SLOT_BYTES too small for max_group_size")
+        # ctrl words: 0 sync word, [8, 8+2G) flags[p][parity], then p2p
+        # posted[p], p2p acked[p], scratch words.
+        self._F, self._POST, self._ACK = 8, 8 + 2 * G, 8 + 3 * G
+        self._SCR = 8 + 4 * G
+        nwords = self._SCR + 8 + 2 * G
+        self._bufs = []
+        self.ctrl = self._alloc((nwords * 8 + 4095) // 4096 * 4096)
+        self.data = self._alloc(2 * G * self.slot)
+        self.p2p = self._alloc(G * P2P_SLOT)
+        self.stage = self._alloc(self.H + self.slot + REGISTER_MIN + G * P2P_SLOT)
+        self.words = (ctypes.c_uint64 * nwords).from_address(self.ctrl.addr)
+        self.dbuf = torch.frombuffer(self.data.view(), dtype=torch.uint8)
+        self.pbuf = torch.frombuffer(self.p2p.view(), dtype=torch.uint8)
+        self.sbuf = torch.frombuffer(self.stage.view(), dtype=torch.uint8)
+        self._hdr_words = (ctypes.c_uint64 * (self.H // 8)).from_address(self.stage.addr)
+        self.red_off = self.H  # reduction results: slot bytes
+        self.src_off = self.H + self.slot  # small sources: REGISTER_MIN bytes
+        self.p2p_stage_off = self.src_off + REGISTER_MIN
+
+        self.host = socket.gethostname()
+        self.inc = uuid.uuid4().hex
+        self.peers: Dict[int, _Peer] = {}
+        self.epoch = 0
+        self.step = 0
+        self.coll = 0
+        self.piece = 0
+        self.in_coll = False
+        self.pending: Optional[_Decision] = None
+        self.excluded = False
+        self.joined = not is_extension
+        self.closed = False
+        self.observed: set = set()  # failures seen but not synced (auto-sync off)
+        self.lock = threading.Lock()  # one collective at a time
+        info = {"name": engine.name, "ctrl": self.ctrl.addr, "data": self.data.addr, "p2p": self.p2p.addr,
+                "pid": os.getpid(), "host": self.host, "inc": self.inc, "slot": self.slot, "G": G}
+        store.set(f"peer/{rank}", json.dumps(info))
+        if is_extension:
+            self.active = [rank]
+            self.num_synced = 1
+        else:
+            self.active = sorted(initial)
+            if rank not in self.active:
+                raise ValueError(f"mooncake-cpu: rank {rank} is not in active_ranks; start it with is_extension=True")
+            keys = [f"peer/{r}" for r in self.active]
+            store.wait(keys)
+            for r in self.active:
+                if r != rank:
+                    self._load_peer(r)
+            self.num_synced = len(self.active)
+        self.p2p_engine = _P2P(self)
+
+    # -- memory ----------------------------------------------------------
+
+    def _alloc(self, n: int):
+        b = self.eng.allocate_buffer(n)
+        self._bufs.append(b)
+        return b
+
+    def _load_peer(self, r: int) -> _Peer:
+        info = json.loads(self.store.get(f"peer/{r}"))
+        if info["slot"] != self.slot or info["G"] != self.G:
+            raise ValueError(f"mooncake-cpu: rank {r} uses slot {info['slot']} bytes and max_group_size "
+                             f"{info['G']}, this rank {self.slot} and {self.G}: set them alike on every rank")
+        old = self.peers.get(r)
+        if old is not None and old.inc == info["inc"]:
+            return old
+        if old is not None:
+            try:
+                self.eng.close_segment(old.name)
+            except MooncakeError:
+                pass
+        p = self.peers[r] = _Peer(r, info, self.eng.open_segment(info["name"]))
+        return p
+
+    def slot_off(self, parity: int, sender: int) -> int:
+        """Offset in a receiver's data buffer of sender's slot."""
+        return (parity * self.G + sender) * self.slot
+
+    # -- transfers -------------------------------------------------------
+
+    def _write(self, reqs: List[tuple]) -> None:
+        """reqs: (peer rank, local addr, remote addr, length). Raises
+        PeerFailure naming the ranks whose writes failed."""
+        if not reqs:
+            return
+        arr = RequestArray([Request(Op.WRITE, a, self.peers[p].seg, ra, n) for p, a, ra, n in reqs])
+        try:
+            self.eng.transfer(arr, timeout=self.timeout)
+            return
+        except MooncakeError:
+            pass
+        bad = set()
+        for p, a, ra, n in reqs:
+            try:
+                self.eng.transfer([Request(Op.WRITE, a, self.peers[p].seg, ra, n)], timeout=self.timeout)
+            except MooncakeError:
+                bad.add(p)
+        if bad:
+            raise PeerFailure(f"mooncake-cpu: writes to ranks {sorted(bad)} failed", bad)
+
+    def _write_word(self, peers: Sequence[int], scratch: int, value: int, word: int) -> None:
+        """Writes value (through scratch word) into each peer's ctrl word."""
+        self.words[scratch] = value
+        src = self.ctrl.addr + 8 * scratch
+        self._write([(p, src, self.peers[p].ctrl + 8 * word, 8) for p in peers])
+
+    # -- steps -----------------------------------------------------------
+
+    def exchange(self, writes: List[tuple]) -> int:
+        """One all-pairs step over the active ranks. writes: (peer, local
+        addr, length, offset in the peer's slot). Returns the parity whose
+        slots hold what peers sent."""
+        s = self.step + 1
+        par = s & 1
+        peers = [p for p in self.active if p != self.rank]
+        if peers:
+            try:
+                base = self.slot_off(par, self.rank)
+                self._write([(p, a, self.peers[p].data + base + off, n) for p, a, n, off in writes])
+                self._write_word(peers, self._SCR + par, s, self._F + 2 * self.rank + par)
+            except PeerFailure as e:
+                self._failed(set(e.ranks))
+            self._wait_flags(par, s, peers)
+        self.step = s
+        return par
+
+    def _wait_flags(self, par: int, s: int, peers: List[int]) -> None:
+        w, F = self.words, self._F
+        pending = [p for p in peers if w[F + 2 * p + par] != s]
+        spins = 0
+        start = check = 0.0
+        while pending:
+            pending = [p for p in pending if w[F + 2 * p + par] != s]
+            if not pending:
+                return
+            spins += 1
+            if spins < 50:
+                continue
+            now = time.monotonic()
+            if spins == 50:
+                start, check = now, now + 0.005
+            if spins < 3000:
+                os.sched_yield()
+            else:
+                time.sleep(0.0002)
+            if w[0] > self._known_epoch():
+                self._on_sync_request(pending)
+                continue
+            if now >= check:
+                check = now + 0.02
+                dead = {p for p in pending if not self._alive(p)}
+                if not dead and now - start > self.timeout:
+                    dead = set(pending)
+                if dead:
+                    self._failed(dead)
+
+    def _alive(self, r: int) -> bool:
+        p = self.peers.get(r)
+        if p is None:
+            return False
+        if p.host == self.host:
+            return _pid_alive(p.pid)
+        return True  # remote: the timeout decides
+
+    def _known_epoch(self) -> int:
+        return self.pending.epoch if self.pending is not None else self.epoch
+
+    def _failed(self, dead: set) -> None:
+        """Peers in dead failed during this rank's current piece."""
+        if self.pending is not None:
+            # Draining a piece behind the agreed position: a peer that
+            # has not delivered by now never will.
+            raise PeerFailure(f"mooncake-cpu: ranks {sorted(dead)} failed during this collective", dead)
+        if not (self.auto_deactivate and self.auto_sync):
+            self.observed |= dead
+            raise PeerFailure(f"mooncake-cpu: ranks {sorted(dead)} failed (call sync_after_failure)", dead)
+        self.sync(suspects=dead)
+        self._after_decision()
+
+    def _on_sync_request(self, pending: List[int]) -> None:
+        if self.pending is not None:
+            missing = set(pending) & set(self.pending.dead)
+            if missing:
+                raise PeerFailure(f"mooncake-cpu: ranks {sorted(missing)} failed during this collective", missing)
+            return
+        self.sync()
+        self._after_decision()
+
+    def _after_decision(self) -> None:
+        d = self.pending
+        if self.rank not in d.view:
+            self._apply(d)
+            raise PeerFailure("mooncake-cpu: this rank was deactivated by the group", [self.rank])
+        if d.pos <= _pos(self.coll, self.piece):
+            raise _Restart()
+        # Behind the agreed position: finish this piece from what arrived.
+
+    # -- collectives -----------------------------------------------------
+
+    def run(self, body):
+        """Runs a collective body (a callable doing pieces)."""
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("mooncake-cpu: the process group was destroyed")
+            if self.excluded:
+                raise PeerFailure("mooncake-cpu: this rank is not active in the group any more", [self.rank])
+            self.coll += 1
+            self.piece = 0
+            self.in_coll = True
+            try:
+                return body()
+            finally:
+                self.in_coll = False
+
+    def do_piece(self, fn):
+        """Runs one piece of the current collective; again, over the new
+        view, when the membership changes at this piece."""
+        self.piece += 1
+        while True:
+            d = self.pending
+            if d is not None and d.pos <= _pos(self.coll, self.piece):
+                self._apply(d)
+            elif self.words[0] > self._known_epoch() and self.joined:
+                self.sync()
+                continue
+            try:
+                return fn()
+            except _Restart:
+                continue
+
+    # -- membership ------------------------------------------------------
+
+    def sync(self, suspects=(), deact=(), act=()) -> _Decision:
+        """Takes part in the sync for the next epoch and returns its
+        decision (kept as pending until applied)."""
+        e = self.epoch + 1
+        others = [p for p in self.active if p != self.rank and p not in suspects]
+        try:
+            self._write_word(others, self._SCR + 2, e, 0)
+        except PeerFailure as err:
+            suspects = set(suspects) | set(err.ranks)
+        pos = _pos(self.coll, self.piece) if self.in_coll else _pos(self.coll + 1, 0)
+        mine = {"sus": sorted(set(suspects) | self.observed), "pos": pos, "step": self.step,
+                "deact": sorted(deact), "act": sorted(act)}
+        st = self.store
+        st.set(f"ft/{e}/rep/{self.rank}", json.dumps(mine))
+        deadline = time.monotonic() + self.timeout
+        key = f"ft/{e}/view"
+        while True:
+            if st.check([key]):
+                break
+            reps = {}
+            for r in self.active:
+                k = f"ft/{e}/rep/{r}"
+                if st.check([k]):
+                    reps[r] = json.loads(st.get(k))
+            gone = set()
+            for rep in reps.values():
+                gone |= set(rep["sus"]) | set(rep["deact"])
+            needed = set(self.active) - gone
+            late = needed - set(reps)
+            if late and time.monotonic() > deadline:
+                gone |= late
+                late = set()
+            if not late:
+                view = set(self.active) - gone
+                for rep in reps.values():
+                    view |= {a for a in rep["act"] if st.check([f"join/{a}"])}
+                dec = {"view": sorted(view), "dead": sorted(set(self.active) - view),
+                       "base": max(rep["step"] for rep in reps.values()) + 8,
+                       "pos": max(rep["pos"] for rep in reps.values())}
+                st.compare_set(key, "", json.dumps(dec))
+                break
+            time.sleep(0.002)
+        d = _Decision(e, json.loads(st.get(key)))
+        st.set("ft/cur", str(e))
+        self.observed.clear()
+        self.pending = d
+        return d
+
+    def _apply(self, d: _Decision) -> None:
+        """Waits (bounded) for every member of d to reach it, then uses it."""
+        st = self.store
+        st.set(f"ft/{d.epoch}/ready/{self.rank}", "1")
+        deadline = time.monotonic() + self.timeout
+        for r in d.view:
+            while not st.check([f"ft/{d.epoch}/ready/{r}"]) and time.monotonic() < deadline:
+                time.sleep(0.002)
+        for r in d.view:
+            if r != self.rank:
+                self._load_peer(r)
+        self.active = list(d.view)
+        self.step = d.base
+        self.epoch = d.epoch
+        self.pending = None
+        self.num_synced = len(d.view)
+        self.excluded = self.rank not in d.view
+        if self.rank in d.view:
+            self.joined = True
+        if self.on_view:
+            self.on_view(self.active)
+
+    def change(self, deact=(), act=()) -> None:
+        """deactivate_ranks / activate_ranks / sync_after_failure from the
+        API: runs a sync between collectives and applies it."""
+        with self.lock:
+            if not self.joined:
+                raise RuntimeError("mooncake-cpu: this rank has not joined the group (call join_group)")
+            if self.pending is None:
+                self.sync(deact=deact, act=act)
+            self._apply(self.pending)
+
+    def join(self) -> None:
+        """join_group: announce, then wait for a view that has this rank."""
+        with self.lock:
+            if self.joined:
+                return
+            st = self.store
+            st.set(f"join/{self.rank}", self.inc)
+            while True:
+                cur = int(st.get("ft/cur")) if st.check(["ft/cur"]) else 0
+                for e in range(max(self.epoch + 1, 1), cur + 1):
+                    d = _Decision(e, json.loads(st.get(f"ft/{e}/view")))
+                    self.epoch = e
+                    if self.rank in d.view:
+                        self.coll = (d.pos >> 32) - 1
+                        self._apply(d)
+                        st.delete_key(f"join/{self.rank}")
+                        return
+                time.sleep(0.005)
+
+    def peer_state(self, ranks: Sequence[int]) -> List[bool]:
+        """Local readiness: active and alive, or waiting in join_group."""
+        out = []
+        for r in ranks:
+            if r in self.active:
+                out.append(r == self.rank or self._alive(r))
+            else:
+                out.append(bool(self.store.check([f"join/{r}"])))
+        return out
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.p2p_engine.close()
+        for b in self._bufs:
+            try:
+                b.free()
+            except MooncakeError:
+                pass
+        self._bufs = []
+
+    # -- headers ---------------------------------------------------------
+
+    def header(self, sig: Sequence[int], piece: int, sends: Sequence[int] = (), expects: Sequence[int] = ()) -> int:
+        """Fills this rank's header in the stage buffer; returns its address."""
+        w = self._hdr_words
+        w[0] = _MAGIC
+        for i in range(5):
+            w[1 + i] = sig[i] if i < len(sig) else 0
+        w[6] = piece
+        G = self.G
+        for i in range(G):
+            w[8 + i] = sends[i] if sends else 0
+            w[8 + G + i] = expects[i] if expects else 0
+        return self.stage.addr
+
+    def peer_header(self, par: int, p: int) -> List[int]:
+        off = self.data.addr + self.slot_off(par, p)
+        return list((ctypes.c_uint64 * (self.H // 8)).from_address(off))
+
+
+class _P2POp:
+    __slots__ = ("tensor", "peer", "nbytes", "done", "fut", "send", "deadline")
+
+    def __init__(self, tensor, peer, send, fut, timeout):
+        self.tensor = tensor.view(-1).view(torch.uint8) if tensor.numel() else tensor.new_empty(0, dtype=torch.uint8)
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.peer, self.send, self.fut = peer, send, fut
+        self.done = 0
+        self.deadline = time.monotonic() + timeout
+
+
+class _P2P:
+    """Point-to-point channels: sender p writes a chunk into receiver's
+    p2p slot p and then the word posted[p] = (count << 32 | last << 31 |
+    length); the receiver copies it out and writes acked[receiver] = count
+    into the sender's ctrl. One chunk in flight per direction and pair;
+    one thread progresses every pending send and receive, so a rank's
+    isend and irecv never wait on each other."""
+
+    def __init__(self, comm: Comm):
+        self.c = comm
+        self.cv = threading.Condition()
+        self.sends: Dict[int, deque] = {}
+        self.recvs: Dict[int, deque] = {}
+        self.sent: Dict[int, int] = {}
+        self.got: Dict[int, int] = {}
+        self.thread: Optional[threading.Thread] = None
+        self.stop = False
+
+    def submit(self, tensor, peer: int, send: bool):
+        c = self.c
+        if c.closed:
+            raise RuntimeError("mooncake-cpu: the process group was destroyed")
+        if peer == c.rank or not 0 <= peer < c.size:
+            raise ValueError(f"mooncake-cpu: bad peer rank {peer} for rank {c.rank} of {c.size}")
+        if peer not in c.active:
+            raise PeerFailure(f"mooncake-cpu: rank {peer} is not active", [peer])
+        if peer not in c.peers:
+            c._load_peer(peer)
+        fut = torch.futures.Future()
+        op = _P2POp(tensor if tensor.is_contiguous() else tensor, peer, send, fut, c.timeout)
+        if not tensor.is_contiguous():
+            op.fut.set_exception(ValueError("mooncake-cpu: send/recv need contiguous tensors"))
+            return fut
+        with self.cv:
+            (self.sends if send else self.recvs).setdefault(peer, deque()).append(op)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="mooncake-pg-p2p", daemon=True)
+                self.thread.start()
+            self.cv.notify()
+        return fut
+
+    def close(self) -> None:
+        with self.cv:
+            self.stop = True
+            self.cv.notify()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        idle = 0
+        while True:
+            with self.cv:
+                while not self.stop and not any(self.sends.values()) and not any(self.recvs.values()):
+                    self.cv.wait()
+                if self.stop:
+                    for q in list(self.sends.values()) + list(self.recvs.values()):
+                        for op in q:
+                            op.fut.set_exception(RuntimeError("mooncake-cpu: the process group was destroyed"))
+                        q.clear()
+                    return
+                heads = [q[0] for q in self.sends.values() if q] + [q[0] for q in self.recvs.values() if q]
+            moved = False
+            for op in heads:
+                try:
+                    moved |= self._progress(op)
+                except Exception as e:  # noqa: BLE001 - handed to the waiter
+                    self._finish(op, e)
+            if moved:
+                idle = 0
+                continue
+            idle += 1
+            if idle < 200:
+                os.sched_yield()
+            else:
+                time.sleep(0.0002)
+                now = time.monotonic()
+                for op in heads:
+                    if not self.c._alive(op.peer) or now > op.deadline:
+                        self._finish(op, PeerFailure(f"mooncake-cpu: rank {op.peer} did not answer a "
+                                                     f"{'send' if op.send else 'recv'}", [op.peer]))
+
+    def _finish(self, op: _P2POp, err=None) -> None:
+        with self.cv:
+            q = (self.sends if op.send else self.recvs)[op.peer]
+            if q and q[0] is op:
+                q.popleft()
+        if err is None:
+            op.fut.set_result([op.tensor])
+        else:
+            op.fut.set_exception(err)
+
+    def _progress(self, op: _P2POp) -> bool:
+        c, p = self.c, op.peer
+        peer = c.peers[p]
+        if op.send:
+            k = self.sent.get(p, 0)
+            if c.words[c._ACK + p] != k:
+                return False  # the previous chunk is not consumed yet
+            n = min(P2P_SLOT, op.nbytes - op.done)
+            last = op.done + n == op.nbytes
+            off = c.p2p_stage_off + p * P2P_SLOT
+            if n:
+                c.sbuf[off:off + n].copy_(op.tensor[op.done:op.done + n])
+                c._write([(p, c.stage.addr + off, peer.p2p + c.rank * P2P_SLOT, n)])
+            scr = c._SCR + 8 + p
+            c._write_word([p], scr, ((k + 1) << 32) | (int(last) << 31) | n, c._POST + c.rank)
+            self.sent[p] = k + 1
+            op.done += n
+            if last:
+                self._finish(op)
+            return True
+        k = self.got.get(p, 0)
+        v = c.words[c._POST + p]
+        if v >> 32 != k + 1:
+            return False
+        n, last = v & 0x7FFFFFFF, bool(v >> 31 & 1)
+        if op.done + n > op.nbytes or (last and op.done + n != op.nbytes):
+            err = ValueError(f"mooncake-cpu: recv of {op.nbytes} bytes from rank {p} does not match "
+                             f"the size rank {p} sent")
+            self._drain(p, v, k, last)
+            raise err
+        if n:
+            op.tensor[op.done:op.done + n].copy_(c.pbuf[p * P2P_SLOT:p * P2P_SLOT + n])
+        self._ack(p, k + 1)
+        op.done += n
+        if last:
+            self._finish(op)
+        return True
+
+    def _ack(self, p: int, k: int) -> None:
+        c = self.c
+        self.got[p] = k
+        c._write_word([p], c._SCR + 8 + c.G + p, k, c._ACK + c.rank)
+
+    def _drain(self, p: int, v: int, k: int, last: bool) -> None:
+        """Consumes the rest of a mismatched message so the pair stays usable."""
+        self._ack(p, k + 1)
+        deadline = time.monotonic() + self.c.timeout
+        while not last and time.monotonic() < deadline:
+            v = self.c.words[self.c._POST + p]
+            if v >> 32 == self.got[p] + 1:
+                last = bool(v >> 31 & 1)
+                self._ack(p, self.got[p] + 1)
+            else:
+                time.sleep(0.0002)
