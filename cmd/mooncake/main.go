@@ -45,7 +45,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().MarkHidden("cpuprofile")
 	viper.BindPFlag("log-level", root.PersistentFlags().Lookup("log-level"))
 	viper.BindEnv("log-level", "MC_LOG_LEVEL")
-	root.AddCommand(newMetadataCmd(), newMasterCmd(), newNodeCmd(), newUpCmd(), newBenchCmd(), newConductorCmd(), newIndexerCmd(), newSimCmd(), newChaosCmd())
+	root.AddCommand(newMetadataCmd(), newMasterCmd(), newNodeCmd(), newClientCmd(), newUpCmd(), newBenchCmd(), newConductorCmd(), newIndexerCmd(), newSimCmd(), newChaosCmd())
 	return root
 }
 
