@@ -21,9 +21,11 @@ pytestmark = pytest.mark.skipif(ep_launch.env_ok() is not None, reason=str(ep_la
 
 
 def check(cfg, results, steps, dead=()):
+    """Every rank's results (None: skip that rank) equal the reference
+    layer's output for its tokens, without the experts of ``dead`` ranks."""
     rtol, atol = ep_moe.tolerance(cfg)
     for r, res in enumerate(results):
-        if r in dead:
+        if res is None:
             continue
         for s in steps:
             want = ep_moe.reference(cfg, r, s, dead=dead)
