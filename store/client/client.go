@@ -135,7 +135,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		}
 	}
 	if cfg.SSDDir != "" {
-		if c.ssd, err = openSSD(ctx, c.eng, cfg.SSDDir, cfg.SSDSize, c.name, c.host); err != nil {
+		if c.ssd, err = openSSD(ctx, c.eng, cfg.SSDDir, cfg.SSDSize, c.name, c.host, c.log); err != nil {
 			c.log.Warn("store: no SSD tier", "dir", cfg.SSDDir, "err", err)
 			c.ssd, err = nil, nil
 		} else {
@@ -167,13 +167,22 @@ func (c *Client) segments() []*storepb.Segment {
 }
 
 func (c *Client) remount(ctx context.Context) error {
-	return c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
-		r, err := rpc.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: c.id, Segments: c.segments()})
+	segs := c.segments()
+	ssd := c.ssd != nil && c.ssd.failed() == nil
+	if ssd {
+		segs = segs[:len(segs)-1] // the tier mounts with its objects (mountSSD)
+	}
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
+		r, err := rpc.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: c.id, Segments: segs})
 		if err != nil {
 			return err
 		}
 		return r.AsError()
 	})
+	if err != nil || !ssd {
+		return err
+	}
+	return c.mountSSD(ctx)
 }
 
 // heartbeat pings the master every PingInterval and remounts when the

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,8 +25,14 @@ import (
 // mapped shared and registered with the engine, mounted as a segment of
 // medium DISK. The master spills evicted objects into it and promotes
 // them back on a hit (see store/master's tier story); the client does the
-// copies it is given in ping answers. The file is a cache: it is removed
-// on Close and not reloaded by a restart.
+// copies it is given in ping answers.
+//
+// The file outlives the process: it is mooncake-ssd-<n>.seg in SSDDir, the
+// first n no other live process holds (flock), with its index beside it
+// (ssd_index.go). A client restarted on the directory maps the file again,
+// checks each object the index lists against its checksum (a damaged one
+// is logged and dropped, never served) and mounts the tier with the rest,
+// which the master takes back into the pool (store/master MountDisk).
 //
 // A failing disk shows through the mapping: a page that cannot be read in
 // faults the process (SIGBUS), a page that cannot be written back fails
@@ -36,9 +45,10 @@ import (
 // the engine's server, whose socket writes fail with EFAULT on such a
 // page: the peer sees a failed transfer, not a crash.
 type ssdTier struct {
-	f   *os.File
-	mem []byte
-	seg *storepb.Segment
+	f     *os.File
+	mem   []byte
+	seg   *storepb.Segment
+	index *ssdIndex
 
 	// onFail is told of the tier's first I/O error (set by the client).
 	onFail    func(error)
@@ -149,43 +159,96 @@ func (t *ssdTier) check(b []byte) error {
 	return nil
 }
 
-// openSSD creates and maps the tier. The file is fallocated in full, so a
-// disk that fills up later cannot fault a write into the mapping; where
-// that fails the client runs without a tier.
-func openSSD(ctx context.Context, e *engine.Engine, dir string, size int64, name, host string) (*ssdTier, error) {
-	f, err := os.CreateTemp(dir, "mooncake-ssd-*.seg")
+// ssdSlots bounds the tier files of one directory: a client takes the
+// first one no other process holds.
+const ssdSlots = 64
+
+// lockSlot opens and locks (flock, released when the process goes) the
+// first free tier file of dir.
+func lockSlot(dir string) (*os.File, error) {
+	for n := range ssdSlots {
+		path := filepath.Join(dir, fmt.Sprintf("mooncake-ssd-%d.seg", n))
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		_ = f.Close()
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+	}
+	return nil, fmt.Errorf("all %d SSD tier files of %s are held by other processes", ssdSlots, dir)
+}
+
+// openSSD maps the tier, with the objects its file kept from an earlier
+// run when it has the same size (checked: see ssdIndex.verify). The file
+// is fallocated in full, so a disk that fills up later cannot fault a
+// write into the mapping; where that fails the client runs without a
+// tier, and the file is removed.
+func openSSD(ctx context.Context, e *engine.Engine, dir string, size int64, name, host string, log *slog.Logger) (*ssdTier, error) {
+	f, err := lockSlot(dir)
 	if err != nil {
 		return nil, err
 	}
+	idxPath := strings.TrimSuffix(f.Name(), ".seg") + ".idx"
 	fail := func(err error) (*ssdTier, error) {
 		_ = f.Close()
 		_ = os.Remove(f.Name())
+		_ = os.Remove(idxPath)
 		return nil, err
+	}
+	idx, err := loadIndex(idxPath)
+	if err != nil {
+		return fail(fmt.Errorf("SSD tier index %s: %w", idxPath, err))
+	}
+	if st, err := f.Stat(); err != nil {
+		return fail(err)
+	} else if st.Size() != size {
+		// A new file, or one of another size: nothing in it carries over.
+		if err := f.Truncate(0); err != nil {
+			return fail(err)
+		}
+		idx = newIndex(idxPath)
 	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
 		return fail(fmt.Errorf("fallocate %d bytes in %s: %w", size, dir, err))
 	}
+	if n := len(idx.byOff); n > 0 {
+		kept := idx.verify(f, size, log)
+		log.Info("store: SSD tier file reopened", "path", f.Name(), "objects", n, "intact", kept)
+	}
+	if err := idx.rewrite(); err != nil {
+		return fail(fmt.Errorf("SSD tier index %s: %w", idxPath, err))
+	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
+		idx.close()
 		return fail(fmt.Errorf("mmap %s: %w", f.Name(), err))
 	}
 	addr := engine.AddrOf(mem)
 	if err := e.RegisterMemory(ctx, addr, uint64(size), "", true); err != nil {
 		_ = unix.Munmap(mem)
+		idx.close()
 		return fail(err)
 	}
-	return &ssdTier{f: f, mem: mem, seg: &storepb.Segment{
+	return &ssdTier{f: f, mem: mem, index: idx, seg: &storepb.Segment{
 		Id: uuid.NewString(), Name: name, Base: uint64(addr), Size: uint64(size),
 		TransportEndpoint: name, Protocol: "tcp", HostId: host, Medium: storepb.Medium_MEDIUM_DISK,
 	}}, nil
 }
 
+// close unmaps the tier and lets the file go (its lock with it); the file
+// and its index stay for the next run.
 func (t *ssdTier) close(e *engine.Engine) error {
 	err := e.UnregisterMemory(context.Background(), engine.AddrOf(t.mem))
 	_ = unix.Munmap(t.mem)
-	_ = t.f.Close()
-	if rerr := os.Remove(t.f.Name()); err == nil {
-		err = rerr
+	t.index.close()
+	if cerr := t.f.Close(); err == nil {
+		err = cerr
 	}
 	return err
 }
@@ -280,6 +343,7 @@ func (c *Client) runMoves(ctx context.Context, tasks []*storepb.MoveTask) {
 			_ = c.ssd.check(x.local)
 		}
 	}
+	c.recordSSD(tasks, xs)
 	for i, t := range tasks {
 		ok := xs[i].err == nil
 		if !ok {
@@ -296,6 +360,31 @@ func (c *Client) runMoves(ctx context.Context, tasks []*storepb.MoveTask) {
 		if err != nil && ctx.Err() == nil {
 			c.log.Debug("store: move not taken", "key", t.Key, "err", err)
 		}
+	}
+}
+
+// recordSSD adds the moves into the tier that succeeded to its index, so
+// that a restart finds them. A failed index write loses them only for
+// the restart: the moves stand.
+func (c *Client) recordSSD(tasks []*storepb.MoveTask, xs []*xfer) {
+	var recs []*storepb.DiskObject
+	for i, t := range tasks {
+		x := xs[i]
+		into := transport.Bytes(uintptr(x.remote), uint64(len(x.local)))
+		if x.err != nil || x.seg != c.name || !c.ssd.holds(into) {
+			continue
+		}
+		// The source is the object's DRAM replica, copied exactly; its
+		// sum is the one the bytes on disk must have.
+		recs = append(recs, &storepb.DiskObject{Key: t.Key, Offset: uint64(c.ssd.offset(uintptr(x.remote))),
+			Size: uint64(len(x.local)), Checksum: checksum(x.local)})
+	}
+	if len(recs) == 0 {
+		return
+	}
+	if err := c.ssd.index.record(recs); err != nil {
+		c.log.Warn("store: SSD tier index not written; these objects will not survive a restart", "path", c.ssd.index.path,
+			"objects", len(recs), "err", err)
 	}
 }
 

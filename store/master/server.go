@@ -22,6 +22,7 @@ import (
 	"github.com/mooncake-go/mooncake/internal/etcdopt"
 	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/ha"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // ServerConfig configures a Server.
@@ -255,6 +256,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 		s.wg.Go(func() { _ = s.admin.Serve(admin) })
 	}
 	s.api.Register(s.grpc)
+	storepb.RegisterTierServer(s.grpc, &TierServer{g: s.api}) // SSD tiers across node restarts (tier_announce.go)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	if cfg.HA == nil {

@@ -4,4 +4,4 @@
 // (needs protoc, protoc-gen-go and protoc-gen-go-grpc on PATH).
 package storepb
 
-//go:generate protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative master.proto journal.proto
+//go:generate protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative master.proto journal.proto tier.proto

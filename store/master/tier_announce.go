@@ -1,0 +1,171 @@
+package master
+
+import (
+	"cmp"
+	"context"
+	"slices"
+
+	"github.com/mooncake-go/mooncake/store/alloc"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// An SSD tier outlives its node's process: the file stays, and a node
+// restarted on it mounts the tier with the objects the file still holds
+// (MountDisk), each checked by the node against the checksum it recorded
+// when it wrote the bytes. The master takes an object unless it knows the
+// key with another value (an upsert or a new put since), or a put of it is
+// in flight; what it takes is journaled like a put (or, for a key still
+// known, like an offload), so it survives the master too.
+
+// MountDisk mounts seg, clientID's SSD tier, with objs, the objects its
+// file holds, and reports which objects it took. A repeated MountDisk
+// (same segment, same client) mounts nothing again and reports the objects
+// that have a replica at their place on seg.
+func (s *Service) MountDisk(ctx context.Context, clientID string, seg *storepb.Segment, objs []*storepb.DiskObject) ([]bool, error) {
+	if clientID == "" {
+		return nil, storeErr(storepb.InvalidParams, "empty client id")
+	}
+	if err := checkSegment(seg); err != nil {
+		return nil, err
+	}
+	if seg.Medium != storepb.Medium_MEDIUM_DISK {
+		return nil, storeErr(storepb.InvalidParams, "segment %s: MountDisk mounts SSD tiers (medium DISK) only", seg.Id)
+	}
+	taken := make([]bool, len(objs))
+	s.segMu.Lock()
+	if old, ok := s.segs[seg.Id]; ok {
+		s.segMu.Unlock()
+		if old.client != clientID {
+			return nil, storeErr(storepb.InvalidParams, "segment %s is mounted by another client", seg.Id)
+		}
+		s.segMu.Lock()
+		s.touchLocked(clientID)
+		s.segMu.Unlock()
+		for i, d := range objs {
+			taken[i] = s.hasReplicaAt(d.GetKey(), old, d.GetOffset())
+		}
+		return taken, nil
+	}
+	// The objects' spans are allocated in the new segment from the start,
+	// so no move can be given their bytes; those not taken are freed below.
+	cand := s.diskCandidates(seg.Size, objs)
+	spans := make([]alloc.Span, 0, len(cand))
+	for _, i := range cand {
+		spans = append(spans, alloc.Span{Off: objs[i].Offset, Size: objs[i].Size})
+	}
+	a, err := alloc.Restore(seg.Size, spans)
+	if err != nil {
+		s.segMu.Unlock()
+		return nil, storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
+	}
+	sg := newSegment(clientID, seg, a, len(s.segList))
+	s.segs[sg.id] = sg
+	s.segList = append(s.segList, sg)
+	s.diskTiers++
+	c := s.touchLocked(clientID)
+	c.segs[sg.id] = sg
+	if sg.hostID != "" {
+		c.hostID = sg.hostID
+	}
+	last := s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
+		ClientId: clientID, Segment: seg}}})
+	s.segMu.Unlock()
+
+	for _, i := range cand {
+		d := objs[i]
+		seq, ok := s.adoptDisk(clientID, d, replica{seg: sg, off: d.Offset, size: d.Size})
+		taken[i] = ok
+		last = max(last, seq)
+		if !ok {
+			s.freeReplicas([]replica{{seg: sg, off: d.Offset, size: d.Size}})
+		}
+	}
+	return taken, s.durable(ctx, last)
+}
+
+// diskCandidates returns the indexes of objs worth offering to the pool:
+// a valid key and a non-empty span inside the segment, the first of any
+// overlapping spans and of any repeated key.
+func (s *Service) diskCandidates(size uint64, objs []*storepb.DiskObject) []int {
+	var idx []int
+	seen := make(map[string]bool, len(objs))
+	for i, d := range objs {
+		if d == nil || d.Size == 0 || d.Offset%alloc.DefaultAlignment != 0 || d.Offset+d.Size < d.Offset ||
+			d.Offset+d.Size > size || s.checkKey(d.Key) != nil || seen[d.Key] {
+			continue
+		}
+		seen[d.Key] = true
+		idx = append(idx, i)
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(objs[a].Offset, objs[b].Offset) })
+	out := idx[:0]
+	end := uint64(0)
+	for _, i := range idx {
+		if objs[i].Offset < end {
+			continue // overlaps the one before
+		}
+		out = append(out, i)
+		// Sizes take whole granules, as the allocator rounds them.
+		end = objs[i].Offset + (objs[i].Size+alloc.DefaultAlignment-1)&^(alloc.DefaultAlignment-1)
+	}
+	return out
+}
+
+// adoptDisk makes r, on a newly mounted SSD tier, a replica of d's key:
+// a new object when the key is unknown, an SSD copy more when the key
+// holds the same value (size and checksum). It returns the journal record
+// and whether it took r.
+func (s *Service) adoptDisk(clientID string, d *storepb.DiskObject, r replica) (uint64, bool) {
+	sh := s.shardOf(d.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[d.Key]
+	switch {
+	case o == nil:
+		o = &object{size: d.Size, checksum: d.Checksum, replicas: []replica{r}, writer: clientID, lease: s.now()}
+		sh.objects[d.Key] = o
+		start := startRecord(clientID, d.Key, &pendingPut{size: d.Size, replicas: o.replicas, cfg: &storepb.ReplicateConfig{}})
+		s.record(start)
+		s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT, d.Key)
+		s.kvChange(d.Key, 0, s.kvMediaOf(o.replicas), true)
+		return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
+			ClientId: clientID, Key: d.Key, Checksum: d.Checksum}}}), true
+	case o.pending != nil || !o.complete() || o.size != d.Size || o.checksum != d.Checksum:
+		// A put in flight, or another value: the bytes on disk are stale.
+		return 0, false
+	}
+	media := s.kvMediaOf(o.replicas)
+	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
+		Key: d.Key, From: locations(o.replicas[:1])[0], To: locations([]replica{r})[0], KeepFrom: true}}}
+	o.replicas = append(o.replicas, r)
+	dramFirst(o.replicas)
+	s.kvChange(d.Key, media, s.kvMediaOf(o.replicas), false)
+	return s.record(rec), true
+}
+
+// hasReplicaAt reports whether key has a replica on sg at off.
+func (s *Service) hasReplicaAt(key string, sg *segment, off uint64) bool {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[key]
+	return o != nil && slices.ContainsFunc(o.replicas, func(r replica) bool { return r.seg == sg && r.off == off })
+}
+
+// TierServer serves the storepb.Tier gRPC service over the service a
+// GRPCServer serves (a standby answers Unavailable, as for Master).
+type TierServer struct {
+	storepb.UnimplementedTierServer
+	g *GRPCServer
+}
+
+var _ storepb.TierServer = (*TierServer)(nil)
+
+// MountDisk is Service.MountDisk.
+func (t *TierServer) MountDisk(ctx context.Context, req *storepb.MountDiskRequest) (*storepb.MountDiskResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	taken, err := t.g.svc.Load().MountDisk(ctx, req.ClientId, req.Segment, req.Objects)
+	return &storepb.MountDiskResponse{Result: storepb.NewResult(err), Taken: taken}, nil
+}
