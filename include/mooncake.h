@@ -160,9 +160,10 @@ extern "C" {
  * 1.6: mc_copy.
  * 1.7: mc_store_config_t.report_existing (MC_STORE_CONFIG_SIZE_V3).
  * 1.8: mc_store_config_t.auth_token, tls_ca_file, tls_cert_file,
- * tls_key_file, te_secret (MC_STORE_CONFIG_SIZE_V4). */
+ * tls_key_file, te_secret (MC_STORE_CONFIG_SIZE_V4).
+ * 1.9: dummy clients (mc_dummy_*). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 8
+#define MC_ABI_VERSION_MINOR 9
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -841,6 +842,75 @@ mc_status_t mc_store_batch_put_session_end(mc_store_t store, const char *const *
  * code is the master's answer, and the session is closed whatever it is. */
 mc_status_t mc_store_batch_put_session_revoke(mc_store_t store, const char *const *keys, size_t count,
                                               mc_status_t *codes_out, mc_error_t *err);
+
+/* ------------------------------------------------------------------------
+ * Dummy clients (ABI 1.9)
+ *
+ * A dummy client holds no segment and no engine: it forwards every call to
+ * the real client on this host (`mooncake client`, the official
+ * mooncake_client) and shares that client's pool, as the official
+ * setup_dummy does; the tensor-parallel ranks of one server each open one.
+ * Its memory pool (mc_dummy_alloc) and staging buffer are shared memory
+ * with the real client: a value in the pool, or in memory registered with
+ * mc_dummy_register_shared, moves without a copy; any other buffer is
+ * copied once through staging, and one larger than the
+ * staging buffer is MC_STORE_ERR_INVALID_PARAMS. When the real client
+ * dies, calls fail at once with MC_STORE_ERR_RPC_FAIL. Calls on one dummy
+ * are serialized; a dummy is safe to share between threads. Codes and
+ * ownership are those of the store functions of the same names.
+ * See docs/client-modes.md.
+ * ------------------------------------------------------------------------ */
+
+typedef uint64_t mc_dummy_t; /* opaque handle, 0 = none */
+
+/* mc_dummy_create connects to the real client that server_address names
+ * ("host:port", the port of `mooncake client --port`, 50052 by default;
+ * or a unix socket path, or "@abstract-name") and asks for mem_pool_size
+ * bytes of pool and local_buffer_size bytes of staging buffer. */
+mc_status_t mc_dummy_create(const char *server_address, uint64_t mem_pool_size, uint64_t local_buffer_size,
+                            mc_dummy_t *out, mc_error_t *err);
+
+/* mc_dummy_close waits for the calls in progress, hangs up (the real
+ * client frees the shared memory) and releases the handle; buffers from
+ * mc_dummy_alloc are gone with it. */
+mc_status_t mc_dummy_close(mc_dummy_t dummy, mc_error_t *err);
+
+/* mc_dummy_alloc stores in *addr_out size bytes of the pool, 4096-aligned:
+ * MC_STORE_ERR_NO_AVAILABLE_HANDLE when the pool has no room.
+ * mc_dummy_free gives them back. */
+mc_status_t mc_dummy_alloc(mc_dummy_t dummy, uint64_t size, void **addr_out, mc_error_t *err);
+mc_status_t mc_dummy_free(mc_dummy_t dummy, void *addr, mc_error_t *err);
+
+/* mc_dummy_register_shared makes length bytes at addr, which are the
+ * mapping (MAP_SHARED) of the bytes at offset (page-aligned) of the file
+ * fd (a memfd, say), known to the real client, which maps the same pages:
+ * puts from and gets into them then copy nothing in this process. fd stays
+ * the caller's. mc_dummy_unregister_shared undoes it for the region that
+ * starts at addr. */
+mc_status_t mc_dummy_register_shared(mc_dummy_t dummy, int fd, uint64_t offset, void *addr, uint64_t length,
+                                     mc_error_t *err);
+mc_status_t mc_dummy_unregister_shared(mc_dummy_t dummy, void *addr, mc_error_t *err);
+
+/* mc_dummy_batch_put: mc_store_batch_put_from (upsert 0) or
+ * mc_store_batch_upsert (upsert 1) through the real client. */
+mc_status_t mc_dummy_batch_put(mc_dummy_t dummy, const char *const *keys, const void *const *values,
+                               const uint64_t *lens, size_t count, int upsert, const mc_replicate_config_t *rc,
+                               mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_dummy_batch_get_into: mc_store_batch_get_into through the real client. */
+mc_status_t mc_dummy_batch_get_into(mc_dummy_t dummy, const char *const *keys, void *const *bufs,
+                                    const uint64_t *buf_lens, size_t count, uint64_t *lens_out,
+                                    mc_status_t *codes_out, mc_error_t *err);
+
+/* mc_dummy_batch_exist, mc_dummy_get_size, mc_dummy_batch_remove,
+ * mc_dummy_remove_all: the store functions of the same names through the
+ * real client. */
+mc_status_t mc_dummy_batch_exist(mc_dummy_t dummy, const char *const *keys, size_t count, int32_t *exists_out,
+                                 mc_status_t *codes_out, mc_error_t *err);
+mc_status_t mc_dummy_get_size(mc_dummy_t dummy, const char *key, uint64_t *size_out, mc_error_t *err);
+mc_status_t mc_dummy_batch_remove(mc_dummy_t dummy, const char *const *keys, size_t count, int force,
+                                  mc_status_t *codes_out, mc_error_t *err);
+mc_status_t mc_dummy_remove_all(mc_dummy_t dummy, int force, uint64_t *removed_out, mc_error_t *err);
 
 /* ------------------------------------------------------------------------
  * Diagnostics

@@ -14,12 +14,16 @@
 // memory as one memfd, registers it with its store, and passes the fd back
 // over the socket (SCM_RIGHTS); both map it.
 //
+// A dummy may also share memory of its own: RegisterShared sends the fd
+// of a memfd mapping (MooncakeHostMemAllocator's host pool, which SGLang
+// allocates before setup_dummy) and the real client maps the same pages.
+//
 // From then on every call is one request frame and one response frame
 // (see proto.go). No frame carries a value: a put or get names bytes of
-// the shared memory by offset, and the real client's store reads or
-// writes them there. A buffer from Alloc is thus moved without any copy in
-// the dummy; any other buffer is copied once into staging (put) or out of
-// it (get).
+// shared memory by region and offset, and the real client's store reads
+// or writes them there. A buffer from Alloc or a registered region thus
+// moves without any copy in the dummy; any other buffer is copied once
+// into staging (put) or out of it (get).
 //
 // Failure. When the dummy hangs up, or dies, the real client's read ends,
 // and it unregisters and unmaps that dummy's memory once the call in

@@ -49,10 +49,18 @@ type Dummy struct {
 	poolMu sync.Mutex
 	pool   *alloc.Allocator // nil without a pool
 
-	mu     sync.Mutex // one call at a time; guards the fields below
-	buf    []byte
-	broken error
-	closed bool
+	mu      sync.Mutex // one call at a time; guards the fields below
+	buf     []byte
+	broken  error
+	closed  bool
+	regions []region // memory of the caller's the real client has mapped too
+}
+
+// region is memory of the dummy's process that the real client mapped
+// too (RegisterShared), under the number it gave it.
+type region struct {
+	id  uint32
+	mem []byte
 }
 
 // Option adjusts a Dummy at Dial.
@@ -210,6 +218,11 @@ func (d *Dummy) gone(err error) error {
 
 // roundTrip sends q and returns its response; d.mu is held.
 func (d *Dummy) roundTrip(ctx context.Context, q *Request) (*Response, error) {
+	return d.roundTripFD(ctx, q, -1)
+}
+
+// roundTripFD is roundTrip with fd sent along (SCM_RIGHTS) when >= 0.
+func (d *Dummy) roundTripFD(ctx context.Context, q *Request, fd int) (*Response, error) {
 	if d.closed {
 		return nil, &storepb.Error{Code: storepb.InvalidParams, Msg: "dummy client is closed"}
 	}
@@ -221,7 +234,15 @@ func (d *Dummy) roundTrip(ctx context.Context, q *Request) (*Response, error) {
 		return nil, &storepb.Error{Code: storepb.InvalidParams, Err: err}
 	}
 	defer d.deadline(ctx)()
-	if _, err := d.conn.Write(f); err != nil {
+	if fd >= 0 {
+		n, _, err := d.conn.WriteMsgUnix(f, unix.UnixRights(fd), nil)
+		if err == nil && n < len(f) {
+			_, err = d.conn.Write(f[n:])
+		}
+		if err != nil {
+			return nil, d.gone(err)
+		}
+	} else if _, err := d.conn.Write(f); err != nil {
 		return nil, d.gone(err)
 	}
 	f, err = ReadFrame(d.conn, f[:0])
@@ -236,7 +257,7 @@ func (d *Dummy) roundTrip(ctx context.Context, q *Request) (*Response, error) {
 	if r.Code != 0 {
 		return nil, &storepb.Error{Code: storepb.Code(r.Code), Msg: "real client: " + r.Msg}
 	}
-	if r.Op != q.Op || (q.Op != OpRemoveAll && len(r.Results) != len(q.Items)) {
+	if r.Op != q.Op || len(r.Results) != len(q.Items) {
 		return nil, d.gone(fmt.Errorf("%w: %v with %d results to %v of %d items", ErrFrame, r.Op, len(r.Results), q.Op, len(q.Items)))
 	}
 	return r, nil
@@ -287,6 +308,62 @@ func (d *Dummy) Free(b []byte) error {
 // Shared is the memory shared with the real client (pool, then staging).
 func (d *Dummy) Shared() []byte { return d.mem }
 
+// locate finds b in memory the real client maps too: the region and
+// offset to name it by. d.mu is held.
+func (d *Dummy) locate(b []byte) (uint32, uint64, bool) {
+	if off, ok := within(d.mem, b); ok {
+		return 0, off, true
+	}
+	for _, r := range d.regions {
+		if off, ok := within(r.mem, b); ok {
+			return r.id, off, true
+		}
+	}
+	return 0, 0, false
+}
+
+// RegisterShared makes mem, which is the mapping of len(mem) bytes at
+// offset off of the memfd (or other shareable file) fd, known to the real
+// client, which maps the same pages: puts from and gets into it then move
+// no byte through this process (MooncakeHostMemAllocator's memory
+// registered with register_buffer). fd stays the caller's.
+func (d *Dummy) RegisterShared(ctx context.Context, fd int, off uint64, mem []byte) error {
+	if len(mem) == 0 || fd < 0 {
+		return &storepb.Error{Code: storepb.InvalidParams, Msg: "register shared memory: empty buffer or no fd"}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range d.regions {
+		if _, ok := within(r.mem, mem[:1]); ok {
+			return &storepb.Error{Code: storepb.InvalidParams, Msg: "register shared memory: overlaps a registered region"}
+		}
+	}
+	r, err := d.roundTripFD(ctx, &Request{Op: OpRegister, Arg0: uint64(len(mem)), Arg1: off}, fd)
+	if err != nil {
+		return err
+	}
+	d.regions = append(d.regions, region{id: uint32(r.Value), mem: mem})
+	return nil
+}
+
+// UnregisterShared undoes RegisterShared of the region starting at mem[0];
+// false when no region starts there.
+func (d *Dummy) UnregisterShared(ctx context.Context, mem []byte) (bool, error) {
+	if len(mem) == 0 {
+		return false, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, r := range d.regions {
+		if off, ok := within(r.mem, mem[:1]); ok && off == 0 {
+			d.regions = append(d.regions[:i], d.regions[i+1:]...)
+			_, err := d.roundTrip(ctx, &Request{Op: OpUnregister, Arg0: uint64(r.id)})
+			return true, err
+		}
+	}
+	return false, nil
+}
+
 // plan is how the items of one batch put or get travel: by offset where
 // the caller's buffer is shared memory, else through staging, in rounds
 // that each fit the staging buffer.
@@ -304,8 +381,8 @@ func (d *Dummy) plan(keys []string, bufs [][]byte) plan {
 	for i, b := range bufs {
 		p.items[i].Key = keys[i]
 		p.items[i].Len = uint64(len(b))
-		if off, ok := within(d.mem, b); ok {
-			p.items[i].Off, p.staged[i] = off, -1
+		if id, off, ok := d.locate(b); ok {
+			p.items[i].Region, p.items[i].Off, p.staged[i] = id, off, -1
 			anyDirect = true
 			continue
 		}

@@ -15,15 +15,17 @@ import (
 //	           (length counts everything after itself; little endian)
 //	request  = replicas u32 | pinTTLms u64 | arg0 u64 | arg1 u64
 //	           | npref u16 | npref × string | nitems u32 | nitems × item
-//	item     = key string | off u64 | len u64
+//	item     = key string | region u32 | off u64 | len u64
 //	response = code i32 | msg string | value u64 | nres u32 | nres × result
 //	result   = code i32 | n u64
 //	string   = len u16 | bytes
 //
-// No frame carries a value: an item names bytes of the shared memory by
-// offset and length, and the response says how many the real client moved
-// there. The response of Hello carries the memfd of that memory as
-// SCM_RIGHTS ancillary data.
+// No frame carries a value: an item names bytes of shared memory by region
+// (0: the session's own memory, pool then staging; others: memory the
+// dummy registered with OpRegister), offset and length, and the response
+// says how many the real client moved there. File descriptors travel as
+// SCM_RIGHTS ancillary data: the memfd of the session's memory with the
+// response of OpHello, the dummy's with OpRegister.
 
 // Version is the protocol version. The real client answers a Hello of any
 // other version with ErrVersion, so that mismatched builds fail at setup
@@ -35,18 +37,21 @@ type Op uint8
 
 // The requests.
 const (
-	OpHello     Op = 1 // arg0 = pool bytes, arg1 = staging bytes, replicas = pid; value = shared bytes
-	OpPut       Op = 2 // items: key, value at off, len bytes; flags: FlagUpsert
-	OpGet       Op = 3 // items: key, room at off, len bytes; result n = bytes read
-	OpExist     Op = 4 // items: key; result n = 1 if it exists
-	OpSize      Op = 5 // items: key; result n = its size
-	OpRemove    Op = 6 // items: key; flags: FlagForce
-	OpRemoveAll Op = 7 // flags: FlagForce; value = objects removed
-	respBit     Op = 0x80
+	OpHello      Op = 1 // arg0 = pool bytes, arg1 = staging bytes, replicas = pid; value = shared bytes
+	OpPut        Op = 2 // items: key, value at off, len bytes; flags: FlagUpsert
+	OpGet        Op = 3 // items: key, room at off, len bytes; result n = bytes read
+	OpExist      Op = 4 // items: key; result n = 1 if it exists
+	OpSize       Op = 5 // items: key; result n = its size
+	OpRemove     Op = 6 // items: key; flags: FlagForce
+	OpRemoveAll  Op = 7 // flags: FlagForce; value = objects removed
+	OpRegister   Op = 8 // with an fd; arg0 = bytes, arg1 = offset in the fd; value = region
+	OpUnregister Op = 9 // arg0 = region
+	lastOp       Op = OpUnregister
+	respBit      Op = 0x80
 )
 
 func (o Op) String() string {
-	names := [...]string{"", "hello", "put", "get", "exist", "size", "remove", "remove-all"}
+	names := [...]string{"", "hello", "put", "get", "exist", "size", "remove", "remove-all", "register", "unregister"}
 	if o&respBit != 0 {
 		return (o &^ respBit).String() + "-response"
 	}
@@ -71,7 +76,7 @@ const (
 	// batch of 4096 keys of 4 KiB fits with room to spare.
 	MaxFrame  = 32 << 20
 	maxString = math.MaxUint16
-	itemMin   = 2 + 8 + 8
+	itemMin   = 2 + 4 + 8 + 8
 	resultLen = 4 + 8
 )
 
@@ -84,6 +89,7 @@ var (
 // Item names one key and, for puts and gets, bytes of the shared memory.
 type Item struct {
 	Key      string
+	Region   uint32
 	Off, Len uint64
 }
 
@@ -169,6 +175,7 @@ func AppendRequest(buf []byte, r *Request) ([]byte, error) {
 			return nil, fmt.Errorf("%w: key of %d bytes, more than %d", ErrFrame, len(it.Key), maxString)
 		}
 		w.str(it.Key)
+		w.u32(it.Region)
 		w.u64(it.Off)
 		w.u64(it.Len)
 	}
@@ -267,7 +274,7 @@ func DecodeRequest(frame []byte) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if op == 0 || op > OpRemoveAll {
+	if op == 0 || op > lastOp {
 		return nil, fmt.Errorf("%w: unknown request %v", ErrFrame, op)
 	}
 	r := reader{b: body}
@@ -281,7 +288,7 @@ func DecodeRequest(frame []byte) (*Request, error) {
 	if n := r.count(uint64(r.u32()), itemMin); n > 0 {
 		q.Items = make([]Item, n)
 		for i := range q.Items {
-			q.Items[i] = Item{Key: r.str(), Off: r.u64(), Len: r.u64()}
+			q.Items[i] = Item{Key: r.str(), Region: r.u32(), Off: r.u64(), Len: r.u64()}
 		}
 	}
 	if r.err == nil && len(r.b) != 0 {
@@ -302,7 +309,7 @@ func DecodeResponse(frame []byte) (*Response, error) {
 	if flags != 0 {
 		return nil, fmt.Errorf("%w: response flags %#x (reserved, zero)", ErrFrame, flags)
 	}
-	if op&respBit == 0 || op&^respBit == 0 || op&^respBit > OpRemoveAll {
+	if op&respBit == 0 || op&^respBit == 0 || op&^respBit > lastOp {
 		return nil, fmt.Errorf("%w: %v is not a response", ErrFrame, op)
 	}
 	r := reader{b: body}

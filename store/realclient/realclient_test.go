@@ -440,3 +440,48 @@ func helperMain(mode string) {
 	}
 	os.Exit(3)
 }
+
+// Memory of the dummy's own (a memfd mapping, as MooncakeHostMemAllocator
+// makes) registered with the real client moves without any copy: the
+// real client maps the same pages, then stops when it is unregistered or
+// the dummy leaves.
+func TestRegisteredSharedMemory(t *testing.T) {
+	srv, real, st := realClient(t)
+	ctx := ctxT(t)
+	d := dial(t, srv.Addr(), 0, 4096) // staging far smaller than the values
+	base := st.registered.Load()
+
+	m, err := newShm(1 << 20)
+	require.NoError(t, err)
+	defer m.close()
+	copy(m.mem, pattern(512<<10, 4))
+	require.NoError(t, d.RegisterShared(ctx, m.fd, 0, m.mem))
+	require.Equal(t, base+1<<20, st.registered.Load())
+
+	before := srv.RequestBytes()
+	require.Equal(t, []error{nil}, d.BatchPut(ctx, []string{"host-pool"}, [][]byte{m.mem[:512<<10]}, nil, false))
+	require.Less(t, srv.RequestBytes()-before, uint64(128))
+	got, err := real.Get(ctx, "host-pool")
+	require.NoError(t, err)
+	require.Equal(t, pattern(512<<10, 4), got)
+
+	// A get into the second half lands there directly.
+	ns, errs := d.BatchGetInto(ctx, []string{"host-pool"}, [][]byte{m.mem[512<<10:]})
+	require.Equal(t, []error{nil}, errs)
+	require.Equal(t, []int{512 << 10}, ns)
+	require.Equal(t, pattern(512<<10, 4), m.mem[512<<10:])
+
+	ok, err := d.UnregisterShared(ctx, m.mem)
+	require.True(t, ok)
+	require.NoError(t, err)
+	require.Equal(t, base, st.registered.Load())
+	// Unregistered, it is ordinary memory again: too big for staging.
+	errs = d.BatchPut(ctx, []string{"again"}, [][]byte{m.mem[:512<<10]}, nil, false)
+	require.Equal(t, storepb.InvalidParams, code(errs[0]))
+
+	// Registered again, then the dummy leaves: the real client lets go.
+	require.NoError(t, d.RegisterShared(ctx, m.fd, 0, m.mem))
+	require.NoError(t, d.Close())
+	require.NoError(t, srv.WaitSessions(ctx, 0))
+	require.Zero(t, st.registered.Load())
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -175,7 +176,7 @@ func (s *Server) accept() {
 			}
 			return
 		}
-		se := &session{srv: s, conn: c, shm: &shm{fd: -1}}
+		se := &session{srv: s, conn: c, shm: &shm{fd: -1}, oob: make([]byte, unix.CmsgSpace(4*4)), regions: map[uint32][]byte{}}
 		if !s.add(se) {
 			_ = c.Close()
 			continue
@@ -222,7 +223,14 @@ type session struct {
 	registered bool
 	pid        uint64
 	in, out    []byte
+	oob        []byte
+	fds        []int             // received with the request being served
+	regions    map[uint32][]byte // memory the dummy registered (OpRegister), mapped here
+	nextRegion uint32
 }
+
+// MaxRegions bounds the memory regions one dummy may register.
+const MaxRegions = 4096
 
 // serve runs the session until the dummy hangs up, sends a malformed
 // frame, or the server closes; then it frees what it held for the dummy.
@@ -245,6 +253,10 @@ func (se *session) serve() {
 // free unregisters and unmaps the dummy's shared memory: its pages go
 // once the dummy's mapping is gone too.
 func (se *session) free() {
+	se.closeFDs()
+	for id := range se.regions {
+		se.unregister(id)
+	}
 	if se.registered {
 		if err := se.srv.cfg.Store.UnregisterBuffer(se.shm.mem); err != nil {
 			se.srv.cfg.Logger.Warn("realclient: unregister a dummy's memory", "err", err)
@@ -255,7 +267,8 @@ func (se *session) free() {
 }
 
 func (se *session) read() (*Request, error) {
-	f, err := ReadFrame(se.conn, se.in)
+	se.closeFDs()
+	f, err := se.readFrame()
 	if err != nil {
 		return nil, err
 	}
@@ -268,6 +281,46 @@ func (se *session) read() (*Request, error) {
 		return nil, err
 	}
 	return q, nil
+}
+
+// readFrame reads one frame and the fds that came with its first bytes:
+// its length is read with recvmsg, which is where a sender's SCM_RIGHTS
+// arrive (they ride on the first byte of the sendmsg that carries them).
+func (se *session) readFrame() ([]byte, error) {
+	var l [4]byte
+	n, oobn, _, _, err := se.conn.ReadMsgUnix(l[:], se.oob)
+	if oobn > 0 {
+		fd, perr := fdOf(se.oob[:oobn])
+		if fd >= 0 {
+			se.fds = append(se.fds, fd)
+		}
+		if perr != nil && err == nil {
+			err = perr
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, io.EOF
+	}
+	if _, err := io.ReadFull(se.conn, l[n:]); err != nil {
+		return nil, err
+	}
+	f, err := readRest(se.conn, se.in, l[:])
+	if err != nil {
+		return nil, err
+	}
+	se.in = f[:0]
+	return f, nil
+}
+
+// closeFDs closes the fds of the last request that it did not keep.
+func (se *session) closeFDs() {
+	for _, fd := range se.fds {
+		_ = unix.Close(fd)
+	}
+	se.fds = se.fds[:0]
 }
 
 // reply sends r, with fd as SCM_RIGHTS when fd >= 0.
@@ -358,8 +411,64 @@ func (se *session) call() error {
 		if err != nil {
 			r.Code, r.Msg = codeOf(err), err.Error()
 		}
+	case OpRegister:
+		r.Value, err = se.register(q.Arg0, q.Arg1)
+		if err != nil {
+			r.Code, r.Msg = int32(storepb.InvalidParams), err.Error()
+		}
+	case OpUnregister:
+		if _, ok := se.regions[uint32(q.Arg0)]; !ok {
+			r.Code, r.Msg = int32(storepb.InvalidParams), fmt.Sprintf("region %d is not registered", q.Arg0)
+			break
+		}
+		se.unregister(uint32(q.Arg0))
 	}
 	return se.reply(r, -1)
+}
+
+// register maps size bytes at offset off of the fd that came with the
+// request, and registers them with the store: the dummy's own shared
+// memory (MooncakeHostMemAllocator's), which puts and gets then name by
+// the region returned.
+func (se *session) register(size, off uint64) (uint64, error) {
+	if len(se.fds) != 1 {
+		return 0, fmt.Errorf("register: %d fds came with the request, want 1", len(se.fds))
+	}
+	if size == 0 || size > se.srv.cfg.MaxShared || off%pageSize != 0 || off > math.MaxInt64 {
+		return 0, fmt.Errorf("register: %d bytes at offset %d (want 1 to %d bytes at a page-aligned offset)", size, off, se.srv.cfg.MaxShared)
+	}
+	if len(se.regions) >= MaxRegions {
+		return 0, fmt.Errorf("register: %d regions already, the most a dummy may hold", len(se.regions))
+	}
+	m, err := unix.Mmap(se.fds[0], int64(off), int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("register: map %d bytes of the dummy's memory: %w", size, err)
+	}
+	if err := se.srv.cfg.Store.RegisterBuffer(m); err != nil {
+		_ = unix.Munmap(m)
+		return 0, fmt.Errorf("register: %w", err)
+	}
+	se.nextRegion++
+	se.regions[se.nextRegion] = m
+	return uint64(se.nextRegion), nil
+}
+
+func (se *session) unregister(id uint32) {
+	m := se.regions[id]
+	delete(se.regions, id)
+	if err := se.srv.cfg.Store.UnregisterBuffer(m); err != nil {
+		se.srv.cfg.Logger.Warn("realclient: unregister a dummy's region", "err", err)
+	}
+	_ = unix.Munmap(m)
+}
+
+// memOf is the memory a request's region names.
+func (se *session) memOf(region uint32) ([]byte, bool) {
+	if region == 0 {
+		return se.shm.mem, true
+	}
+	m, ok := se.regions[region]
+	return m, ok
 }
 
 // move runs a put or a get: each item names bytes of the shared memory,
@@ -371,7 +480,12 @@ func (se *session) move(ctx context.Context, q *Request, r *Response) {
 	bufs := make([][]byte, 0, n)
 	idx := make([]int, 0, n) // item of each key sent
 	for i, it := range q.Items {
-		b, err := span(se.shm.mem, it.Off, it.Len)
+		m, ok := se.memOf(it.Region)
+		if !ok {
+			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: fmt.Sprintf("key %q: region %d is not registered", it.Key, it.Region)}
+			continue
+		}
+		b, err := span(m, it.Off, it.Len)
 		if err != nil {
 			errs[i] = &storepb.Error{Code: storepb.InvalidParams, Msg: fmt.Sprintf("key %q: %v", it.Key, err)}
 			continue
