@@ -4,12 +4,15 @@ The package is pure Python over one shared library, the Go C ABI
 (../capi), which is two files that go together: libmooncake.so, the public
 library (a small C library), and libmooncake_go.so beside it, the Go
 library (-buildmode=c-shared) that libmooncake.so loads at its first call,
-so that a process may load the package and fork before using it. This file
-adds that build to setuptools:
+so that a process may load the package and fork before using it. Beside
+them goes the mooncake command (../cmd/mooncake) that the official console
+scripts (mooncake_master, mooncake_client, transfer_engine_bench, ...) run.
+This file adds that build to setuptools:
 
   * build_py compiles the two with the local Go toolchain and C compiler
     (scripts/build-capi.sh of the repository) or copies a prebuilt pair,
-    named by MOONCAKE_GO_LIBRARY, into the package directory;
+    named by MOONCAKE_GO_LIBRARY, into the package directory; and builds
+    the command into mooncake_go/bin/mooncake (or copies MOONCAKE_BIN);
   * the distribution says it has native code, so bdist_wheel writes a
     platform wheel; the tag is py3-none-<platform> because the library is
     loaded with ctypes and does not depend on the Python version.
@@ -17,6 +20,8 @@ adds that build to setuptools:
 Environment:
   MOONCAKE_GO_LIBRARY  path of a prebuilt libmooncake.so to bundle, with the
                        libmooncake_go.so beside it (no Go needed)
+  MOONCAKE_BIN         path of a prebuilt mooncake command to bundle (with
+                       MOONCAKE_GO_LIBRARY: no Go needed at all)
   MOONCAKE_GO_ROOT     root of the mooncake-go module (default: found by
                        walking up from this file to a go.mod of the module)
   GO                   the go command (default: go)
@@ -39,6 +44,7 @@ except ImportError:  # older setuptools: the wheel package's
 MODULE = "module github.com/mooncake-go/mooncake"
 LIBRARY = "libmooncake.so"
 GO_LIBRARY = "libmooncake_go.so"
+BINARY = os.path.join("bin", "mooncake")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -68,6 +74,39 @@ def prebuilt_pair(path):
         if os.path.isfile(go_library):
             return path, go_library
     sys.exit(f"mooncake-go: MOONCAKE_GO_LIBRARY={path} has no {GO_LIBRARY} beside it (build-capi.sh builds both)")
+
+
+def go_toolchain(what):
+    """The module root and the go command, or an exit naming what needed them."""
+    root = module_root()
+    if not root or not os.path.isdir(os.path.join(root, "cmd", "mooncake")):
+        sys.exit(
+            f"mooncake-go: cannot find the sources to build {what}; build from a checkout of "
+            "the repository, set MOONCAKE_GO_ROOT to one, or set MOONCAKE_GO_LIBRARY and "
+            "MOONCAKE_BIN to prebuilt files"
+        )
+    go = os.environ.get("GO", "go")
+    if shutil.which(go) is None:
+        sys.exit(f"mooncake-go: building {what} needs the Go toolchain ('{go}' not found)")
+    return root, go
+
+
+def build_binary(pkg):
+    """Writes the mooncake command to pkg/bin/mooncake: a prebuilt one
+    (MOONCAKE_BIN) or a fresh build, stripped (it is most of the wheel)."""
+    dst = os.path.abspath(os.path.join(pkg, BINARY))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    prebuilt = os.environ.get("MOONCAKE_BIN")
+    if prebuilt:
+        if not os.path.isfile(prebuilt):
+            sys.exit(f"mooncake-go: MOONCAKE_BIN={prebuilt} is not a file")
+        shutil.copyfile(prebuilt, dst)
+    else:
+        root, go = go_toolchain("the mooncake command")
+        cmd = [go, "build", "-ldflags=-s -w", "-o", dst, "./cmd/mooncake"]
+        print("mooncake-go: " + " ".join(cmd), flush=True)
+        subprocess.check_call(cmd, cwd=root, env=dict(os.environ, CGO_ENABLED="1"))
+    os.chmod(dst, 0o755)
 
 
 def build_library(pkg):
@@ -102,14 +141,15 @@ def build_library(pkg):
 
 
 class BuildPy(build_py):
-    """build_py that also puts libmooncake.so and libmooncake_go.so into the
-    mooncake_go package."""
+    """build_py that also puts libmooncake.so, libmooncake_go.so and the
+    mooncake command (bin/mooncake) into the mooncake_go package."""
 
     def run(self):
         super().run()
         pkg = os.path.join(self.build_lib, "mooncake_go")
         os.makedirs(pkg, exist_ok=True)
         build_library(pkg)
+        build_binary(pkg)
 
 
 class BinaryDistribution(Distribution):
