@@ -68,7 +68,7 @@ func (s *Server) adminHandler() http.Handler {
 	} {
 		mux.HandleFunc("GET "+path, s.leaderOnly(h))
 	}
-	return mux
+	return s.withTenants(mux) // admin_tenant.go
 }
 
 // limitBody reads a request's body, up to max bytes, before h sees it: a
