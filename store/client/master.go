@@ -90,9 +90,6 @@ func credentialOptions(cfg *Config) ([]grpc.DialOption, error) {
 	if cfg.Token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(secure.PerRPC(cfg.Token)))
 	}
-	if cfg.TenantID != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(tenantCredentials(cfg.TenantID)))
-	}
 	return opts, nil
 }
 

@@ -3,6 +3,7 @@ package master
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,64 +12,160 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mooncake-go/mooncake/store/ha"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // The admin HTTP server answers as Mooncake's master does on its
-// --metrics_port: /metrics, /health, /role, /leader, and the inspection
-// endpoints below, with Mooncake's paths, parameters and bodies, so tools
-// written for it work. SGLang's HiCache, for one, polls /get_all_segments
-// until the body is non-empty before it uses the store.
+// --metrics_port: /metrics, /metrics/summary, /health, /role, /ha_status,
+// /leader, the inspection endpoints below and the /api/v1 ones
+// (admin_ops.go), with Mooncake's paths, methods, parameters, status codes
+// and bodies (docs/master-http.md), so tools written for it work. SGLang's
+// HiCache, for one, polls /get_all_segments until the body is non-empty
+// before it uses the store. A path it does not serve, or a method an
+// endpoint does not take, is 404 "404 Not Found" as there.
 //
 // The inspection endpoints read the Service of the current term. A standby
-// has none that is current, and answers 503 "not the leader" as /leader
-// does: its answer would be stale, and the caller should ask the leader.
+// has none that is current, and answers 503 "not the leader": its answer
+// would be stale, and the caller should ask the leader (/leader names it).
 
 // adminHandler serves the master's HTTP endpoints.
 func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	role := func() string {
-		if s.Leading() {
-			return "leader"
-		}
-		return "standby"
-	}
-	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		body := map[string]any{"status": "ok", "role": role(), "term": s.Term()}
-		if svc := s.Service(); svc != nil && s.Leading() {
-			st := svc.Stats()
-			body["keys"], body["segments"], body["clients"] = st.Keys, st.Segments, st.Clients
-			body["capacity_bytes"], body["allocated_bytes"] = st.Capacity, st.Used
-		}
-		_ = json.NewEncoder(w).Encode(body)
+	get := func(path string, h http.HandlerFunc) { mux.HandleFunc(path, only(http.MethodGet, h)) }
+	post := func(path string, h http.HandlerFunc) { mux.HandleFunc(path, only(http.MethodPost, h)) }
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { notFound(w) })
+	get("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP)
+	get("/metrics/summary", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, s.metrics.summary())
 	})
-	mux.HandleFunc("/role", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(role() + "\n")) })
-	mux.HandleFunc("/leader", func(w http.ResponseWriter, r *http.Request) {
-		if s.Leading() {
-			_, _ = w.Write([]byte(s.Addr() + "\n"))
-			return
-		}
-		http.Error(w, "not the leader", http.StatusServiceUnavailable)
-	})
-	mux.HandleFunc("GET /kv_events/status", func(w http.ResponseWriter, _ *http.Request) {
+	get("/health", s.health)
+	get("/role", func(w http.ResponseWriter, _ *http.Request) { writePlain(w, s.role()) })
+	get("/ha_status", func(w http.ResponseWriter, _ *http.Request) { writePlain(w, s.haState()) })
+	get("/leader", s.leader)
+	get("/kv_events/status", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, s.kv.status())
 	})
 	for path, h := range map[string]func(*Service, http.ResponseWriter, *http.Request){
-		"/get_all_segments":    getAllSegments,
-		"/query_segment":       querySegment,
-		"/get_segments_detail": getSegmentsDetail,
-		"/get_all_keys":        getAllKeys,
-		"/query_key":           queryKey,
-		"/batch_query_keys":    batchQueryKeys,
+		"/get_all_segments":        getAllSegments,
+		"/query_segment":           querySegment,
+		"/get_segments_detail":     getSegmentsDetail,
+		"/get_all_keys":            getAllKeys,
+		"/query_key":               queryKey,
+		"/batch_query_keys":        batchQueryKeys,
+		"/api/v1/segments/status":  segmentStatus,
+		"/api/v1/drain_jobs/query": queryDrainJob,
 	} {
-		mux.HandleFunc("GET "+path, s.leaderOnly(h))
+		get(path, s.leaderOnly(h))
 	}
-	return s.withTenants(mux) // admin_tenant.go
+	for path, h := range map[string]func(*Service, http.ResponseWriter, *http.Request){
+		"/api/v1/drain_jobs":        createDrainJob,
+		"/api/v1/drain_jobs/cancel": cancelDrainJob,
+		"/api/v1/remove_all":        s.removeAll,
+	} {
+		post(path, s.leaderOnly(h))
+	}
+	return mux
+}
+
+// only serves h for one method; another is Mooncake's 404.
+func only(method string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method {
+			notFound(w)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// notFound is Mooncake's answer to a path or method it does not serve:
+// the bare text, with no content type.
+func notFound(w http.ResponseWriter) {
+	w.Header()["Content-Type"] = nil // no sniffed type either
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = w.Write([]byte("404 Not Found"))
+}
+
+// role is "leader" or "standby", as /role and /health say.
+func (s *Server) role() string {
+	if s.Leading() {
+		return "leader"
+	}
+	return "standby"
+}
+
+// haState is Mooncake's HA state name: "serving" while leading.
+func (s *Server) haState() string {
+	if s.Leading() {
+		return "serving"
+	}
+	return "standby"
+}
+
+// health is Mooncake's /health body, its fields first, then ours (the
+// term, and the pool's size while leading).
+type health struct {
+	Status        string  `json:"status"`
+	Role          string  `json:"role"`
+	HAState       string  `json:"ha_state"`
+	ServiceReady  bool    `json:"service_ready"`
+	LeaderAddress *string `json:"leader_address"`
+	ViewVersion   *int64  `json:"view_version"`
+
+	Term           int64   `json:"term"`
+	Keys           *int    `json:"keys,omitempty"`
+	Segments       *int    `json:"segments,omitempty"`
+	Clients        *int    `json:"clients,omitempty"`
+	CapacityBytes  *uint64 `json:"capacity_bytes,omitempty"`
+	AllocatedBytes *uint64 `json:"allocated_bytes,omitempty"`
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	v := s.view(r.Context())
+	body := health{Status: "ok", Role: s.role(), HAState: s.haState(), ServiceReady: s.Leading(),
+		LeaderAddress: v.LeaderAddress, ViewVersion: v.ViewVersion, Term: s.Term()}
+	if svc := s.Service(); svc != nil && s.Leading() {
+		st := svc.Stats()
+		body.Keys, body.Segments, body.Clients = &st.Keys, &st.Segments, &st.Clients
+		body.CapacityBytes, body.AllocatedBytes = &st.Capacity, &st.Used
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// leaderView is Mooncake's /leader body. Without HA there is no view:
+// present is false and the rest null, as there.
+type leaderView struct {
+	Present       bool    `json:"present"`
+	LeaderAddress *string `json:"leader_address"`
+	ViewVersion   *int64  `json:"view_version"`
+}
+
+// view is the leader as this master knows it: itself while leading, else
+// what the HA store says (nothing while no master leads, or without HA).
+func (s *Server) view(ctx context.Context) leaderView {
+	if s.cfg.HA == nil {
+		return leaderView{}
+	}
+	if s.Leading() {
+		addr, term := s.advertise(), s.Term()
+		return leaderView{Present: true, LeaderAddress: &addr, ViewVersion: &term}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	addr, term, err := ha.Leader(ctx, s.etcd, s.cfg.HA.ClusterID)
+	if err != nil || addr == "" {
+		return leaderView{}
+	}
+	return leaderView{Present: true, LeaderAddress: &addr, ViewVersion: &term}
+}
+
+func (s *Server) leader(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.view(r.Context()))
 }
 
 // limitBody reads a request's body, up to max bytes, before h sees it: a
@@ -115,18 +212,33 @@ func (s *Server) leaderOnly(h func(*Service, http.ResponseWriter, *http.Request)
 // Mooncake's text endpoints answer in Prometheus' text content type.
 const textType = "text/plain; version=0.0.4"
 
+// writePlain answers 200 with a short word (/role, /ha_status), in the
+// content type Mooncake gives those.
+func writePlain(w http.ResponseWriter, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte(body))
+}
+
 func writeText(w http.ResponseWriter, code int, body string) {
 	w.Header().Set("Content-Type", textType)
 	w.WriteHeader(code)
 	_, _ = w.Write([]byte(body))
 }
 
+// writeJSON answers v as Mooncake does: compact, with no newline after,
+// and keys as they are (no HTML escaping). Bodies are structs, whose
+// fields keep Mooncake's order.
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		http.Error(w, "encoding the answer: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false) // keys go out as they are, as Mooncake's do
-	_ = enc.Encode(v)
+	_, _ = w.Write(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
 }
 
 // getAllSegments lists the name of every mounted segment, one a line (a
@@ -142,13 +254,10 @@ func getAllSegments(svc *Service, w http.ResponseWriter, _ *http.Request) {
 }
 
 // querySegment reports the bytes used and the capacity of the segments
-// named by ?segment=, in Mooncake's three lines.
+// named by ?segment=, in Mooncake's three lines. A name that is missing or
+// mounts nothing is Mooncake's 500 "Failed to query segment".
 func querySegment(svc *Service, w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("segment")
-	if name == "" {
-		writeText(w, http.StatusBadRequest, "missing query parameter segment (?segment=<name>)\n")
-		return
-	}
 	var used, capacity uint64
 	found := false
 	for _, sg := range svc.dramSegments() {
@@ -157,7 +266,7 @@ func querySegment(svc *Service, w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !found {
-		writeText(w, http.StatusNotFound, fmt.Sprintf("Failed to query segment %s: %v\n", name, storepb.SegmentNotFound))
+		writeText(w, http.StatusInternalServerError, "Failed to query segment")
 		return
 	}
 	writeText(w, http.StatusOK, fmt.Sprintf("%s\nUsed(bytes): %d\nCapacity(bytes) : %d\n", name, used, capacity))
@@ -194,7 +303,10 @@ func getSegmentsDetail(svc *Service, w http.ResponseWriter, _ *http.Request) {
 			AllocatorUsagePercent: float64(sg.used) / float64(sg.size) * 100,
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"total_segments": len(out), "segments": out})
+	writeJSON(w, http.StatusOK, struct {
+		Total    int             `json:"total_segments"`
+		Segments []segmentDetail `json:"segments"`
+	}{len(out), out})
 }
 
 // getAllKeys lists the readable keys, one a line.
@@ -239,35 +351,42 @@ type adminError struct {
 }
 
 // queryKey describes the DRAM replicas of ?key=. A key that is not
-// readable is 404 with Mooncake's body.
+// readable is 404 with Mooncake's body; so is a missing or empty ?key=, as
+// there (no object has that key).
 func queryKey(svc *Service, w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	if !q.Has("key") {
-		writeJSON(w, http.StatusBadRequest, adminError{Code: int32(storepb.InvalidParams),
-			Message: "missing query parameter key (?key=<key>)"})
-		return
-	}
-	descs, err := replicasOf(svc, q.Get("key"))
+	descs, err := replicasOf(svc, r.URL.Query().Get("key"))
 	if err != nil {
 		c := codeOf(err)
-		status := http.StatusNotFound
-		if c == storepb.InvalidParams {
-			status = http.StatusBadRequest
+		status := http.StatusInternalServerError
+		switch c {
+		case storepb.ObjectNotFound:
+			status = http.StatusNotFound
+		case storepb.InvalidParams: // the empty key, or one over the length limit: no such object
+			status, c = http.StatusNotFound, storepb.ObjectNotFound
 		}
 		writeJSON(w, status, adminError{Code: int32(c), Message: c.String()})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": descs})
+	writeJSON(w, http.StatusOK, struct {
+		Success bool               `json:"success"`
+		Data    []bufferDescriptor `json:"data"`
+	}{true, descs})
 }
 
 // codeOf is the store error code of err (INTERNAL for another error).
 func codeOf(err error) storepb.Code { return storepb.Code(storepb.NewResult(err).Code) }
 
-// batchItem is one key's answer in /batch_query_keys.
+// batchItem is one key's answer in /batch_query_keys, with every field
+// Mooncake's has: error null when ok, values null when not. Mooncake's
+// disk, local-disk and NVMe-oF replica lists are null: the replicas in
+// our SSD tiers are not in Mooncake's file formats (values lists DRAM).
 type batchItem struct {
-	OK     bool                `json:"ok"`
-	Error  string              `json:"error,omitempty"`
-	Values *[]bufferDescriptor `json:"values,omitempty"` // present, maybe empty, when OK
+	OK              bool                `json:"ok"`
+	Error           *string             `json:"error"`
+	Values          *[]bufferDescriptor `json:"values"`
+	DiskValues      *[]struct{}         `json:"disk_values"`
+	LocalDiskValues *[]struct{}         `json:"local_disk_values"`
+	NoFValues       *[]struct{}         `json:"nof_values"`
 }
 
 // batchQueryKeys is queryKey for the comma-separated keys of ?keys=, each
@@ -275,20 +394,27 @@ type batchItem struct {
 func batchQueryKeys(svc *Service, w http.ResponseWriter, r *http.Request) {
 	list := r.URL.Query().Get("keys")
 	if list == "" {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false,
-			"error": "No keys provided. Use ?keys=key1,key2,..."})
+		writeJSON(w, http.StatusBadRequest, struct {
+			Success bool   `json:"success"`
+			Error   string `json:"error"`
+		}{false, "No keys provided. Use ?keys=key1,key2,..."})
 		return
 	}
 	data := map[string]batchItem{}
 	for _, key := range strings.Split(list, ",") {
 		descs, err := replicasOf(svc, key)
 		if err != nil {
-			data[key] = batchItem{Error: codeOf(err).String()}
+			msg := codeOf(err).String()
+			data[key] = batchItem{Error: &msg}
 			continue
 		}
 		data[key] = batchItem{OK: true, Values: &descs}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": data})
+	// A map's keys go out sorted, as Mooncake's do.
+	writeJSON(w, http.StatusOK, struct {
+		Success bool                 `json:"success"`
+		Data    map[string]batchItem `json:"data"`
+	}{true, data})
 }
 
 // segmentView is a mounted segment as the admin server reports it.

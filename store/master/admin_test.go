@@ -85,6 +85,7 @@ func TestAdminInspection(t *testing.T) {
 	defer cancel()
 	const text = "text/plain; version=0.0.4"
 	const jsonType = "application/json; charset=utf-8"
+	const noTiers = `"disk_values":null,"local_disk_values":null,"nof_values":null`
 
 	// Nothing mounted: empty bodies, not errors.
 	for _, path := range []string{"/get_all_segments", "/get_all_keys"} {
@@ -138,24 +139,22 @@ func TestAdminInspection(t *testing.T) {
 			`{"success":false,"error_code":-704,"error_message":"OBJECT_NOT_FOUND"}`},
 		{"a put in flight is not readable yet", "GET", "/query_key?key=p", 404, jsonType,
 			`{"success":false,"error_code":-704,"error_message":"OBJECT_NOT_FOUND"}`},
-		{"no key parameter", "GET", "/query_key", 400, jsonType,
-			`{"success":false,"error_code":-600,"error_message":"missing query parameter key (?key=<key>)"}`},
-		{"empty key", "GET", "/query_key?key=", 400, jsonType,
-			`{"success":false,"error_code":-600,"error_message":"INVALID_PARAMS"}`},
+		{"no key parameter: no such object, as Mooncake says", "GET", "/query_key", 404, jsonType,
+			`{"success":false,"error_code":-704,"error_message":"OBJECT_NOT_FOUND"}`},
+		{"empty key", "GET", "/query_key?key=", 404, jsonType,
+			`{"success":false,"error_code":-704,"error_message":"OBJECT_NOT_FOUND"}`},
 		{"batch: each key answered apart", "GET", "/batch_query_keys?keys=k2,nope,k1", 200, jsonType,
-			`{"success":true,"data":{"k1":{"ok":true,"values":[` + descJSON(reps["k1"]) + `]},` +
-				`"k2":{"ok":true,"values":[` + descJSON(reps["k2"]) + `]},"nope":{"ok":false,"error":"OBJECT_NOT_FOUND"}}}`},
+			`{"success":true,"data":{"k1":{"ok":true,"error":null,"values":[` + descJSON(reps["k1"]) + `],` + noTiers + `},` +
+				`"k2":{"ok":true,"error":null,"values":[` + descJSON(reps["k2"]) + `],` + noTiers + `},` +
+				`"nope":{"ok":false,"error":"OBJECT_NOT_FOUND","values":null,` + noTiers + `}}}`},
 		{"batch without keys: Mooncake's 400", "GET", "/batch_query_keys", 400, jsonType,
 			`{"success":false,"error":"No keys provided. Use ?keys=key1,key2,..."}`},
 		{"a segment name's usage, summed over its segments", "GET", "/query_segment?segment=node-a", 200, text,
 			fmt.Sprintf("node-a\nUsed(bytes): %d\nCapacity(bytes) : %d\n", used["node-a"], 2<<20)},
-		{"unknown segment", "GET", "/query_segment?segment=node-x", 404, text,
-			"Failed to query segment node-x: SEGMENT_NOT_FOUND\n"},
-		{"an SSD tier is no memory segment", "GET", "/query_segment?segment=node-b-ssd", 404, text,
-			"Failed to query segment node-b-ssd: SEGMENT_NOT_FOUND\n"},
-		{"no segment parameter", "GET", "/query_segment", 400, text,
-			"missing query parameter segment (?segment=<name>)\n"},
-		{"GET only", "POST", "/get_all_segments", 405, "text/plain; charset=utf-8", "Method Not Allowed\n"},
+		{"unknown segment: Mooncake's 500", "GET", "/query_segment?segment=node-x", 500, text, "Failed to query segment"},
+		{"an SSD tier is no memory segment", "GET", "/query_segment?segment=node-b-ssd", 500, text, "Failed to query segment"},
+		{"no segment parameter", "GET", "/query_segment", 500, text, "Failed to query segment"},
+		{"GET only: another method is Mooncake's 404", "POST", "/get_all_segments", 404, "", "404 Not Found"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -232,6 +231,24 @@ func TestAdminInspectionHA(t *testing.T) {
 	mountOver(t, ctx, c, "c1", seg("1", 0x10000000, 1<<20))
 
 	assert.Equal(t, "node-1\n", adminDo(t, leader, "GET", "/get_all_segments").body)
+
+	// Both name the leader and its term (the view version), as Mooncake's
+	// masters do under HA; the standby says it is one, and not serving.
+	view := fmt.Sprintf(`{"present":true,"leader_address":%q,"view_version":%d}`, leader.advertise(), leader.Term())
+	for _, m := range []*Server{leader, standby} {
+		a := adminDo(t, m, "GET", "/leader")
+		assert.Equal(t, 200, a.code)
+		assert.JSONEq(t, view, a.body)
+	}
+	var h map[string]any
+	require.NoError(t, json.Unmarshal([]byte(adminDo(t, standby, "GET", "/health").body), &h))
+	assert.Equal(t, map[string]any{"status": "ok", "role": "standby", "ha_state": "standby", "service_ready": false,
+		"leader_address": leader.advertise(), "view_version": float64(leader.Term())},
+		map[string]any{"status": h["status"], "role": h["role"], "ha_state": h["ha_state"], "service_ready": h["service_ready"],
+			"leader_address": h["leader_address"], "view_version": h["view_version"]})
+	assert.Equal(t, "standby", adminDo(t, standby, "GET", "/role").body)
+	assert.Equal(t, "standby", adminDo(t, standby, "GET", "/ha_status").body)
+	assert.Equal(t, "serving", adminDo(t, leader, "GET", "/ha_status").body)
 	for _, path := range []string{"/get_all_segments", "/get_all_keys", "/query_key?key=k",
 		"/batch_query_keys?keys=k", "/query_segment?segment=node-1", "/get_segments_detail"} {
 		a := adminDo(t, standby, "GET", path)

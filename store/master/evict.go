@@ -66,7 +66,7 @@ func (s *Service) startEvicting(ctx context.Context, clientID, key string, lengt
 }
 
 // evictLockedAll is evict with evictMu held.
-func (s *Service) evictLockedAll(force bool) uint64 {
+func (s *Service) evictLockedAll(force bool) (freed uint64) {
 	now := s.now()
 	if now.Sub(s.evictCacheAt) > evictCacheTTL && s.evictBuf != nil {
 		// Idle (or a put load that slowed down): let go of the front and
@@ -96,10 +96,18 @@ func (s *Service) evictLockedAll(force bool) uint64 {
 	if float64(used) <= high && !force {
 		return 0
 	}
+	// An attempt, for master_attempted_evictions_total; a successful one
+	// freed something.
+	s.evictAttempts.Add(1)
+	defer func() {
+		if freed > 0 {
+			s.evictSuccesses.Add(1)
+		}
+	}()
 	ratio := s.cfg.EvictionRatio * float64(capacity)
 	target := max(ratio, float64(used)-high+ratio)
 
-	freed := s.evictFromCache(now, force, target)
+	freed = s.evictFromCache(now, force, target)
 	if float64(freed) >= target {
 		return freed
 	}

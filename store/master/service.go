@@ -121,10 +121,6 @@ type ServiceConfig struct {
 	// are refused with ResourceExhausted. Zero means DefaultMaxWatchers
 	// (256).
 	MaxWatchers int
-
-	// Tenants holds the tenants' quotas (tenant_quota.go), shared by the
-	// Services of successive terms. Nil means none.
-	Tenants *TenantQuotas
 }
 
 // Validate reports the first field that is out of range, by name.
@@ -183,7 +179,6 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	c = c.withTenants()
 	c.Seed = cmp.Or(c.Seed, rand.Uint64())
 	return c
 }
@@ -231,9 +226,6 @@ type Service struct {
 	freeing   atomic.Uint64 // bytes freed once their journal records are durable
 	diskTiers int           // mounted SSD tiers
 
-	// tenants is the quota admission state (tenant_quota.go).
-	tenants tenantLedger
-
 	// Watches of the readable keys (watch.go).
 	watch watchers
 	// kv publishes KV events (kvevents.go) while this service leads; nil
@@ -246,6 +238,11 @@ type Service struct {
 	offloaded                 atomic.Uint64
 	discarded, released       atomic.Uint64
 	allocFailures             atomic.Uint64
+
+	// Counters for the official metrics only (metrics.go): evictions run
+	// (watermark or forced) and those that freed bytes, promotions.
+	evictAttempts, evictSuccesses atomic.Uint64
+	promo                         promotionCounts
 }
 
 type shard struct {

@@ -198,6 +198,7 @@ func (s *Service) promoteLocked(key string, o *object) {
 	}
 	if dst, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, src.seg.client, src.size); ok {
 		s.newTaskLocked(key, o, src, dst, false)
+		s.promo.admitted.Add(1)
 	}
 }
 
@@ -257,6 +258,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 	if !ok || !live {
 		s.freeLocked([]replica{t.dst})
 		s.segMu.Unlock()
+		s.promo.ended(t, ok)
 		if !ok {
 			return nil
 		}
@@ -281,6 +283,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 			s.offloaded.Add(1)
 		} else {
 			s.promoted.Add(1)
+			s.promo.bytes.Add(t.dst.size)
 		}
 	}
 	dramFirst(o.replicas)
@@ -322,6 +325,9 @@ func (s *Service) expireTasks() {
 		s.freeLocked([]replica{t.dst})
 		s.segMu.Unlock()
 		sh.mu.Unlock()
+		if t.promotion() {
+			s.promo.expired.Add(1)
+		}
 	}
 }
 
