@@ -117,3 +117,40 @@ def start_cluster(mooncake_bin: Path, *args: str, admin: bool = False, timeout: 
         stop_process(proc)
         raise RuntimeError("mooncake up did not become ready:\n" + "\n".join(lines[-30:]))
     return Cluster(proc, master, lines, admin_addr)
+
+
+class RealClient:
+    """A ``mooncake client`` child process (the official mooncake_client):
+    dummy clients reach it at ``address`` ("127.0.0.1:<port>")."""
+
+    def __init__(self, proc: subprocess.Popen, address: str, lines: list):
+        self.proc, self.address, self.lines = proc, address, lines
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def start_real_client(mooncake_bin: Path, master: str, *args: str, segment: str = "256MiB",
+                      timeout: float = 60) -> RealClient:
+    """Starts ``mooncake client`` with the official flags, contributing
+    ``segment`` bytes to the pool of ``master``, on a port of its own, and
+    waits for its ready line."""
+    port = free_port()  # names its unix socket; no TCP port is bound
+    cmd = [str(mooncake_bin), "client", "--master_server_address", master, "--metadata_server", "P2PHANDSHAKE",
+           "--global_segment_size", segment, "--host", "127.0.0.1", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list = []
+    ready = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("node ready"):
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(timeout) or proc.poll() is not None:
+        stop_process(proc)
+        raise RuntimeError("mooncake client did not become ready:\n" + "\n".join(lines[-30:]))
+    return RealClient(proc, f"127.0.0.1:{port}", lines)

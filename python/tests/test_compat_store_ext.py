@@ -1,8 +1,8 @@
 """The official mooncake.store calls beyond the bytes API, against a real
-store: SGLang's standalone mode (setup_dummy, MooncakeHostMemAllocator),
-its MooncakeDirectLinker (get sessions, ranged multi-buffer gets), vLLM's
+store: SGLang's MooncakeDirectLinker (get sessions, ranged multi-buffer gets), vLLM's
 replica descriptors, LMCache's bind_to_numa_node, ranged gets and the
-tensor helpers (over numpy; torch where installed)."""
+tensor helpers (over numpy; torch where installed). SGLang's standalone
+mode (setup_dummy, MooncakeHostMemAllocator) is in test_dummy_client.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 import mooncake.store as ms
-from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator, ReplicaStatus, ReplicateConfig
+from mooncake.store import MooncakeDistributedStore, ReplicaStatus, ReplicateConfig
 
 from conftest import LOCAL_BUFFER, SEGMENT, numpy_or_skip
 
@@ -32,34 +32,6 @@ def uid() -> str:
 
 def pattern(n: int, seed: int) -> bytes:
     return bytes((i * 131 + seed) & 0xFF for i in range(n))
-
-
-def test_sglang_standalone_setup_dummy(master, store, monkeypatch):
-    """SGLang's standalone storage: setup_dummy, then buffers from
-    MooncakeHostMemAllocator registered and used for zero-copy puts and
-    gets; the data is held by the other (real) client's segment."""
-    monkeypatch.setenv("MOONCAKE_MASTER", master)
-    d = MooncakeDistributedStore()
-    assert d.setup_dummy(64 << 20, 16 << 20, "127.0.0.1:50052") == 0
-    try:
-        alloc = MooncakeHostMemAllocator()
-        n = 1 << 20
-        p, q = alloc.alloc(n), alloc.alloc(n)
-        assert p and q and p % 4096 == 0
-        assert d.register_buffer(p, n) == 0 and d.register_buffer(q, n) == 0
-        ctypes.memmove(p, pattern(n, 3), n)
-        key = uid()
-        assert d.batch_put_from([key], [p], [n]) == [0]
-        assert d.batch_get_into([key], [q], [n]) == [n]
-        assert ctypes.string_at(q, n) == pattern(n, 3)
-        # the real client reads it too: one pool
-        assert store.get(key) == pattern(n, 3)
-        assert d.unregister_buffer(p) == 0 and d.unregister_buffer(q) == 0
-        assert alloc.free(p) == 0 and alloc.free(q) == 0
-        assert alloc.free(p) == -1  # twice
-        assert alloc.alloc(0) == 0
-    finally:
-        assert d.close() == 0
 
 
 def test_sglang_direct_linker_ranges(store):

@@ -11,11 +11,12 @@ from __future__ import annotations
 import ctypes
 import enum
 import logging
-import mmap
 import os
 import struct
 import threading
-from typing import Dict, Optional
+from typing import Optional
+
+import mooncake_go
 
 log = logging.getLogger("mooncake.store")
 
@@ -120,40 +121,34 @@ class MooncakeHostMemAllocator:
     """Host memory for KV caches (SGLang's standalone-storage mode).
 
     ``alloc(size)`` returns the address of ``size`` bytes of page-aligned,
-    zeroed, anonymous shared memory (0 on failure); ``free(ptr)`` releases
-    it (0, or -1 for an address alloc did not return). The official
-    allocator carves these from a real client's shared pool; here each is
-    its own mapping, which a store registers like any buffer."""
+    zeroed memory backed by a memfd (0 on failure); ``free(ptr)`` releases
+    it (0, or -1 for an address alloc did not return). As the official
+    allocator's, the memory can be shared with a real client: a dummy
+    store (setup_dummy) that registers it hands its fd to the real client,
+    which maps the same pages, so puts and gets of it copy nothing. Any
+    other store registers it like any buffer."""
 
     def __init__(self):
-        self._maps: Dict[int, mmap.mmap] = {}
+        self._ptrs: set = set()
         self._lock = threading.Lock()
 
     def alloc(self, size: int) -> int:
-        size = int(size)
-        if size <= 0:
-            return 0
-        try:
-            m = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-        except (OSError, ValueError):
-            return 0
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        with self._lock:
-            self._maps[addr] = m
+        addr = mooncake_go.alloc_shared(int(size))
+        if addr:
+            with self._lock:
+                self._ptrs.add(addr)
         return addr
 
     def free(self, ptr: int) -> int:
         with self._lock:
-            m = self._maps.pop(int(ptr), None)
-        if m is None:
-            return -1
-        try:
-            m.close()
-        except BufferError:
+            if int(ptr) not in self._ptrs:
+                return -1
+            self._ptrs.discard(int(ptr))
+        if not mooncake_go.free_shared(int(ptr)):
             # A view of the memory is still alive (a tensor made from the
-            # address, say): keep the mapping until it goes.
+            # address, say): keep it until it goes.
             with self._lock:
-                self._maps[int(ptr)] = m
+                self._ptrs.add(int(ptr))
             return -1
         return 0
 

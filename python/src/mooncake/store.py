@@ -539,23 +539,39 @@ class _StoreExt:
     """MooncakeDistributedStore's methods beyond the bytes API."""
 
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
-        """SGLang's standalone-storage mode. The official dummy client
-        borrows the memory of a real client process (mooncake_client) at
-        server_address; mooncake-go has no such process, so this becomes an
-        ordinary client that contributes no segment (the storage nodes of
-        ``mooncake up`` hold the data) with a local buffer of
-        local_buffer_size. Its master is MOONCAKE_MASTER when set, else
-        server_address. 0 on success."""
-        master = os.environ.get("MOONCAKE_MASTER") or server_address
-        meta = os.environ.get("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")
-        host = os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "")
-        return self._setup(host, meta, -1, max(int(local_buffer_size), 0), "tcp", "", master)
+        """A dummy client (SGLang's standalone storage, vLLM's
+        standalone-store mode): the real client at server_address
+        (``mooncake client``, port 50052 by default) holds the segment and
+        the engine, and this store forwards to it, sharing its pool with
+        the other ranks of the host. mem_pool_size bytes of shared memory
+        back alloc_from_mem_pool; local_buffer_size [16 MiB if 0] stages
+        buffers that are not shared. Memory from MooncakeHostMemAllocator,
+        once registered with register_buffer, is shared too, so puts from
+        and gets into it copy nothing. 0 on success; a negative code (RPC
+        failure) when no real client listens there."""
+        if self._store is not None:
+            return _INVALID_PARAMS
+        try:
+            self._store = mooncake_go.DummyStore(str(server_address), mem_pool_size=max(int(mem_pool_size), 0),
+                                                 local_buffer_size=max(int(local_buffer_size), 0))
+        except errors.MooncakeError as e:
+            return _code(e)
+        except (TypeError, ValueError):
+            return _INVALID_PARAMS
+        return 0
 
     def alloc_from_mem_pool(self, size: int) -> int:
-        """size bytes of host memory, registered with this store (0 on
-        failure); they stay until the store closes."""
+        """size bytes of host memory usable for zero-copy puts and gets (0
+        on failure). A dummy client carves them from the memory it shares
+        with its real client; another store allocates and registers them.
+        They stay until the store closes."""
         if self._store is None:
             return 0
+        if isinstance(self._store, mooncake_go.DummyStore):
+            try:
+                return self._store.alloc(int(size))
+            except errors.MooncakeError:
+                return 0
         if getattr(self, "_pool", None) is None:
             self._pool = MooncakeHostMemAllocator()
         p = self._pool.alloc(size)

@@ -27,6 +27,7 @@ from ._size import parse_size
 from .engine import LOCAL_SEGMENT, Notify, Op, Request, RequestArray, SharedBuffer, State, Status, TransferEngine
 from .errors import MooncakeError
 from .store import Replicate, Store
+from .dummy import DummyStore, alloc_shared, free_shared
 
 __version__ = "0.1.0"
 
@@ -63,4 +64,7 @@ __all__ = [
     "copy",
     "parse_size",
     "Buffer",
+    "DummyStore",
+    "alloc_shared",
+    "free_shared",
 ]

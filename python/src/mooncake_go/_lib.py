@@ -226,6 +226,19 @@ _SIGNATURES = {
     "mc_store_batch_put_ranges": (c_int32, [c_uint64, _CPP, _VPP, _U64P, _U64P, _SZP, c_size_t, _U64P, _I32P]),
     "mc_store_batch_put_session_end": (c_int32, [c_uint64, _CPP, c_size_t, _I32P]),
     "mc_store_batch_put_session_revoke": (c_int32, [c_uint64, _CPP, c_size_t, _I32P]),
+    # ABI 1.9: dummy clients
+    "mc_dummy_create": (c_int32, [c_char_p, c_uint64, c_uint64, _U64P]),
+    "mc_dummy_close": (c_int32, [c_uint64]),
+    "mc_dummy_alloc": (c_int32, [c_uint64, c_uint64, _VPP]),
+    "mc_dummy_free": (c_int32, [c_uint64, c_void_p]),
+    "mc_dummy_register_shared": (c_int32, [c_uint64, c_int, c_uint64, c_void_p, c_uint64]),
+    "mc_dummy_unregister_shared": (c_int32, [c_uint64, c_void_p]),
+    "mc_dummy_batch_put": (c_int32, [c_uint64, _CPP, _VPP, _U64P, c_size_t, c_int, POINTER(ReplicateConfig), _I32P]),
+    "mc_dummy_batch_get_into": (c_int32, [c_uint64, _CPP, _VPP, _U64P, c_size_t, _U64P, _I32P]),
+    "mc_dummy_batch_exist": (c_int32, [c_uint64, _CPP, c_size_t, _I32P, _I32P]),
+    "mc_dummy_get_size": (c_int32, [c_uint64, c_char_p, _U64P]),
+    "mc_dummy_batch_remove": (c_int32, [c_uint64, _CPP, c_size_t, c_int, _I32P]),
+    "mc_dummy_remove_all": (c_int32, [c_uint64, c_int, _U64P]),
 }
 
 # The minor version each function needs, where it is above ABI_VERSION_MINOR.
@@ -239,6 +252,10 @@ _MINOR = {
     "mc_store_batch_put_session_end": 4,
     "mc_store_batch_put_session_revoke": 4,
     "mc_copy": 6,
+    **{n: 9 for n in ("mc_dummy_create", "mc_dummy_close", "mc_dummy_alloc", "mc_dummy_free",
+                      "mc_dummy_register_shared", "mc_dummy_unregister_shared", "mc_dummy_batch_put",
+                      "mc_dummy_batch_get_into", "mc_dummy_batch_exist", "mc_dummy_get_size",
+                      "mc_dummy_batch_remove", "mc_dummy_remove_all")},
 }
 
 
