@@ -105,6 +105,7 @@ mutual.`,
 	f.Int("block-size", 0, "tokens per block, the engines' (required unless --block-hash fnv)")
 	f.String("hash-seed", "", "the engines' hash seed: vLLM's PYTHONHASHSEED if set, mooncake's XXH3 seed")
 	f.String("model", "", "the served model's name, the scope of the KV events in the indexer API")
+	f.StringSlice("lora-modules", nil, "the engines' LoRA adapters as vLLM's --lora-modules name=path (repeat or comma-separate): a request whose model names one hashes its blocks with it")
 	f.String("kv-events-down-after", kvevents.DefaultDownAfter.String(), "an engine unreachable for this long leaves the prefix index")
 	f.String("indexer-config", "", "official Mooncake Conductor config (JSON, kvevent_instance) whose publishers are registered at start; default $"+indexer.ConfigEnv)
 	f.String("indexer-listen", "", "also serve the indexer API alone on this address (official Mooncake's port: 13333)")
@@ -351,6 +352,9 @@ func conductorConfig(s *settings) (router.Config, error) {
 		return cfg, err
 	}
 	cfg.BlockHash, cfg.BlockSize, cfg.HashSeed, cfg.Model = s.str("block-hash"), s.integer("block-size"), s.str("hash-seed"), s.str("model")
+	if cfg.LoRAModules, err = loraModules(s.v.GetStringSlice("lora-modules")); err != nil {
+		return cfg, err
+	}
 	for _, role := range []string{router.RolePrefill, router.RoleDecode} {
 		for _, spec := range s.v.GetStringSlice(role) {
 			in, err := router.ParseInstance(role, spec)
@@ -381,4 +385,23 @@ func conductorConfig(s *settings) (router.Config, error) {
 	}
 	// router.New validates the whole, once the scheduler is in.
 	return cfg, nil
+}
+
+// loraModules reads --lora-modules items, name=path each, as vLLM's flag.
+func loraModules(items []string) (map[string]string, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(items))
+	for _, it := range items {
+		name, path, ok := strings.Cut(it, "=")
+		if !ok || name == "" || path == "" {
+			return nil, fmt.Errorf("--lora-modules %q: want name=path", it)
+		}
+		if _, dup := m[name]; dup {
+			return nil, fmt.Errorf("--lora-modules: %s given twice", name)
+		}
+		m[name] = path
+	}
+	return m, nil
 }

@@ -58,7 +58,7 @@ func pickledBlocks(b *testing.B, bs int, tokens []int) [][]byte {
 	var msgs [][]byte
 	parent := s.none
 	for i := 0; i+bs <= len(tokens); i += bs {
-		msg := pickleBlock(nil, parent.bytes(), tokens[i:i+bs])
+		msg := pickleBlock(nil, parent.bytes(), tokens[i:i+bs], nil)
 		parent = s.digest(msg)
 		msgs = append(msgs, msg)
 	}

@@ -25,11 +25,75 @@ type Scheme interface {
 	String() string
 }
 
-// Errors returned by Parse, wrapped with the offending value.
+// ExtraScheme is a Scheme whose engine hashes a request's extras into its
+// blocks (the vLLM schemes): the same tokens under another LoRA adapter or
+// cache_salt are other blocks.
+type ExtraScheme interface {
+	Scheme
+	// BlocksExtra is Blocks for a request carrying x.
+	BlocksExtra(dst []uint64, tokens []int, x Extra) []uint64
+}
+
+// Extra is what an engine hashes into a request's blocks beside their
+// tokens, as vLLM's extra keys: the LoRA adapter the request runs with
+// (its name and the path it was loaded from, in every block) and the
+// request's cache_salt (in the first block only). The zero Extra is none.
+type Extra struct {
+	// LoRAName and LoRAPath name the adapter; LoRAName "" means none.
+	LoRAName, LoRAPath string
+	// CacheSalt is the request's cache_salt; "" means none, as vLLM
+	// ignores an empty salt.
+	CacheSalt string
+}
+
+// MaxExtraLen bounds the bytes of an Extra's three strings together, so
+// that a block's pickled message stays in one pickle frame (see
+// MaxPickleBlockSize) with room to spare.
+const MaxExtraLen = 4096
+
+// Validate says why x cannot be hashed: too long, or a string that is not
+// UTF-8 (a request's JSON, as an engine decodes it, has only UTF-8 text).
+func (x Extra) Validate() error {
+	if n := len(x.LoRAName) + len(x.LoRAPath) + len(x.CacheSalt); n > MaxExtraLen {
+		return fmt.Errorf("%w: %d bytes of LoRA name, path and cache_salt, at most %d", ErrExtra, n, MaxExtraLen)
+	}
+	for _, s := range []string{x.LoRAName, x.LoRAPath, x.CacheSalt} {
+		if !utf8.ValidString(s) {
+			return fmt.Errorf("%w: %q is not UTF-8", ErrExtra, s)
+		}
+	}
+	return nil
+}
+
+// keys are the extra keys of a block, as vLLM tags them: ("lora", name,
+// path) then ("cache_salt", salt) in the first block; nil for none.
+func (x Extra) keys(first bool) [][]string {
+	var k [][]string
+	if x.LoRAName != "" {
+		k = append(k, []string{"lora", x.LoRAName, x.LoRAPath})
+	}
+	if first && x.CacheSalt != "" {
+		k = append(k, []string{"cache_salt", x.CacheSalt})
+	}
+	return k
+}
+
+// BlocksFor is s.BlocksExtra when s hashes extras, else s.Blocks: a
+// scheme whose engines know no extras gives the same ids for any x.
+func BlocksFor(s Scheme, dst []uint64, tokens []int, x Extra) []uint64 {
+	if xs, ok := s.(ExtraScheme); ok {
+		return xs.BlocksExtra(dst, tokens, x)
+	}
+	return s.Blocks(dst, tokens)
+}
+
+// Errors returned by Parse and Extra.Validate, wrapped with the offending
+// value.
 var (
 	ErrUnknownScheme = errors.New("blockhash: unknown scheme")
 	ErrBlockSize     = errors.New("blockhash: bad block size")
 	ErrSeed          = errors.New("blockhash: bad seed")
+	ErrExtra         = errors.New("blockhash: bad extra keys")
 )
 
 // MaxPickleBlockSize is the largest block size of the pickle-based vLLM

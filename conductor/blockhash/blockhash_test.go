@@ -90,7 +90,7 @@ func TestPickleOneFrame(t *testing.T) {
 	for i := range tokens {
 		tokens[i] = []int{math.MaxInt64, math.MinInt64}[i%2]
 	}
-	msg := pickleBlock(nil, make([]byte, 32), tokens)
+	msg := pickleBlock(nil, make([]byte, 32), tokens, nil)
 	const frameSizeTarget = 64 << 10
 	frameLen := binary.LittleEndian.Uint64(msg[3:])
 	if msg[2] != pkFrame || frameLen != uint64(len(msg)-pkFrameHeaderLen) {

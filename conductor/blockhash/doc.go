@@ -35,9 +35,14 @@
 //   - "fnv": this project's own FNV-1a chain (conductor.HashTokens at
 //     512-token blocks), which the traces' hash_ids and the simulator use.
 //
-// The vLLM schemes cover requests whose blocks carry no extra keys: not
-// LoRA adapters, multimodal inputs, prompt embeddings or cache_salt, whose
-// blocks vLLM hashes with those keys in place of None. The block size is
+// A request's extras go where vLLM puts them, in place of None: its LoRA
+// adapter, ("lora", name, path), in every block, and its cache_salt,
+// ("cache_salt", salt), in the first (ExtraScheme.BlocksExtra, Extra,
+// BlocksFor). Multimodal inputs and prompt embeddings, vLLM's other extra
+// keys, are not covered: such a request's blocks get ids no engine
+// publishes, so it finds no cached prefix and is never misrouted. The one
+// place this differs from pickle is a LoRA name and path that are the same
+// Python object (pickle then refers back to the name). The block size is
 // the one vLLM hashes at: its block_size (times the decode context
 // parallel size under DCP), except in models with several KV cache groups,
 // where it hashes at the GCD of their block sizes (or prefix_match_unit)

@@ -27,6 +27,16 @@ type vectors struct {
 		Hashes   []string `json:"hashes"`
 		IDs      []uint64 `json:"ids"`
 	} `json:"vllm"`
+	VLLMExtra []struct {
+		Case      int      `json:"case"`
+		Algo      string   `json:"algo"`
+		Seed      string   `json:"seed"`
+		LoRAName  string   `json:"lora_name"`
+		LoRAPath  string   `json:"lora_path"`
+		CacheSalt string   `json:"cache_salt"`
+		Hashes    []string `json:"hashes"`
+		IDs       []uint64 `json:"ids"`
+	} `json:"vllm_extra"`
 	Mooncake []struct {
 		Case int      `json:"case"`
 		Seed uint64   `json:"seed"`
@@ -48,7 +58,7 @@ func loadVectors(t *testing.T) *vectors {
 	if err := json.Unmarshal(raw, &v); err != nil {
 		t.Fatalf("testdata/vllm_vectors.json: %v", err)
 	}
-	if len(v.Cases) == 0 || len(v.VLLM) == 0 || len(v.Mooncake) == 0 || len(v.FNV) == 0 {
+	if len(v.Cases) == 0 || len(v.VLLM) == 0 || len(v.VLLMExtra) == 0 || len(v.Mooncake) == 0 || len(v.FNV) == 0 {
 		t.Fatal("testdata/vllm_vectors.json has an empty section")
 	}
 	return &v
@@ -81,11 +91,45 @@ func TestVLLMVectors(t *testing.T) {
 				t.Fatalf("NONE_HASH %s, vLLM %s has %s", got, v.VLLMVersion, r.NoneHash)
 			}
 			var got []string
-			vs.walk(c.Tokens, func(d digest) { got = append(got, hex.EncodeToString(d.bytes())) })
+			vs.walk(c.Tokens, Extra{}, func(d digest) { got = append(got, hex.EncodeToString(d.bytes())) })
 			if !slices.Equal(got, r.Hashes) {
 				t.Fatalf("hashes\n got %v\nwant %v", got, r.Hashes)
 			}
 			checkIDs(t, s, c.Tokens, r.IDs)
+		})
+	}
+}
+
+// TestVLLMExtraVectors checks requests with a LoRA adapter, a cache_salt
+// or both against vLLM's hashes of them, the extra keys from vLLM's own
+// generate_block_hash_extra_keys; each extra changes the ids (the same
+// tokens without it hash otherwise), so a scheme that dropped one fails.
+func TestVLLMExtraVectors(t *testing.T) {
+	v := loadVectors(t)
+	for _, r := range v.VLLMExtra {
+		c := v.Cases[r.Case]
+		x := Extra{LoRAName: r.LoRAName, LoRAPath: r.LoRAPath, CacheSalt: r.CacheSalt}
+		t.Run(r.Algo+"/"+c.Name+"/"+strconv.Quote(r.LoRAName+"|"+r.CacheSalt), func(t *testing.T) {
+			s, err := Parse("vllm:"+r.Algo, c.BlockSize, r.Seed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			s.(*vllmScheme).walk(c.Tokens, x, func(d digest) { got = append(got, hex.EncodeToString(d.bytes())) })
+			if !slices.Equal(got, r.Hashes) {
+				t.Fatalf("hashes\n got %v\nwant %v", got, r.Hashes)
+			}
+			ids := BlocksFor(s, []uint64{42}, c.Tokens, x)
+			if ids[0] != 42 || !slices.Equal(ids[1:], r.IDs) {
+				t.Fatalf("ids\n got %v\nwant %v", ids[1:], r.IDs)
+			}
+			plain := s.Blocks(nil, c.Tokens)
+			if len(plain) == 0 || plain[0] == r.IDs[0] {
+				t.Fatalf("the first block's id does not depend on %+v", x)
+			}
+			if x.LoRAName == "" && len(plain) > 1 && plain[1] == r.IDs[1] {
+				t.Fatal("blocks after the first are the plain ones: the salt reached only the first, but its chain must follow")
+			}
 		})
 	}
 }

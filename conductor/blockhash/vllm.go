@@ -31,9 +31,9 @@ var vllmAlgos = map[string]struct{ cbor, xxhash bool }{
 //	hash[-1] = NONE_HASH = H(seed)
 //
 // where H serialises its argument and digests it; the id vLLM publishes in
-// KV events is BytesID(hash[i]). The None is the block's extra keys: this
-// scheme covers requests without LoRA, multimodal inputs, prompt embeddings
-// or cache_salt, whose blocks carry extra keys and hash differently.
+// KV events is BytesID(hash[i]). The None is the block's extra keys, which
+// BlocksExtra fills in for LoRA adapters and cache_salt; multimodal inputs
+// and prompt embeddings, also extra keys, are not covered.
 type vllmScheme struct {
 	algo         string
 	blockSize    int
@@ -44,7 +44,7 @@ type vllmScheme struct {
 	scratch sync.Pool
 }
 
-var _ Scheme = (*vllmScheme)(nil)
+var _ ExtraScheme = (*vllmScheme)(nil)
 
 // digest is a block hash: the first n bytes of b.
 type digest struct {
@@ -97,26 +97,43 @@ func (s *vllmScheme) BlockSize() int { return s.blockSize }
 func (s *vllmScheme) String() string { return "vllm:" + s.algo }
 
 func (s *vllmScheme) Blocks(dst []uint64, tokens []int) []uint64 {
+	return s.BlocksExtra(dst, tokens, Extra{})
+}
+
+// BlocksExtra is Blocks for a request that carries x: its LoRA key goes
+// into every block, its cache_salt into the first, as vLLM's
+// generate_block_hash_extra_keys puts them. Extras over MaxExtraLen
+// bytes, or not UTF-8, give no ids (Extra.Validate says why): no prefix
+// then matches, which is what a miss costs.
+func (s *vllmScheme) BlocksExtra(dst []uint64, tokens []int, x Extra) []uint64 {
+	if x.Validate() != nil {
+		return dst
+	}
 	dst = slices.Grow(dst, len(tokens)/s.blockSize)
-	s.walk(tokens, func(d digest) { dst = append(dst, BytesID(d.bytes())) })
+	s.walk(tokens, x, func(d digest) { dst = append(dst, BytesID(d.bytes())) })
 	return dst
 }
 
 // walk calls visit with the hash of each full block of tokens, in order.
 // visit takes a copy: a pointer would make the parent escape to the heap.
-func (s *vllmScheme) walk(tokens []int, visit func(digest)) {
+func (s *vllmScheme) walk(tokens []int, x Extra, visit func(digest)) {
 	if len(tokens) < s.blockSize {
 		return
 	}
 	bp := s.scratch.Get().(*[]byte)
 	defer s.scratch.Put(bp)
 	parent := s.none
+	first, rest := x.keys(true), x.keys(false)
 	for i := 0; i+s.blockSize <= len(tokens); i += s.blockSize {
 		block := tokens[i : i+s.blockSize]
+		keys := rest
+		if i == 0 {
+			keys = first
+		}
 		if s.cbor {
-			*bp = cborBlock((*bp)[:0], parent.bytes(), block)
+			*bp = cborBlock((*bp)[:0], parent.bytes(), block, keys)
 		} else {
-			*bp = pickleBlock((*bp)[:0], parent.bytes(), block)
+			*bp = pickleBlock((*bp)[:0], parent.bytes(), block, keys)
 		}
 		parent = s.digest(*bp)
 		visit(parent)
@@ -135,8 +152,9 @@ func (s *vllmScheme) digest(msg []byte) digest {
 	return digest{b: sha256.Sum256(msg), n: sha256.Size}
 }
 
-// Pickle protocol 5, byte for byte as CPython's pickle.dumps writes the two
-// shapes vLLM hashes: a str (the seed) and (bytes, tuple of ints, None).
+// Pickle protocol 5, byte for byte as CPython's pickle.dumps writes the
+// shapes vLLM hashes: a str (the seed) and (bytes, tuple of ints, extra
+// keys), the extra keys None or a tuple of tuples of str.
 // One frame covers the whole message (see MaxPickleBlockSize).
 const (
 	pkProto          = 0x80
@@ -179,6 +197,12 @@ func pickleEnd(b []byte, start int) []byte {
 func pickleString(b []byte, s string) []byte {
 	start := len(b)
 	b = pickleStart(b)
+	b = pickleStr(b, s)
+	return pickleEnd(b, start)
+}
+
+// pickleStr appends a str inside a message, memoized as every str is.
+func pickleStr(b []byte, s string) []byte {
 	if len(s) < 256 {
 		b = append(b, pkShortBinUni, byte(len(s)))
 	} else {
@@ -186,15 +210,29 @@ func pickleString(b []byte, s string) []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
 	}
 	b = append(b, s...)
-	b = append(b, pkMemoize)
-	return pickleEnd(b, start)
+	return append(b, pkMemoize)
 }
 
-// pickleBlock appends pickle.dumps((parent, tuple(tokens), None), 5) for
+// pickleKeys appends a block's extra keys: None, or a tuple of up to three
+// tuples of two or three strs (Extra.keys).
+func pickleKeys(b []byte, keys [][]string) []byte {
+	if len(keys) == 0 {
+		return append(b, pkNone)
+	}
+	for _, k := range keys {
+		for _, s := range k {
+			b = pickleStr(b, s)
+		}
+		b = append(b, pkTuple1+byte(len(k)-1), pkMemoize)
+	}
+	return append(b, pkTuple1+byte(len(keys)-1), pkMemoize)
+}
+
+// pickleBlock appends pickle.dumps((parent, tuple(tokens), keys), 5) for
 // a block of at least one token (an empty tuple would be EMPTY_TUPLE, not
 // memoized). Python memoizes the bytes and both tuples, never ints; tuples
 // of up to three items have their own opcodes.
-func pickleBlock(b []byte, parent []byte, tokens []int) []byte {
+func pickleBlock(b []byte, parent []byte, tokens []int, keys [][]string) []byte {
 	start := len(b)
 	b = pickleStart(b)
 	b = append(b, pkShortBinBytes, byte(len(parent)))
@@ -209,7 +247,8 @@ func pickleBlock(b []byte, parent []byte, tokens []int) []byte {
 		b = pickleInts(b, tokens)
 		b = append(b, pkTuple, pkMemoize)
 	}
-	b = append(b, pkNone, pkTuple1+2, pkMemoize)
+	b = pickleKeys(b, keys)
+	b = append(b, pkTuple1+2, pkMemoize)
 	return pickleEnd(b, start)
 }
 
@@ -305,8 +344,9 @@ func cborString(b []byte, s string) []byte {
 	return append(cborHead(b, cborText, uint64(len(s))), s...)
 }
 
-// cborBlock appends cbor2.dumps((parent, tuple(tokens), None), canonical=True).
-func cborBlock(b []byte, parent []byte, tokens []int) []byte {
+// cborBlock appends cbor2.dumps((parent, tuple(tokens), keys),
+// canonical=True): keys null, or an array of arrays of text.
+func cborBlock(b []byte, parent []byte, tokens []int, keys [][]string) []byte {
 	b = append(b, cborArray|3)
 	b = append(cborHead(b, cborBytes, uint64(len(parent))), parent...)
 	b = cborHead(b, cborArray, uint64(len(tokens)))
@@ -318,5 +358,15 @@ func cborBlock(b []byte, parent []byte, tokens []int) []byte {
 			b = cborHead(b, cborNegInt, uint64(^t))
 		}
 	}
-	return append(b, cborNull)
+	if len(keys) == 0 {
+		return append(b, cborNull)
+	}
+	b = cborHead(b, cborArray, uint64(len(keys)))
+	for _, k := range keys {
+		b = cborHead(b, cborArray, uint64(len(k)))
+		for _, s := range k {
+			b = cborString(b, s)
+		}
+	}
+	return b
 }

@@ -8,6 +8,8 @@ import (
 	"net/http"
 
 	"github.com/google/uuid"
+
+	"github.com/mooncake-go/mooncake/conductor/blockhash"
 )
 
 // handleInstances serves GET (list) and POST (register) /v1/instances.
@@ -58,11 +60,15 @@ func (r *Router) handleInstance(w http.ResponseWriter, req *http.Request) {
 }
 
 // indexQuery is the body of POST /v1/index/query: a prompt as token ids
-// (hashed into blocks as the scheduler does) or the block hashes
-// themselves (the traces' hash_ids). Exactly one of them.
+// (hashed into blocks as the scheduler does, with the request's
+// cache_salt and the LoRA adapter its model names, as a completion's)
+// or the block hashes themselves (the traces' hash_ids). Exactly one of
+// them.
 type indexQuery struct {
-	Tokens []int    `json:"tokens"`
-	Hashes []uint64 `json:"hashes"`
+	Tokens    []int    `json:"tokens"`
+	Hashes    []uint64 `json:"hashes"`
+	CacheSalt string   `json:"cache_salt"`
+	Model     string   `json:"model"`
 }
 
 // indexAnswer is the answer of POST /v1/index/query: the longest cached
@@ -84,7 +90,15 @@ func (r *Router) handleIndexQuery(w http.ResponseWriter, req *http.Request) {
 	}
 	blocks := q.Hashes
 	if q.Tokens != nil {
-		blocks = r.scheme.Blocks(nil, q.Tokens)
+		x := blockhash.Extra{CacheSalt: q.CacheSalt}
+		if path, ok := r.cfg.LoRAModules[q.Model]; ok {
+			x.LoRAName, x.LoRAPath = q.Model, path
+		}
+		if err := x.Validate(); err != nil {
+			writeError(w, errorf(http.StatusBadRequest, "%v", err))
+			return
+		}
+		blocks = blockhash.BlocksFor(r.scheme, nil, q.Tokens, x)
 	}
 	prefix := r.Longest(blocks)
 	if prefix == nil {

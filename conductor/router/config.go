@@ -83,6 +83,14 @@ type Config struct {
 	BlockHash string
 	BlockSize int
 	HashSeed  string
+	// LoRAModules maps the LoRA adapters the engines serve, by the name
+	// a request gives as its "model", to the path each was loaded from
+	// (vLLM's --lora-modules name=path): vLLM hashes both into every
+	// block of a request that runs with the adapter, so the index names
+	// such a request's blocks only when the router knows the path. A
+	// request's "cache_salt" needs no configuration. Both matter only
+	// with a vLLM BlockHash.
+	LoRAModules map[string]string
 	// Indexer, if set, follows the KV events of the instances that
 	// publish them (Instance.KVEvents), and its API (official Mooncake's
 	// indexer: /register, /unregister, /query, /query_by_hash, /services)

@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/mooncake-go/mooncake/conductor"
+	"github.com/mooncake-go/mooncake/conductor/blockhash"
 )
 
 // Routes (the route label of the metrics) and the engine path each maps to.
@@ -59,6 +60,9 @@ type inference struct {
 	// tokenize is the body of the engine's /tokenize.
 	ids      []int
 	tokenize map[string]json.RawMessage
+	// extra is what the engine hashes into the prompt's blocks beside
+	// its tokens: the request's cache_salt, its LoRA adapter.
+	extra blockhash.Extra
 }
 
 // inference returns the handler of an OpenAI route: it counts the request
@@ -87,7 +91,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, route string, s
 	if e != nil {
 		return fail(e)
 	}
-	in, e := parseInference(route, body)
+	in, e := parseInference(route, body, r.cfg.LoRAModules)
 	if e != nil {
 		return fail(e)
 	}
@@ -153,7 +157,7 @@ func (t *ticket) finish() {
 func (r *Router) schedule(id string, in *inference, tokens []int) (conductor.Decision, *apiError) {
 	// Output zero (no max_tokens) leaves the guess to the scheduler's
 	// DefaultOutput.
-	cr := conductor.Request{ID: id, Tokens: len(tokens), Output: in.output, Blocks: r.scheme.Blocks(nil, tokens)}
+	cr := conductor.Request{ID: id, Tokens: len(tokens), Output: in.output, Blocks: blockhash.BlocksFor(r.scheme, nil, tokens, in.extra)}
 	r.schedMu.Lock()
 	dec, err := r.sched.Schedule(r.now(), cr)
 	r.schedMu.Unlock()
@@ -170,7 +174,7 @@ func (r *Router) schedule(id string, in *inference, tokens []int) (conductor.Dec
 
 // parseInference checks the fields the router reads and keeps the body
 // whole for the engines: they validate the rest.
-func parseInference(route string, body []byte) (*inference, *apiError) {
+func parseInference(route string, body []byte, lora map[string]string) (*inference, *apiError) {
 	in := &inference{route: route}
 	if err := json.Unmarshal(body, &in.fields); err != nil || in.fields == nil {
 		return nil, errorf(http.StatusBadRequest, "the body must be a JSON object: %v", cmpErr(err, "null"))
@@ -193,10 +197,39 @@ func parseInference(route string, body []byte) (*inference, *apiError) {
 			in.output = n
 		}
 	}
+	if e := in.parseExtra(lora); e != nil {
+		return nil, e
+	}
 	if route == routeChat {
 		return in, parseChat(in)
 	}
 	return in, parseCompletion(in)
+}
+
+// parseExtra reads what the engine hashes into the prompt's blocks: the
+// request's cache_salt and, when its model names one of lora's adapters,
+// that adapter. A salt the engine would refuse is refused here too.
+func (in *inference) parseExtra(lora map[string]string) *apiError {
+	if raw, ok := present(in.fields, "cache_salt"); ok && string(bytes.TrimSpace(raw)) != "null" {
+		if err := json.Unmarshal(raw, &in.extra.CacheSalt); err != nil {
+			return badParam("cache_salt", "cache_salt must be a string")
+		}
+		if in.extra.CacheSalt == "" {
+			return badParam("cache_salt", "cache_salt must be a non-empty string")
+		}
+	}
+	if raw, ok := present(in.fields, "model"); ok && len(lora) > 0 {
+		var model string
+		if json.Unmarshal(raw, &model) == nil {
+			if path, ok := lora[model]; ok {
+				in.extra.LoRAName, in.extra.LoRAPath = model, path
+			}
+		}
+	}
+	if err := in.extra.Validate(); err != nil {
+		return badParam("cache_salt", "%v", err)
+	}
+	return nil
 }
 
 // parseCompletion reads the prompt of /v1/completions: a string, token

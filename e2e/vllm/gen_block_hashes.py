@@ -124,6 +124,64 @@ def vllm_results(cases: list[tuple[str, int, list[int]]]) -> list[dict]:
     return out
 
 
+# Request extras vLLM hashes into blocks: (lora name, lora path, cache_salt).
+# A salt of 256 bytes or more is BINUNICODE in pickle and takes a 2-byte
+# CBOR head; non-ASCII text is counted in UTF-8 bytes by both.
+EXTRAS = [
+    ("sql-lora", "/models/sql-lora", ""),
+    ("", "", "tenant-a"),
+    ("sql-lora", "/models/sql-lora", "tenant-a"),
+    ("adapter", "/a", "s\u00e4lz \u00fc\u4e2d\U0001f600"),
+    ("", "", "salt" * 70),
+]
+# Cases small enough to cover every extra without bloating the file:
+# several blocks and a partial, block size 1 (many blocks), edge ids.
+EXTRA_CASES = ("many blocks and a partial", "block size 1", "edge ids")
+
+
+class ExtraRequest:
+    """The fields of vLLM's Request that generate_block_hash_extra_keys
+    reads, for a text-only request."""
+
+    def __init__(self, lora: str, path: str, salt: str):
+        from vllm.lora.request import LoRARequest
+        self.lora_request = LoRARequest(lora, 1, path) if lora else None
+        self.cache_salt = salt or None
+        self.mm_features = []
+        self.prompt_embeds = None
+
+
+def vllm_extra_results(cases: list[tuple[str, int, list[int]]]) -> list[dict]:
+    """vLLM's hashes of requests with a LoRA adapter or a cache_salt, the
+    extra keys from vLLM's own generate_block_hash_extra_keys."""
+    out = []
+    os.environ.pop("PYTHONHASHSEED", None)
+    for algo in ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"):
+        hash_fn = get_hash_fn_by_name(algo)
+        seed = "" if "sha256" in algo else "42"
+        if seed:
+            os.environ["PYTHONHASHSEED"] = seed
+        kcu.init_none_hash(hash_fn)
+        for c, (name, bs, toks) in enumerate(cases):
+            if name not in EXTRA_CASES:
+                continue
+            for lora, path, salt in EXTRAS:
+                req = ExtraRequest(lora, path, salt)
+                hashes, parent = [], None
+                for i in range(len(toks) // bs):
+                    keys, _ = kcu.generate_block_hash_extra_keys(req, i * bs, (i + 1) * bs, 0)
+                    parent = kcu.hash_block_tokens(hash_fn, parent, toks[i * bs:(i + 1) * bs], keys)
+                    hashes.append(parent)
+                out.append({
+                    "case": c, "algo": algo, "seed": seed,
+                    "lora_name": lora, "lora_path": path, "cache_salt": salt,
+                    "hashes": [h.hex() for h in hashes],
+                    "ids": [kcu.maybe_convert_block_hash(h) for h in hashes],
+                })
+        os.environ.pop("PYTHONHASHSEED", None)
+    return out
+
+
 def check_one_frame(block: list[int]) -> None:
     """The Go encoder writes a single pickle frame; prove the largest block
     it accepts needs no second one (a FRAME opcode is 0x95 + 8-byte length)."""
@@ -172,6 +230,7 @@ def main() -> None:
         "xxhash_version": xxhash.VERSION,
         "cases": [{"name": name, "block_size": bs, "tokens": toks} for name, bs, toks in cases],
         "vllm": vllm_results(cases),
+        "vllm_extra": vllm_extra_results(cases),
         "mooncake": [
             {"case": c, "seed": seed, "ids": mooncake_ids(seed, bs, toks)}
             for seed in (0, 1, 2**64 - 1)

@@ -168,6 +168,28 @@ def test_our_block_hashes_are_vllms(engines, conductor, wrong_seed):
     assert query(wrong_seed, x)["pb"] == 0
 
 
+def routed_prefix(conductor: str, prompt: list, **extra) -> dict:
+    """The router's longest cached prefix of prompt per holder, in blocks,
+    hashed as a completion with extra (cache_salt, model) would be."""
+    return http_json(conductor + "/v1/index/query", {"tokens": prompt, **extra})["prefix_blocks"]
+
+
+def test_cache_salt_hashes_as_vllms(engines, conductor):
+    """A request's cache_salt is in vLLM's hash of its blocks: the router
+    hashes a salted prompt into the very blocks b published for it, and
+    the same tokens without the salt, or with another, into none of them."""
+    x = prompts(1, length=300, seed=77)[0]
+    http_json(engines["b"][0].url + "/v1/completions",
+              {"model": "tiny", "prompt": x, "max_tokens": 2, "temperature": 0, "cache_salt": "tenant-a"})
+    wait_for(lambda: routed_prefix(conductor, x, cache_salt="tenant-a").get("pb") == 2,
+             "b's salted blocks of x in the index")
+    assert routed_prefix(conductor, x).get("pb", 0) == 0
+    assert routed_prefix(conductor, x, cache_salt="tenant-b").get("pb", 0) == 0
+    # The official indexer API hashes tokens without request extras: the
+    # salted blocks are not the tokens' plain ones.
+    assert query(conductor, x)["pb"] == 0
+
+
 def test_routes_to_the_engine_holding_the_prefix(engines, conductor):
     on_a, on_b = prompts(2, length=290, seed=57)
     complete(engines["a"][0].url, on_a)
