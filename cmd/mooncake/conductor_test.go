@@ -147,3 +147,18 @@ func TestConductorCommandErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestLoRAModulesFlag(t *testing.T) {
+	m, err := loraModules([]string{"sql=/adapters/sql", "chat=/a=b"})
+	if err != nil || len(m) != 2 || m["sql"] != "/adapters/sql" || m["chat"] != "/a=b" {
+		t.Fatalf("loraModules = %v, %v", m, err)
+	}
+	for _, bad := range [][]string{{"sql"}, {"=/p"}, {"sql="}, {"a=/x", "a=/y"}} {
+		if _, err := loraModules(bad); err == nil {
+			t.Errorf("loraModules(%q) accepted", bad)
+		}
+	}
+	if m, err := loraModules(nil); m != nil || err != nil {
+		t.Fatalf("no flag: %v, %v", m, err)
+	}
+}
