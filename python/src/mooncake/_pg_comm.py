@@ -80,7 +80,7 @@ class _Decision:
 
 
 class _Peer:
-    __slots__ = ("rank", "name", "ctrl", "data", "p2p", "pid", "host", "inc", "seg")
+    __slots__ = ("rank", "name", "ctrl", "data", "p2p", "pid", "host", "inc", "seg", "bells")
 
     def __init__(self, rank: int, info: dict, seg: int):
         self.rank = rank
@@ -88,6 +88,7 @@ class _Peer:
         self.ctrl, self.data, self.p2p = info["ctrl"], info["data"], info["p2p"]
         self.pid, self.host, self.inc = info["pid"], info["host"], info["inc"]
         self.seg = seg
+        self.bells = [b.encode("latin-1") for b in info["bells"]] if info["host"] == socket.gethostname() else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -146,6 +147,15 @@ class Comm:
 
         self.host = socket.gethostname()
         self.inc = uuid.uuid4().hex
+        # Doorbells: a waiting rank sleeps in the kernel on a datagram
+        # socket and a same-host peer rings it after writing a flag (the
+        # flags stay the truth; a bell carries nothing), so waiting holds
+        # no CPU on a busy host. One for steps, one for P2P.
+        self.bells = []
+        for kind in ("s", "p"):
+            b = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            b.bind(f"\0mooncake-pg-{self.inc}-{kind}")
+            self.bells.append(b)
         self.peers: Dict[int, _Peer] = {}
         self.epoch = 0
         self.step = 0
@@ -159,7 +169,9 @@ class Comm:
         self.observed: set = set()  # failures seen but not synced (auto-sync off)
         self.lock = threading.Lock()  # one collective at a time
         info = {"name": engine.name, "ctrl": self.ctrl.addr, "data": self.data.addr, "p2p": self.p2p.addr,
-                "pid": os.getpid(), "host": self.host, "inc": self.inc, "slot": self.slot, "G": G}
+                "pid": os.getpid(), "host": self.host, "inc": self.inc,
+                "bells": [b.getsockname() if isinstance(b.getsockname(), str) else b.getsockname().decode("latin-1")
+                          for b in self.bells], "slot": self.slot, "G": G}
         store.set(f"peer/{rank}", json.dumps(info))
         if is_extension:
             self.active = [rank]
@@ -225,11 +237,33 @@ class Comm:
         if bad:
             raise PeerFailure(f"mooncake-cpu: writes to ranks {sorted(bad)} failed", bad)
 
-    def _write_word(self, peers: Sequence[int], scratch: int, value: int, word: int) -> None:
-        """Writes value (through scratch word) into each peer's ctrl word."""
+    def _write_word(self, peers: Sequence[int], scratch: int, value: int, word: int, bell: int = 0) -> None:
+        """Writes value (through scratch word) into each peer's ctrl word
+        and rings their bell."""
         self.words[scratch] = value
         src = self.ctrl.addr + 8 * scratch
         self._write([(p, src, self.peers[p].ctrl + 8 * word, 8) for p in peers])
+        for p in peers:
+            self.ring(p, bell)
+
+    def ring(self, p: int, bell: int) -> None:
+        addr = self.peers[p].bells
+        if addr is not None:
+            try:
+                self.bells[bell].sendto(b"!", socket.MSG_DONTWAIT, addr[bell])
+            except OSError:
+                pass  # gone, or its queue is full of rings already
+
+    def doze(self, bell: int, seconds: float) -> None:
+        """Sleeps until a ring (or seconds), then takes every queued ring."""
+        b = self.bells[bell]
+        b.settimeout(seconds)
+        try:
+            b.recv(16)
+            while True:
+                b.recv(16, socket.MSG_DONTWAIT)
+        except (OSError, socket.timeout):
+            pass
 
     # -- steps -----------------------------------------------------------
 
@@ -261,12 +295,14 @@ class Comm:
             if not pending:
                 return
             spins += 1
-            if spins < 50:
+            if spins < 20:
                 continue
             now = time.monotonic()
-            if spins == 50:
+            if spins == 20:
                 start, check = now, now + 0.005
-            if spins < 3000:
+            if all(self.peers[p].bells is not None for p in pending):
+                self.doze(0, 0.02)
+            elif spins < 3000:
                 os.sched_yield()
             else:
                 time.sleep(0.0002)
@@ -471,6 +507,8 @@ class Comm:
             return
         self.closed = True
         self.p2p_engine.close()
+        for b in self.bells:
+            b.close()
         for b in self._bufs:
             try:
                 b.free()
@@ -580,10 +618,10 @@ class _P2P:
                 idle = 0
                 continue
             idle += 1
-            if idle < 200:
-                os.sched_yield()
-            else:
-                time.sleep(0.0002)
+            if idle < 20:
+                continue
+            self.c.doze(1, 0.01)
+            if idle % 20 == 0:
                 now = time.monotonic()
                 for op in heads:
                     if not self.c._alive(op.peer) or now > op.deadline:
@@ -614,7 +652,7 @@ class _P2P:
                 c.sbuf[off:off + n].copy_(op.tensor[op.done:op.done + n])
                 c._write([(p, c.stage.addr + off, peer.p2p + c.rank * P2P_SLOT, n)])
             scr = c._SCR + 8 + p
-            c._write_word([p], scr, ((k + 1) << 32) | (int(last) << 31) | n, c._POST + c.rank)
+            c._write_word([p], scr, ((k + 1) << 32) | (int(last) << 31) | n, c._POST + c.rank, bell=1)
             self.sent[p] = k + 1
             op.done += n
             if last:
@@ -641,7 +679,7 @@ class _P2P:
     def _ack(self, p: int, k: int) -> None:
         c = self.c
         self.got[p] = k
-        c._write_word([p], c._SCR + 8 + c.G + p, k, c._ACK + c.rank)
+        c._write_word([p], c._SCR + 8 + c.G + p, k, c._ACK + c.rank, bell=1)
 
     def _drain(self, p: int, v: int, k: int, last: bool) -> None:
         """Consumes the rest of a mismatched message so the pair stays usable."""
