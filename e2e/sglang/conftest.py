@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from mccluster import start_real_client
 from sgl_harness import BareMaster, sglang_env
 
 
@@ -27,3 +28,12 @@ def bare_master(mooncake_bin):
     m = BareMaster(mooncake_bin)
     yield m
     m.stop()
+
+
+@pytest.fixture
+def real_client(cluster, mooncake_bin):
+    """A real client (``mooncake client``, the official mooncake_client) of
+    the cluster, for standalone storage: its dummies share its pool."""
+    rc = start_real_client(mooncake_bin, cluster.master, segment="128MiB")
+    yield rc
+    rc.stop()

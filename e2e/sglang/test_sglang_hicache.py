@@ -185,26 +185,30 @@ def test_mla_multi_buffer_group_semantics(sglang_environ):
     assert not any(page_bytes(host1, 7))
 
 
-def test_standalone_storage(sglang_environ):
+def test_standalone_storage(sglang_environ, real_client):
     """standalone_storage: the host pool comes from MooncakeHostTensorAllocator
     (mooncake.store.MooncakeHostMemAllocator) and the store is set up with
-    setup_dummy; the pages live on the cluster's storage node. mooncake-go has
-    no separate client process, so client_server_address names the master."""
+    setup_dummy, a dummy client of the real client (``mooncake client``) at
+    client_server_address, which maps the registered host pool: two TP
+    ranks' pages go through it into one pool, where an ordinary client
+    finds them."""
     master = sglang_environ.master
-    host = mha_host_pool(allocator_type="mooncake")
-    assert isinstance(host.allocator, MooncakeHostTensorAllocator)
-    assert host.kv_buffer.data_ptr() == host.allocator.ptr  # the pool is the allocator's memory
-    conf = json.dumps({"client_server_address": master, "standalone_storage": True, "protocol": "tcp"})
-    backend = attach(conf, host)
+    conf = json.dumps({"client_server_address": real_client.address, "standalone_storage": True, "protocol": "tcp"})
     keys = [f"s{uuid.uuid4().hex}" for _ in range(2)]
-    fill(host, [0, 1], seed=3)
-    assert backend.batch_set_v1(keys, tokens([0, 1])) == [True, True]
-    zero(host, [8, 9])
-    assert backend.batch_get_v1(keys, tokens([8, 9])) == [True, True]
-    assert page_bytes(host, 8) == page_bytes(host, 0)
-    assert page_bytes(host, 9) == page_bytes(host, 1)
-    kv = page_bytes(host, 1)
-    assert raw_client(master).get(f"{keys[1]}_0_v") == kv[len(kv) // 2:]
+    for rank in (0, 1):
+        host = mha_host_pool(allocator_type="mooncake")
+        assert isinstance(host.allocator, MooncakeHostTensorAllocator)
+        assert host.kv_buffer.data_ptr() == host.allocator.ptr  # the pool is the allocator's memory
+        backend = attach(conf, host, tp_rank=rank, tp_size=2)
+        assert backend.store.get_hostname().startswith("dummy@")  # a dummy client
+        fill(host, [0, 1], seed=3 + rank)
+        assert backend.batch_set_v1(keys, tokens([0, 1])) == [True, True]
+        zero(host, [8, 9])
+        assert backend.batch_get_v1(keys, tokens([8, 9])) == [True, True]
+        assert page_bytes(host, 8) == page_bytes(host, 0)
+        assert page_bytes(host, 9) == page_bytes(host, 1)
+        kv = page_bytes(host, 1)
+        assert raw_client(master).get(f"{keys[1]}_{rank}_v") == kv[len(kv) // 2:]
 
 
 class _Proxy(http.server.ThreadingHTTPServer):
