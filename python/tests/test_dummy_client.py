@@ -161,3 +161,29 @@ def test_no_real_client():
         assert d.health_check() == 1
     with pytest.raises(mooncake_go.MooncakeError, match="no real client at"):
         mooncake_go.DummyStore(addr)
+
+
+def test_vllm_standalone_store_topology(mooncake_bin):
+    """vLLM's MooncakeStoreConnector ``mode: standalone-store``: the ranks
+    set up ordinary clients with global_segment_size 0 and the pool is the
+    segment of an external mooncake_client. With a master that has no
+    storage node, every object lands on the real client's segment."""
+    cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "0")
+    rc = start_real_client(mooncake_bin, cluster.master, segment="64MiB")
+    ranks = []
+    try:
+        for _ in range(2):
+            s = MooncakeDistributedStore()
+            assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", cluster.master) == 0
+            ranks.append(s)
+        key = uid()
+        assert ranks[0].put(key, pattern(4096, 9)) == 0
+        assert ranks[1].get(key) == pattern(4096, 9)
+        segments = {d.segment_name for d in ranks[1].get_replica_desc(key)}
+        owner = next(line for line in rc.lines if line.startswith("node ready")).split("=", 1)[1]
+        assert segments == {owner}
+    finally:
+        for s in ranks:
+            s.close()
+        rc.stop()
+        cluster.stop()
