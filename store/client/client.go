@@ -81,6 +81,9 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 		return nil, err
 	}
 	cfg.ClusterID = cmp.Or(cfg.ClusterID, os.Getenv("MC_STORE_CLUSTER_ID"), DefaultClusterID)
+	if cfg.TenantID, err = tenantOf(cfg.TenantID); err != nil {
+		return nil, err
+	}
 	cfg.SegmentSize = cmp.Or(cfg.SegmentSize, DefaultSegmentSize)
 	cfg.LocalBufferSize = cmp.Or(cfg.LocalBufferSize, DefaultLocalBufferSize)
 	cfg.RPCTimeout = cmp.Or(cfg.RPCTimeout, DefaultRPCTimeout)

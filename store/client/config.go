@@ -88,6 +88,12 @@ type Config struct {
 	// EtcdTLS is how the client dials etcd over TLS to find the leader
 	// (an etcd:// Master). Zero: plaintext.
 	EtcdTLS secure.TLS
+	// TenantID is the tenant whose objects the client puts and sees
+	// (Mooncake's tenant_id): two tenants' objects never mix, even under
+	// the same key, and the master holds each tenant to its quota. It is
+	// sent with every call to the master. Zero: MOONCAKE_TENANT_ID, else
+	// "default", the tenant of clients that name none.
+	TenantID string
 }
 
 // NoSegment as Config.SegmentSize: the client contributes no memory.
@@ -113,6 +119,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("client: Config.SSDSize %d must be positive with an SSDDir", c.SSDSize)
 	case c.PingInterval < 0:
 		return fmt.Errorf("client: Config.PingInterval %v is negative", c.PingInterval)
+	}
+	if c.TenantID != "" {
+		if err := storepb.CheckTenant(c.TenantID); err != nil {
+			return fmt.Errorf("client: Config.TenantID: %w", err)
+		}
 	}
 	return c.Replicate.validate()
 }

@@ -90,6 +90,9 @@ func credentialOptions(cfg *Config) ([]grpc.DialOption, error) {
 	if cfg.Token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(secure.PerRPC(cfg.Token)))
 	}
+	if cfg.TenantID != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(tenantCredentials(cfg.TenantID)))
+	}
 	return opts, nil
 }
 

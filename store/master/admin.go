@@ -69,7 +69,7 @@ func (s *Server) adminHandler() http.Handler {
 	} {
 		post(path, s.leaderOnly(h))
 	}
-	return mux
+	return s.withTenants(mux) // admin_tenant.go
 }
 
 // only serves h for one method; another is Mooncake's 404.

@@ -90,12 +90,12 @@ func (s *Service) checkBatchPut(items []*storepb.PutStartRequest) error {
 
 // putStart is one PutStart or UpsertStart item. A nil item reads as an
 // empty key and so answers InvalidParams.
-func (g *GRPCServer) putStart(ctx context.Context, req *storepb.PutStartRequest, upsert bool) *storepb.PutStartResponse {
+func (g *GRPCServer) putStart(ctx context.Context, t string, req *storepb.PutStartRequest, upsert bool) *storepb.PutStartResponse {
 	start := g.svc.Load().PutStart
 	if upsert {
 		start = g.svc.Load().UpsertStart
 	}
-	reps, err := start(ctx, req.GetClientId(), req.GetKey(), req.GetValueLength(), req.GetConfig())
+	reps, err := start(ctx, req.GetClientId(), scopeKey(t, req.GetKey()), req.GetValueLength(), req.GetConfig())
 	return &storepb.PutStartResponse{Result: storepb.NewResult(err), Replicas: reps}
 }
 
@@ -149,7 +149,11 @@ func (g *GRPCServer) PutStart(ctx context.Context, req *storepb.PutStartRequest)
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.putStart(ctx, req, false), nil
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return g.putStart(ctx, t, req, false), nil
 }
 
 // PutEnd makes a started object readable; see Service.PutEnd.
@@ -157,7 +161,11 @@ func (g *GRPCServer) PutEnd(ctx context.Context, req *storepb.PutEndRequest) (*s
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().PutEnd(ctx, req.ClientId, req.Key, req.Checksum)), nil
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return storepb.NewResult(g.svc.Load().PutEnd(ctx, req.ClientId, scopeKey(t, req.Key), req.Checksum)), nil
 }
 
 // PutRevoke gives a started object's space back; see Service.PutRevoke.
@@ -165,7 +173,11 @@ func (g *GRPCServer) PutRevoke(ctx context.Context, req *storepb.KeyRequest) (*s
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().PutRevoke(ctx, req.ClientId, req.Key)), nil
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return storepb.NewResult(g.svc.Load().PutRevoke(ctx, req.ClientId, scopeKey(t, req.Key))), nil
 }
 
 // BatchPutStart is PutStart per item, one response per item.
@@ -173,19 +185,23 @@ func (g *GRPCServer) BatchPutStart(ctx context.Context, req *storepb.BatchPutSta
 	if req == nil {
 		return nil, errNilRequest
 	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := g.svc.Load().checkBatchPut(req.Items); err != nil {
 		return nil, err
 	}
-	return g.batchPutStart(ctx, req, false), nil
+	return g.batchPutStart(ctx, t, req, false), nil
 }
 
 // batchPutStart starts every item, then waits once for their records.
-func (g *GRPCServer) batchPutStart(ctx context.Context, req *storepb.BatchPutStartRequest, upsert bool) *storepb.BatchPutStartResponse {
+func (g *GRPCServer) batchPutStart(ctx context.Context, t string, req *storepb.BatchPutStartRequest, upsert bool) *storepb.BatchPutStartResponse {
 	svc := g.svc.Load()
 	out := &storepb.BatchPutStartResponse{Items: make([]*storepb.PutStartResponse, len(req.Items))}
 	results := batchDurable(ctx, svc, len(req.Items), func(i int) (uint64, error) {
 		it := req.Items[i]
-		reps, seq, err := svc.startSeq(ctx, it.GetClientId(), it.GetKey(), it.GetValueLength(), it.GetConfig(), upsert)
+		reps, seq, err := svc.startSeq(ctx, it.GetClientId(), scopeKey(t, it.GetKey()), it.GetValueLength(), it.GetConfig(), upsert)
 		out.Items[i] = &storepb.PutStartResponse{Replicas: reps}
 		return seq, err
 	})
@@ -203,13 +219,17 @@ func (g *GRPCServer) BatchPutEnd(ctx context.Context, req *storepb.BatchPutEndRe
 	if req == nil {
 		return nil, errNilRequest
 	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
 	svc := g.svc.Load()
 	if err := svc.checkBatch(len(req.Items)); err != nil {
 		return nil, err
 	}
 	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Items), func(i int) (uint64, error) {
 		it := req.Items[i]
-		return svc.putEndSeq(it.GetClientId(), it.GetKey(), it.GetChecksum())
+		return svc.putEndSeq(it.GetClientId(), scopeKey(t, it.GetKey()), it.GetChecksum())
 	})}, nil
 }
 
@@ -218,12 +238,16 @@ func (g *GRPCServer) BatchPutRevoke(ctx context.Context, req *storepb.BatchKeyRe
 	if req == nil {
 		return nil, errNilRequest
 	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
 	svc := g.svc.Load()
 	if err := svc.checkBatch(len(req.Keys)); err != nil {
 		return nil, err
 	}
 	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Keys), func(i int) (uint64, error) {
-		return svc.revokeSeq(req.ClientId, req.Keys[i])
+		return svc.revokeSeq(req.ClientId, scopeKey(t, req.Keys[i]))
 	})}, nil
 }
 
@@ -233,7 +257,11 @@ func (g *GRPCServer) UpsertStart(ctx context.Context, req *storepb.PutStartReque
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.putStart(ctx, req, true), nil
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return g.putStart(ctx, t, req, true), nil
 }
 
 // BatchUpsertStart is UpsertStart per item, one response per item.
@@ -241,55 +269,75 @@ func (g *GRPCServer) BatchUpsertStart(ctx context.Context, req *storepb.BatchPut
 	if req == nil {
 		return nil, errNilRequest
 	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := g.svc.Load().checkBatchPut(req.Items); err != nil {
 		return nil, err
 	}
-	return g.batchPutStart(ctx, req, true), nil
+	return g.batchPutStart(ctx, t, req, true), nil
 }
 
 // GetReplicaList returns the complete replicas of a key and grants a lease;
 // see Service.GetReplicaList.
-func (g *GRPCServer) GetReplicaList(_ context.Context, req *storepb.KeyRequest) (*storepb.GetReplicaListResponse, error) {
+func (g *GRPCServer) GetReplicaList(ctx context.Context, req *storepb.KeyRequest) (*storepb.GetReplicaListResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.getReplicaList(req.Key), nil
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return g.getReplicaList(scopeKey(t, req.Key)), nil
 }
 
 // BatchGetReplicaList is GetReplicaList per key, one response per key.
-func (g *GRPCServer) BatchGetReplicaList(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchGetReplicaListResponse, error) {
+func (g *GRPCServer) BatchGetReplicaList(ctx context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchGetReplicaListResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
+	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if err := g.svc.Load().checkBatch(len(req.Keys)); err != nil {
 		return nil, err
 	}
 	out := &storepb.BatchGetReplicaListResponse{Items: make([]*storepb.GetReplicaListResponse, len(req.Keys))}
 	for i, k := range req.Keys {
-		out.Items[i] = g.getReplicaList(k)
+		out.Items[i] = g.getReplicaList(scopeKey(t, k))
 	}
 	return out, nil
 }
 
 // ExistKey answers OK when the key is readable, ObjectNotFound when not.
-func (g *GRPCServer) ExistKey(_ context.Context, req *storepb.KeyRequest) (*storepb.Result, error) {
+func (g *GRPCServer) ExistKey(ctx context.Context, req *storepb.KeyRequest) (*storepb.Result, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return g.existKey(req.Key), nil
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return g.existKey(scopeKey(t, req.Key)), nil
 }
 
 // BatchExistKey is ExistKey per key, one Result per key.
-func (g *GRPCServer) BatchExistKey(_ context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchResult, error) {
+func (g *GRPCServer) BatchExistKey(ctx context.Context, req *storepb.BatchKeyRequest) (*storepb.BatchResult, error) {
 	if req == nil {
 		return nil, errNilRequest
+	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if err := g.svc.Load().checkBatch(len(req.Keys)); err != nil {
 		return nil, err
 	}
 	out := &storepb.BatchResult{Results: make([]*storepb.Result, len(req.Keys))}
 	for i, k := range req.Keys {
-		out.Results[i] = g.existKey(k)
+		out.Results[i] = g.existKey(scopeKey(t, k))
 	}
 	return out, nil
 }
@@ -299,7 +347,11 @@ func (g *GRPCServer) Remove(ctx context.Context, req *storepb.RemoveRequest) (*s
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().Remove(ctx, req.Key, req.Force)), nil
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return storepb.NewResult(g.svc.Load().Remove(ctx, scopeKey(t, req.Key), req.Force)), nil
 }
 
 // BatchRemove is Remove per key, one Result per key.
@@ -307,21 +359,30 @@ func (g *GRPCServer) BatchRemove(ctx context.Context, req *storepb.BatchRemoveRe
 	if req == nil {
 		return nil, errNilRequest
 	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
 	svc := g.svc.Load()
 	if err := svc.checkBatch(len(req.Keys)); err != nil {
 		return nil, err
 	}
 	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Keys), func(i int) (uint64, error) {
-		return svc.removeSeq(req.Keys[i], req.Force)
+		return svc.removeSeq(scopeKey(t, req.Keys[i]), req.Force)
 	})}, nil
 }
 
-// RemoveAll removes every readable object and says how many.
+// RemoveAll removes every readable object of the caller's tenant and says
+// how many.
 func (g *GRPCServer) RemoveAll(ctx context.Context, req *storepb.RemoveAllRequest) (*storepb.RemoveAllResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	n, err := g.svc.Load().removeAll(ctx, req.Force)
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n, err := g.svc.Load().RemoveTenant(ctx, t, req.Force)
 	return &storepb.RemoveAllResponse{Result: storepb.NewResult(err), Removed: int64(n)}, nil
 }
 
@@ -331,7 +392,11 @@ func (g *GRPCServer) RemoveByRegex(ctx context.Context, req *storepb.RemoveByReg
 	if req == nil {
 		return nil, errNilRequest
 	}
-	n, err := g.svc.Load().RemoveByRegex(ctx, req.Regex, req.Force)
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n, err := g.svc.Load().RemoveTenantByRegex(ctx, t, req.Regex, req.Force)
 	return &storepb.RemoveAllResponse{Result: storepb.NewResult(err), Removed: int64(n)}, nil
 }
 
@@ -393,8 +458,13 @@ func (g *GRPCServer) WatchObjects(_ *storepb.WatchObjectsRequest, stream grpc.Se
 		return status.Errorf(codes.ResourceExhausted, "master: %d WatchObjects streams open, the limit (max_watchers)",
 			svc.cfg.MaxWatchers)
 	}
+	t, err := callerTenant(stream.Context())
+	if err != nil {
+		return err
+	}
 	w, keys := svc.Watch(0)
 	defer w.Close()
+	keys = tenantKeys(t, keys)
 	for {
 		n := min(len(keys), watchBatch)
 		resp := &storepb.WatchObjectsResponse{Events: make([]*storepb.ObjectEvent, n), Synced: n == len(keys)}
@@ -422,15 +492,24 @@ func (g *GRPCServer) WatchObjects(_ *storepb.WatchObjectsRequest, stream grpc.Se
 		case ev = <-w.Events():
 		}
 		// With what else has piled up.
-		resp := &storepb.WatchObjectsResponse{Events: []*storepb.ObjectEvent{{Kind: ev.Kind, Key: ev.Key}}}
+		resp := &storepb.WatchObjectsResponse{}
+		add := func(ev ObjectEvent) {
+			if tt, k := splitKey(ev.Key); tt == t { // other tenants' keys are not the watcher's to see
+				resp.Events = append(resp.Events, &storepb.ObjectEvent{Kind: ev.Kind, Key: k})
+			}
+		}
+		add(ev)
 	more:
 		for len(resp.Events) < watchBatch {
 			select {
 			case ev = <-w.Events():
-				resp.Events = append(resp.Events, &storepb.ObjectEvent{Kind: ev.Kind, Key: ev.Key})
+				add(ev)
 			default:
 				break more
 			}
+		}
+		if len(resp.Events) == 0 {
+			continue
 		}
 		if err := stream.Send(resp); err != nil {
 			return err

@@ -363,7 +363,8 @@ func (p *kvPublisher) encode(batch []kvEvent) error {
 // encodeEvent writes one event map (docs/kv-events.md).
 func (p *kvPublisher) encodeEvent(ev kvEvent) error {
 	e := p.enc
-	h, isBlock := blockkey.SeqHash(ev.key)
+	tenant, key := splitKey(ev.key) // the object's tenant and its client's key
+	h, isBlock := blockkey.SeqHash(key)
 	kind, compat := "stored", "BlockStored"
 	n := 18 // fields of a stored event: 15 common, 3 of its own
 	if ev.removed {
@@ -384,12 +385,12 @@ func (p *kvPublisher) encodeEvent(ev kvEvent) error {
 		e.EncodeString("block_size"), e.EncodeInt(int64(p.cfg.BlockSize)),
 		str("additional_salt", ""),
 		str("lora_name", ""),
-		str("tenant_id", "default"), // the master has no tenants
+		str("tenant_id", tenant),
 		str("backend_id", p.backendID),
 		str("medium", ev.medium.String()),
 		e.EncodeString("dp_rank"), e.EncodeInt(0),
 		hashes("seq_hashes"),
-		str("object_key", ev.key),
+		str("object_key", key),
 		str("type", compat),
 		hashes("block_hashes"))
 	if !ev.removed {

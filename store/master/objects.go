@@ -52,8 +52,10 @@ type deferredFree struct {
 	reps []replica
 }
 
-// checkKey refuses an empty key and one over ServiceConfig.MaxKeyLen.
+// checkKey refuses an empty key and one over ServiceConfig.MaxKeyLen; the
+// key checked is the client's, without its tenant (tenant.go).
 func (s *Service) checkKey(key string) error {
+	_, key = splitKey(key)
 	switch {
 	case key == "":
 		return storeErr(storepb.InvalidParams, "empty key")
@@ -106,6 +108,11 @@ func (s *Service) startSeq(ctx context.Context, clientID, key string, length uin
 		return nil, 0, storeErr(storepb.InvalidParams, "negative soft_pin_ttl_ms %d", cfg.GetSoftPinTtlMs())
 	}
 	n := max(int(cfg.GetReplicaNum()), 1)
+	admitted, err := s.admitTenant(ctx, key, length*uint64(n))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer admitted()
 	reps, seq, err := s.tryStart(clientID, key, length, n, cfg, upsert)
 	if err != errNoSpace {
 		return reps, seq, err
@@ -452,18 +459,27 @@ const MaxRegexLen = 4096
 // skipping leased ones unless force, and returns how many it removed. An
 // empty pattern, which would match every key, is refused: that is
 // RemoveAll.
+//
+// The keys matched are the default tenant's; RemoveTenantByRegex matches
+// another tenant's.
 func (s *Service) RemoveByRegex(ctx context.Context, expr string, force bool) (int, error) {
+	return s.RemoveTenantByRegex(ctx, DefaultTenant, expr, force)
+}
+
+// compileRemoveRegex compiles a RemoveByRegex pattern, refusing an empty
+// one and one over MaxRegexLen.
+func compileRemoveRegex(expr string) (*regexp.Regexp, error) {
 	switch {
 	case expr == "":
-		return 0, storeErr(storepb.InvalidParams, "empty pattern (RemoveAll removes every object)")
+		return nil, storeErr(storepb.InvalidParams, "empty pattern (RemoveAll removes every object)")
 	case len(expr) > MaxRegexLen:
-		return 0, storeErr(storepb.InvalidParams, "pattern of %d bytes is longer than %d", len(expr), MaxRegexLen)
+		return nil, storeErr(storepb.InvalidParams, "pattern of %d bytes is longer than %d", len(expr), MaxRegexLen)
 	}
 	re, err := regexp.Compile(expr)
 	if err != nil {
-		return 0, storeErr(storepb.InvalidParams, "pattern: %v", err)
+		return nil, storeErr(storepb.InvalidParams, "pattern: %v", err)
 	}
-	return s.removeMatching(ctx, re.MatchString, force)
+	return re, nil
 }
 
 // removeMatching removes the readable objects whose key match accepts

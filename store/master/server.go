@@ -195,6 +195,7 @@ func Start(cfg ServerConfig) (*Server, error) {
 		p.withDefaults()
 	}
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
+	cfg.Service = cfg.Service.withTenants() // one set of quotas for every term (tenant_quota.go)
 	cfg.MaxRecvMsgSize = cmp.Or(cfg.MaxRecvMsgSize, DefaultMaxRecvMsgSize)
 	cfg.MaxConcurrentStreams = cmp.Or(cfg.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
 	cfg.MaxAdminBody = cmp.Or(cfg.MaxAdminBody, DefaultMaxAdminBody)

@@ -121,6 +121,10 @@ type ServiceConfig struct {
 	// are refused with ResourceExhausted. Zero means DefaultMaxWatchers
 	// (256).
 	MaxWatchers int
+
+	// Tenants holds the tenants' quotas (tenant_quota.go), shared by the
+	// Services of successive terms. Nil means none.
+	Tenants *TenantQuotas
 }
 
 // Validate reports the first field that is out of range, by name.
@@ -179,6 +183,7 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	c = c.withTenants()
 	c.Seed = cmp.Or(c.Seed, rand.Uint64())
 	return c
 }
@@ -225,6 +230,9 @@ type Service struct {
 	spilling  uint64        // DRAM bytes spills in flight will free
 	freeing   atomic.Uint64 // bytes freed once their journal records are durable
 	diskTiers int           // mounted SSD tiers
+
+	// tenants is the quota admission state (tenant_quota.go).
+	tenants tenantLedger
 
 	// Watches of the readable keys (watch.go).
 	watch watchers

@@ -25,6 +25,8 @@ const (
 	RPCFail             Code = -900
 	RPCTimeout          Code = -901
 	EtcdOperationError  Code = -1000
+	// TenantQuotaExceeded: the put would take its tenant over its quota.
+	TenantQuotaExceeded Code = -1700
 )
 
 var codeNames = map[Code]string{
@@ -34,6 +36,7 @@ var codeNames = map[Code]string{
 	ObjectHasLease: "OBJECT_HAS_LEASE", LeaseExpired: "LEASE_EXPIRED",
 	TransferFail: "TRANSFER_FAIL", ChecksumMismatch: "CHECKSUM_MISMATCH",
 	RPCFail: "RPC_FAIL", RPCTimeout: "RPC_TIMEOUT", EtcdOperationError: "ETCD_OPERATION_ERROR",
+	TenantQuotaExceeded: "TENANT_QUOTA_EXCEEDED",
 }
 
 // String is Mooncake's name of the code.
@@ -97,6 +100,7 @@ var (
 	ErrChecksumMismatch    = &Error{Code: ChecksumMismatch}
 	ErrRPCFail             = &Error{Code: RPCFail}
 	ErrRPCTimeout          = &Error{Code: RPCTimeout}
+	ErrTenantQuotaExceeded = &Error{Code: TenantQuotaExceeded}
 )
 
 // NewResult builds a Result from an error: OK for nil, the code of the
