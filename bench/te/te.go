@@ -56,6 +56,11 @@ type Options struct {
 	GPUID   int
 	// Launcher starts the target and the sink. Zero: InProcess.
 	Launcher Launcher
+	// Metadata is the initiator engine's metadata service
+	// (engine.Config.Metadata), for a target that publishes its segment
+	// there: one started elsewhere, as official transfer_engine_bench's
+	// --mode target. Zero: P2PHANDSHAKE.
+	Metadata string
 	// MemcpySpan is how much memory the memcpy yardstick cycles through.
 	// Zero: the larger of MemcpySpan (256 MiB) and BufferSize.
 	MemcpySpan int
@@ -173,7 +178,7 @@ type Result struct {
 	BufferSize int     `json:"buffer_size"`
 	Duration   float64 `json:"duration_s"` // asked for, per run
 	Repeat     int     `json:"repeat"`
-	Target     string  `json:"target"` // "process" or "in-process"
+	Target     string  `json:"target"` // "process", "in-process" or "external"
 	// Memory is where both buffers are: "" for host memory, "cuda:N".
 	Memory string `json:"memory,omitempty"`
 
@@ -211,8 +216,12 @@ func Run(ctx context.Context, o Options) (res Result, err error) {
 	if o.UseVRAM {
 		res.Memory = fmt.Sprintf("cuda:%d", o.GPUID)
 	}
-	if _, ok := o.Launcher.(Exec); ok {
+	switch o.Launcher.(type) {
+	case Exec:
 		res.Target = "process"
+	case InProcess:
+	default:
+		res.Target = "external" // started by someone else (a remote target)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

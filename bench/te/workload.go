@@ -27,7 +27,7 @@ func newWorkload(ctx context.Context, o Options, t TargetInfo) (w *workload, err
 		return nil, fmt.Errorf("te: target buffer of %d bytes, %d wanted", t.Length, o.BufferSize)
 	}
 	e, err := engine.New(ctx, engine.Config{Host: "127.0.0.1", Transport: o.Transport, Lanes: o.Lanes,
-		SliceSize: o.SliceSize, Logger: o.Logger})
+		SliceSize: o.SliceSize, Logger: o.Logger, Metadata: o.Metadata})
 	if err != nil {
 		return nil, fmt.Errorf("te: initiator engine: %w", err)
 	}

@@ -35,6 +35,7 @@ func newBenchTECmd() *cobra.Command {
 		asJSON     bool
 		inProcess  bool
 		cpuprofile string
+		official   benchTEOfficial // bench_te_official.go
 	)
 	c := &cobra.Command{
 		Use:   "te",
@@ -49,11 +50,22 @@ single-thread memcpy for shm. The report gives medians and ours/yardstick.
 So a run measures --repeat x (1 + yardsticks) x --duration: 3 x 3 x 5s = 45s
 for tcp by default, plus start-up. The plan is printed first, then the
 progress (a bar on a terminal), both on stderr; the report alone goes to
-stdout.`,
+stdout.
+
+Official transfer_engine_bench's flags work too (--block_size, --batch_size,
+--buffer_size, --operation, --protocol, a --duration in seconds), and so do
+its two processes: --mode target serves a buffer under --local_server_name
+in --metadata_server until SIGINT, and an initiator given --segment_id
+measures against that target (no yardstick) instead of starting its own.`,
 		Example: `  mooncake bench te --transport tcp --op write --block-size 1MiB --threads 2
-  mooncake bench te --transport shm --op read --block-size 4MiB --json`,
+  mooncake bench te --transport shm --op read --block-size 4MiB --json
+  mooncake bench te --mode target --metadata_server http://127.0.0.1:8080/metadata --local_server_name 127.0.0.1:12345
+  mooncake bench te --metadata_server http://127.0.0.1:8080/metadata --segment_id 127.0.0.1:12345 --operation write --duration 10`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := official.apply(cmd.Flags(), &transport, &op); err != nil {
+				return err
+			}
 			switch transport {
 			case "tcp", "shm":
 				o.Transport = transport
@@ -88,6 +100,9 @@ stdout.`,
 					o.TargetCPUProfile = cpuprofile + ".target"
 				}
 			}
+			if done, err := official.runOfficialModes(cmd, ctx, &o); done || err != nil {
+				return err
+			}
 			// The plan and the progress go to stderr, the report alone to
 			// stdout, so that --json stays one parseable object.
 			o.Progress = cmd.ErrOrStderr()
@@ -114,7 +129,8 @@ stdout.`,
 	f.Var(&block, "block-size", "bytes per request (4096, 128KiB, 4MB, 1M; units are 1024-based)")
 	f.IntVar(&o.BatchSize, "batch-size", 64, "requests per batch")
 	f.IntVar(&o.Threads, "threads", 1, "submitting workers")
-	f.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each run")
+	o.Duration = 5 * time.Second
+	f.Var(secondsValue{&o.Duration}, "duration", "length of each run (5s, 1m; a bare number is seconds, as the official bench's)")
 	f.Var(&buffer, "buffer-size", "buffer on each side (default threads*batch*block, at most 1GiB, at least one batch)")
 	f.IntVar(&o.Lanes, "lanes", 0, "TCP connections per peer (0: engine default, 4)")
 	f.Var(&slice, "slice-size", "largest piece a request is cut into (0: engine default, 128KiB)")
@@ -125,6 +141,7 @@ stdout.`,
 	f.BoolVar(&o.UseVRAM, "use_vram", false, "both buffers in GPU memory (the CUDA driver, or MC_CUDA_DRIVER)")
 	f.IntVar(&o.GPUID, "gpu_id", 0, "the GPU of --use_vram")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process here (and of the target to FILE.target)")
+	official.bindFlags(f, &block, &buffer, &o)
 	c.AddCommand(newBenchTETargetCmd(), newBenchTESinkCmd())
 	return c
 }
