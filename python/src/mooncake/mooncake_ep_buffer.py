@@ -236,8 +236,9 @@ class Buffer:
         else:
             rows = x.contiguous().view(torch.uint8)
         if expert.numel():
+            word = _word(stride)
             staging = self._bytes[lay.staging: lay.staging + ne * t_max * stride].view(ne * t_max, stride)
-            staging.index_copy_(0, expert * t_max + slot, rows.index_select(0, tok))
+            staging.view(word).index_copy_(0, expert * t_max + slot, rows.view(word).index_select(0, tok))
         counts_send = self._view(lay.counts_send, torch.int32, r * lx)
         counts_send.copy_(sent.view(-1).to(torch.int32))
         self._view(lay.flag_word, torch.int64, 1)[0] = seq
@@ -305,13 +306,19 @@ class Buffer:
         src = torch.repeat_interleave(src_start, flat) + within
         dst = torch.repeat_interleave(dst_start, flat) + within
         off = lay.dispatch_recv + half * lay.region
-        rows = self._bytes[off: off + lx * r * t_max * stride].view(lx * r * t_max, stride).index_select(0, src)
-        if isinstance(recv_x, tuple):
+        # Copy in the widest words the row widths allow: index kernels
+        # cost per element.
+        fp8 = isinstance(recv_x, tuple)
+        word = _word(stride, hidden, hidden // FP8_GROUP * 4) if fp8 else _word(stride)
+        region = self._bytes[off: off + lx * r * t_max * stride].view(lx * r * t_max, stride)
+        rows = region.view(word).index_select(0, src)
+        if fp8:
             data, scales = recv_x
-            data.view(torch.uint8).view(-1, hidden).index_copy_(0, dst, rows[:, :hidden])
-            scales.view(torch.uint8).view(-1, hidden // FP8_GROUP * 4).index_copy_(0, dst, rows[:, hidden:])
+            split = hidden // rows.element_size()
+            data.view(torch.uint8).view(-1, hidden).view(word).index_copy_(0, dst, rows[:, :split])
+            scales.view(torch.uint8).view(-1, hidden // FP8_GROUP * 4).view(word).index_copy_(0, dst, rows[:, split:])
         else:
-            recv_x.view(torch.uint8).view(-1, stride).index_copy_(0, dst, rows)
+            recv_x.view(torch.uint8).view(-1, stride).view(word).index_copy_(0, dst, rows)
 
     # -- combine ---------------------------------------------------------
 
@@ -521,6 +528,14 @@ class Buffer:
 
     def __exit__(self, *exc) -> None:
         self.destroy()
+
+
+def _word(*widths: int) -> torch.dtype:
+    """The widest integer dtype whose size divides every byte width."""
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if all(w % size == 0 for w in widths):
+            return dtype
+    return torch.uint8
 
 
 def _check_config(num_ranks: int, num_experts: int, t_max: int, hidden: int) -> None:
