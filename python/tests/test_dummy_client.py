@@ -6,6 +6,8 @@ without copies, and a dead real client fails calls instead of hanging."""
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import threading
 import time
 import uuid
 
@@ -13,7 +15,7 @@ import pytest
 
 import mooncake_go
 from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator
-from mccluster import refused_addr, start_cluster, start_real_client
+from mccluster import field, refused_addr, start_cluster, start_real_client, stop_process
 
 from conftest import LOCAL_BUFFER, SEGMENT
 
@@ -163,18 +165,30 @@ def test_no_real_client():
         mooncake_go.DummyStore(addr)
 
 
+def bare_master(mooncake_bin):
+    """``mooncake master`` alone (no storage node): (process, rpc address)."""
+    proc = subprocess.Popen([str(mooncake_bin), "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0",
+                             "--metrics_port", "-1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("master listening"):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # never block on a full pipe
+            return proc, field(line, "rpc")
+    stop_process(proc)
+    raise RuntimeError("mooncake master exited before listening")
+
+
 def test_vllm_standalone_store_topology(mooncake_bin):
     """vLLM's MooncakeStoreConnector ``mode: standalone-store``: the ranks
     set up ordinary clients with global_segment_size 0 and the pool is the
     segment of an external mooncake_client. With a master that has no
     storage node, every object lands on the real client's segment."""
-    cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "0")
-    rc = start_real_client(mooncake_bin, cluster.master, segment="64MiB")
+    master, addr = bare_master(mooncake_bin)
+    rc = start_real_client(mooncake_bin, addr, segment="64MiB")
     ranks = []
     try:
         for _ in range(2):
             s = MooncakeDistributedStore()
-            assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", cluster.master) == 0
+            assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", addr) == 0
             ranks.append(s)
         key = uid()
         assert ranks[0].put(key, pattern(4096, 9)) == 0
@@ -186,4 +200,4 @@ def test_vllm_standalone_store_topology(mooncake_bin):
         for s in ranks:
             s.close()
         rc.stop()
-        cluster.stop()
+        stop_process(master)
