@@ -331,19 +331,41 @@ func (j *etcdJournal) writeSnapshot(ctx context.Context, svc *Service) (uint64, 
 // and were never acknowledged; they are deleted (the caller leads, so the
 // delete is fenced by its term).
 func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string, term int64) (*state, uint64, error) {
-	prefix := journalPrefix(clusterID)
-	st := newState()
-	var last uint64
-	head, err := cli.Get(ctx, prefix+"snap-head")
+	st, last, _, err := readEtcdSnapshot(ctx, cli, clusterID, 0)
 	if err != nil {
 		return nil, 0, err
 	}
+	last, err = continueJournal(ctx, cli, clusterID, term, st, last)
+	if err != nil {
+		return nil, 0, err
+	}
+	return st, last, nil
+}
+
+// readEtcdSnapshot reads the latest snapshot as of etcd revision rev (0: now)
+// into a new state, and returns it, its sequence number and the revision
+// read.
+func readEtcdSnapshot(ctx context.Context, cli *clientv3.Client, clusterID string, rev int64) (*state, uint64, int64, error) {
+	prefix := journalPrefix(clusterID)
+	st := newState()
+	var last uint64
+	var opts []clientv3.OpOption
+	if rev != 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	head, err := cli.Get(ctx, prefix+"snap-head", opts...)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	if rev == 0 {
+		rev = head.Header.Revision
+	}
 	if len(head.Kvs) > 0 {
 		if last, err = strconv.ParseUint(string(head.Kvs[0].Value), 10, 64); err != nil {
-			return nil, 0, fmt.Errorf("master: journal snapshot head %q: %w", head.Kvs[0].Value, err)
+			return nil, 0, 0, fmt.Errorf("master: journal snapshot head %q: %w", head.Kvs[0].Value, err)
 		}
 		dir := fmt.Sprintf("%ssnap/%020d/", prefix, last)
-		err := scan(ctx, cli, dir, clientv3.GetPrefixRangeEnd(dir), func(key string, v []byte) error {
+		err := scan(ctx, cli, dir, clientv3.GetPrefixRangeEnd(dir), rev, func(key string, v []byte) error {
 			var c storepb.SnapshotChunk
 			if err := proto.Unmarshal(v, &c); err != nil {
 				return fmt.Errorf("master: journal snapshot chunk %s: %w", key, err)
@@ -352,13 +374,49 @@ func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string, te
 			return nil
 		})
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		st.snapSeq = last
 	}
+	return st, last, rev, nil
+}
+
+// continueJournal applies to st, whose last record is last, the records
+// of the log after it, and returns the new last. The log ends at its first
+// gap; with term != 0 (the caller leads) the batches after a gap are
+// deleted, fenced by the term, as never acknowledged. A state older than
+// the latest snapshot cannot continue (the log it needs is trimmed): the
+// error is errBehindSnapshot.
+func continueJournal(ctx context.Context, cli *clientv3.Client, clusterID string, term int64, st *state, last uint64) (uint64, error) {
+	prefix := journalPrefix(clusterID)
 	logDir := prefix + "log/"
+	head, err := cli.Get(ctx, prefix+"snap-head")
+	if err != nil {
+		return 0, err
+	}
+	rev := head.Header.Revision
+	if len(head.Kvs) > 0 {
+		snap, err := strconv.ParseUint(string(head.Kvs[0].Value), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("master: journal snapshot head %q: %w", head.Kvs[0].Value, err)
+		}
+		if snap > last {
+			return 0, errBehindSnapshot
+		}
+	}
+	// The batch holding last+1 may start at or before last: begin at the
+	// last batch key before last+1's.
+	from := logKey(prefix, last+1)
+	before, err := cli.Get(ctx, logDir, clientv3.WithRange(from), clientv3.WithRev(rev),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, err
+	}
+	if len(before.Kvs) > 0 {
+		from = string(before.Kvs[0].Key)
+	}
 	gap := false
-	err = scan(ctx, cli, logDir, clientv3.GetPrefixRangeEnd(logDir), func(key string, v []byte) error {
+	err = scan(ctx, cli, from, clientv3.GetPrefixRangeEnd(logDir), rev, func(key string, v []byte) error {
 		if gap {
 			return nil
 		}
@@ -369,43 +427,56 @@ func loadJournal(ctx context.Context, cli *clientv3.Client, clusterID string, te
 		if want := strings.TrimPrefix(key, logDir); want != fmt.Sprintf("%020d", b.FirstSeq) {
 			return fmt.Errorf("master: journal batch %s starts at %d", key, b.FirstSeq)
 		}
-		for i, rec := range b.Records {
-			seq := b.FirstSeq + uint64(i)
-			if seq <= last {
-				continue
-			}
-			if seq != last+1 {
-				gap = true
-				return nil
-			}
-			if err := st.apply(rec); err != nil {
-				return fmt.Errorf("master: journal record %d: %w", seq, err)
-			}
-			last = seq
+		var err error
+		if last, gap, err = applyBatch(st, &b, last); err != nil {
+			return err
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, 0, err
+		return 0, err
 	}
-	if gap {
+	if gap && term != 0 {
 		txn, err := cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(ha.ViewKey(clusterID)), "=", term)).
 			Then(clientv3.OpDelete(logKey(prefix, last+1), clientv3.WithRange(clientv3.GetPrefixRangeEnd(logDir)))).
 			Commit()
 		switch {
 		case err != nil:
-			return nil, 0, fmt.Errorf("master: journal: delete unacknowledged records: %w", err)
+			return 0, fmt.Errorf("master: journal: delete unacknowledged records: %w", err)
 		case !txn.Succeeded:
-			return nil, 0, fmt.Errorf("%w (term %d): journal not loaded", ErrNotLeader, term)
+			return 0, fmt.Errorf("%w (term %d): journal not loaded", ErrNotLeader, term)
 		}
 	}
-	return st, last, nil
+	return last, nil
 }
 
-// scan visits the keys in [from, end) in order, a page at a time.
-func scan(ctx context.Context, cli *clientv3.Client, from, end string, f func(key string, v []byte) error) error {
-	rev := int64(0)
+// errBehindSnapshot is a state that cannot continue: the log after it was
+// trimmed by a later snapshot.
+var errBehindSnapshot = errors.New("master: journal state older than the latest snapshot")
+
+// applyBatch applies b's records after last to st; it returns the new
+// last, and gap when b starts after last+1 (nothing applied).
+func applyBatch(st *state, b *storepb.JournalBatch, last uint64) (uint64, bool, error) {
+	for i, rec := range b.Records {
+		seq := b.FirstSeq + uint64(i)
+		if seq <= last {
+			continue
+		}
+		if seq != last+1 {
+			return last, true, nil
+		}
+		if err := st.apply(rec); err != nil {
+			return last, false, fmt.Errorf("master: journal record %d: %w", seq, err)
+		}
+		last = seq
+	}
+	return last, false, nil
+}
+
+// scan visits the keys in [from, end) in order, a page at a time, as of
+// etcd revision rev (0: the first page's).
+func scan(ctx context.Context, cli *clientv3.Client, from, end string, rev int64, f func(key string, v []byte) error) error {
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(256),
 			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}

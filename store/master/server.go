@@ -120,6 +120,11 @@ type HAConfig struct {
 	SnapshotEvery int
 	// EtcdTLS is how the master dials etcd over TLS. Zero: plaintext.
 	EtcdTLS secure.TLS
+	// ColdStandby makes a standby wait without following the journal: it
+	// holds no copy of the state, and loads the snapshot and the whole log
+	// after it when it wins (seconds for a large state, where a warm
+	// standby serves within one: standby.go). Zero: warm.
+	ColdStandby bool
 }
 
 // DefaultListen is the master's default gRPC address.
@@ -146,6 +151,7 @@ type Server struct {
 	term    atomic.Int64
 	snapSeq atomic.Uint64 // the seq of the last snapshot this server wrote
 	local   *fileJournal  // the journal on local disk (Persist); nil otherwise
+	elected atomic.Int64  // UnixNano of the last election this server won (HA)
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -374,15 +380,23 @@ func (s *Server) campaign(ctx context.Context) {
 	h := s.cfg.HA
 	addr := s.advertise()
 	for ctx.Err() == nil {
+		var f *follower
+		if !h.ColdStandby {
+			f = startFollower(s.etcd, h.ClusterID, s.cfg.Service, s.log)
+		}
 		l, err := ha.Campaign(ctx, s.etcd, h.ClusterID, addr, h.LeaderTTL)
 		if err != nil {
+			if f != nil {
+				f.stop()
+			}
 			if ctx.Err() == nil {
 				s.log.Warn("master: campaign failed; retrying", "err", err)
 				sleep(ctx, time.Second)
 			}
 			continue
 		}
-		if err := s.term1(ctx, l); err != nil && ctx.Err() == nil {
+		s.elected.Store(time.Now().UnixNano())
+		if err := s.term1(ctx, l, f); err != nil && ctx.Err() == nil {
 			s.log.Warn("master: stepped down", "term", l.Term(), "err", err)
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -391,23 +405,15 @@ func (s *Server) campaign(ctx context.Context) {
 	}
 }
 
-// term1 serves one leadership term.
-func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
+// term1 serves one leadership term; f, when not nil, is the follower of
+// the journal this master ran as a standby.
+func (s *Server) term1(ctx context.Context, l *ha.Leadership, f *follower) error {
 	h := s.cfg.HA
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	st, last, err := loadJournal(lctx, s.etcd, h.ClusterID, l.Term())
+	svc, st, last, warm, err := s.takeOver(lctx, l.Term(), f)
 	cancel()
 	if err != nil {
-		return err
-	}
-	cfg := s.cfg.Service
-	cfg.ViewVersion = uint64(l.Term())
-	svc, err := NewService(cfg)
-	if err != nil {
-		return err
-	}
-	if err := svc.restore(st); err != nil {
 		return err
 	}
 	// The records loaded after the snapshot count towards the next one:
@@ -420,7 +426,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 	s.term.Store(l.Term())
 	s.lead(svc)
 	stats := svc.Stats()
-	s.log.Info("master: leading", "term", l.Term(), "addr", s.lis.Addr().String(), "records", last,
+	s.log.Info("master: leading", "term", l.Term(), "addr", s.lis.Addr().String(), "records", last, "warm", warm,
 		"objects", stats.Keys, "segments", stats.Segments, "load", time.Since(start).Round(time.Millisecond))
 	tctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -466,6 +472,51 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership) error {
 			}
 		}
 	}
+}
+
+// takeOver builds the service a new leader serves and returns it with the
+// state and last record it holds: the follower's state brought up to date
+// (warm; its prepared service when nothing came since), or else the
+// journal loaded from scratch.
+func (s *Server) takeOver(ctx context.Context, term int64, f *follower) (*Service, *state, uint64, bool, error) {
+	h := s.cfg.HA
+	var (
+		st   *state
+		last uint64
+		warm bool
+		err  error
+	)
+	if f != nil {
+		var prepared *Service
+		var at uint64
+		if st, last, prepared, at = f.stop(); st != nil {
+			last, err = continueJournal(ctx, s.etcd, h.ClusterID, term, st, last)
+			switch {
+			case err == nil && prepared != nil && at == last:
+				prepared.cfg.ViewVersion = uint64(term)
+				prepared.refresh()
+				return prepared, st, last, true, nil
+			case err == nil:
+				warm = true
+			case errors.Is(err, errBehindSnapshot):
+				st = nil
+			default:
+				return nil, nil, 0, false, err
+			}
+		}
+	}
+	if st == nil {
+		if st, last, err = loadJournal(ctx, s.etcd, h.ClusterID, term); err != nil {
+			return nil, nil, 0, false, err
+		}
+	}
+	cfg := s.cfg.Service
+	cfg.ViewVersion = uint64(term)
+	svc, err := NewService(cfg)
+	if err == nil {
+		err = svc.restore(st)
+	}
+	return svc, st, last, warm, err
 }
 
 func sleep(ctx context.Context, d time.Duration) {
