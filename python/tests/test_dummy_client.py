@@ -159,7 +159,7 @@ def test_no_real_client():
     through its code, and the store stays unset."""
     with refused_addr() as addr:
         d = MooncakeDistributedStore()
-        assert d.setup_dummy(1 << 20, 1 << 20, addr) != 0
+        assert d.setup_dummy(1 << 20, 1 << 20, addr) == RPC_FAIL
         assert d.health_check() == 1
     with pytest.raises(mooncake_go.MooncakeError, match="no real client at"):
         mooncake_go.DummyStore(addr)

@@ -87,7 +87,8 @@ func Dial(ctx context.Context, addr string, poolSize, stagingSize uint64, opts .
 	var dl net.Dialer
 	c, err := dl.DialContext(ctx, "unix", sock)
 	if err != nil {
-		return nil, fmt.Errorf("realclient: no real client at %s (socket %s; start `mooncake client`): %w", addr, sock, err)
+		return nil, &storepb.Error{Code: storepb.RPCFail, Err: err,
+			Msg: fmt.Sprintf("realclient: no real client at %s (socket %s; start `mooncake client`)", addr, sock)}
 	}
 	d = &Dummy{addr: addr, conn: c.(*net.UnixConn), timeout: DefaultCallTimeout, poolSize: poolSize}
 	for _, o := range opts {

@@ -281,6 +281,7 @@ func TestRealClientKilledMidCall(t *testing.T) {
 	// No real client at all: Dial says where it looked.
 	_, err = Dial(ctxT(t), sock, 1<<20, 1<<20)
 	require.ErrorContains(t, err, "no real client at "+sock)
+	require.Equal(t, storepb.RPCFail, code(err))
 }
 
 // Malformed frames get an INVALID_PARAMS answer saying what is wrong and
