@@ -486,3 +486,24 @@ func TestRegisteredSharedMemory(t *testing.T) {
 	require.NoError(t, srv.WaitSessions(ctx, 0))
 	require.Zero(t, st.registered.Load())
 }
+
+// A register request must bring exactly one fd; without one it fails as
+// a whole with a message, and the session goes on.
+func TestRegisterWithoutFD(t *testing.T) {
+	srv, _, st := realClient(t)
+	ctx := ctxT(t)
+	d := dial(t, srv.Addr(), 0, 4096)
+	before := st.registered.Load()
+	d.mu.Lock()
+	_, err := d.roundTrip(ctx, &Request{Op: OpRegister, Arg0: 4096})
+	d.mu.Unlock()
+	require.Equal(t, storepb.InvalidParams, code(err))
+	require.ErrorContains(t, err, "0 fds came with the request")
+	require.Equal(t, before, st.registered.Load())
+	_, errs := d.BatchExist(ctx, []string{"still-served"})
+	require.NoError(t, errs[0])
+	require.Error(t, d.RegisterShared(ctx, -1, 0, make([]byte, 10)))
+	ok, err := d.UnregisterShared(ctx, make([]byte, 10)) // nothing registered there
+	require.False(t, ok)
+	require.NoError(t, err)
+}
