@@ -23,11 +23,12 @@ import (
 // The admin HTTP server answers as Mooncake's master does on its
 // --metrics_port: /metrics, /metrics/summary, /health, /role, /ha_status,
 // /leader, the inspection endpoints below and the /api/v1 ones
-// (admin_ops.go), with Mooncake's paths, methods, parameters, status codes
-// and bodies (docs/master-http.md), so tools written for it work. SGLang's
-// HiCache, for one, polls /get_all_segments until the body is non-empty
-// before it uses the store. A path it does not serve, or a method an
-// endpoint does not take, is 404 "404 Not Found" as there.
+// (admin_ops.go, admin_drain.go), with Mooncake's paths, methods,
+// parameters, status codes and bodies (docs/master-http.md), so tools
+// written for it work. SGLang's HiCache, for one, polls /get_all_segments
+// until the body is non-empty before it uses the store. A path it does
+// not serve, or a method an endpoint does not take, is 404 "404 Not Found"
+// as there.
 //
 // The inspection endpoints read the Service of the current term. A standby
 // has none that is current, and answers 503 "not the leader": its answer
@@ -298,7 +299,7 @@ func getSegmentsDetail(svc *Service, w http.ResponseWriter, _ *http.Request) {
 			BaseAddress: "0x" + strconv.FormatUint(sg.base, 16), SizeBytes: sg.size,
 			// Mooncake prints the GiB with C++'s default six significant digits.
 			SizeHuman:  strconv.FormatFloat(float64(sg.size)/(1<<30), 'g', 6, 64) + " GiB",
-			TEEndpoint: sg.endpoint, Protocol: sg.protocol, Status: "OK",
+			TEEndpoint: sg.endpoint, Protocol: sg.protocol, Status: segStatusNames[cmp.Or(int(sg.drain), segmentOK)],
 			AllocatorUsedBytes: sg.used, AllocatorCapacityBytes: sg.size,
 			AllocatorUsagePercent: float64(sg.used) / float64(sg.size) * 100,
 		}
@@ -421,6 +422,7 @@ func batchQueryKeys(svc *Service, w http.ResponseWriter, r *http.Request) {
 type segmentView struct {
 	id, name, client, endpoint, protocol string
 	base, size, used                     uint64
+	drain                                uint8 // 0, or segDraining, segDrained
 }
 
 // dramSegments returns the mounted DRAM segments by name, then id. SSD
@@ -432,7 +434,7 @@ func (s *Service) dramSegments() []segmentView {
 	for _, sg := range s.segList {
 		if sg.medium == storepb.Medium_MEDIUM_DRAM {
 			out = append(out, segmentView{id: sg.id, name: sg.name, client: sg.client, endpoint: sg.endpoint,
-				protocol: sg.protocol, base: sg.base, size: sg.size, used: sg.alloc.Used()})
+				protocol: sg.protocol, base: sg.base, size: sg.size, used: sg.alloc.Used(), drain: sg.drain})
 		}
 	}
 	s.segMu.Unlock()

@@ -70,7 +70,7 @@ func readOfficialHTTP(t *testing.T) []officialRecord {
 // volatile are the fields whose values depend on the run (addresses, ids,
 // the allocator's rounding): compared by presence and type only.
 var volatile = map[string]bool{"buffer_address_": true, "segment_id": true, "client_id": true, "base_address": true,
-	"allocator_used_bytes": true, "allocator_usage_percent": true, "total_segments": true}
+	"allocator_used_bytes": true, "allocator_usage_percent": true, "total_segments": true, "job_id": true}
 
 // jsonShape is v with the volatile fields' values replaced by their type,
 // and a list cut to its first element (lists whose length is the run's).
@@ -142,7 +142,6 @@ func TestAdminMatchesOfficialRecords(t *testing.T) {
 		ours string // differs: our answer; skip: the reason
 		code int    // differs: our status
 	}
-	refused := `{"success":false,"error_code":-1011,"error_message":"UNAVAILABLE_IN_CURRENT_MODE"}`
 	rules := map[string]rule{
 		"GET /health":                              {how: superset},
 		"GET /query_key?key=key0":                  {how: shape},
@@ -151,11 +150,12 @@ func TestAdminMatchesOfficialRecords(t *testing.T) {
 		"GET /get_segments_detail":                 {how: shape},
 		"GET /query_segment?segment=" + a:          {how: numbers},
 		"POST /api/v1/drain_jobs":                  {how: differs, code: 400, ours: `{"success":false,"error_code":-600,"error_message":"Invalid JSON body: EOF"}`},
-		// Drain jobs are refused (admin_ops.go): a valid request is 409.
-		`POST /api/v1/drain_jobs {"segments":["` + a + `"],"target_segments":["` + b + `"],"max_concurrency":2}`: {how: differs, code: 409, ours: refused},
-		"GET /api/v1/drain_jobs/query?job_id=11619298629816610935-1937484494992982454":                           {how: skip, ours: "no drain job runs here"},
-		"GET /api/v1/drain_jobs/query?job_id=10610747574854951071-6658120476807614085":                           {how: skip, ours: "no drain job runs here"},
-		"POST /api/v1/drain_jobs/cancel?job_id=10610747574854951071-6658120476807614085":                         {how: skip, ours: "no drain job runs here"},
+		// A drain of a onto b: created; its moves wait for a client to copy
+		// (TestDrainJob drains with real clients).
+		`POST /api/v1/drain_jobs {"segments":["` + a + `"],"target_segments":["` + b + `"],"max_concurrency":2}`: {how: shape},
+		"GET /api/v1/drain_jobs/query?job_id=11619298629816610935-1937484494992982454":                           {how: skip, ours: "the official run's job: TestDrainJob"},
+		"GET /api/v1/drain_jobs/query?job_id=10610747574854951071-6658120476807614085":                           {how: skip, ours: "the official run's job: TestDrainJob"},
+		"POST /api/v1/drain_jobs/cancel?job_id=10610747574854951071-6658120476807614085":                         {how: skip, ours: "the official run's job: TestDrainJob"},
 		"GET /api/v1/tenant_quotas": {how: skip, ours: "tenant quotas: docs/tenants.md"},
 		"POST /api/v1/remove_all":   {how: skip, ours: "run last, below"},
 	}
@@ -167,7 +167,7 @@ func TestAdminMatchesOfficialRecords(t *testing.T) {
 		r := rules[req]
 		if r.how == exact && rec.target == "/api/v1/segments/status?segment="+a && rec.code == 200 &&
 			!strings.Contains(rec.answer, `"OK"`) {
-			r = rule{how: skip, ours: "a segment being drained or drained: nothing drains here"}
+			r = rule{how: skip, ours: "a segment being drained or drained: TestDrainJob"}
 		}
 		if r.how == skip {
 			continue
@@ -231,4 +231,62 @@ func adminBody(t *testing.T, m *Server, method, path, body string) httpAnswer {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return httpAnswer{resp.StatusCode, resp.Header.Get("Content-Type"), string(b)}
+}
+
+// A drain unit whose copy fails is tried again, drainTries times in all;
+// then the job ends FAILED with the unit counted, and the segment takes
+// puts again. The client here is the test over gRPC: it takes the move
+// from its ping answer and reports it failed.
+func TestDrainJobFails(t *testing.T) {
+	m, c := startAdminMaster(t, ServerConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mountOver(t, ctx, c, "c1", seg("1", 0x10000000, 1<<20))
+	mountOver(t, ctx, c, "c2", seg("2", 0x20000000, 1<<20))
+	ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: "c1", Key: "k", ValueLength: 100,
+		Config: &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}}})
+	require.NoError(t, err)
+	require.NoError(t, ps.Result.AsError())
+	res, err := c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: "c1", Key: "k"})
+	require.NoError(t, err)
+	require.NoError(t, res.AsError())
+
+	a := adminBody(t, m, "POST", "/api/v1/drain_jobs", `{"segments":["node-1"]}`)
+	require.Equal(t, 200, a.code, a.body)
+	var created struct {
+		ID string `json:"job_id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(a.body), &created))
+	query := func() map[string]any {
+		a := adminDo(t, m, "GET", "/api/v1/drain_jobs/query?job_id="+created.ID)
+		require.Equal(t, 200, a.code, a.body)
+		var v map[string]any
+		require.NoError(t, json.Unmarshal([]byte(a.body), &v))
+		return v
+	}
+	for try := range drainTries {
+		assert.Equal(t, "RUNNING", query()["status_name"], "try %d", try)
+		p, err := c.Ping(ctx, &storepb.PingRequest{ClientId: "c1"})
+		require.NoError(t, err)
+		require.Len(t, p.Tasks, 1, "try %d: the move of k", try)
+		mv := p.Tasks[0]
+		assert.Equal(t, "node-1", mv.Source.SegmentName)
+		assert.Equal(t, "node-2", mv.Target.SegmentName)
+		res, err := c.MoveEnd(ctx, &storepb.MoveEndRequest{ClientId: "c1", TaskId: mv.Id, Ok: false})
+		require.NoError(t, err)
+		require.NoError(t, res.AsError())
+	}
+	v := query()
+	assert.Equal(t, "FAILED", v["status_name"])
+	assert.Equal(t, 4.0, v["status"])
+	assert.Equal(t, 1.0, v["failed_units"])
+	assert.Equal(t, 0.0, v["succeeded_units"])
+	assert.Equal(t, "Drain job failed: unrecoverable units remain", v["message"])
+	assert.Equal(t, `{"success":true,"segment":"node-1","status":1,"status_name":"OK","error_code":0,"error_message":""}`,
+		adminDo(t, m, "GET", "/api/v1/segments/status?segment=node-1").body)
+	// k is where it was.
+	gr, err := c.GetReplicaList(ctx, &storepb.KeyRequest{Key: "k"})
+	require.NoError(t, err)
+	require.Len(t, gr.Replicas, 1)
+	assert.Equal(t, "node-1", gr.Replicas[0].GetMemory().GetSegmentName())
 }

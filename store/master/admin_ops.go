@@ -2,8 +2,8 @@ package master
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -11,30 +11,15 @@ import (
 )
 
 // The /api/v1 endpoints of Mooncake's admin server: segment status, drain
-// jobs and remove_all. Their bodies are JSON, errors Mooncake's
-// {"success":false,"error_code":N,"error_message":"NAME"}.
-//
-// Drain jobs are refused: Mooncake drains a segment by having the clients
-// copy each object's replica elsewhere (a job of copy tasks they fetch and
-// report), and this master's moves (tier.go) only copy between DRAM and a
-// node's SSD tier; there is no DRAM to DRAM move to drain with, and
-// answering "CREATED" for a job nothing carries out would be a lie. A
-// well-formed request naming mounted segments is answered 409
-// UNAVAILABLE_IN_CURRENT_MODE, as Mooncake answers a feature its mode
-// lacks; malformed ones get Mooncake's own errors, so callers see the
-// same answers for the same mistakes. No job ever exists, so a query or
-// cancel of a well-formed id is JOB_NOT_FOUND.
+// jobs (admin_drain.go) and remove_all. Their bodies are JSON, errors
+// Mooncake's {"success":false,"error_code":N,"error_message":"NAME"}.
 
 // Error codes of Mooncake's that only the admin server uses here.
 const (
-	codeUnavailableInMode storepb.Code = -1011
-	codeJobNotFound       storepb.Code = -1402
+	codeJobNotFound storepb.Code = -1402
 )
 
-var adminCodeNames = map[storepb.Code]string{
-	codeUnavailableInMode: "UNAVAILABLE_IN_CURRENT_MODE",
-	codeJobNotFound:       "JOB_NOT_FOUND",
-}
+var adminCodeNames = map[storepb.Code]string{codeJobNotFound: "JOB_NOT_FOUND"}
 
 func codeName(c storepb.Code) string {
 	if n, ok := adminCodeNames[c]; ok {
@@ -51,9 +36,7 @@ func adminFail(w http.ResponseWriter, status int, c storepb.Code, msg string) {
 	writeJSON(w, status, adminError{Code: int32(c), Message: msg})
 }
 
-// Mooncake's segment statuses (/api/v1/segments/status, and the "status"
-// of /get_segments_detail). A mounted segment here is always OK: nothing
-// drains.
+// segmentOK is Mooncake's status of a segment not drained.
 const segmentOK = 1
 
 type segmentStatusBody struct {
@@ -72,20 +55,12 @@ func segmentStatus(svc *Service, w http.ResponseWriter, r *http.Request) {
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "Missing segment query parameter")
 		return
 	}
-	if !svc.hasDRAMSegment(name) {
+	st, ok := svc.segmentStatus(name)
+	if !ok {
 		adminFail(w, http.StatusNotFound, storepb.SegmentNotFound, "")
 		return
 	}
-	writeJSON(w, http.StatusOK, segmentStatusBody{Success: true, Segment: name, Status: segmentOK, StatusName: "OK"})
-}
-
-func (s *Service) hasDRAMSegment(name string) bool {
-	for _, sg := range s.dramSegments() {
-		if sg.name == name {
-			return true
-		}
-	}
-	return false
+	writeJSON(w, http.StatusOK, segmentStatusBody{Success: true, Segment: name, Status: st, StatusName: segStatusNames[st]})
 }
 
 // drainRequest is the body of POST /api/v1/drain_jobs.
@@ -95,31 +70,31 @@ type drainRequest struct {
 	MaxConcurrency uint32   `json:"max_concurrency"`
 }
 
-// createDrainJob checks the request as Mooncake does, then refuses it
-// (see above).
+// jobAnswer is Mooncake's answer to a drain job's creation or cancel.
+type jobAnswer struct {
+	Success bool   `json:"success"`
+	JobID   string `json:"job_id"`
+	Status  string `json:"status"`
+	Code    int32  `json:"error_code"`
+	Message string `json:"error_message"`
+}
+
+// createDrainJob starts a drain of the body's segments.
 func createDrainJob(svc *Service, w http.ResponseWriter, r *http.Request) {
 	var req drainRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "Invalid JSON body: "+err.Error())
 		return
 	}
-	if len(req.Segments) == 0 {
+	id, err := svc.startDrain(req.Segments, req.TargetSegments, int(req.MaxConcurrency))
+	switch {
+	case errors.Is(err, errDrainNoSegment):
+		adminFail(w, http.StatusNotFound, storepb.SegmentNotFound, "")
+	case err != nil:
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "")
-		return
+	default:
+		writeJSON(w, http.StatusOK, jobAnswer{Success: true, JobID: id, Status: "CREATED"})
 	}
-	for _, name := range req.Segments {
-		if !svc.hasDRAMSegment(name) {
-			adminFail(w, http.StatusNotFound, storepb.SegmentNotFound, "")
-			return
-		}
-	}
-	for _, t := range req.TargetSegments {
-		if slices.Contains(req.Segments, t) || !svc.hasDRAMSegment(t) {
-			adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "")
-			return
-		}
-	}
-	adminFail(w, http.StatusConflict, codeUnavailableInMode, "")
 }
 
 // jobID reads ?job_id=, Mooncake's "<uint64>-<uint64>".
@@ -138,17 +113,34 @@ func jobID(r *http.Request) (string, bool) {
 	return id, true
 }
 
-// queryDrainJob and cancelDrainJob: no job exists (see above).
-func queryDrainJob(_ *Service, w http.ResponseWriter, r *http.Request) {
-	if _, ok := jobID(r); !ok {
+func queryDrainJob(svc *Service, w http.ResponseWriter, r *http.Request) {
+	id, ok := jobID(r)
+	if !ok {
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "Missing or invalid job_id")
 		return
 	}
-	adminFail(w, http.StatusNotFound, codeJobNotFound, "")
+	v := svc.drainJobView(id)
+	if v == nil {
+		adminFail(w, http.StatusNotFound, codeJobNotFound, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
 }
 
+// cancelDrainJob cancels a job; one that ended stays as it ended, and the
+// answer gives its status.
 func cancelDrainJob(svc *Service, w http.ResponseWriter, r *http.Request) {
-	queryDrainJob(svc, w, r)
+	id, ok := jobID(r)
+	if !ok {
+		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "Missing or invalid job_id")
+		return
+	}
+	if !svc.cancelDrain(id) {
+		adminFail(w, http.StatusNotFound, codeJobNotFound, "")
+		return
+	}
+	v := svc.drainJobView(id)
+	writeJSON(w, http.StatusOK, jobAnswer{Success: true, JobID: id, Status: v.StatusName})
 }
 
 // removeAll is POST /api/v1/remove_all: every readable object goes, those

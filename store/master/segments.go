@@ -23,6 +23,9 @@ type segment struct {
 	// it are filtered out of every answer at once and dropped by the sweep
 	// that follows.
 	dead atomic.Bool
+	// drain is the segment's drain status (admin_drain.go): 0, or
+	// segDraining or segDrained, when it takes no new replicas. Under segMu.
+	drain uint8
 }
 
 // client is what the master knows of a client: its segments and when it
@@ -295,8 +298,8 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 		if len(out) == n {
 			return true
 		}
-		if sg.medium != storepb.Medium_MEDIUM_DRAM {
-			return false // puts go to DRAM; SSD tiers take spills
+		if sg.medium != storepb.Medium_MEDIUM_DRAM || sg.drain != 0 {
+			return false // puts go to DRAM, not being drained; SSD tiers take spills
 		}
 		for _, r := range out {
 			if r.seg == sg {

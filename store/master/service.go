@@ -251,6 +251,8 @@ type Service struct {
 	// (watermark or forced) and those that freed bytes, promotions.
 	evictAttempts, evictSuccesses atomic.Uint64
 	promo                         promotionCounts
+	// Drain jobs (admin_drain.go).
+	drains drainSet
 }
 
 type shard struct {
@@ -363,6 +365,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.ExpireClients()
 			s.ReclaimPuts()
 			s.expireTasks()
+			s.stepDrains()
 		}
 	}
 }

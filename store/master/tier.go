@@ -52,6 +52,7 @@ type moveTask struct {
 	client  string // owner of src: who copies
 	created time.Time
 	handed  bool
+	drain   *drainJob // a drain's move (admin_drain.go): src leaves once copied
 }
 
 func (t *moveTask) proto() *storepb.MoveTask {
@@ -161,7 +162,7 @@ func (s *Service) allocDiskLocked(client string, size uint64) (replica, bool) {
 func (s *Service) allocOnLocked(m storepb.Medium, client string, size uint64) (replica, bool) {
 	var segs []*segment
 	for _, sg := range s.segList {
-		if sg.medium == m {
+		if sg.medium == m && sg.drain == 0 {
 			segs = append(segs, sg)
 		}
 	}
@@ -259,6 +260,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 		s.freeLocked([]replica{t.dst})
 		s.segMu.Unlock()
 		s.promo.ended(t, ok)
+		s.drainEnded(t, ok)
 		if !ok {
 			return nil
 		}
@@ -269,7 +271,9 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], KeepFrom: !t.spill}}}
 	var seq uint64
 	media := s.kvMediaOf(o.replicas)
-	if t.spill {
+	if t.drain != nil {
+		seq = s.drainMovedLocked(t, o)
+	} else if t.spill {
 		// The object leaves DRAM: every DRAM replica goes, the SSD copy
 		// serves.
 		gone := o.take(false)

@@ -1,0 +1,434 @@
+package master
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Drain jobs (POST /api/v1/drain_jobs): move every object off some DRAM
+// segments, as Mooncake's master does before a node is taken out. The
+// segments stop taking new replicas (DRAINING); each object with a replica
+// on one of them is a unit: the master allocates a replica on another
+// segment (the job's targets, or any other DRAM segment) and asks the
+// client owning the source to copy it there, with the SSD tier's move
+// machinery (tier.go: the task goes out in that client's next ping answer
+// and ends with MoveEnd). When the copy ends the object has the new
+// replica and the source's space is freed (once no reader holds a lease
+// on it). When no unit is left the job SUCCEEDED and its segments are
+// DRAINED: still mounted, taking nothing, until unmounted. A copy that
+// fails is tried again, up to drainTries times, after which the unit is
+// given up and the job ends FAILED (its segments take replicas again).
+// Cancelling stops the job; moves in flight finish, and the segments take
+// replicas again.
+//
+// Jobs live in the Service of the term that created them: a new leader
+// knows none (and its segments are OK again). Units are planned when the
+// job starts, on every query, on the Service's monitor tick, and as moves
+// end.
+
+// Mooncake's job and segment statuses, by number.
+const (
+	jobCreated   = 0
+	jobRunning   = 2
+	jobSucceeded = 3
+	jobFailed    = 4
+	jobCanceled  = 5
+
+	segDraining = 2
+	segDrained  = 3
+)
+
+var jobStatusNames = map[int]string{0: "CREATED", 1: "PLANNING", 2: "RUNNING", 3: "SUCCEEDED", 4: "FAILED", 5: "CANCELED"}
+var segStatusNames = map[int]string{0: "UNDEFINED", 1: "OK", 2: "DRAINING", 3: "DRAINED", 4: "GRACEFULLY_UNMOUNTING"}
+
+// drainTries is how many failed copies of a unit a job takes before it
+// gives the unit up.
+const drainTries = 3
+
+// defaultDrainConcurrency bounds the units in flight when the request
+// gives no max_concurrency.
+const defaultDrainConcurrency = 64
+
+// drainJob is one job. Its fields are under drainSet.mu.
+type drainJob struct {
+	id               string
+	segs, targets    []string
+	concurrency      int
+	created, updated time.Time
+	status           int
+	message          string
+
+	succeeded, active, blocked int
+	migrated                   uint64
+	fails                      map[string]int // failed copies by key
+	givenUp                    int            // units with drainTries failures
+}
+
+// drainSet holds a Service's jobs. mu is taken last: never hold it while
+// taking a shard's lock or segMu.
+type drainSet struct {
+	mu   sync.Mutex
+	jobs map[string]*drainJob
+}
+
+// drainView is a job's state as /api/v1/drain_jobs/query answers it.
+type drainView struct {
+	Success      bool     `json:"success"`
+	JobID        string   `json:"job_id"`
+	Type         int      `json:"type"`
+	TypeName     string   `json:"type_name"`
+	Status       int      `json:"status"`
+	StatusName   string   `json:"status_name"`
+	CreatedAt    int64    `json:"created_at_ms_epoch"`
+	UpdatedAt    int64    `json:"last_updated_at_ms_epoch"`
+	Segments     []string `json:"segments"`
+	Succeeded    int      `json:"succeeded_units"`
+	Failed       int      `json:"failed_units"`
+	Blocked      int      `json:"blocked_units"`
+	Active       int      `json:"active_units"`
+	MigratedByte uint64   `json:"migrated_bytes"`
+	Message      string   `json:"message"`
+	Code         int32    `json:"error_code"`
+	ErrorMessage string   `json:"error_message"`
+}
+
+// Errors of startDrain, with the answers Mooncake gives them.
+var (
+	errDrainNoSegment = errors.New("a segment to drain is not mounted")
+	errDrainBad       = errors.New("invalid drain request")
+)
+
+// startDrain creates a job draining the DRAM segments named segs onto
+// those named targets (none: any other), and plans its first units.
+func (s *Service) startDrain(segs, targets []string, concurrency int) (string, error) {
+	if len(segs) == 0 {
+		return "", fmt.Errorf("%w: no segments", errDrainBad)
+	}
+	if concurrency <= 0 {
+		concurrency = defaultDrainConcurrency
+	}
+	s.segMu.Lock()
+	byName := map[string][]*segment{}
+	for _, sg := range s.segList {
+		if sg.medium == storepb.Medium_MEDIUM_DRAM && !sg.dead.Load() {
+			byName[sg.name] = append(byName[sg.name], sg)
+		}
+	}
+	var bad error
+	for _, n := range segs {
+		switch {
+		case byName[n] == nil:
+			bad = errDrainNoSegment
+		case byName[n][0].drain == segDraining:
+			bad = fmt.Errorf("%w: %s is being drained", errDrainBad, n)
+		}
+	}
+	for _, n := range targets {
+		if byName[n] == nil || slices.Contains(segs, n) || byName[n][0].drain != 0 {
+			bad = cmpErr(bad, fmt.Errorf("%w: target %s", errDrainBad, n))
+		}
+	}
+	if bad != nil {
+		s.segMu.Unlock()
+		return "", bad
+	}
+	for _, n := range segs {
+		for _, sg := range byName[n] {
+			sg.drain = segDraining
+		}
+	}
+	s.segMu.Unlock()
+
+	now := s.now()
+	j := &drainJob{id: fmt.Sprintf("%d-%d", rand.Uint64(), rand.Uint64()), segs: slices.Clone(segs),
+		targets: slices.Clone(targets), concurrency: concurrency, created: now, updated: now,
+		status: jobCreated, message: "Drain job created", fails: map[string]int{}}
+	s.drains.mu.Lock()
+	if s.drains.jobs == nil {
+		s.drains.jobs = map[string]*drainJob{}
+	}
+	s.drains.jobs[j.id] = j
+	s.drains.mu.Unlock()
+	s.stepDrain(j)
+	return j.id, nil
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// stepDrains plans the units of every running job (the monitor tick).
+func (s *Service) stepDrains() {
+	s.drains.mu.Lock()
+	var run []*drainJob
+	for _, j := range s.drains.jobs {
+		if j.status == jobCreated || j.status == jobRunning {
+			run = append(run, j)
+		}
+	}
+	s.drains.mu.Unlock()
+	for _, j := range run {
+		s.stepDrain(j)
+	}
+}
+
+// stepDrain plans j's units: a move for each object with a replica on a
+// drained segment and none in flight, while the job's concurrency allows
+// and a target has room; it counts the units in flight and those blocked,
+// and ends the job when none is left.
+func (s *Service) stepDrain(j *drainJob) {
+	s.drains.mu.Lock()
+	if j.status != jobCreated && j.status != jobRunning {
+		s.drains.mu.Unlock()
+		return
+	}
+	segs, targets, concurrency := j.segs, j.targets, j.concurrency
+	fails := make(map[string]int, len(j.fails))
+	for k, n := range j.fails {
+		fails[k] = n
+	}
+	s.drains.mu.Unlock()
+
+	// New moves may take what the concurrency leaves to those in flight.
+	s.segMu.Lock()
+	budget := concurrency
+	for _, t := range s.tasks {
+		if t.drain == j {
+			budget--
+		}
+	}
+	s.segMu.Unlock()
+	active, blocked, waiting, givenUp := 0, 0, 0, 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for key, o := range sh.objects {
+			src, ok := drainedReplica(o, segs)
+			if p := o.pending; p != nil && !ok {
+				if _, onSrc := drainedReplica(&object{replicas: p.replicas}, segs); onSrc {
+					blocked++ // a put in flight: its object moves once readable
+				}
+			}
+			if !ok {
+				continue
+			}
+			switch {
+			case o.moving != nil && o.moving.drain == j:
+				active++
+				continue
+			case fails[key] >= drainTries:
+				givenUp++
+				continue
+			case o.moving != nil || o.pending != nil:
+				blocked++ // another move, or an upsert, in flight
+				continue
+			case budget <= 0:
+				waiting++
+				continue
+			}
+			s.segMu.Lock()
+			dst, placed := s.drainTargetLocked(o, segs, targets)
+			if placed {
+				t := s.newTaskLocked(key, o, src, dst, false)
+				t.drain = j
+			}
+			s.segMu.Unlock()
+			if placed {
+				active++
+				budget--
+			} else {
+				blocked++
+			}
+		}
+		sh.mu.Unlock()
+	}
+
+	s.drains.mu.Lock()
+	if j.status != jobCreated && j.status != jobRunning {
+		s.drains.mu.Unlock()
+		return // cancelled meanwhile
+	}
+	j.active, j.blocked, j.givenUp, j.updated = active, blocked, givenUp, s.now()
+	switch {
+	case active+blocked+waiting > 0:
+		j.status, j.message = jobRunning, "Drain job running"
+		s.drains.mu.Unlock()
+		return
+	case givenUp > 0:
+		// The objects left there stay readable; the segments take puts
+		// again, as after a cancel.
+		j.status, j.message = jobFailed, "Drain job failed: unrecoverable units remain"
+		s.drains.mu.Unlock()
+		s.setDrainState(segs, 0, segDraining)
+		return
+	}
+	j.status, j.message = jobSucceeded, "Drain job finished successfully"
+	s.drains.mu.Unlock()
+	s.setDrainState(segs, segDrained, segDraining)
+}
+
+// setDrainState moves the DRAM segments named in names from drain state
+// from to to.
+func (s *Service) setDrainState(names []string, to, from uint8) {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	for _, sg := range s.segList {
+		if sg.drain == from && slices.Contains(names, sg.name) {
+			sg.drain = to
+		}
+	}
+}
+
+// drainedReplica returns o's replica on a segment named in segs, if any.
+func drainedReplica(o *object, segs []string) (replica, bool) {
+	for _, r := range o.replicas {
+		if r.seg.medium == storepb.Medium_MEDIUM_DRAM && !r.seg.dead.Load() && slices.Contains(segs, r.seg.name) {
+			return r, true
+		}
+	}
+	return replica{}, false
+}
+
+// drainTargetLocked allocates o's new replica on a target: a DRAM segment
+// named in targets (any not drained when there are none), holding no
+// replica of o, most free space first. segMu is held.
+func (s *Service) drainTargetLocked(o *object, segs, targets []string) (replica, bool) {
+	var cands []*segment
+	for _, sg := range s.segList {
+		if sg.medium != storepb.Medium_MEDIUM_DRAM || sg.dead.Load() || sg.drain != 0 || slices.Contains(segs, sg.name) {
+			continue
+		}
+		if len(targets) > 0 && !slices.Contains(targets, sg.name) {
+			continue
+		}
+		if slices.ContainsFunc(o.replicas, func(r replica) bool { return r.seg == sg }) {
+			continue
+		}
+		cands = append(cands, sg)
+	}
+	slices.SortStableFunc(cands, func(a, b *segment) int {
+		return -cmpU64(a.alloc.FreeBytes(), b.alloc.FreeBytes())
+	})
+	for _, sg := range cands {
+		if off, ok := sg.alloc.Alloc(o.size); ok {
+			return replica{seg: sg, off: off, size: o.size}, true
+		}
+	}
+	return replica{}, false
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// drainMovedLocked ends a drain move that succeeded: t.dst joins o and
+// t.src leaves it, its space freed once the record is durable and no
+// reader holds a lease on it. sh.mu is held. The record is a move that
+// drops the DRAM replicas: exact when the source was the object's only
+// one (with more, a journal replay keeps just the new one, and the
+// others' space is free in the restored state).
+func (s *Service) drainMovedLocked(t *moveTask, o *object) uint64 {
+	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
+		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0]}}}
+	o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool { return r == t.src })
+	o.replicas = append(o.replicas, t.dst)
+	now := s.now()
+	leased, until := o.lease.After(now), o.lease
+	src := t.src
+	seq := s.after(rec, func() {
+		if !leased {
+			s.freeReplicas([]replica{src})
+			return
+		}
+		s.segMu.Lock()
+		defer s.segMu.Unlock()
+		if !src.seg.dead.Load() {
+			s.deferred = append(s.deferred, deferredFree{at: until, reps: []replica{src}})
+		}
+	})
+	s.drains.mu.Lock()
+	t.drain.succeeded++
+	t.drain.migrated += t.src.size
+	s.drains.mu.Unlock()
+	return seq
+}
+
+// drainEnded counts a drain move that ended without moving: a failed copy
+// (!ok) counts against its unit.
+func (s *Service) drainEnded(t *moveTask, ok bool) {
+	if t.drain == nil || ok {
+		return
+	}
+	s.drains.mu.Lock()
+	t.drain.fails[t.key]++
+	s.drains.mu.Unlock()
+}
+
+// drainJobView reports job id, after planning its units; nil if unknown.
+func (s *Service) drainJobView(id string) *drainView {
+	s.drains.mu.Lock()
+	j := s.drains.jobs[id]
+	s.drains.mu.Unlock()
+	if j == nil {
+		return nil
+	}
+	s.stepDrain(j)
+	s.drains.mu.Lock()
+	defer s.drains.mu.Unlock()
+	return &drainView{Success: true, JobID: j.id, TypeName: "DRAIN", Status: j.status,
+		StatusName: jobStatusNames[j.status], CreatedAt: j.created.UnixMilli(), UpdatedAt: j.updated.UnixMilli(),
+		Segments: slices.Clone(j.segs), Succeeded: j.succeeded, Failed: j.givenUp, Blocked: j.blocked,
+		Active: j.active, MigratedByte: j.migrated, Message: j.message}
+}
+
+// cancelDrain cancels job id: false if unknown. A job that ended stays as
+// it ended.
+func (s *Service) cancelDrain(id string) (found bool) {
+	s.drains.mu.Lock()
+	j := s.drains.jobs[id]
+	if j == nil {
+		s.drains.mu.Unlock()
+		return false
+	}
+	running := j.status == jobCreated || j.status == jobRunning
+	if running {
+		j.status, j.message, j.updated = jobCanceled, "Drain job canceled", s.now()
+	}
+	segs := j.segs
+	s.drains.mu.Unlock()
+	if running {
+		s.setDrainState(segs, 0, segDraining)
+	}
+	return true
+}
+
+// segmentStatus is the drain status of the DRAM segments named name (1
+// OK when none drains), and whether any is mounted.
+func (s *Service) segmentStatus(name string) (int, bool) {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	for _, sg := range s.segList {
+		if sg.medium == storepb.Medium_MEDIUM_DRAM && sg.name == name {
+			if sg.drain == 0 {
+				return segmentOK, true
+			}
+			return int(sg.drain), true
+		}
+	}
+	return 0, false
+}
