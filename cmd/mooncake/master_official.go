@@ -38,7 +38,7 @@ const (
 // officialMasterFlags are official mooncake_master's flags that ours has no
 // equivalent of; the flags it does have keep their names in newMasterCmd.
 var officialMasterFlags = []officialFlag{
-	{"allow_evict_soft_pinned_objects", true, "true", "soft-pinned objects are evicted only after every unpinned one, always"},
+	{"allow_evict_soft_pinned_objects", true, "true", "always as the official default: eviction takes soft-pinned objects only in a second pass, after the unpinned ones"},
 	{"batch_oplog_retry_timeout_sec", false, "180", "no OpLog here: HA journals every durable change to etcd"},
 	{"cxl_path", false, "/dev/dax0.0", whyCXL},
 	{"cxl_size", false, "8589934592", whyCXL},
