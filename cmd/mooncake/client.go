@@ -81,7 +81,7 @@ the mmap arena flags are accepted and have no effect here.`,
 	f.String("metadata_server", "http://127.0.0.1:8080/metadata", "Transfer Engine metadata: P2PHANDSHAKE, etcd://, http://")
 	f.String("protocol", "tcp", "Transfer Engine protocol (tcp)")
 	f.String("device_names", "", "RDMA device names (unused: tcp)")
-	f.String("tenant_id", "default", "tenant identifier")
+	f.String("tenant_id", "default", "tenant identifier: the tenant of this client and of its dummy clients")
 	f.Int("threads", 1, "threads of the client service (unused: Go schedules the calls)")
 	f.Bool("enable_offload", false, "offload evicted objects to an SSD tier in $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH (or --ssd_dir)")
 	f.Bool("start_offload_rpc_server", true, "accepted for compatibility (SSD reads go through the transfer engine)")
@@ -109,9 +109,6 @@ func clientConfig(s *settings, reg prometheus.Registerer) (client.Config, error)
 	if p := s.str("protocol"); p != "tcp" {
 		return client.Config{}, fmt.Errorf("--protocol %q: only tcp is built (RDMA comes with hardware)", p)
 	}
-	if t := s.str("tenant_id"); t != "default" && t != "" {
-		return client.Config{}, fmt.Errorf("--tenant_id %q: a real client serves the default tenant only", t)
-	}
 	seg, err := s.size("global_segment_size")
 	if err != nil {
 		return client.Config{}, err
@@ -126,8 +123,9 @@ func clientConfig(s *settings, reg prometheus.Registerer) (client.Config, error)
 	if buf == 0 {
 		buf = 16 << 20 // the official default of 0 is no buffer; ours stages Go-memory values
 	}
+	// The dummies of this client act in its tenant, as the official ones do.
 	cfg := client.Config{Master: s.str("master_server_address"), ClusterID: s.str("cluster_id"),
-		SegmentSize: seg, LocalBufferSize: buf, Registerer: reg}
+		SegmentSize: seg, LocalBufferSize: buf, Registerer: reg, TenantID: s.str("tenant_id")}
 	if s.boolean("enable_offload") {
 		if cfg.SSDDir = s.str("ssd_dir"); cfg.SSDDir == "" {
 			return client.Config{}, fmt.Errorf("--enable_offload needs a directory: MOONCAKE_OFFLOAD_FILE_STORAGE_PATH or --ssd_dir")

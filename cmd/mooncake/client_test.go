@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/client"
 	"github.com/mooncake-go/mooncake/store/master"
 	"github.com/mooncake-go/mooncake/store/realclient"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -77,5 +79,36 @@ func TestClientFlags(t *testing.T) {
 		require.NoError(t, err)
 		_, err = clientConfig(s, nil)
 		require.ErrorContains(t, err, tc.want, tc.args)
+	}
+}
+
+// --tenant_id: a real client's dummies put and see the objects of its
+// tenant, which other tenants do not see.
+func TestClientTenant(t *testing.T) {
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	sock := fmt.Sprintf("@mc-client-tenant-test-%d", os.Getpid())
+	cmd := selfCommand(t, "client", "--master_server_address", m.Addr(), "--metadata_server", "P2PHANDSHAKE",
+		"--global_segment_size", "32MB", "--host", "127.0.0.1", "--socket", sock, "--tenant_id", "team-a")
+	startProc(t, cmd, "client socket=")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := realclient.Dial(ctx, sock, 0, 1<<20)
+	require.NoError(t, err)
+	defer d.Close()
+	require.Equal(t, []error{nil}, d.BatchPut(ctx, []string{"shared-name"}, [][]byte{[]byte("a's")}, nil, false))
+
+	for _, tc := range []struct {
+		tenant string
+		sees   bool
+	}{{"team-a", true}, {"", false}} {
+		c, err := client.New(ctx, client.Config{Master: m.Addr(), SegmentSize: client.NoSegment, LocalBufferSize: 1 << 20,
+			TenantID: tc.tenant, EngineConfig: engine.Config{Host: "127.0.0.1"}})
+		require.NoError(t, err)
+		ok, err := c.Exist(ctx, "shared-name")
+		require.NoError(t, err)
+		require.Equal(t, tc.sees, ok, "tenant %q", tc.tenant)
+		require.NoError(t, c.Close())
 	}
 }
