@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -263,4 +264,63 @@ func TestMetricPromotions(t *testing.T) {
 	} {
 		assert.Equal(t, want, now[series]-before[series], series)
 	}
+}
+
+// /metrics/summary is the official one-line summary: its sections in the
+// official order (testdata/official/metrics_summary.txt; ours leaves out
+// what it has not), sizes printed as there, and request rates over the
+// interval since the previous summary.
+func TestMetricsSummary(t *testing.T) {
+	assert.Equal(t, []string{"0 B", "512 B", "40.29 KB", "64.00 MB", "1.50 GB"},
+		[]string{humanBytes(0), humanBytes(512), humanBytes(41260), humanBytes(64 << 20), humanBytes(3 << 29)})
+
+	m, c := startAdminMaster(t, ServerConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mountOver(t, ctx, c, "c1", seg("1", 0x10000000, 1<<20))
+	for i := range 4 {
+		putStartOver(t, ctx, c, "k"+strconv.Itoa(i), 1024)
+		res, err := c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: "c1", Key: "k" + strconv.Itoa(i)})
+		require.NoError(t, err)
+		require.NoError(t, res.AsError())
+	}
+	sum := func() string {
+		a := adminDo(t, m, "GET", "/metrics/summary")
+		require.Equal(t, 200, a.code)
+		assert.Equal(t, "text/plain; version=0.0.4", a.contentType)
+		return a.body
+	}
+	got := sum()
+
+	// The sections ("Name: ..." between " | "), in the official order.
+	labels := func(line string) []string {
+		var out []string
+		for _, part := range strings.Split(line, " | ") {
+			part = strings.TrimPrefix(part[strings.Index(part, "{")+1:], " ")
+			out = append(out, part[:strings.IndexAny(part, ":(")])
+		}
+		return out
+	}
+	b, err := os.ReadFile("testdata/official/metrics_summary.txt")
+	require.NoError(t, err)
+	official, ours := labels(string(b)), labels(got)
+	assert.Equal(t, "role=leader, state=serving, service_ready=true, master={Mem Storage: 4.00 KB / 1.00 MB (0.4%) | SSD Storage: 0 B / 0 B | Keys: 4 (soft-pinned: 0) | Clients: 1 | ",
+		got[:strings.Index(got, "Requests")])
+	i := 0
+	for _, l := range ours {
+		for i < len(official) && official[i] != l {
+			i++
+		}
+		assert.Less(t, i, len(official), "section %q of ours is not in the official summary, or out of its order", l)
+	}
+	// Four puts since the start: equal success and total rates, above 0;
+	// none since the summary just made.
+	rate := regexp.MustCompile(`Requests \(Success/Total per sec\): PutStart=([0-9.]+)/([0-9.]+),`)
+	r := rate.FindStringSubmatch(got)
+	require.NotNil(t, r, got)
+	assert.Equal(t, r[1], r[2])
+	assert.NotEqual(t, "0.00", r[2])
+	r = rate.FindStringSubmatch(sum())
+	require.NotNil(t, r)
+	assert.Equal(t, []string{"0.00", "0.00"}, r[1:])
 }

@@ -11,8 +11,10 @@ import (
 // master={...} with the pool, the request rates since the previous summary
 // (per second: success/total, and for batches request success/partial/
 // total and item success/total), eviction, discarded puts and promotions.
-// Sections for what this master does not have (NVMe-oF, the HA op log,
-// snapshots) are left out; under HA the leader and view version follow.
+// Sections and fields for what this master does not have (NVMe-oF, the
+// Mem/NoF eviction split, staging, promotion rejections, copy tasks, the
+// HA op log, snapshots) are left out; under HA the leader and view
+// version follow.
 
 // rateSample is one method's counters when the previous summary was made.
 type rateSample struct{ requests, failures, partial, items, failedItems uint64 }
@@ -25,7 +27,7 @@ type summaryState struct {
 
 var summaryRPCs = []struct{ label, method string }{
 	{"PutStart", "PutStart"}, {"PutEnd", "PutEnd"}, {"PutRevoke", "PutRevoke"}, {"Get", "GetReplicaList"},
-	{"Exist", "ExistKey"}, {"Del", "Remove"}, {"DelAll", "RemoveAll"}, {"Ping", "Ping"},
+	{"Exist", "ExistKey"}, {"Del", "Remove"}, {"DelAll", "RemoveAll"}, {"Ping", "Ping"}, {"MoveEnd", "MoveEnd"},
 }
 
 var summaryBatchRPCs = []struct{ label, method string }{
@@ -108,8 +110,11 @@ func (m *metrics) summary() string {
 		fmt.Fprintf(&b, " | Eviction: Success/Attempts=%d/%d, AllocFail=%d, PartialAlloc=%d, keys=%d, size=%s",
 			svc.evictSuccesses.Load(), svc.evictAttempts.Load(), st.AllocFailures, m.partialAllocs.Load(),
 			st.EvictedKeys, humanBytes(st.EvictedBytes))
-		fmt.Fprintf(&b, " | Discard: Released/Total=%d/%d | Promotion: in_flight=%d, completed=%d}",
-			st.Released, st.Discarded, promoting, st.Promoted)
+		fmt.Fprintf(&b, " | Discard: Released/Total=%d/%d", st.Released, st.Discarded)
+		p := &svc.promo
+		fmt.Fprintf(&b, " | Promotion: in_flight=%d, admitted=%d, completed=%d, failed=%d, cancelled=%d, expired=%d, bytes=%s}",
+			promoting, p.admitted.Load(), st.Promoted, p.failed.Load(), p.cancelled.Load(), p.expired.Load(),
+			humanBytes(p.bytes.Load()))
 	}
 	if v := srv.view(context.Background()); v.Present {
 		fmt.Fprintf(&b, ", leader=%s, view_version=%d", *v.LeaderAddress, *v.ViewVersion)
