@@ -64,7 +64,7 @@ func storeEngine(h uint64) (*engine.Engine, error) {
 // op_timeout_ms.
 func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 	c, err := readStruct(p, p.struct_size, "mc_store_config_t", C.MC_STORE_CONFIG_SIZE_V1, C.MC_STORE_CONFIG_SIZE_V2,
-		C.MC_STORE_CONFIG_SIZE_V3, C.MC_STORE_CONFIG_SIZE_V4)
+		C.MC_STORE_CONFIG_SIZE_V3, C.MC_STORE_CONFIG_SIZE_V4, C.MC_STORE_CONFIG_SIZE_V5)
 	if err != nil {
 		return client.Config{}, 0, err
 	}
@@ -89,6 +89,8 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 		Token: cmp.Or(cString(p.auth_token), os.Getenv("MC_AUTH_TOKEN")),
 		MasterTLS: secure.TLS{CAFile: cString(p.tls_ca_file), CertFile: cString(p.tls_cert_file),
 			KeyFile: cString(p.tls_key_file)},
+		// ABI 1.10; zero: the client reads MOONCAKE_TENANT_ID.
+		TenantID: cString(p.tenant_id),
 	}
 	if cfg.SegmentSize < 0 {
 		cfg.SegmentSize = client.NoSegment

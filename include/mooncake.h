@@ -161,9 +161,11 @@ extern "C" {
  * 1.7: mc_store_config_t.report_existing (MC_STORE_CONFIG_SIZE_V3).
  * 1.8: mc_store_config_t.auth_token, tls_ca_file, tls_cert_file,
  * tls_key_file, te_secret (MC_STORE_CONFIG_SIZE_V4).
- * 1.9: dummy clients (mc_dummy_*). */
+ * 1.9: dummy clients (mc_dummy_*).
+ * 1.10: mc_store_config_t.tenant_id (MC_STORE_CONFIG_SIZE_V5);
+ * MC_STORE_ERR_TENANT_QUOTA_EXCEEDED. */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 9
+#define MC_ABI_VERSION_MINOR 10
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -228,7 +230,8 @@ enum {
     MC_STORE_ERR_CHECKSUM_MISMATCH = -801,
     MC_STORE_ERR_RPC_FAIL = -900,
     MC_STORE_ERR_RPC_TIMEOUT = -901,
-    MC_STORE_ERR_ETCD_OPERATION_ERROR = -1000
+    MC_STORE_ERR_ETCD_OPERATION_ERROR = -1000,
+    MC_STORE_ERR_TENANT_QUOTA_EXCEEDED = -1700 /* ABI 1.10: the put would take its tenant over its quota */
 };
 
 #define MC_ERROR_MESSAGE_SIZE 512
@@ -532,6 +535,12 @@ typedef struct mc_store_config {
     const char *tls_cert_file;
     const char *tls_key_file;
     const char *te_secret;
+    /* ABI 1.10 (MC_STORE_CONFIG_SIZE_V5): the tenant whose objects this
+     * store puts and sees (Mooncake's tenant_id; docs/tenants.md): two
+     * tenants never see each other's objects, even under the same key, and
+     * the master holds each to its quota. Letters, digits and -_.:@/, at
+     * most 128 bytes. NULL: MOONCAKE_TENANT_ID, else "default". */
+    const char *tenant_id;
 } mc_store_config_t;
 
 /* Sizes of the versions of mc_store_config_t (see VERSIONING). */
@@ -539,6 +548,7 @@ typedef struct mc_store_config {
 #define MC_STORE_CONFIG_SIZE_V2 (offsetof(mc_store_config_t, op_timeout_ms) + sizeof(uint64_t))   /* ABI 1.5 */
 #define MC_STORE_CONFIG_SIZE_V3 (offsetof(mc_store_config_t, report_existing) + sizeof(uint32_t)) /* ABI 1.7 */
 #define MC_STORE_CONFIG_SIZE_V4 (offsetof(mc_store_config_t, te_secret) + sizeof(const char *)) /* ABI 1.8 */
+#define MC_STORE_CONFIG_SIZE_V5 (offsetof(mc_store_config_t, tenant_id) + sizeof(const char *)) /* ABI 1.10 */
 
 /* mc_store_config_init zeroes *cfg and sets struct_size. */
 static inline void mc_store_config_init(mc_store_config_t *cfg) {

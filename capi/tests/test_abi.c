@@ -39,7 +39,8 @@ void test_struct_versions(void) {
     CHECK(MC_STORE_CONFIG_SIZE_V1 < MC_STORE_CONFIG_SIZE_V2);
     CHECK(MC_STORE_CONFIG_SIZE_V2 < MC_STORE_CONFIG_SIZE_V3);
     CHECK(MC_STORE_CONFIG_SIZE_V3 < MC_STORE_CONFIG_SIZE_V4);
-    CHECK(MC_STORE_CONFIG_SIZE_V4 <= sizeof(mc_store_config_t));
+    CHECK(MC_STORE_CONFIG_SIZE_V4 < MC_STORE_CONFIG_SIZE_V5);
+    CHECK(MC_STORE_CONFIG_SIZE_V5 <= sizeof(mc_store_config_t));
     CHECK(MC_REPLICATE_CONFIG_SIZE_V1 <= sizeof(mc_replicate_config_t));
 
     /* Version 1's size, garbage past it: what is past it is not read. */
@@ -115,6 +116,47 @@ void test_store_struct_versions(void) {
     CHECK_MC(MC_ERR_STRUCT_SIZE, mc_store_upsert(s, key, v, sizeof v, (mc_replicate_config_t *)rb.bytes, &E));
     CHECK_MC(MC_OK, mc_store_remove(s, key, 1, &E));
     CHECK_MC(MC_OK, mc_store_close(s, &E));
+}
+
+/* ABI 1.10's tenant_id: a store of a tenant and one of ABI 1.8's size
+ * (garbage where tenant_id is now: not read, the default tenant) put the
+ * same key and each reads its own value back. */
+void test_store_tenants(void) {
+    blob_t b;
+    mc_store_config_t sc;
+    mc_store_config_init(&sc);
+    sc.master = getenv("MC_TEST_MASTER");
+    sc.local_hostname = "127.0.0.1";
+    sc.protocol = "tcp";
+    sc.segment_size = 16 << 20;
+    sc.local_buffer_size = 16 << 20;
+    mc_store_t old = 0, acme = 0;
+    REQUIRE_MC(MC_OK, mc_store_create(as_version(&b, &sc, sizeof sc, MC_STORE_CONFIG_SIZE_V4, 0xff), &old, &E));
+    sc.tenant_id = "acme";
+    REQUIRE_MC(MC_OK, mc_store_create(&sc, &acme, &E));
+    sc.tenant_id = "bad tenant";
+    mc_store_t bad = 0;
+    mc_error_t err;
+    CHECK_EQ(mc_store_create(&sc, &bad, &err), MC_STORE_ERR_INVALID_PARAMS);
+    CHECK(strstr(err.message, "tenant") != NULL);
+    CHECK_EQ(bad, 0);
+
+    char key[64];
+    snprintf(key, sizeof key, "capi-%d-tenants", (int)getpid());
+    uint8_t v1[32] = {1}, v2[32] = {2}, out[32];
+    uint64_t n = 0;
+    CHECK_MC(MC_OK, mc_store_put(old, key, v1, sizeof v1, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_put(acme, key, v2, sizeof v2, NULL, &E));
+    CHECK_MC(MC_OK, mc_store_get(old, key, out, sizeof out, &n, &E));
+    CHECK(n == sizeof v1 && out[0] == 1);
+    CHECK_MC(MC_OK, mc_store_get(acme, key, out, sizeof out, &n, &E));
+    CHECK(n == sizeof v2 && out[0] == 2);
+    CHECK_MC(MC_OK, mc_store_remove(acme, key, 1, &E));
+    CHECK_MC(MC_STORE_ERR_OBJECT_NOT_FOUND, mc_store_get(acme, key, out, sizeof out, &n, &E));
+    CHECK_MC(MC_OK, mc_store_get(old, key, out, sizeof out, &n, &E));
+    CHECK_MC(MC_OK, mc_store_remove(old, key, 1, &E));
+    CHECK_MC(MC_OK, mc_store_close(acme, &E));
+    CHECK_MC(MC_OK, mc_store_close(old, &E));
 }
 
 static double seconds(void) {

@@ -175,6 +175,7 @@ class MooncakeDistributedStore(TensorExt):
                 _parse_size(c.get("local_buffer_size", 16 << 20)),
                 c.get("protocol", "tcp"), c.get("rdma_devices", c.get("device_name", "")),
                 c.get("master_server_addr", c.get("master_server_address", "")),
+                tenant_id=c.get("tenant_id", "default"),
             )
         except ValueError:
             return _INVALID_PARAMS
@@ -209,9 +210,14 @@ class MooncakeDistributedStore(TensorExt):
                 engine=native_engine,
                 # Mooncake's put of a key that exists succeeds (0).
                 exist_ok=True,
+                # The default leaves the tenant to MOONCAKE_TENANT_ID, else
+                # "default" (docs/tenants.md).
+                tenant_id=None if tenant_id in (None, "", "default") else str(tenant_id),
             )
         except errors.MooncakeError as e:
             return _code(e)
+        except ValueError:  # a tenant the library is too old for
+            return _INVALID_PARAMS
         return 0
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:

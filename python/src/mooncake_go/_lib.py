@@ -127,6 +127,7 @@ class StoreConfig(Structure):
         ("tls_cert_file", c_char_p),
         ("tls_key_file", c_char_p),
         ("te_secret", c_char_p),
+        ("tenant_id", c_char_p),  # ABI 1.10
     ]
 
 

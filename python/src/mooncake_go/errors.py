@@ -113,6 +113,12 @@ class NoAvailableHandle(StoreError):
     """The pool is full (Mooncake's NO_AVAILABLE_HANDLE, -200)."""
 
 
+class TenantQuotaExceeded(StoreError):
+    """The put would take its tenant over its quota (Mooncake's
+    TENANT_QUOTA_EXCEEDED, -1700); the message names the tenant and the
+    quota."""
+
+
 class InvalidParams(StoreError, ValueError):
     pass
 
@@ -151,6 +157,7 @@ _STORE = {
     -800: StoreTransferFailed,
     -900: RPCError,
     -901: RPCError,
+    -1700: TenantQuotaExceeded,
 }
 
 

@@ -122,6 +122,12 @@ class Store(_lib.Owned):
         peer must know (``mooncake up --secure`` writes one), for the engine
         the store starts [the environment's MC_TE_SECRET, else none].
         These five need ABI 1.8; an older library raises ValueError.
+    :param tenant_id: the tenant whose objects this store puts and sees
+        (Mooncake's ``tenant_id``; docs/tenants.md): two tenants never see
+        each other's objects, even under the same key, and the master
+        holds each to its quota [the environment's MOONCAKE_TENANT_ID, else
+        "default"]. It needs ABI 1.10; an older library raises ValueError
+        for a tenant other than "default".
     """
 
     def __init__(
@@ -145,6 +151,7 @@ class Store(_lib.Owned):
         tls_cert_file: Optional[str] = None,
         tls_key_file: Optional[str] = None,
         te_secret: Optional[str] = None,
+        tenant_id: Optional[str] = None,
     ):
         cfg = _lib.StoreConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
@@ -177,6 +184,12 @@ class Store(_lib.Owned):
             cfg.te_secret = _lib.cstr(te_secret)
         elif any(c is not None for c in creds):
             raise ValueError("auth_token, tls_* and te_secret: the library is older than ABI 1.8 and cannot present credentials")
+        if tenant_id is None:
+            tenant_id = os.environ.get("MOONCAKE_TENANT_ID") or None
+        if lib.mc_abi_version() & 0xFFFF >= _TENANT_MINOR:
+            cfg.tenant_id = _lib.cstr(tenant_id)
+        elif tenant_id not in (None, "default"):
+            raise ValueError(f"tenant_id {tenant_id!r}: the library is older than ABI 1.10 and has no tenants")
         # get's first guess at a value's size: the last value it read.
         self._get_hint = _GET_HINT_MIN
         h = c_uint64()
@@ -629,6 +642,8 @@ _GET_HINT_MIN = 4096
 _REPORT_EXISTING_MINOR = 7
 # The ABI minor of mc_store_config_t's credentials (auth_token, tls_*).
 _CREDENTIALS_MINOR = 8
+# The ABI minor of mc_store_config_t.tenant_id.
+_TENANT_MINOR = 10
 
 
 def _new_bytes(size: int):
