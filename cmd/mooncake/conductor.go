@@ -95,6 +95,7 @@ mutual.`,
 	f.String("tbt-slo", conductor.DefaultTBTSLO.String(), "time-between-tokens objective admission checks")
 	f.Int("default-output", conductor.DefaultOutput, "output tokens assumed for a request without max_tokens")
 	f.String("block-bytes", strconv.Itoa(conductor.DefaultBlockBytes), "KV cache of one 512-token block, bytes (transfer times)")
+	f.String("prefill-model", "", "prefill time of the served model as base,per-token[,quadratic] durations (e.g. 10.8ms,94.6us,2.1ns: the fixed cost of a pass, each new token, each unit of n^2-p^2); empty: LLaMA3-70B on 8xA800, the paper's")
 	f.String("bandwidth", strconv.Itoa(conductor.DefaultBandwidth), "bytes per second a prefill instance pulls KV cache at")
 	f.Int("balance-blocks", 0, "pull a prefix held elsewhere only when it is longer than the instance's own by more than this")
 	f.Int("store-blocks", 0, "blocks of the store kept in the prefix index (LRU); 0: unbounded")
@@ -156,6 +157,9 @@ func schedulerConfig(s *settings) (conductor.Config, error) {
 		return c, err
 	}
 	c.Bandwidth = float64(bw)
+	if c.Prefill, err = prefillModel(s.str("prefill-model")); err != nil {
+		return c, err
+	}
 	c.DefaultOutput = s.integer("default-output")
 	c.BalanceBlocks = s.integer("balance-blocks")
 	c.StoreBlocks = s.integer("store-blocks")
@@ -385,6 +389,31 @@ func conductorConfig(s *settings) (router.Config, error) {
 	}
 	// router.New validates the whole, once the scheduler is in.
 	return cfg, nil
+}
+
+// prefillModel reads --prefill-model: base,per-token[,quadratic] as
+// durations; "" is the zero model (the scheduler's default).
+func prefillModel(v string) (conductor.PrefillModel, error) {
+	var m conductor.PrefillModel
+	if v == "" {
+		return m, nil
+	}
+	parts := strings.Split(v, ",")
+	if len(parts) < 2 || len(parts) > 3 {
+		return m, fmt.Errorf("--prefill-model %q: want base,per-token[,quadratic]", v)
+	}
+	dst := []*float64{&m.Base, &m.Linear, &m.Quadratic}
+	for i, p := range parts {
+		d, err := time.ParseDuration(strings.TrimSpace(p))
+		if err != nil || d < 0 {
+			return m, fmt.Errorf("--prefill-model %q: %q is not a non-negative duration", v, p)
+		}
+		*dst[i] = d.Seconds()
+	}
+	if m.Base == 0 && m.Linear == 0 && m.Quadratic == 0 {
+		return m, fmt.Errorf("--prefill-model %q: all zero", v)
+	}
+	return m, nil
 }
 
 // loraModules reads --lora-modules items, name=path each, as vLLM's flag.

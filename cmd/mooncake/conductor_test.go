@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mooncake-go/mooncake/conductor"
 	"github.com/mooncake-go/mooncake/conductor/router"
 )
 
@@ -160,5 +161,20 @@ func TestLoRAModulesFlag(t *testing.T) {
 	}
 	if m, err := loraModules(nil); m != nil || err != nil {
 		t.Fatalf("no flag: %v, %v", m, err)
+	}
+}
+
+func TestPrefillModelFlag(t *testing.T) {
+	m, err := prefillModel("10ms, 1ms,2ns")
+	if err != nil || m.Base != 0.01 || m.Linear != 0.001 || m.Quadratic != 2e-9 {
+		t.Fatalf("prefillModel = %+v, %v", m, err)
+	}
+	if m, err := prefillModel(""); err != nil || m != (conductor.PrefillModel{}) {
+		t.Fatalf("empty: %+v, %v", m, err)
+	}
+	for _, bad := range []string{"10ms", "1,2", "1ms,2ms,3ms,4ms", "-1ms,1ms", "0s,0s"} {
+		if _, err := prefillModel(bad); err == nil {
+			t.Errorf("prefillModel(%q) accepted", bad)
+		}
 	}
 }

@@ -169,6 +169,8 @@ func (r *Router) schedule(id string, in *inference, tokens []int) (conductor.Dec
 		return dec, errorf(http.StatusServiceUnavailable, "cannot schedule: %v", err)
 	}
 	r.metrics.reused.Add(float64(dec.Reused))
+	r.cfg.Logger.Debug("router: scheduled", "request", id, "prefill", dec.Prefill, "decode", dec.Decode,
+		"blocks", len(cr.Blocks), "reused", dec.Reused, "pulled", dec.Pulled, "source", dec.Source, "ttft", dec.TTFT)
 	return dec, nil
 }
 
