@@ -9,7 +9,8 @@ every (token, choice) pair to the rank owning the expert and the expert's
 rows back, then sums them weighted: with Mooncake EP, Buffer.dispatch and
 Buffer.combine (experts = identity); with gloo, the same pairs sorted by
 destination, their counts swapped by all_to_all_single, the rows by
-all_to_all_single, and back. A barrier (untimed) starts each iteration;
+all_to_all_single, and back. The two alternate iteration by iteration (a
+shared host's load hits both alike), each after an untimed barrier;
 rank 0 reports the median latency of an iteration and the payload moved
 per second (both directions, all ranks' rows).
 """
@@ -85,16 +86,17 @@ def worker(a):
 
     # Both must agree before either is timed.
     torch.testing.assert_close(mooncake_ep(), gloo_a2a(), rtol=1e-2, atol=1e-2)
-    results = {}
-    for name, fn in (("mooncake_ep", mooncake_ep), ("gloo_all_to_all_single", gloo_a2a)):
-        times = []
-        for i in range(a.warmup + a.iters):
+    # Interleaved, so both see the same load on a shared host.
+    fns = (("mooncake_ep", mooncake_ep), ("gloo_all_to_all_single", gloo_a2a))
+    times = {name: [] for name, _ in fns}
+    for i in range(a.warmup + a.iters):
+        for name, fn in fns:
             dist.barrier()
             t = time.perf_counter()
             fn()
             if i >= a.warmup:
-                times.append(time.perf_counter() - t)
-        results[name] = statistics.median(times)
+                times[name].append(time.perf_counter() - t)
+    results = {name: statistics.median(ts) for name, ts in times.items()}
     if a.rank == 0:
         elem = torch.empty((), dtype=dtype).element_size()
         payload = 2 * a.world * a.tokens * a.topk * a.hidden * elem  # both directions, all ranks

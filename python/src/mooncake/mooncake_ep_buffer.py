@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import time
 from typing import List, Optional, Tuple
 
@@ -61,6 +62,7 @@ from ._ep_layout import FP8_GROUP, FP8_MAX, Layout
 
 _INFO_BYTES = 256  # one rank's (name, address, size) record in the exchange
 _DTYPES = (torch.bfloat16, torch.float32)
+_YIELD_POLLS = 200  # polls of a flag that yield the core before sleeping
 
 
 class EventOverlap:
@@ -235,10 +237,13 @@ class Buffer:
             rows = torch.cat([data.view(torch.uint8), scales.view(torch.uint8)], dim=1)
         else:
             rows = x.contiguous().view(torch.uint8)
-        if expert.numel():
-            word = _word(stride)
-            staging = self._bytes[lay.staging: lay.staging + ne * t_max * stride].view(ne * t_max, stride)
-            staging.view(word).index_copy_(0, expert * t_max + slot, rows.view(word).index_select(0, tok))
+        word = _word(stride)
+        staging = self._bytes[lay.staging: lay.staging + ne * t_max * stride].view(ne, t_max, stride).view(word)
+        rows, start = rows.view(word), 0
+        for g, c in enumerate(sent.tolist()):
+            if c:  # one gather per expert, straight into its slots
+                torch.index_select(rows, 0, tok[start: start + c], out=staging[g, :c])
+                start += c
         counts_send = self._view(lay.counts_send, torch.int32, r * lx)
         counts_send.copy_(sent.view(-1).to(torch.int32))
         self._view(lay.flag_word, torch.int64, 1)[0] = seq
@@ -295,30 +300,23 @@ class Buffer:
         """Copies the received rows, [expert][source][slot] in the buffer,
         to recv_x, packed per expert in source order."""
         r, lx, t_max = self.num_ranks, lay.local_experts, lay.num_tokens
-        flat = counts.flatten()
-        total = int(flat.sum())
-        if not total:
-            return
-        cell = torch.arange(lx * r)
-        src_start = cell * t_max  # (e * r + s) * T
-        dst_start = (cell // r) * (r * t_max) + prefix.flatten()
-        within = torch.arange(total) - torch.repeat_interleave(torch.cumsum(flat, 0) - flat, flat)
-        src = torch.repeat_interleave(src_start, flat) + within
-        dst = torch.repeat_interleave(dst_start, flat) + within
-        off = lay.dispatch_recv + half * lay.region
-        # Copy in the widest words the row widths allow: index kernels
-        # cost per element.
         fp8 = isinstance(recv_x, tuple)
+        # Whole rows in the widest words their widths allow.
         word = _word(stride, hidden, hidden // FP8_GROUP * 4) if fp8 else _word(stride)
-        region = self._bytes[off: off + lx * r * t_max * stride].view(lx * r * t_max, stride)
-        rows = region.view(word).index_select(0, src)
+        off = lay.dispatch_recv + half * lay.region
+        region = self._bytes[off: off + lx * r * t_max * stride].view(lx, r, t_max, stride).view(word)
         if fp8:
             data, scales = recv_x
-            split = hidden // rows.element_size()
-            data.view(torch.uint8).view(-1, hidden).view(word).index_copy_(0, dst, rows[:, :split])
-            scales.view(torch.uint8).view(-1, hidden // FP8_GROUP * 4).view(word).index_copy_(0, dst, rows[:, split:])
+            split = hidden // region.element_size()
+            outs = [(data.view(torch.uint8).view(word), slice(0, split)),
+                    (scales.view(torch.uint8).view(word), slice(split, None))]
         else:
-            recv_x.view(torch.uint8).view(-1, stride).view(word).index_copy_(0, dst, rows)
+            outs = [(recv_x.view(torch.uint8).view(word), slice(None))]
+        for e, (row_counts, row_prefix) in enumerate(zip(counts.tolist(), prefix.tolist())):
+            for s, (c, p) in enumerate(zip(row_counts, row_prefix)):
+                if c:  # one block copy per (expert, source)
+                    for dst, cols in outs:
+                        dst[e, p: p + c].copy_(region[e, s, :c, cols])
 
     # -- combine ---------------------------------------------------------
 
@@ -399,9 +397,9 @@ class Buffer:
                 ex, sl, tok, ch = h.expert[alive], h.slot[alive], h.token[alive], h.choice[alive]
                 off = lay.combine_recv + half * lay.region
                 region = self._view(off, x.dtype, h.num_experts * t_max * hidden).view(-1, hidden)
-                rows = region.index_select(0, ex * t_max + sl).to(torch.float32)
+                rows = region.index_select(0, ex * t_max + sl)
                 w = topk_weights[tok, ch].to(torch.float32)
-                acc.index_add_(0, tok, rows * w[:, None])
+                acc.index_add_(0, tok, rows * w[:, None])  # promoted to fp32 in the product
             result.copy_(acc)
 
         if return_recv_hook:
@@ -467,7 +465,7 @@ class Buffer:
         flags = self._flags
         pending = [s for s in range(self.num_ranks) if active_ranks[s]]
         deadline = None if timeout_us < 0 else time.monotonic() + timeout_us / 1e6
-        pause = 0.0
+        polls, pause = 0, 1e-5
         while True:
             pending = [s for s in pending if flags[first_flag + s] != seq]
             if not pending:
@@ -476,11 +474,15 @@ class Buffer:
                 for s in pending:
                     active_ranks[s] = 0
                 return
-            # Spin briefly, then back off: two busy ranks on a small host
+            # Yield the core for a while (peers are usually microseconds
+            # away), then back off to sleeps: busy ranks on a small host
             # would otherwise starve the writers they wait for.
-            if pause:
+            polls += 1
+            if polls < _YIELD_POLLS:
+                os.sched_yield()
+            else:
                 time.sleep(pause)
-            pause = min(max(pause * 2, 1e-5), 5e-4)
+                pause = min(pause * 2, 5e-4)
 
     # -- checks and views ------------------------------------------------
 
