@@ -122,6 +122,9 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 			return client.Config{}, 0, invalidParams("mc_store_config_t.protocol %q (want tcp, rdma, shm or auto)", proto)
 		}
 	}
+	if err := ssdFromEnv(&cfg); err != nil { // store_ssd.go
+		return client.Config{}, 0, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return client.Config{}, 0, invalidParams("%v", err)
 	}

@@ -35,6 +35,7 @@ from mooncake_go import errors
 from mooncake_go import parse_size as _parse_size  # 4GB = 4 GiB, as Mooncake and the CLI
 from mooncake_go.store import Replicate
 
+from . import _offload
 from ._tensor_ext import TensorExt  # parallelism layouts, tp_from, safetensors
 
 log = logging.getLogger("mooncake.store")
@@ -158,12 +159,17 @@ class MooncakeDistributedStore(TensorExt):
     def setup(self, *args, **kwargs) -> int:
         """Either ``setup(local_hostname, metadata_server, global_segment_size,
         local_buffer_size, protocol, rdma_devices, master_server_addr,
-        engine=None, ...)`` or ``setup(config: dict)``; 0 on success."""
-        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
-            return self._setup_dict(args[0])
-        if "config" in kwargs and not args and isinstance(kwargs["config"], dict):
-            return self._setup_dict(kwargs["config"])
-        return self._setup(*args, **kwargs)
+        engine=None, ...)`` or ``setup(config: dict)``; 0 on success.
+        enable_ssd_offload/ssd_offload_path give it an SSD tier (_offload)."""
+        with _offload.environment(*_offload.from_setup(args, kwargs)) as bad:
+            if bad is not None:
+                logging.getLogger(__name__).error("setup: %s", bad)
+                return _INVALID_PARAMS
+            if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+                return self._setup_dict(args[0])
+            if "config" in kwargs and not args and isinstance(kwargs["config"], dict):
+                return self._setup_dict(kwargs["config"])
+            return self._setup(*args, **kwargs)
 
     def _setup_dict(self, c: dict) -> int:
         if "local_hostname" not in c or "metadata_server" not in c:
