@@ -137,9 +137,10 @@ def test_real_client_killed(mooncake_bin):
     RPC_FAIL at once, they do not hang. (A cluster of its own: the killed
     client's segment stays in its master's pool until the client TTL.)"""
     cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "64MiB")
-    rc = start_real_client(mooncake_bin, cluster.master, segment="64MiB")
-    d = dummy(rc.address)
+    rc = d = None
     try:
+        rc = start_real_client(mooncake_bin, cluster.master, segment="64MiB")
+        d = dummy(rc.address)
         assert d.put(uid(), b"x") == 0
         rc.proc.kill()
         rc.proc.wait()
@@ -149,8 +150,10 @@ def test_real_client_killed(mooncake_bin):
         assert d.get(uid()) == b""
         assert time.monotonic() - start < 10
     finally:
-        d.close()
-        rc.stop()
+        if d is not None:
+            d.close()
+        if rc is not None:
+            rc.stop()
         cluster.stop()
 
 
@@ -183,9 +186,10 @@ def test_vllm_standalone_store_topology(mooncake_bin):
     segment of an external mooncake_client. With a master that has no
     storage node, every object lands on the real client's segment."""
     master, addr = bare_master(mooncake_bin)
-    rc = start_real_client(mooncake_bin, addr, segment="64MiB")
+    rc = None
     ranks = []
     try:
+        rc = start_real_client(mooncake_bin, addr, segment="64MiB")
         for _ in range(2):
             s = MooncakeDistributedStore()
             assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", addr) == 0
@@ -199,5 +203,6 @@ def test_vllm_standalone_store_topology(mooncake_bin):
     finally:
         for s in ranks:
             s.close()
-        rc.stop()
+        if rc is not None:
+            rc.stop()
         stop_process(master)
