@@ -579,7 +579,11 @@ static inline void mc_replicate_config_init(mc_replicate_config_t *rc) {
 
 /* mc_store_create connects a client to the master (Mooncake's setup): it
  * starts or adopts an engine, allocates the staging buffer and the segment
- * and mounts the segment. */
+ * and mounts the segment. The client gets an SSD tier when the environment
+ * says so at this call (getenv): MOONCAKE_ENABLE_SSD_OFFLOAD (or
+ * MOONCAKE_OFFLOAD_ENABLED) true, MOONCAKE_OFFLOAD_FILE_STORAGE_PATH its
+ * directory, MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES its size (16 GiB);
+ * objects its file kept from an earlier run come back (docs/tiers-restarts.md). */
 mc_status_t mc_store_create(const mc_store_config_t *cfg, mc_store_t *out, mc_error_t *err);
 
 /* mc_store_close unmounts the segment (its replicas leave the pool), frees
