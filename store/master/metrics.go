@@ -37,6 +37,11 @@ type metrics struct {
 	memHits, memHitBytes   atomic.Uint64
 	fileHits, fileHitBytes atomic.Uint64
 	partialAllocs          atomic.Uint64 // PutStarts placing fewer replicas than asked
+
+	// Snapshots written (to etcd under HA, to disk with Persist), those
+	// that failed, and how long each took.
+	snapshots, snapshotFails atomic.Uint64
+	snapshotTime             prometheus.Histogram
 }
 
 // rpcCounts are one gRPC method's counters, exported under each stem
@@ -52,6 +57,19 @@ type rpcCounts struct {
 // the snake case of our method name; ours stays exported beside it.
 var officialStems = map[string]string{"ReMountSegment": "remount_segment"}
 
+// snapshotBuckets are Mooncake's buckets for master_snapshot_duration_ms.
+var snapshotBuckets = []float64{0, 500, 1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000}
+
+// snapshotWritten counts a snapshot that began at start and ended with err.
+func (m *metrics) snapshotWritten(start time.Time, err error) {
+	if err != nil {
+		m.snapshotFails.Add(1)
+		return
+	}
+	m.snapshots.Add(1)
+	m.snapshotTime.Observe(float64(time.Since(start).Milliseconds()))
+}
+
 // valueSizeBuckets are Mooncake's buckets for master_value_size_bytes.
 var valueSizeBuckets = []float64{4096, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
 
@@ -63,7 +81,9 @@ func newMetrics(s *Server) *metrics {
 	for _, md := range storepb.Master_ServiceDesc.Methods {
 		m.counters(md.MethodName)
 	}
-	m.reg.MustRegister(m, m.valueSize)
+	m.snapshotTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "master_snapshot_duration_ms",
+		Help: "How long snapshots took to write, in milliseconds.", Buckets: snapshotBuckets})
+	m.reg.MustRegister(m, m.valueSize, m.snapshotTime)
 	return m
 }
 
@@ -144,6 +164,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, "file_cache_hit_bytes_total", "Bytes of the values of lookups served from an SSD tier.", m.fileHitBytes.Load())
 	counter(ch, "master_put_start_partial_allocations_total", "PutStarts that placed fewer replicas than asked.",
 		m.partialAllocs.Load())
+	counter(ch, "master_snapshot_success", "Snapshots written.", m.snapshots.Load())
+	counter(ch, "master_snapshot_fail", "Snapshots that failed.", m.snapshotFails.Load())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for method, r := range m.rpcs {

@@ -294,9 +294,11 @@ func TestMetricsSummary(t *testing.T) {
 
 	// The sections ("Name: ..." between " | "), in the official order.
 	labels := func(line string) []string {
+		_, master, ok := strings.Cut(line, "master={")
+		require.True(t, ok, line)
+		master, _, _ = strings.Cut(master, "}")
 		var out []string
-		for _, part := range strings.Split(line, " | ") {
-			part = strings.TrimPrefix(part[strings.Index(part, "{")+1:], " ")
+		for _, part := range strings.Split(master, " | ") {
 			out = append(out, part[:strings.IndexAny(part, ":(")])
 		}
 		return out
@@ -323,4 +325,27 @@ func TestMetricsSummary(t *testing.T) {
 	r = rate.FindStringSubmatch(sum())
 	require.NotNil(t, r)
 	assert.Equal(t, []string{"0.00", "0.00"}, r[1:])
+}
+
+// Snapshots written by a master keeping its state on disk are counted in
+// master_snapshot_success and timed in master_snapshot_duration_ms, and
+// the summary says so.
+func TestMetricSnapshots(t *testing.T) {
+	m, c := startAdminMaster(t, ServerConfig{Persist: &PersistConfig{Dir: t.TempDir(), SnapshotEvery: 1}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v := metricValues(t, adminDo(t, m, "GET", "/metrics").body)
+	assert.Equal(t, 0.0, v["master_snapshot_success"])
+	assert.Equal(t, 0.0, v["master_snapshot_fail"])
+	mountOver(t, ctx, c, "c1", seg("1", 0x10000000, 1<<20)) // a record: a snapshot is due
+	deadline := time.Now().Add(20 * time.Second)
+	for v["master_snapshot_success"] == 0 {
+		require.True(t, time.Now().Before(deadline), "no snapshot counted")
+		time.Sleep(20 * time.Millisecond)
+		v = metricValues(t, adminDo(t, m, "GET", "/metrics").body)
+	}
+	assert.Equal(t, v["master_snapshot_success"], v["master_snapshot_duration_ms_count"])
+	assert.Equal(t, 0.0, v["master_snapshot_fail"])
+	assert.Positive(t, m.SnapshotSeq())
+	assert.Contains(t, adminDo(t, m, "GET", "/metrics/summary").body, "| Snapshots: Success=")
 }

@@ -13,7 +13,7 @@ import (
 // total and item success/total), eviction, discarded puts and promotions.
 // Sections and fields for what this master does not have (NVMe-oF, the
 // Mem/NoF eviction split, staging, promotion rejections, copy tasks, the
-// HA op log, snapshots) are left out; under HA the leader and view
+// HA op log) are left out; under HA the leader and view
 // version follow.
 
 // rateSample is one method's counters when the previous summary was made.
@@ -112,9 +112,10 @@ func (m *metrics) summary() string {
 			st.EvictedKeys, humanBytes(st.EvictedBytes))
 		fmt.Fprintf(&b, " | Discard: Released/Total=%d/%d", st.Released, st.Discarded)
 		p := &svc.promo
-		fmt.Fprintf(&b, " | Promotion: in_flight=%d, admitted=%d, completed=%d, failed=%d, cancelled=%d, expired=%d, bytes=%s}",
+		fmt.Fprintf(&b, " | Promotion: in_flight=%d, admitted=%d, completed=%d, failed=%d, cancelled=%d, expired=%d, bytes=%s",
 			promoting, p.admitted.Load(), st.Promoted, p.failed.Load(), p.cancelled.Load(), p.expired.Load(),
 			humanBytes(p.bytes.Load()))
+		fmt.Fprintf(&b, " | Snapshots: Success=%d, Fail=%d}", m.snapshots.Load(), m.snapshotFails.Load())
 	}
 	if v := srv.view(context.Background()); v.Present {
 		fmt.Fprintf(&b, ", leader=%s, view_version=%d", *v.LeaderAddress, *v.ViewVersion)

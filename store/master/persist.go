@@ -644,7 +644,9 @@ func (s *Server) persistLoop(ctx context.Context, svc *Service, j *fileJournal) 
 		if n == 0 || (n < cfg.SnapshotEvery && time.Since(lastSnap) < cfg.SnapshotInterval) {
 			continue
 		}
+		start := time.Now()
 		seq, err := j.writeSnapshot(ctx, svc)
+		s.metrics.snapshotWritten(start, err)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("master: snapshot failed; retrying", "dir", cfg.Dir, "err", err)

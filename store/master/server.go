@@ -463,7 +463,9 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership, f *follower) error
 				return err
 			}
 			if j.pendingSnapshot() >= h.SnapshotEvery {
+				start := time.Now()
 				seq, err := j.writeSnapshot(lctx, svc)
+				s.metrics.snapshotWritten(start, err)
 				if err != nil {
 					return fmt.Errorf("snapshot: %w", err)
 				}
