@@ -28,7 +28,6 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from mooncake_go.engine import TransferEngine
 from mooncake_go.errors import MooncakeError
@@ -166,6 +165,38 @@ def _check_op(t: torch.Tensor, code: int) -> None:
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a contiguous tensor."""
     return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+class _Work(dist.Work):
+    """A Work over a future: wait() raises what the operation raised (the
+    Work torch makes from a future swallows it)."""
+
+    def __init__(self, fut: torch.futures.Future):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None) -> bool:
+        self._fut.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.wait()
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def _create_work_from_future(fut) -> _Work:
+    return _Work(fut)
 
 
 class _Source:
