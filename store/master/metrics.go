@@ -123,6 +123,8 @@ var (
 		[]string{"segment"}, nil)
 	memCacheDesc  = prometheus.NewDesc("mem_cache_nums_", "Readable objects with a DRAM replica.", nil, nil)
 	fileCacheDesc = prometheus.NewDesc("file_cache_nums_", "Readable objects with an SSD tier replica.", nil, nil)
+	lastSeqDesc   = prometheus.NewDesc("ha_oplog_last_sequence_id", "The last record of the leader's journal (0 without one).",
+		nil, nil)
 	promotingDesc = prometheus.NewDesc("master_promotion_in_flight", "Promotions (SSD tier to DRAM copies) in flight.", nil, nil)
 )
 
@@ -193,6 +195,7 @@ func (m *metrics) collectService(ch chan<- prometheus.Metric, svc *Service) {
 	for _, c := range counters {
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(c.name, c.help, nil, nil), prometheus.CounterValue, c.get(st))
 	}
+	ch <- prometheus.MustNewConstMetric(lastSeqDesc, prometheus.GaugeValue, float64(svc.lastSeq()))
 	counter(ch, "master_attempted_evictions_total", "Evictions run (above the watermark, or after a put found no room).",
 		svc.evictAttempts.Load())
 	counter(ch, "master_successful_evictions_total", "Evictions that freed bytes.", svc.evictSuccesses.Load())

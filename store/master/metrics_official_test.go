@@ -199,6 +199,7 @@ func TestMetricValuesMove(t *testing.T) {
 	} {
 		assert.Equal(t, want, delta(now, series), series)
 	}
+	assert.Equal(t, 0.0, now["ha_oplog_last_sequence_id"], "no journal without HA or Persist")
 	assert.Equal(t, now["master_allocated_bytes"], now[`segment_allocated_bytes{segment="node-1"}`])
 	assert.Equal(t, float64(1<<20), now[`segment_total_capacity_bytes{segment="node-1"}`])
 	assert.GreaterOrEqual(t, now["master_allocated_bytes"], float64(total+10))
@@ -347,5 +348,8 @@ func TestMetricSnapshots(t *testing.T) {
 	assert.Equal(t, v["master_snapshot_success"], v["master_snapshot_duration_ms_count"])
 	assert.Equal(t, 0.0, v["master_snapshot_fail"])
 	assert.Positive(t, m.SnapshotSeq())
+	// The journal's last record: at least the mount's, which the snapshot covers.
+	assert.GreaterOrEqual(t, v["ha_oplog_last_sequence_id"], float64(m.SnapshotSeq()))
+	assert.Positive(t, v["ha_oplog_last_sequence_id"])
 	assert.Contains(t, adminDo(t, m, "GET", "/metrics/summary").body, "| Snapshots: Success=")
 }
