@@ -40,7 +40,7 @@ func (s *Server) adminHandler() http.Handler {
 	get := func(path string, h http.HandlerFunc) { mux.HandleFunc(path, only(http.MethodGet, h)) }
 	post := func(path string, h http.HandlerFunc) { mux.HandleFunc(path, only(http.MethodPost, h)) }
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { notFound(w) })
-	get("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}).ServeHTTP)
+	get("/metrics", officialText(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
 	get("/metrics/summary", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, s.metrics.summary())
 	})
@@ -71,6 +71,31 @@ func (s *Server) adminHandler() http.Handler {
 		post(path, s.leaderOnly(h))
 	}
 	return s.withTenants(mux) // admin_tenant.go
+}
+
+// officialText serves h's Prometheus text as Mooncake's master does:
+// format 0.0.4 whatever the request accepts (no OpenMetrics, protobuf or
+// gzip), under its content type "text/plain; version=0.0.4".
+func officialText(h http.Handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r = r.Clone(r.Context())
+		r.Header.Del("Accept")
+		r.Header.Del("Accept-Encoding")
+		h.ServeHTTP(textTypeWriter{w}, r)
+	}
+}
+
+// textTypeWriter sets Mooncake's text content type on the answer.
+type textTypeWriter struct{ http.ResponseWriter }
+
+func (t textTypeWriter) WriteHeader(code int) {
+	t.Header().Set("Content-Type", textType)
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t textTypeWriter) Write(b []byte) (int, error) {
+	t.Header().Set("Content-Type", textType) // no effect once the header is out
+	return t.ResponseWriter.Write(b)
 }
 
 // only serves h for one method; another is Mooncake's 404.

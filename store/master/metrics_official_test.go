@@ -3,6 +3,8 @@ package master
 import (
 	"bufio"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -101,7 +103,22 @@ func TestMetricNamesCoverOfficial(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	mountOver(t, ctx, c, "c1", seg("1", 0x10000000, 1<<20)) // the per-segment gauges need one
-	ours := metricTypes(adminDo(t, m, "GET", "/metrics").body)
+	scraped := adminDo(t, m, "GET", "/metrics")
+	assert.Equal(t, "text/plain; version=0.0.4", scraped.contentType, "the official content type")
+	ours := metricTypes(scraped.body)
+	// Text 0.0.4 even to a scraper that prefers OpenMetrics or protobuf, as
+	// the official master answers.
+	req, err := http.NewRequest("GET", "http://"+m.AdminAddr()+"/metrics", nil)
+	require.NoError(t, err)
+	req.Header.Set("Accept", "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0")
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, "text/plain; version=0.0.4", resp.Header.Get("Content-Type"))
+	assert.Equal(t, ours, metricTypes(string(b)))
 	rows := metricDocRows(t)
 
 	for name, typ := range official {
