@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/client"
@@ -506,4 +507,92 @@ func TestRegisterWithoutFD(t *testing.T) {
 	ok, err := d.UnregisterShared(ctx, make([]byte, 10)) // nothing registered there
 	require.False(t, ok)
 	require.NoError(t, err)
+}
+
+// A dummy that registers more bytes than its file holds (a bug in the
+// caller, or a file shrunk since it was mapped) is refused: the real
+// client would take SIGBUS, and die with every dummy's calls, at the
+// first put or get that touched the pages past the end.
+func TestRegisterPastTheEndOfTheFile(t *testing.T) {
+	srv, _, st := realClient(t)
+	ctx := ctxT(t)
+	d := dial(t, srv.Addr(), 0, 4096)
+	before := st.registered.Load()
+
+	m, err := newShm(4096)
+	require.NoError(t, err)
+	defer m.close()
+	// Mapping past the end of a file succeeds; touching it does not.
+	mem, err := unix.Mmap(m.fd, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(mem)
+
+	err = d.RegisterShared(ctx, m.fd, 0, mem)
+	require.Equal(t, storepb.InvalidParams, code(err), "err %v", err)
+	require.ErrorContains(t, err, "past the end")
+	err = d.RegisterShared(ctx, m.fd, 4096, mem[:4096])
+	require.Equal(t, storepb.InvalidParams, code(err), "err %v", err)
+	require.Equal(t, before, st.registered.Load())
+	// Had it been taken, this put would read the pages past the end.
+	errs := d.BatchPut(ctx, []string{"past-the-end"}, [][]byte{mem[4096:]}, nil, false)
+	require.Equal(t, storepb.InvalidParams, code(errs[0]))
+	// What the file does hold registers.
+	require.NoError(t, d.RegisterShared(ctx, m.fd, 0, mem[:4096]))
+}
+
+// quick is a Store that answers existence checks at once, so that a
+// dummy can make the real client's answers pile up.
+type quick struct{ Store }
+
+func (quick) RegisterBuffer([]byte) error   { return nil }
+func (quick) UnregisterBuffer([]byte) error { return nil }
+func (quick) BatchExist(_ context.Context, keys []string) ([]bool, []error) {
+	return make([]bool, len(keys)), make([]error, len(keys))
+}
+
+// Close ends a session whose dummy sends calls but never reads the
+// answers (a stopped process, say), where the real client is blocked
+// writing one: it must not wait for that dummy forever.
+func TestCloseWithADummyThatDoesNotRead(t *testing.T) {
+	srv, err := Listen(Config{Store: quick{}, Socket: socketName(t)})
+	require.NoError(t, err)
+	defer srv.Close()
+	c, err := net.Dial("unix", srv.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	uc := c.(*net.UnixConn)
+	_, err = uc.Write(mustReq(t, &Request{Op: OpHello, Arg0: 4096, Arg1: 4096}))
+	require.NoError(t, err)
+	b, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := uc.ReadMsgUnix(b, oob)
+	require.NoError(t, err)
+	fd, err := fdOf(oob[:oobn])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, fd, 0)
+	unix.Close(fd)
+
+	items := make([]Item, 2000)
+	for i := range items {
+		items[i].Key = fmt.Sprintf("key-%06d", i)
+	}
+	req := mustReq(t, &Request{Op: OpExist, Items: items})
+	// Send until the real client stops reading: then it is blocked on an
+	// answer this side does not read (a write that cannot finish within a
+	// second means nothing on the other side reads).
+	for {
+		require.NoError(t, uc.SetWriteDeadline(time.Now().Add(time.Second)))
+		if _, err := uc.Write(req); err != nil {
+			require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+			break
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Close() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close still waits for a dummy that does not read")
+	}
+	require.Zero(t, srv.Sessions())
 }

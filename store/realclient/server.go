@@ -157,7 +157,9 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	for se := range s.sessions {
-		_ = se.conn.SetReadDeadline(time.Now()) // its loop ends after the call in progress
+		// Its loop ends after the call in progress; a write deadline too,
+		// so that an answer to a dummy that does not read cannot hold it.
+		_ = se.conn.SetDeadline(time.Now())
 	}
 	s.mu.Unlock()
 	err := s.ln.Close()
@@ -439,6 +441,15 @@ func (se *session) register(size, off uint64) (uint64, error) {
 	}
 	if len(se.regions) >= MaxRegions {
 		return 0, fmt.Errorf("register: %d regions already, the most a dummy may hold", len(se.regions))
+	}
+	// Pages past the end of the file map, but touching them raises
+	// SIGBUS, which would kill the real client and every dummy's calls.
+	var st unix.Stat_t
+	if err := unix.Fstat(se.fds[0], &st); err != nil {
+		return 0, fmt.Errorf("register: stat the dummy's fd: %w", err)
+	}
+	if st.Size < 0 || off > uint64(st.Size) || size > uint64(st.Size)-off {
+		return 0, fmt.Errorf("register: %d bytes at offset %d run past the end of the dummy's file (%d bytes)", size, off, st.Size)
 	}
 	m, err := unix.Mmap(se.fds[0], int64(off), int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
