@@ -24,7 +24,7 @@ import (
 // two flags by name (and of no other), and stops cleanly.
 func TestMasterOfficialCommandLine(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "master.json")
-	require.NoError(t, os.WriteFile(cfg, []byte(`{"eviction_high_watermark_ratio": 0.95, "enable_snapshot": true}`), 0o600))
+	require.NoError(t, os.WriteFile(cfg, []byte(`{"eviction_high_watermark_ratio": 0.95, "cxl_size": 1024}`), 0o600))
 	cmd := selfCommand(t, "master", "--rpc_port=0", "--metrics_port=0",
 		"--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
 		"--http_metadata_server_port=0", "--default_kv_lease_ttl=500",
@@ -49,7 +49,7 @@ func TestMasterOfficialCommandLine(t *testing.T) {
 
 	stopOnSIGTERM(t, cmd, "master")
 	log := stderr.String()
-	for _, flag := range []string{"--memory_allocator", "--v", "--enable_snapshot"} {
+	for _, flag := range []string{"--memory_allocator", "--v", "--cxl_size"} {
 		assert.Contains(t, log, "flag="+flag+" ", "a warning names %s", flag)
 	}
 	assert.Equal(t, 3, strings.Count(log, "has no effect here"), "no warning for a flag not given:\n%s", log)
