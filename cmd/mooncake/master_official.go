@@ -26,7 +26,7 @@ const (
 	whyCXL       = "no CXL memory segments here"
 	whyNoF       = "no NVMe-oF segments here"
 	whyTaskMgr   = "no master-driven task queue here (replication and copies run in the clients)"
-	whySnapshot  = "state survives restarts through the HA journal in etcd (--enable_ha), not snapshots; see docs/tiers-restarts.md"
+	whySnapshot  = "snapshots here are local files (--enable_snapshot, --snapshot_backup_dir): no catalog, object store or child process to configure; see docs/tiers-restarts.md"
 	whyOffload   = "the SSD tier is each client's own (MOONCAKE_ENABLE_SSD_OFFLOAD, ssd_offload_path); the master keeps no offload queue; see docs/tiers-restarts.md"
 	whyTenant    = "tenants and quotas: see docs/tenants.md"
 	whyKVEvents  = "deprecated upstream and not emitted on events there either"
