@@ -51,6 +51,16 @@ def test_moe_layer_matches_reference(tmp_path, world, dtype, fp8):
         assert all(a.tolist() == [1] * world for a in res["active"].values())
 
 
+def test_over_mooncake_pg(tmp_path):
+    # The Buffer's exchange through a mooncake-cpu group (Mooncake PG)
+    # instead of gloo: same layer, same result.
+    pytest.importorskip("mooncake.pg")
+    cfg = ep_moe.Config(world=4, dtype="bfloat16")
+    results = ep_launch.run(tmp_path, cfg, steps=2, backend="mooncake-cpu",
+                            common={"init": f"tcp://127.0.0.1:{ep_launch.free_port()}"})
+    check(cfg, results, range(2))
+
+
 def test_zero_copy_combine(tmp_path):
     # Experts write into get_next_combine_buffer(handle); combine sends
     # from there without a copy.

@@ -3,9 +3,10 @@ processes is killed with SIGKILL in the middle of a MoE step; the others
 finish the step within the timeout, with that rank masked in
 active_ranks, and their outputs equal the reference layer without the
 dead rank's experts. Then a replacement process takes the dead rank's
-place: the group is rebuilt (a new gloo group: see docs/mooncake-ep.md),
-survivors call update_ep_member, and a full step matches the reference
-with every expert again."""
+place: on gloo the group is rebuilt (a new gloo group), on Mooncake PG
+(mooncake-cpu) the replacement joins the same group (is_extension,
+join_group, recover_ranks); survivors call update_ep_member, and a full
+step matches the reference with every expert again."""
 
 from __future__ import annotations
 
@@ -25,14 +26,32 @@ TIMEOUT_US = 3_000_000
 VICTIM = 2
 
 
-@pytest.mark.parametrize("at", [
-    "dispatch",  # killed before sending its tokens: survivors time out in dispatch
-    "combine",  # killed after dispatch, holding survivors' tokens: they time out in combine
+def have_mooncake_pg() -> bool:
+    try:
+        from mooncake import pg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("at,backend", [
+    # killed before sending its tokens: survivors time out in dispatch
+    ("dispatch", "gloo"),
+    # killed after dispatch, holding survivors' tokens: they time out in combine
+    ("combine", "gloo"),
+    # the same over Mooncake PG, whose own elastic protocol readmits the
+    # replacement (is_extension, join_group, recover_ranks) in place
+    pytest.param("combine", "mooncake-cpu",
+                 marks=pytest.mark.skipif(not have_mooncake_pg(), reason="mooncake.pg is missing")),
 ])
-def test_rank_killed_mid_step(tmp_path, at):
+def test_rank_killed_mid_step(tmp_path, at, backend):
     cfg = ep_moe.Config(world=4)
-    ranks = ep_launch.start(tmp_path, cfg, steps=2, timeout_us=TIMEOUT_US,
-                            common={"rebuild_init": f"file://{tmp_path}/store2"},
+    if backend == "gloo":
+        common = {"rejoin": "rebuild", "rebuild_init": f"file://{tmp_path}/store2"}
+    else:
+        common = {"rejoin": "pg", "backend": backend, "victim": VICTIM,
+                  "init": f"tcp://127.0.0.1:{ep_launch.free_port()}"}
+    ranks = ep_launch.start(tmp_path, cfg, steps=2, timeout_us=TIMEOUT_US, common=common,
                             extra={VICTIM: {"victim_at": at}})
     replacement = None
     try:
