@@ -79,7 +79,7 @@ func WithCallTimeout(d time.Duration) Option {
 // Dial connects to the real client at addr (see SocketFor) and asks for
 // poolSize bytes of pool and stagingSize bytes of staging buffer, both in
 // memory shared with it.
-func Dial(ctx context.Context, addr string, poolSize, stagingSize uint64, opts ...Option) (d *Dummy, err error) {
+func Dial(ctx context.Context, addr string, poolSize, stagingSize uint64, opts ...Option) (_ *Dummy, err error) {
 	sock, err := SocketFor(addr)
 	if err != nil {
 		return nil, err
@@ -90,12 +90,12 @@ func Dial(ctx context.Context, addr string, poolSize, stagingSize uint64, opts .
 		return nil, &storepb.Error{Code: storepb.RPCFail, Err: err,
 			Msg: fmt.Sprintf("realclient: no real client at %s (socket %s; start `mooncake client`)", addr, sock)}
 	}
-	d = &Dummy{addr: addr, conn: c.(*net.UnixConn), timeout: DefaultCallTimeout, poolSize: poolSize}
+	d := &Dummy{addr: addr, conn: c.(*net.UnixConn), timeout: DefaultCallTimeout, poolSize: poolSize}
 	for _, o := range opts {
 		o(d)
 	}
 	defer func() {
-		if err != nil {
+		if err != nil { // d, not the result, which is nil by now
 			d.conn.Close()
 			if d.mem != nil {
 				_ = unix.Munmap(d.mem)
@@ -161,6 +161,14 @@ func (d *Dummy) hello(ctx context.Context, poolSize, stagingSize uint64) error {
 	}
 	if r.Value < poolSize+stagingSize {
 		return fmt.Errorf("%w: %d shared bytes for a pool of %d and staging of %d", ErrFrame, r.Value, poolSize, stagingSize)
+	}
+	// Pages mapped past the end of the memfd raise SIGBUS when touched.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("realclient: stat the shared memory's fd: %w", err)
+	}
+	if st.Size < 0 || r.Value > uint64(st.Size) {
+		return fmt.Errorf("%w: %d shared bytes run past the end of the memfd (%d bytes)", ErrFrame, r.Value, st.Size)
 	}
 	d.mem, err = mapShm(fd, r.Value)
 	return err

@@ -596,3 +596,48 @@ func TestCloseWithADummyThatDoesNotRead(t *testing.T) {
 	}
 	require.Zero(t, srv.Sessions())
 }
+
+// A hello answer that claims more shared bytes than its memfd holds (a
+// real client of another build, or a broken one) fails Dial: mapped, the
+// pages past the end would kill the dummy with SIGBUS at first touch.
+func TestHelloClaimsMoreThanTheFile(t *testing.T) {
+	ln, err := net.ListenUnix("unix", unixAddr(socketName(t)))
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, err := ReadFrame(c, nil); err != nil {
+			return
+		}
+		m, err := newShm(4096)
+		if err != nil {
+			return
+		}
+		defer m.close()
+		f, _ := AppendResponse(nil, &Response{Op: OpHello, Value: 1 << 20})
+		_, _, _ = c.WriteMsgUnix(f, unix.UnixRights(m.fd), nil)
+		_, _ = c.Read(make([]byte, 1)) // until the dummy hangs up
+	}()
+	d, err := Dial(ctxT(t), ln.Addr().String(), 512<<10, 4096)
+	if err == nil {
+		d.Close()
+	}
+	require.ErrorIs(t, err, ErrFrame)
+	require.ErrorContains(t, err, "past the end")
+}
+
+// A real client that refuses a hello (more memory than it gives one
+// dummy) makes Dial fail with its answer, and the connection is closed.
+func TestRefusedHello(t *testing.T) {
+	srv, err := Listen(Config{Store: quick{}, Socket: socketName(t), MaxShared: 1 << 20})
+	require.NoError(t, err)
+	defer srv.Close()
+	_, err = Dial(ctxT(t), srv.Addr(), 1<<20, 1<<20)
+	require.Equal(t, storepb.InvalidParams, code(err), "err %v", err)
+	require.ErrorContains(t, err, "refused the dummy")
+	require.NoError(t, srv.WaitSessions(ctxT(t), 0))
+}
