@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # build-wheel.sh [PYTHON]: builds the mooncake-go wheel into build/py-wheel
-# (setup.py compiles libmooncake.so from capi/ with the local Go toolchain and
-# bundles it) and prints the wheel's path. The Python suite and the framework
+# (setup.py compiles libmooncake.so from capi/ and the mooncake command from
+# cmd/mooncake with the local Go toolchain and bundles both; the command is
+# what the official console scripts, mooncake_master & co., run) and prints
+# the wheel's path. The Python suite and the framework
 # suites (e2e/) install this one file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
