@@ -36,11 +36,13 @@
 //     --enable_kv_events, with a replay socket; a bounded queue and one
 //     sender goroutine keep it off the request path.
 //   - Server (server.go): a running master — the service, its background
-//     loop, gRPC, the admin HTTP server (admin.go, metrics.go: /metrics
-//     with Mooncake's master metric names, /health, /role, /leader, and
-//     Mooncake's inspection endpoints /get_all_segments, /query_segment,
-//     /get_segments_detail, /get_all_keys, /query_key, /batch_query_keys)
-//     and HA.
+//     loop, gRPC, the admin HTTP server (admin*.go, metrics*.go; every
+//     endpoint and metric of mooncake_master's, mapped in
+//     docs/master-http.md: /metrics with Mooncake's metric names,
+//     /metrics/summary, /health, /role, /ha_status, /leader, the
+//     inspection endpoints /get_all_segments, /query_segment,
+//     /get_segments_detail, /get_all_keys, /query_key, /batch_query_keys,
+//     and /api/v1 segment status, drain jobs and remove_all) and HA.
 //   - HA (journal.go, etcdjournal.go, with store/ha): the leader holds
 //     mooncake-store/<cluster>/master_view under an etcd lease; standbys
 //     answer Unavailable. Every durable change is journaled to etcd in
