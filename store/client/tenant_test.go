@@ -54,6 +54,15 @@ func TestTenantsNeverSeeEachOther(t *testing.T) {
 	}
 	_, err := b.Get(ctx, "only-a")
 	require.ErrorIs(t, err, storepb.ErrObjectNotFound, "b reads a's object")
+	err = a.Put(ctx, "only-a", val("a", "again"), nil) // exists: its message names the key as a sent it
+	require.NoError(t, err)
+	ok, err := a.Exist(ctx, "only-a")
+	require.NoError(t, err)
+	require.True(t, ok)
+	err = a.Remove(ctx, "only-a", false) // leased by the Exist
+	require.ErrorIs(t, err, storepb.ErrObjectHasLease)
+	assert.Contains(t, err.Error(), `"only-a"`)
+	assert.NotContains(t, err.Error(), `\x00`, "the message shows the tenant's prefix")
 	require.ErrorIs(t, b.Remove(ctx, "only-a", true), storepb.ErrObjectNotFound, "b removes a's object")
 
 	// Removals stay within the tenant: by key, by pattern, all.

@@ -118,7 +118,7 @@ func (g *GRPCServer) existKey(key string) *storepb.Result {
 	case err != nil:
 		return storepb.NewResult(err)
 	case !ok:
-		return storepb.NewResult(storeErr(storepb.ObjectNotFound, "%q", key))
+		return storepb.NewResult(storeErr(storepb.ObjectNotFound, "%q", clientKey(key)))
 	}
 	return storepb.NewResult(nil)
 }

@@ -146,7 +146,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	o := sh.objects[key]
 	if o != nil {
 		if o.complete() && !upsert {
-			return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q", key)
+			return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q", clientKey(key))
 		}
 		if p := o.pending; p != nil {
 			if p.client == clientID && p.size == length && p.upsert == upsert {
@@ -155,7 +155,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 				return describe(live(p.replicas), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), s.lastSeq(), nil
 			}
 			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
-				return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", key)
+				return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", clientKey(key))
 			}
 			// A zombie PutStart: its writer is presumed gone; pre-empt it.
 			s.freeAfter(revokeRecord(key), p.replicas)
@@ -222,10 +222,10 @@ func (s *Service) pendingOf(sh *shard, clientID, key string) (*object, error) {
 	}
 	o := sh.objects[key]
 	if o == nil || o.pending == nil {
-		return nil, storeErr(storepb.ObjectNotFound, "%q: no put in flight", key)
+		return nil, storeErr(storepb.ObjectNotFound, "%q: no put in flight", clientKey(key))
 	}
 	if o.pending.client != clientID {
-		return nil, storeErr(storepb.InvalidParams, "%q: the put was started by another client", key)
+		return nil, storeErr(storepb.InvalidParams, "%q: the put was started by another client", clientKey(key))
 	}
 	return o, nil
 }
@@ -357,11 +357,11 @@ func (s *Service) GetReplicaList(key string) (reps []*storepb.Replica, leaseTTL 
 func readableLocked(sh *shard, key string) (*object, []replica, error) {
 	o := sh.objects[key]
 	if o == nil || !o.complete() {
-		return nil, nil, storeErr(storepb.ObjectNotFound, "%q", key)
+		return nil, nil, storeErr(storepb.ObjectNotFound, "%q", clientKey(key))
 	}
 	reps := live(o.replicas)
 	if len(reps) == 0 { // every segment is being unmounted
-		return nil, nil, storeErr(storepb.ObjectNotFound, "%q", key)
+		return nil, nil, storeErr(storepb.ObjectNotFound, "%q", clientKey(key))
 	}
 	return o, reps, nil
 }
@@ -410,10 +410,10 @@ func (s *Service) removeSeq(key string, force bool) (uint64, error) {
 	defer sh.mu.Unlock()
 	o := sh.objects[key]
 	if o == nil || !o.complete() {
-		return 0, storeErr(storepb.ObjectNotFound, "%q", key)
+		return 0, storeErr(storepb.ObjectNotFound, "%q", clientKey(key))
 	}
 	if !force && o.lease.After(s.now()) {
-		return 0, storeErr(storepb.ObjectHasLease, "%q", key)
+		return 0, storeErr(storepb.ObjectHasLease, "%q", clientKey(key))
 	}
 	s.dropLocked(sh, key, o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_REMOVED)
 	return s.lastSeq(), nil

@@ -67,6 +67,15 @@ func splitKey(sk string) (tenant, key string) {
 	return tenant, sk[2+i:]
 }
 
+// clientKey is a Service key in messages: formatted (%q, %s), it is the
+// key its tenant's clients sent, without the tenant's prefix.
+type clientKey string
+
+func (k clientKey) String() string {
+	_, key := splitKey(string(k))
+	return key
+}
+
 // tenantOfKey is the tenant of a Service key.
 func tenantOfKey(sk string) string {
 	t, _ := splitKey(sk)
