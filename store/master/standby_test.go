@@ -31,6 +31,7 @@ func putMany(t *testing.T, svc *Service, n int) {
 	ctx := t.Context()
 	require.NoError(t, svc.MountSegment(ctx, "node", seg("1", 1<<30, 1<<30)))
 	for from := 0; from < n; from += 1000 {
+		svc.Ping("node") // a slow run (-race) outlasts the client TTL
 		var last uint64
 		for i := from; i < min(n, from+1000); i++ {
 			key := fmt.Sprintf("obj-%d", i)
@@ -103,6 +104,8 @@ func TestWarmStandbyServesQuickly(t *testing.T) {
 	assert.Equal(t, n, c.Service().Stats().Keys)
 	t.Logf("%d objects: election to first served get: warm standby %v, cold standby %v",
 		n, warm.Round(time.Millisecond), cold.Round(time.Millisecond))
-	assert.Less(t, warm, time.Second, "a warm standby serves within a second of its election")
+	if !raceEnabled {
+		assert.Less(t, warm, time.Second, "a warm standby serves within a second of its election")
+	}
 	assert.Less(t, warm, cold)
 }
