@@ -116,6 +116,7 @@ class Comm:
         self.auto_deactivate, self.auto_sync = auto_deactivate, auto_sync
         self.timeout = timeout
         self.on_view = on_view
+        self.threads = int(os.environ.get("MOONCAKE_PG_THREADS", 0) or 1)
         self.slot = slot or int(os.environ.get("MOONCAKE_PG_SLOT_BYTES", 0)) or max(
             256 << 10, min(DEFAULT_SLOT, (256 << 20) // (2 * max_group)))
         self.slot = (self.slot + 4095) // 4096 * 4096
@@ -260,9 +261,15 @@ class Comm:
         b.settimeout(seconds)
         try:
             b.recv(16)
-            while True:
-                b.recv(16, socket.MSG_DONTWAIT)
         except (OSError, socket.timeout):
+            return
+        # A socket with a timeout polls for it even with MSG_DONTWAIT:
+        # drain in non-blocking mode.
+        b.setblocking(False)
+        try:
+            while True:
+                b.recv(16)
+        except OSError:
             pass
 
     # -- steps -----------------------------------------------------------
@@ -370,10 +377,18 @@ class Comm:
             self.coll += 1
             self.piece = 0
             self.in_coll = True
+            # Reductions and copies run on this thread alone: torch's
+            # intra-op threads, on a host whose cores the other ranks use
+            # too, wait for each other far longer than they save.
+            threads = torch.get_num_threads()
+            if threads != self.threads:
+                torch.set_num_threads(self.threads)
             try:
                 return body()
             finally:
                 self.in_coll = False
+                if threads != self.threads:
+                    torch.set_num_threads(threads)
 
     def do_piece(self, fn):
         """Runs one piece of the current collective; again, over the new
