@@ -106,6 +106,32 @@ def test_host_allocator_memory_is_zero_copy(real_client, raw):
     assert alloc.alloc(0) == 0
 
 
+def test_freed_host_memory_is_unregistered(real_client, raw):
+    """Host memory freed while a dummy has it registered is unregistered
+    first. Else the dummy would go on naming the freed range as the old
+    region, and memory mapped there later (mmap reuses the address) would
+    silently move the freed pages the real client still maps."""
+    alloc = MooncakeHostMemAllocator()
+    n = 1 << 20
+    d = dummy(real_client.address, pool=0, staging=64 << 10)
+    try:
+        p = alloc.alloc(n)
+        assert p and d.register_buffer(p, n) == 0
+        ctypes.memmove(p, pattern(n, 1), n)
+        assert alloc.free(p) == 0
+        assert p not in d._store._registered  # the dummy forgot the region
+        q = alloc.alloc(n)  # usually at p again
+        assert q
+        ctypes.memmove(q, pattern(n, 2), n)
+        assert d.register_buffer(q, n) == 0
+        key = uid()
+        assert d.batch_put_from([key], [q], [n]) == [0]
+        assert raw.get(key) == pattern(n, 2)  # q's bytes, not the freed ones
+        assert alloc.free(q) == 0
+    finally:
+        assert d.close() == 0
+
+
 def test_mem_pool_and_staged_buffers(real_client, raw):
     """alloc_from_mem_pool carves the dummy's shared pool (zero-copy);
     bytes in any other memory are staged, in several rounds when a batch

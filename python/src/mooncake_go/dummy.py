@@ -23,6 +23,7 @@ import ctypes
 import mmap
 import os
 import threading
+import weakref
 from ctypes import byref, c_int32, c_uint64, c_void_p
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -39,6 +40,10 @@ DEFAULT_STAGING = 16 << 20
 
 _shared_lock = threading.Lock()
 _shared: Dict[int, Tuple[int, int, mmap.mmap]] = {}  # base address -> (memfd, size, mapping)
+# base address -> the dummies that registered it, which free_shared makes
+# forget it: else a dummy would go on naming the freed range as the old
+# region, and memory mapped there later would move the freed pages.
+_registrations: Dict[int, "weakref.WeakSet[DummyStore]"] = {}
 
 
 def alloc_shared(size: int) -> int:
@@ -65,13 +70,17 @@ def alloc_shared(size: int) -> int:
 
 
 def free_shared(addr: int) -> bool:
-    """Frees memory from :func:`alloc_shared`; False for an address it did
-    not return, or while a view of the memory (a tensor made from it, say)
-    is alive."""
+    """Frees memory from :func:`alloc_shared`, unregistering it first from
+    the dummies that registered it; False for an address it did not
+    return, or while a view of the memory (a tensor made from it, say) is
+    alive (it stays allocated, but no longer registered)."""
     with _shared_lock:
         entry = _shared.pop(int(addr), None)
+        holders = list(_registrations.pop(int(addr), ())) if entry is not None else []
     if entry is None:
         return False
+    for d in holders:
+        d._forget(int(addr))
     fd, size, m = entry
     try:
         m.close()
@@ -148,12 +157,28 @@ class DummyStore(_lib.Owned):
             base, fd, size = r
             _lib.call(lib.mc_dummy_register_shared, self.handle, fd, 0, base, size)
             self._registered[base] = size
+            with _shared_lock:
+                _registrations.setdefault(base, weakref.WeakSet()).add(self)
         return addr
 
     def unregister_buffer(self, buf: Buffer) -> None:
-        addr = buf if isinstance(buf, int) else address(buf)[0]
-        if self._registered.pop(int(addr), None) is not None:
-            _lib.call(lib.mc_dummy_unregister_shared, self.handle, int(addr))
+        addr = int(buf if isinstance(buf, int) else address(buf)[0])
+        if self._registered.pop(addr, None) is not None:
+            with _shared_lock:
+                holders = _registrations.get(addr)
+                if holders is not None:
+                    holders.discard(self)
+            _lib.call(lib.mc_dummy_unregister_shared, self.handle, addr)
+
+    def _forget(self, base: int) -> None:
+        """Unregisters base as free_shared frees it; a dummy that is closed
+        or whose real client is gone has nothing to undo there."""
+        if self._registered.pop(base, None) is None or self.closed:
+            return
+        try:
+            _lib.call(lib.mc_dummy_unregister_shared, self.handle, base)
+        except errors.MooncakeError:
+            pass  # the region is dropped on this side whatever the answer
 
     # -- batches ---------------------------------------------------------
 
