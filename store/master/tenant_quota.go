@@ -243,6 +243,12 @@ func (s *Service) admitTenant(ctx context.Context, key string, need uint64) (fun
 		if charged+need > quota && need <= quota {
 			if s.evictTenant(t, charged+need-quota) > 0 {
 				charged = s.chargeOf(t)
+				if s.j != nil {
+					// The room comes back once the drops are durable; the
+					// put must not find the pool full before and evict
+					// other tenants' objects for room that is the tenant's.
+					_ = s.durable(ctx, s.j.last())
+				}
 			}
 		}
 		if charged+need > quota {
