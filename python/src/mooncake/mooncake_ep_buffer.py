@@ -54,7 +54,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from mooncake_go.engine import Op, Request, RequestArray, TransferEngine
+from mooncake_go.engine import Op, Request, RequestArray, State, TransferEngine
 from mooncake_go.errors import MooncakeError
 
 from . import _ep_layout
@@ -410,47 +410,59 @@ class Buffer:
     # -- transport -------------------------------------------------------
 
     def _send(self, jobs, flag_local: int, active_ranks: torch.Tensor, timeout_us: int) -> None:
-        """Writes each job's data, then, once a destination's data landed,
-        its flag word. A destination the engine cannot reach (or not
-        within the timeout) is marked inactive."""
-        eng = self._engine
+        """Writes every job's data, then, to each destination whose data
+        all landed, its flag word. A destination the engine cannot reach
+        (or not within the timeout) is marked inactive."""
         wait_s = None if timeout_us < 0 else timeout_us / 1e6
-        started = []
-        for dst, lo, rem, ln, flag_remote in jobs:
+        reqs, owner = [], []
+        for dst, lo, rem, ln, _ in jobs:
             seg = self._peers[dst][0]
-            b = eng.allocate_batch(len(lo))
-            try:
-                eng.submit(b, RequestArray.of(Op.WRITE, seg, lo, rem, ln))
-            except MooncakeError:
-                self._drop_batch(b)
-                active_ranks[dst] = 0
-                continue
-            started.append((dst, seg, b, flag_remote))
-        flags = []
-        for dst, seg, b, flag_remote in started:
-            if not self._finish(b, wait_s):
-                active_ranks[dst] = 0
-                continue
-            fb = eng.allocate_batch(1)
-            try:
-                eng.submit(fb, [Request(Op.WRITE, flag_local, seg, flag_remote, 8)])
-            except MooncakeError:
-                self._drop_batch(fb)
-                active_ranks[dst] = 0
-                continue
-            flags.append((dst, fb))
-        for dst, fb in flags:
-            if not self._finish(fb, wait_s):
-                active_ranks[dst] = 0
+            reqs += [Request(Op.WRITE, a, seg, b, n) for a, b, n in zip(lo, rem, ln)]
+            owner += [dst] * len(lo)
+        failed = self._run(reqs, owner, wait_s)
+        flags = [(dst, Request(Op.WRITE, flag_local, self._peers[dst][0], flag_remote, 8))
+                 for dst, _, _, _, flag_remote in jobs if dst not in failed]
+        failed |= self._run([f for _, f in flags], [dst for dst, _ in flags], wait_s)
+        for dst in failed:
+            active_ranks[dst] = 0
 
-    def _finish(self, batch: int, wait_s: Optional[float]) -> bool:
+    def _run(self, reqs: List[Request], owner: List[int], wait_s: Optional[float]) -> set:
+        """Runs reqs as one batch (one submit and one wait for all
+        destinations) and returns the owners (destinations) of requests
+        that did not complete. A batch the engine refuses as a whole (a
+        peer it cannot open) is retried one batch per owner, to tell the
+        good destinations from the bad."""
+        if not reqs:
+            return set()
+        eng = self._engine
+        b = eng.allocate_batch(len(reqs))
         try:
-            self._engine.wait(batch, wait_s)
+            eng.submit(b, RequestArray(reqs))
         except MooncakeError:
-            self._drop_batch(batch)
-            return False
-        self._engine.free_batch(batch)
-        return True
+            self._drop_batch(b)
+            owners = list(dict.fromkeys(owner))
+            if len(owners) == 1:
+                return set(owners)
+            failed: set = set()
+            for o in owners:
+                mine = [r for r, x in zip(reqs, owner) if x == o]
+                failed |= self._run(mine, [o] * len(mine), wait_s)
+            return failed
+        try:
+            eng.wait(b, wait_s)
+        except MooncakeError:
+            failed = set()
+            for i, o in enumerate(owner):
+                try:
+                    done = eng.task_status(b, i).state == State.COMPLETED
+                except MooncakeError:
+                    done = False
+                if not done:
+                    failed.add(o)
+            self._drop_batch(b)
+            return failed or set(owner)
+        eng.free_batch(b)
+        return set()
 
     def _drop_batch(self, batch: int) -> None:
         try:
