@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -164,4 +166,68 @@ func TestTenantQuotaFile(t *testing.T) {
 		_, err := NewTenantQuotas(FileQuotaStore{Path: path})
 		assert.Error(t, err, "%q", bad)
 	}
+}
+
+// lagJournal makes records durable only when waited for, as a journal in
+// etcd does some time after the append.
+type lagJournal struct {
+	mu      sync.Mutex
+	n       uint64
+	pending []func()
+}
+
+var _ journal = (*lagJournal)(nil)
+
+func (j *lagJournal) append(_ *storepb.JournalRecord, done func()) uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.n++
+	if done != nil {
+		j.pending = append(j.pending, done)
+	}
+	return j.n
+}
+
+func (j *lagJournal) wait(context.Context, uint64) error {
+	j.mu.Lock()
+	p := j.pending
+	j.pending = nil
+	j.mu.Unlock()
+	for _, f := range p {
+		f()
+	}
+	return nil
+}
+
+func (j *lagJournal) last() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.n
+}
+
+// Under HA the room a tenant's own eviction makes comes back only once the
+// drops are durable: its put waits for that, and does not find the pool
+// full and evict another tenant's (older) objects instead.
+func TestTenantEvictionWaitsForItsRoom(t *testing.T) {
+	quotas, err := NewTenantQuotas(nil)
+	require.NoError(t, err)
+	const unit = 64 << 10
+	require.NoError(t, quotas.Set("a", 2*unit))
+	s, clock := newTestService(t, ServiceConfig{Tenants: quotas})
+	s.j = &lagJournal{}
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 0x10000000, 4*unit)))
+	for _, k := range []string{scopeKey("b", "old1"), scopeKey("b", "old2"), scopeKey("a", "a1"), scopeKey("a", "a2")} {
+		put(t, s, "c1", k, unit, nil)
+		clock.Advance(time.Second)
+	}
+	// The pool is full, and a is at its quota: a3 evicts a1.
+	put(t, s, "c1", scopeKey("a", "a3"), unit, nil)
+	for _, k := range []string{"old1", "old2"} {
+		ok, err := s.ExistKey(scopeKey("b", k))
+		require.NoError(t, err)
+		assert.True(t, ok, "b's %s was evicted for a's put", k)
+	}
+	ok, err := s.ExistKey(scopeKey("a", "a1"))
+	require.NoError(t, err)
+	assert.False(t, ok, "a1 should have made room for a3")
 }
