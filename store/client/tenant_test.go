@@ -194,6 +194,25 @@ func TestTenantQuotaEndpoints(t *testing.T) {
 	code, body = httpDo(t, "GET", "http://"+m.AdminAddr()+"/get_all_keys", "")
 	require.Equal(t, 200, code)
 	assert.Equal(t, "k\n", body, "the default tenant's listing")
+	// The key inspection endpoints answer for the tenant named.
+	adm := "http://" + m.AdminAddr()
+	code, _ = httpDo(t, "GET", adm+"/query_key?key=k&tenant_id=acme", "")
+	assert.Equal(t, 200, code)
+	code, _ = httpDo(t, "GET", adm+"/query_key?key=k&tenant_id=nobody", "")
+	assert.Equal(t, 404, code, "nobody has no k")
+	code, body = httpDo(t, "GET", adm+"/batch_query_keys?keys=k,k2&tenant_id=acme", "")
+	require.Equal(t, 200, code, body)
+	var batch struct {
+		Data map[string]struct {
+			OK bool `json:"ok"`
+		} `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &batch), body)
+	assert.Equal(t, map[string]bool{"k": true, "k2": false},
+		map[string]bool{"k": batch.Data["k"].OK, "k2": batch.Data["k2"].OK}, body)
+	assert.Len(t, batch.Data, 2, "keys named as acme's clients name them: %s", body)
+	code, _ = httpDo(t, "GET", adm+"/get_all_keys?tenant_id=bad%20tenant", "")
+	assert.Equal(t, 400, code)
 
 	code, body = httpDo(t, "DELETE", base+"?tenant_id=acme", "")
 	require.Equal(t, 200, code, body)
