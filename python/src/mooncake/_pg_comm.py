@@ -50,7 +50,7 @@ DEFAULT_SLOT = 4 << 20
 P2P_SLOT = 256 << 10
 #: Sources at least this large are registered in place (zero copy); smaller
 #: ones are copied into the stage buffer.
-REGISTER_MIN = 256 << 10
+REGISTER_MIN = 4 << 20
 _MAGIC = 0x4D43504731  # "MCPG1"
 
 
