@@ -194,6 +194,18 @@ def test_no_real_client():
         mooncake_go.DummyStore(addr)
 
 
+def test_refused_dummy(real_client):
+    """A real client that refuses a dummy (more shared memory than it gives
+    one: 1 TiB) makes setup_dummy return INVALID_PARAMS, and the same store
+    can then set up a dummy it accepts."""
+    d = MooncakeDistributedStore()
+    assert d.setup_dummy(2 << 40, 1 << 20, real_client.address) == INVALID_PARAMS
+    with pytest.raises(mooncake_go.MooncakeError, match="refused the dummy"):
+        mooncake_go.DummyStore(real_client.address, mem_pool_size=2 << 40)
+    assert d.setup_dummy(1 << 20, 1 << 20, real_client.address) == 0
+    assert d.close() == 0
+
+
 def bare_master(mooncake_bin):
     """``mooncake master`` alone (no storage node): (process, rpc address)."""
     proc = subprocess.Popen([str(mooncake_bin), "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0",
