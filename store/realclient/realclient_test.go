@@ -641,3 +641,42 @@ func TestRefusedHello(t *testing.T) {
 	require.ErrorContains(t, err, "refused the dummy")
 	require.NoError(t, srv.WaitSessions(ctxT(t), 0))
 }
+
+// A dummy cannot shrink the memory the real client reads from under it
+// (a bug, or a stray ftruncate of an fd it was handed): the real client
+// would take SIGBUS at the next put from those pages, and every dummy's
+// calls would die with it. The session's memfd comes sealed against
+// resizing; a registered one that allows sealing is sealed against
+// shrinking when it is registered.
+func TestSharedMemoryCannotShrink(t *testing.T) {
+	srv, err := Listen(Config{Store: quick{}, Socket: socketName(t)})
+	require.NoError(t, err)
+	defer srv.Close()
+	c, err := net.Dial("unix", srv.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	uc := c.(*net.UnixConn)
+	_, err = uc.Write(mustReq(t, &Request{Op: OpHello, Arg0: 4096, Arg1: 4096}))
+	require.NoError(t, err)
+	b, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := uc.ReadMsgUnix(b, oob)
+	require.NoError(t, err)
+	fd, err := fdOf(oob[:oobn])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, fd, 0)
+	defer unix.Close(fd)
+	require.ErrorIs(t, unix.Ftruncate(fd, 0), unix.EPERM, "the session's memfd can shrink")
+
+	// The dummy's own memfd, made to allow sealing (as alloc_shared does).
+	d := dial(t, srv.Addr(), 0, 4096)
+	own, err := unix.MemfdCreate("dummy-own", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(own)
+	require.NoError(t, unix.Ftruncate(own, 8192))
+	mem, err := unix.Mmap(own, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(mem)
+	require.NoError(t, d.RegisterShared(ctxT(t), own, 0, mem))
+	require.ErrorIs(t, unix.Ftruncate(own, 4096), unix.EPERM, "a registered memfd can shrink")
+	require.NoError(t, unix.Ftruncate(own, 3*4096), "growing it harms no one")
+}

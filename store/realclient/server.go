@@ -444,6 +444,10 @@ func (se *session) register(size, off uint64) (uint64, error) {
 	}
 	// Pages past the end of the file map, but touching them raises
 	// SIGBUS, which would kill the real client and every dummy's calls.
+	// A memfd that allows sealing is sealed against shrinking first, so
+	// that the size checked below stays; others (sealing not allowed, or
+	// not a memfd) rely on the dummy not shrinking them.
+	_, _ = unix.FcntlInt(uintptr(se.fds[0]), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
 	var st unix.Stat_t
 	if err := unix.Fstat(se.fds[0], &st); err != nil {
 		return 0, fmt.Errorf("register: stat the dummy's fd: %w", err)

@@ -21,15 +21,21 @@ type shm struct {
 }
 
 // newShm creates and maps size bytes of shared memory; the pages are
-// allocated as they are first touched.
+// allocated as they are first touched. The memfd is sealed at that size:
+// the dummy it is handed to cannot shrink it under the real client, whose
+// reads of the pages cut off would raise SIGBUS.
 func newShm(size uint64) (*shm, error) {
-	fd, err := unix.MemfdCreate("mooncake-dummy", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("mooncake-dummy", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("realclient: memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("realclient: size the shared memory to %d bytes: %w", size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("realclient: seal the shared memory: %w", err)
 	}
 	m, err := mapShm(fd, size)
 	if err != nil {
