@@ -11,7 +11,7 @@ GO    ?= go
 BIN   := bin/mooncake
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: faults-table all build run bench-te bench-vllm demo test deps lint unit capi-test cxx-test python-test e2e install fuzz clean
+.PHONY: image deploy-test faults-table all build run bench-te bench-vllm demo test deps lint unit capi-test cxx-test python-test e2e install fuzz clean
 
 all: build
 
@@ -104,7 +104,20 @@ demo:
 bench-vllm:
 	bash e2e/py.sh vllm e2e/vllm/bench_ttft.py
 
-test: deps lint unit capi-test cxx-test python-test e2e
+test: deps lint unit deploy-test capi-test cxx-test python-test e2e
+
+# image: the container image of the one static binary (CGO_ENABLED=0),
+# assembled offline from scratch (no base image) as an OCI image-layout
+# archive by deploy/image; load it with skopeo or podman (deploy/README.md).
+image:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o build/image/mooncake ./cmd/mooncake
+	cd deploy && $(GO) run ./image -binary ../build/image/mooncake -out ../build/mooncake-image.oci.tar
+
+# deploy-test: the Helm chart rendered for each of its value sets and every
+# object decoded strictly into the Kubernetes API types, the image
+# assembler; a nested module (deploy/go.mod), so Helm stays out of ours.
+deploy-test:
+	cd deploy && $(GO) test -count=1 ./...
 
 # Short fuzzing pass over every network decoder (not part of `make test`).
 fuzz:
