@@ -6,6 +6,7 @@ without copies, and a dead real client fails calls instead of hanging."""
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import threading
 import time
@@ -130,6 +131,23 @@ def test_freed_host_memory_is_unregistered(real_client, raw):
         assert alloc.free(q) == 0
     finally:
         assert d.close() == 0
+
+
+def test_registered_host_memory_cannot_shrink(real_client):
+    """Host memory registered with a dummy is sealed against shrinking: a
+    stray ftruncate of its memfd cannot cut pages from under the real
+    client, which would die of SIGBUS at the next put from them."""
+    n = 1 << 20
+    p = mooncake_go.alloc_shared(n)
+    d = dummy(real_client.address, pool=0)
+    try:
+        assert p and d.register_buffer(p, n) == 0
+        _, fd, _ = mooncake_go.dummy.shared_region(p)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 4096)
+    finally:
+        assert d.close() == 0
+        assert mooncake_go.free_shared(p)
 
 
 def test_mem_pool_and_staged_buffers(real_client, raw):

@@ -54,7 +54,9 @@ def alloc_shared(size: int) -> int:
     if size <= 0:
         return 0
     try:
-        fd = os.memfd_create("mooncake-host-pool", os.MFD_CLOEXEC)
+        # Sealable: a real client that maps it seals it against shrinking,
+        # so that no stray ftruncate cuts pages from under it (SIGBUS).
+        fd = os.memfd_create("mooncake-host-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     except (AttributeError, OSError):
         return 0
     try:
