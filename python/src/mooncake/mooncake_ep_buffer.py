@@ -49,6 +49,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
+import socket
 import time
 from typing import List, Optional, Tuple
 
@@ -62,7 +64,8 @@ from ._ep_layout import FP8_GROUP, FP8_MAX, Layout
 
 _INFO_BYTES = 256  # one rank's (name, address, size) record in the exchange
 _DTYPES = (torch.bfloat16, torch.float32)
-_YIELD_POLLS = 200  # polls of a flag that yield the core before sleeping
+_YIELD_POLLS = 200  # polls of the flags that yield the core before sleeping on the doorbell
+_BELL_NAP = 2e-3  # the longest sleep between polls (a lost ring costs this)
 
 
 class EventOverlap:
@@ -120,6 +123,13 @@ class Buffer:
                 self._engine.close()
             raise
         self._bytes = torch.frombuffer(self._mem.view(), dtype=torch.uint8)
+        # The doorbell: a datagram after each flag write wakes a receiver
+        # sleeping in select() (the flags stay the truth; a lost ring only
+        # costs a re-poll).
+        self._bell = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._bell.setblocking(False)
+        self._bell.bind((self._engine.name.rsplit(":", 1)[0], 0))
+        self._bells: List[Tuple[str, int]] = []
         self._epoch = 0
         self._seq = 0
         self._peers: List[Tuple[int, int, int]] = []  # (segment, address, size) per rank
@@ -167,14 +177,15 @@ class Buffer:
         self._flags = (ctypes.c_int64 * (4 * r)).from_address(self._mem.addr)
         self._seq = 0
         self._epoch += 1
-        info = json.dumps({"name": self._engine.name, "addr": self._mem.addr, "size": self._mem.size}).encode()
+        info = json.dumps({"name": self._engine.name, "addr": self._mem.addr, "size": self._mem.size,
+                           "bell": list(self._bell.getsockname()[:2])}).encode()
         if len(info) > _INFO_BYTES:
             raise ValueError(f"engine name too long for the exchange: {self._engine.name!r}")
         mine = torch.zeros(_INFO_BYTES, dtype=torch.uint8)
         mine[: len(info)] = torch.frombuffer(bytearray(info), dtype=torch.uint8)
         everyone = [torch.zeros(_INFO_BYTES, dtype=torch.uint8) for _ in range(r)]
         dist.all_gather(everyone, mine, group=self.group)
-        peers = []
+        peers, bells = [], []
         for i, t in enumerate(everyone):
             raw = bytes(t.tolist()).rstrip(b"\0")
             try:
@@ -182,7 +193,8 @@ class Buffer:
             except ValueError as e:
                 raise RuntimeError(f"rank {i} sent an unreadable EP buffer record: {raw[:80]!r}") from e
             peers.append((self._engine.open_segment(d["name"]), int(d["addr"]), int(d["size"])))
-        self._peers = peers
+            bells.append((str(d["bell"][0]), int(d["bell"][1])))
+        self._peers, self._bells = peers, bells
 
     # -- dispatch --------------------------------------------------------
 
@@ -397,9 +409,11 @@ class Buffer:
                 ex, sl, tok, ch = h.expert[alive], h.slot[alive], h.token[alive], h.choice[alive]
                 off = lay.combine_recv + half * lay.region
                 region = self._view(off, x.dtype, h.num_experts * t_max * hidden).view(-1, hidden)
-                rows = region.index_select(0, ex * t_max + sl)
-                w = topk_weights[tok, ch].to(torch.float32)
-                acc.index_add_(0, tok, rows * w[:, None])  # promoted to fp32 in the product
+                # Widen, then scale in place: a mixed-dtype product is
+                # many times slower on CPU.
+                rows = region.index_select(0, ex * t_max + sl).to(torch.float32)
+                rows.mul_(topk_weights[tok, ch].to(torch.float32)[:, None])
+                acc.index_add_(0, tok, rows)
             result.copy_(acc)
 
         if return_recv_hook:
@@ -425,6 +439,12 @@ class Buffer:
         failed |= self._run([f for _, f in flags], [dst for dst, _ in flags], wait_s)
         for dst in failed:
             active_ranks[dst] = 0
+        for dst, _ in flags:
+            if dst not in failed:
+                try:
+                    self._bell.sendto(b"\0", self._bells[dst])
+                except OSError:
+                    pass  # the flag is written; the receiver re-polls without the ring
 
     def _run(self, reqs: List[Request], owner: List[int], wait_s: Optional[float]) -> set:
         """Runs reqs as one batch (one submit and one wait for all
@@ -477,7 +497,7 @@ class Buffer:
         flags = self._flags
         pending = [s for s in range(self.num_ranks) if active_ranks[s]]
         deadline = None if timeout_us < 0 else time.monotonic() + timeout_us / 1e6
-        polls, pause = 0, 1e-5
+        polls = 0
         while True:
             pending = [s for s in pending if flags[first_flag + s] != seq]
             if not pending:
@@ -486,15 +506,21 @@ class Buffer:
                 for s in pending:
                     active_ranks[s] = 0
                 return
-            # Yield the core for a while (peers are usually microseconds
-            # away), then back off to sleeps: busy ranks on a small host
-            # would otherwise starve the writers they wait for.
+            # Yield the core for a few polls (peers are often
+            # microseconds away), then sleep in the kernel until a peer
+            # rings: busy ranks on a small host would otherwise starve the
+            # writers they wait for.
             polls += 1
             if polls < _YIELD_POLLS:
                 os.sched_yield()
-            else:
-                time.sleep(pause)
-                pause = min(pause * 2, 5e-4)
+                continue
+            nap = _BELL_NAP if deadline is None else max(0.0, min(_BELL_NAP, deadline - time.monotonic()))
+            if select.select([self._bell], [], [], nap)[0]:
+                try:
+                    while self._bell.recv(64):
+                        pass
+                except OSError:
+                    pass  # drained
 
     # -- checks and views ------------------------------------------------
 
@@ -534,6 +560,7 @@ class Buffer:
             self._flags = None
             self._mem.free()
             self._mem = None
+            self._bell.close()
             if self._own_engine:
                 self._engine.close()
 
