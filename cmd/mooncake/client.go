@@ -91,6 +91,7 @@ the mmap arena flags are accepted and have no effect here.`,
 	f.Bool("use_mmap_arena_allocator", false, "accepted for compatibility (unused)")
 	// Ours.
 	f.String("socket", "", "unix socket for dummy clients: a path or @abstract-name (zero: @mooncake_client.<port>)")
+	f.Bool("dummy_any_user", false, "accept dummy clients run by any user (default: this process's user and root only)")
 	f.String("transport", "auto", "data path to peers: auto (shared memory on this host, else TCP) or tcp")
 	f.String("cluster_id", client.DefaultClusterID, "HA cluster name")
 	f.String("ssd_dir", "", "directory of the SSD tier of --enable_offload")
@@ -174,7 +175,7 @@ func runClient(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer c.Close()
-	srv, err := realclient.Listen(realclient.Config{Store: c, Socket: sock})
+	srv, err := realclient.Listen(realclient.Config{Store: c, Socket: sock, AnyUser: s.boolean("dummy_any_user")})
 	if err != nil {
 		return err
 	}

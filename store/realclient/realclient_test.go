@@ -11,11 +11,15 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -418,6 +422,15 @@ func helperMain(mode string) {
 		defer srv.Close()
 		fmt.Println("ready")
 		select {}
+	case "dial":
+		d, err := Dial(context.Background(), arg, 1<<20, 1<<20)
+		if err != nil {
+			fmt.Println("refused:", err)
+			os.Exit(0)
+		}
+		_ = d.Close()
+		fmt.Println("accepted")
+		os.Exit(0)
 	case "dummy":
 		d, err := Dial(context.Background(), arg, 1<<20, 1<<20)
 		if err != nil {
@@ -679,4 +692,46 @@ func TestSharedMemoryCannotShrink(t *testing.T) {
 	require.NoError(t, d.RegisterShared(ctxT(t), own, 0, mem))
 	require.ErrorIs(t, unix.Ftruncate(own, 4096), unix.EPERM, "a registered memfd can shrink")
 	require.NoError(t, unix.Ftruncate(own, 3*4096), "growing it harms no one")
+}
+
+// A dummy run by another user is refused unless the real client accepts
+// every user: the abstract socket is reachable from every process in the
+// network namespace.
+func TestOtherUsersRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a dummy as another user")
+	}
+	// The test binary sits in a directory only root may enter: run a copy
+	// nobody can execute.
+	dir, err := os.MkdirTemp("", "realclient-users-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	bin, err := os.ReadFile(os.Args[0])
+	require.NoError(t, err)
+	exe := filepath.Join(dir, "realclient.test")
+	require.NoError(t, os.WriteFile(exe, bin, 0o755))
+
+	dialAs := func(socket string, uid uint32) string {
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"=dial", "MC_REALCLIENT_TEST_ARG="+socket)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+		cmd.Dir = dir
+		out, err := cmd.Output()
+		require.NoError(t, err)
+		return string(bytes.TrimSpace(out))
+	}
+	const nobody = 65534
+	for _, anyUser := range []bool{false, true} {
+		srv, err := Listen(Config{Store: stuck{}, Socket: socketName(t), AnyUser: anyUser})
+		require.NoError(t, err)
+		assert.Equal(t, "accepted", dialAs(srv.Addr(), 0), "root is always accepted")
+		got := dialAs(srv.Addr(), nobody)
+		if anyUser {
+			assert.Equal(t, "accepted", got)
+		} else {
+			assert.True(t, strings.HasPrefix(got, "refused:"), "another user: %s", got)
+		}
+		require.NoError(t, srv.Close())
+	}
 }

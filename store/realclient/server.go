@@ -54,6 +54,11 @@ type Config struct {
 	MaxShared uint64
 	// MaxSessions bounds the dummy clients connected at once. Zero: 1024.
 	MaxSessions int
+	// AnyUser accepts dummy clients run by any user. Zero accepts only
+	// this process's user and root: the socket is abstract, so every
+	// process in the network namespace can reach it, and a dummy may
+	// read, overwrite and remove every object of the tenant.
+	AnyUser bool
 	// Logger receives session starts and ends. Zero: slog.Default().
 	Logger *slog.Logger
 }
@@ -178,6 +183,11 @@ func (s *Server) accept() {
 			}
 			return
 		}
+		if err := s.allowed(c); err != nil {
+			s.cfg.Logger.Warn("realclient: refused a dummy client", "err", err)
+			_ = c.Close()
+			continue
+		}
 		se := &session{srv: s, conn: c, shm: &shm{fd: -1}, oob: make([]byte, unix.CmsgSpace(4*4)), regions: map[uint32][]byte{}}
 		if !s.add(se) {
 			_ = c.Close()
@@ -186,6 +196,33 @@ func (s *Server) accept() {
 		s.wg.Add(1)
 		go se.serve()
 	}
+}
+
+// allowed checks the user of the process at the other end of c (the
+// kernel's SO_PEERCRED, fixed at connect): this process's own or root,
+// unless Config.AnyUser.
+func (s *Server) allowed(c *net.UnixConn) error {
+	if s.cfg.AnyUser {
+		return nil
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if credErr != nil {
+		return fmt.Errorf("peer credentials: %w", credErr)
+	}
+	if own := uint32(os.Geteuid()); cred.Uid != own && cred.Uid != 0 {
+		return fmt.Errorf("pid %d runs as uid %d, not this real client's %d (mooncake client --dummy_any_user accepts every user)", cred.Pid, cred.Uid, own)
+	}
+	return nil
 }
 
 // add registers se, unless the server is closed or full.
