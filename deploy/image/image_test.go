@@ -6,8 +6,10 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -105,6 +107,53 @@ func TestVerifyRejects(t *testing.T) {
 	})
 }
 
+// cmd/mooncake builds with CGO_ENABLED=0 (engine/device has a cgo-free
+// build), as one static executable that runs, and the image around it
+// checks. Before engine/device/nocgo.go this build failed: "build
+// constraints exclude all Go files in engine/device".
+func TestStaticBinaryImage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/mooncake")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "mooncake")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/mooncake")
+	cmd.Dir = filepath.Join("..", "..")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build ./cmd/mooncake: %v\n%s", err, out)
+	}
+	if err := static(bin); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "node", "--help").CombinedOutput(); err != nil || !strings.Contains(string(out), "--global_segment_size") {
+		t.Fatalf("the static binary: node --help: %v\n%s", err, out)
+	}
+	r, err := Verify(build(t, dir, bin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.BinarySize == 0 {
+		t.Fatal("no binary in the layer")
+	}
+}
+
+// static fails for a dynamically linked executable (an interpreter or a
+// dynamic section).
+func static(bin string) error {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			return fmt.Errorf("%s is dynamically linked (%v): build it with CGO_ENABLED=0", bin, p.Type)
+		}
+	}
+	return nil
+}
+
 // The binary `make image` builds is static (no interpreter, no dynamic
 // section): the image has no libc. Checked when build/image/mooncake exists
 // (make image), as is the archive it wrote.
@@ -114,15 +163,8 @@ func TestMakeImageOutput(t *testing.T) {
 	if _, err := os.Stat(archive); err != nil {
 		t.Skip("no build/mooncake-image.oci.tar: run make image")
 	}
-	f, err := elf.Open(bin)
-	if err != nil {
+	if err := static(bin); err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
-			t.Fatalf("%s is dynamically linked (%v): build it with CGO_ENABLED=0", bin, p.Type)
-		}
 	}
 	r, err := Verify(archive)
 	if err != nil {
