@@ -175,7 +175,7 @@ var expectations = map[string][]check{
 		hasNo("Deployment", metadata),
 		argsHave("Deployment", master, "--enable_ha", "--etcd_endpoints="+etcd0, "--rpc_address=$(POD_IP)"),
 		argsHave("DaemonSet", node, "--master=etcd://"+etcd0, "!--ssd_dir", "--metadata_server=P2PHANDSHAKE"),
-		argsHave("Deployment", conductor, "--store-master="+master+"."+namespace+".svc:50051"),
+		argsHave("Deployment", conductor, "--store-master="+master+"."+namespace+".svc:50051", "!--store-kv-events"),
 		pod("Deployment", master, readiness("/get_all_segments")),
 		pod("Deployment", master, scraped(true)),
 		pod("DaemonSet", node, scraped(true)),
@@ -243,7 +243,8 @@ var expectations = map[string][]check{
 		pod("Deployment", master, scraped(false)),
 		pod("Deployment", conductor, readiness("/v1/models")),
 		argsHave("Deployment", conductor, "--prefill=p0=http://vllm-prefill-0:8100,cache_blocks=4096",
-			"--decode=d0=http://vllm-decode-0:8200", "--block-hash=vllm:sha256", "--block-size=16"),
+			"--decode=d0=http://vllm-decode-0:8200", "--block-hash=vllm:sha256", "--block-size=16",
+			"--store-kv-events=tcp://"+master+"."+namespace+".svc:5557", "--tbt-slo=50ms"),
 		func(objs []Object) error {
 			sm := find(objs, "ServiceMonitor", fullname).Value.(*ServiceMonitor)
 			if sm.Labels["release"] != "prometheus" || sm.Spec.Endpoints[0].Interval != "30s" {
@@ -303,12 +304,20 @@ func TestChartRenders(t *testing.T) {
 	}
 }
 
-// A value combination the chart refuses: standbys without etcd.
-func TestChartRefusesHAWithoutEtcd(t *testing.T) {
-	f := filepath.Join(t.TempDir(), "bad.yaml")
-	os.WriteFile(f, []byte("etcd: {enabled: false}\nmaster: {replicas: 2}\n"), 0o644)
-	if _, err := render(t, f); err == nil || !strings.Contains(err.Error(), "needs etcd") {
-		t.Fatalf("render: %v, want the chart's refusal", err)
+// Value combinations the chart refuses, with the reason.
+func TestChartRefusesBadCombinations(t *testing.T) {
+	for values, want := range map[string]string{
+		"etcd: {enabled: false}\nmaster: {replicas: 2}\n": "needs etcd",
+		"conductor: {storeKVEvents: true}\n":              "needs master.kvEvents.enabled",
+		"node: {metadataServer: metadata}\n":              "needs metadata.enabled",
+	} {
+		f := filepath.Join(t.TempDir(), "bad.yaml")
+		if err := os.WriteFile(f, []byte(values), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := render(t, f); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("values %q: render: %v, want the chart's refusal %q", values, err, want)
+		}
 	}
 }
 
