@@ -25,9 +25,10 @@ import (
 // Batches can land out of order (the leader has several writes in
 // flight): they wait in pending until the ones before them arrive. A
 // batch after a gap that never fills was not acknowledged; the new leader
-// deletes it (continueJournal), and a later batch of the same first seq
-// replaces it here. A follower that falls behind a snapshot (its watch
-// compacted away) loads again from the snapshot.
+// deletes it (continueJournal), and the follower forgets it then: the
+// new leader's records fill the gap and take its place. A follower that
+// falls behind a snapshot (its watch compacted away) loads again from the
+// snapshot.
 //
 // A leader that dies keeps its election key until its lease runs out
 // (LeaderTTL): the journal is quiet meanwhile. A follower whose journal
@@ -190,7 +191,14 @@ func (f *follower) eventLocked(logDir, prefix string, ev *clientv3.Event) error 
 	key := string(ev.Kv.Key)
 	switch {
 	case ev.Type != clientv3.EventTypePut:
-		return nil // trims: the records are applied or in a snapshot already
+		// A trim (the records are applied or in a snapshot already), or a
+		// new leader deleting the batches after a gap, never acknowledged:
+		// one waiting here must not be applied when the gap fills with
+		// the new leader's records.
+		if seq, err := strconv.ParseUint(strings.TrimPrefix(key, logDir), 10, 64); err == nil && strings.HasPrefix(key, logDir) {
+			delete(f.pending, seq)
+		}
+		return nil
 	case strings.HasPrefix(key, logDir):
 		b, err := decodeBatch(logDir, key, ev.Kv.Value)
 		if err != nil {
