@@ -31,9 +31,15 @@ class Ranks:
     """Worker processes of one test."""
 
     def __init__(self, tmp: Path):
+        import torch.distributed as dist
+
         self.tmp = tmp
         self.procs: dict = {}
-        self.port = free_port()
+        # The ranks' TCPStore lives here, on a port the OS picked, so it
+        # outlives any rank (as torchrun's agent does) and no other test on
+        # the machine can take its port between choosing and binding it.
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.port = self.store.port
 
     def env(self, extra=None) -> dict:
         env = dict(os.environ)

@@ -344,8 +344,8 @@ def main() -> None:
         rank, world, port = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
         args = sys.argv[5:]
         opts = pg.MooncakeBackendOptions(world, bool(args and args[0] == "ext"))
-        dist.init_process_group("mooncake-cpu", rank=rank, world_size=world,
-                                init_method=f"tcp://127.0.0.1:{port}", pg_options=opts)
+        store = dist.TCPStore("127.0.0.1", int(port), world, is_master=False)
+        dist.init_process_group("mooncake-cpu", store=store, rank=rank, world_size=world, pg_options=opts)
     globals()[f"case_{case}"](args)
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import HERE
+from conftest import HERE, free_port
 
 
 def test_ops_equal_gloo(ranks):
@@ -62,7 +62,7 @@ def test_torchrun(ranks, tmp_path):
     """Launched by torchrun: rank, world size and store from the environment."""
     log = open(tmp_path / "torchrun.log", "w")
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(ranks.port), str(HERE / "pg_worker.py"), "torchrun"],
+                          "--master-port", str(free_port()), str(HERE / "pg_worker.py"), "torchrun"],
                          stdout=log, stderr=subprocess.STDOUT, env=ranks.env(), cwd=HERE)
     ranks.procs["torchrun"] = p
     ranks.check(90)

@@ -48,9 +48,11 @@ from mooncake_go.errors import MooncakeError
 DEFAULT_SLOT = 4 << 20
 #: Point-to-point slot per sender.
 P2P_SLOT = 256 << 10
-#: Sources at least this large are registered in place (zero copy); smaller
-#: ones are copied into the stage buffer.
-REGISTER_MIN = 4 << 20
+#: The stage buffer copies sources piece by piece (a ring of
+#: max_group_size slots) unless that would take more than this; then sources
+#: are registered in place for each call instead (zero copy, but a
+#: registration makes every peer refresh its view of this rank's memory).
+STAGE_MAX = 64 << 20
 _MAGIC = 0x4D43504731  # "MCPG1"
 
 
@@ -136,15 +138,17 @@ class Comm:
         self.ctrl = self._alloc((nwords * 8 + 4095) // 4096 * 4096)
         self.data = self._alloc(2 * G * self.slot)
         self.p2p = self._alloc(G * P2P_SLOT)
-        self.stage = self._alloc(self.H + self.slot + REGISTER_MIN + G * P2P_SLOT)
+        self.stage_cap = G * self.slot if G * self.slot <= STAGE_MAX else 0
+        self.stage = self._alloc(self.H + self.slot + self.stage_cap + G * P2P_SLOT)
         self.words = (ctypes.c_uint64 * nwords).from_address(self.ctrl.addr)
         self.dbuf = torch.frombuffer(self.data.view(), dtype=torch.uint8)
         self.pbuf = torch.frombuffer(self.p2p.view(), dtype=torch.uint8)
         self.sbuf = torch.frombuffer(self.stage.view(), dtype=torch.uint8)
         self._hdr_words = (ctypes.c_uint64 * (self.H // 8)).from_address(self.stage.addr)
         self.red_off = self.H  # reduction results: slot bytes
-        self.src_off = self.H + self.slot  # small sources: REGISTER_MIN bytes
-        self.p2p_stage_off = self.src_off + REGISTER_MIN
+        self.src_off = self.H + self.slot  # sources: a ring of stage_cap bytes
+        self.src_cur = 0
+        self.p2p_stage_off = self.src_off + self.stage_cap
 
         self.host = socket.gethostname()
         self.inc = uuid.uuid4().hex

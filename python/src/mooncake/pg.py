@@ -32,7 +32,7 @@ import torch.distributed as dist
 from mooncake_go.engine import TransferEngine
 from mooncake_go.errors import MooncakeError
 
-from ._pg_comm import REGISTER_MIN, Comm, PeerFailure
+from ._pg_comm import Comm, PeerFailure
 
 __all__ = ["MooncakeBackendOptions", "MooncakeProcessGroup", "PeerFailure", "activate_ranks", "deactivate_ranks",
            "get_active_ranks", "get_num_synced_ranks", "get_peer_state", "join_group", "recover_ranks",
@@ -200,26 +200,42 @@ def _create_work_from_future(fut) -> _Work:
 
 
 class _Source:
-    """Local registered memory holding a flat uint8 tensor: the tensor
-    itself (registered for the call, no copy) when large, a copy in the
-    stage buffer when small."""
+    """Local registered memory holding a flat uint8 tensor's bytes, asked
+    for range by range (``at``): copied into the stage ring as each piece
+    needs them, or, where the stage is too small for a piece (very large
+    groups), the tensor itself registered for the call."""
 
     def __init__(self, comm: Comm, flat: torch.Tensor):
         self.comm, self.flat = comm, flat
         self.reg = None
         n = flat.numel()
-        if n == 0:
-            self.addr = comm.stage.addr + comm.src_off
-        elif n < REGISTER_MIN:
-            comm.sbuf[comm.src_off:comm.src_off + n].copy_(flat)
-            self.addr = comm.stage.addr + comm.src_off
-        else:
+        if n and not comm.stage_cap:
             try:
-                self.addr = comm.eng.register_memory(flat.data_ptr(), n, remote_accessible=False)
+                self.reg = comm.eng.register_memory(flat.data_ptr(), n, remote_accessible=False)
             except MooncakeError:
                 self.flat = flat.clone()  # overlaps registered memory: use a copy
-                self.addr = comm.eng.register_memory(self.flat.data_ptr(), n, remote_accessible=False)
-            self.reg = self.addr
+                self.reg = comm.eng.register_memory(self.flat.data_ptr(), n, remote_accessible=False)
+
+    def at(self, off: int, n: int) -> int:
+        """The address of bytes [off, off+n) in registered memory. A piece
+        asks for at most (max_group_size - 1) slots, so the ring never
+        overwrites what the same piece still has to send."""
+        c = self.comm
+        if self.reg is not None:
+            return self.reg + off
+        if c.src_cur + n > c.stage_cap:
+            c.src_cur = 0
+        o = c.src_off + c.src_cur
+        c.sbuf[o:o + n].copy_(self.flat[off:off + n])
+        c.src_cur += (n + 63) // 64 * 64
+        return c.stage.addr + o
+
+    def to(self, peers, off: int, n: int, dst: int) -> List[tuple]:
+        """The same bytes to each of peers, at dst in their slots."""
+        if not peers or not n:
+            return []
+        a = self.at(off, n)
+        return [(p, a, n, dst) for p in peers]
 
     def close(self) -> None:
         if self.reg is not None:
@@ -407,7 +423,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         n = flat.numel() * flat.element_size()
         writes = self._hdr_writes(sig)
         if n:
-            writes += [(p, src.addr, n, c.H) for p in self._others()]
+            writes += src.to(self._others(), 0, n, c.H)
         par = c.exchange(writes)
         self._check_headers(par, sig, 1)
         if len(c.active) == 1:
@@ -438,7 +454,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         for j, p in enumerate(act):
             a, k = chunk(j)
             if p != c.rank and k:
-                writes.append((p, src.addr + a * es, k * es, c.H))
+                writes.append((p, src.at(a * es, k * es), k * es, c.H))
         par = c.exchange(writes)
         self._check_headers(par, sig, 1)
         a0, k0 = chunk(me)
@@ -474,8 +490,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
             try:
                 self._pieces(b.numel(), sig, lambda off, n, par: None if c.rank == root else
                              b[off:off + n].copy_(self._slot(par, root, n)),
-                             lambda off, n: [(p, src.addr + off, n, c.H) for p in self._others()]
-                             if c.rank == root else [])
+                             lambda off, n: src.to(self._others(), off, n, c.H) if c.rank == root else [])
             finally:
                 if src:
                     src.close()
@@ -536,7 +551,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                 for p in self._others():
                     dst[p][off:off + n].copy_(self._slot(par, p, n))
             self._pieces(b.numel(), sig, recv,
-                         lambda off, n: [(p, src.addr + off, n, c.H) for p in self._others()])
+                         lambda off, n: src.to(self._others(), off, n, c.H))
         finally:
             src.close()
         if b.numel():
@@ -588,7 +603,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                     def piece(off=off, n=n):
                         w = self._hdr_writes(sig)
                         if c.rank != root and n:
-                            w.append((root, src.addr + off, n, c.H))
+                            w.append((root, src.at(off, n), n, c.H))
                         par = c.exchange(w)
                         self._check_headers(par, sig, 7)
                         if n:
@@ -631,7 +646,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                         _bytes(outs[p])[off:off + n].copy_(self._slot(par, p, n))
             try:
                 self._pieces(b.numel(), sig, recv,
-                             lambda off, n: [] if c.rank == root else [(root, src.addr + off, n, c.H)])
+                             lambda off, n: [] if c.rank == root else [(root, src.at(off, n), n, c.H)])
             finally:
                 src.close()
             if c.rank == root and b.numel():
@@ -664,7 +679,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
             try:
                 self._pieces(nb, sig, lambda off, n, par: None if c.rank == root else
                              b[off:off + n].copy_(self._slot(par, root, n)),
-                             lambda off, n: [(p, src.addr + p * nb + off, n, c.H) for p in self._others()]
+                             lambda off, n: [(p, src.at(p * nb + off, n), n, c.H) for p in self._others()]
                              if c.rank == root else [])
             finally:
                 if src:
@@ -715,7 +730,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                     def piece(done=done, n=n):
                         w = self._hdr_writes(sig)
                         if n:
-                            w += [(p, src.addr + (p * M + done) * es, n * es, c.H) for p in self._others()]
+                            w += [(p, src.at((p * M + done) * es, n * es), n * es, c.H) for p in self._others()]
                         par = c.exchange(w)
                         self._check_headers(par, sig, 4)
                         if n:
@@ -798,7 +813,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
             for p in self._others():
                 n = min(c.P, max(0, sends[p] - lo))
                 if n:
-                    w.append((p, src.addr + soff[p] + lo, n, c.H))
+                    w.append((p, src.at(soff[p] + lo, n), n, c.H))
             par = c.exchange(w)
             self._check_headers(par, sig, 5)
             if k == 0:
