@@ -28,7 +28,6 @@ const (
 	whyTaskMgr   = "no master-driven task queue here (replication and copies run in the clients)"
 	whySnapshot  = "snapshots here are local files (--enable_snapshot, --snapshot_backup_dir): no catalog, object store or child process to configure; see docs/tiers-restarts.md"
 	whyOffload   = "the SSD tier is each client's own (MOONCAKE_ENABLE_SSD_OFFLOAD, ssd_offload_path); the master keeps no offload queue; see docs/tiers-restarts.md"
-	whyTenant    = "tenants and quotas: see docs/tenants.md"
 	whyKVEvents  = "deprecated upstream and not emitted on events there either"
 	whyDynRepl   = "no dynamic replication here: the replica count is the client's per put"
 	whyArena     = "segments are mmap'd once at mount; no arena allocator to configure"
@@ -50,11 +49,8 @@ var officialMasterFlags = []officialFlag{
 	{"enable_disk_eviction", true, "true", whyOffload},
 	{"enable_metadata_cleanup_on_timeout", true, "false", "segment descriptors of a client that timed out stay in the metadata server until it unmounts or the key is overwritten"},
 	{"enable_metric_reporting", true, "true", "no periodic metric log lines; scrape /metrics or read /metrics/summary"},
-	{"enable_multi_tenants", true, "false", whyTenant},
 	{"enable_offload", true, "false", whyOffload},
 	{"enable_oplog", true, "false", "HA always journals every durable change to etcd (--enable_ha); there is no separate OpLog to enable"},
-	{"enable_snapshot", true, "false", whySnapshot},
-	{"enable_snapshot_restore", true, "false", whySnapshot},
 	{"global_file_segment_size", false, "9223372036854775807", "no shared NFS/3FS file segment here"},
 	{"kv_events_additional_salt", false, "", whyKVEvents},
 	{"kv_events_dp_rank", false, "0", whyKVEvents},
@@ -95,19 +91,13 @@ var officialMasterFlags = []officialFlag{
 	{"rpc_conn_timeout_seconds", false, "0", "idle gRPC connections are kept alive by keepalives; a dead client is found by --client_ttl"},
 	{"rpc_enable_tcp_no_delay", true, "true", "Go sets TCP_NODELAY on every connection, always"},
 	{"rpc_thread_num", false, "0", whyRPC},
-	{"snapshot_backup_dir", false, "", whySnapshot},
 	{"snapshot_catalog_backend_connstring", false, "", whySnapshot},
 	{"snapshot_catalog_backend_type", false, "", whySnapshot},
 	{"snapshot_catalog_store_connstring", false, "", whySnapshot},
 	{"snapshot_catalog_store_type", false, "", whySnapshot},
 	{"snapshot_child_timeout_seconds", false, "300", whySnapshot},
-	{"snapshot_interval_seconds", false, "600", whySnapshot},
-	{"snapshot_object_store_type", false, "", whySnapshot},
 	{"snapshot_payload_backend_type", false, "", whySnapshot},
 	{"snapshot_payload_store_type", false, "", whySnapshot},
-	{"snapshot_retention_count", false, "2", whySnapshot},
-	{"tenant_quota_connector_type", false, "file", whyTenant},
-	{"tenant_quota_connector_uri", false, "", whyTenant},
 	{"use_mmap_arena_allocator", true, "false", whyArena},
 }
 
