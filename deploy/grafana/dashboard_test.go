@@ -5,7 +5,6 @@ package grafana
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -335,6 +334,6 @@ func TestDashboardMetricsExported(t *testing.T) {
 			t.Errorf("standby /get_all_segments: %d, want 503 (the chart's readiness probe)", got)
 		}
 	} else {
-		t.Error(fmt.Sprintf("mooncake up printed no standby admin address: %v", admins))
+		t.Errorf("mooncake up printed no standby admin address: %v", admins)
 	}
 }
