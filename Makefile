@@ -4,8 +4,8 @@
 #               (replay-out/: Parquet, PNG and SVG, and nodes.log, the storage nodes' log);
 #               bench-te is the Transfer Engine benchmark
 #   make test   everything CI checks: deps, gofmt, vet, staticcheck, Go tests with -race,
-#               the C ABI suite, the C++ SDK suite, the Python suite and the framework
-#               suites (e2e/)
+#               the deploy checks (deploy/: Helm chart, image, dashboard), the C ABI
+#               suite, the C++ SDK suite, the Python suite and the framework suites (e2e/)
 SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/mooncake
@@ -117,7 +117,7 @@ image:
 # object decoded strictly into the Kubernetes API types, the image
 # assembler; a nested module (deploy/go.mod), so Helm stays out of ours.
 deploy-test:
-	cd deploy && $(GO) test -count=1 ./...
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Short fuzzing pass over every network decoder (not part of `make test`).
 fuzz:
