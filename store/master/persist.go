@@ -35,9 +35,10 @@ import (
 // followed by the JournalRecord. Appends are group-committed: one write and
 // one fdatasync per batch, acknowledged only after the sync. A crash can
 // only tear the tail of the newest journal file; replay stops at the first
-// frame that is short or fails its CRC there, and the file is cut back to
-// the last whole record (it was never acknowledged). A bad frame anywhere
-// else is damage, and the master refuses to start on it.
+// frame that is short, fails its CRC or holds no record (zeros) there, and
+// the file is cut back to the last whole record (it was never
+// acknowledged). A bad frame anywhere else is damage, and the master
+// refuses to start on it.
 //
 // A snapshot is written to a temporary file, synced and renamed into
 // place; the journal then starts a new file, and files whose records the
@@ -240,6 +241,12 @@ func replayFile(path string, st *state, last uint64, tail bool, log *slog.Logger
 		if err == io.EOF {
 			return last, nil
 		}
+		if err == nil && len(b) < 8 {
+			// No room for a sequence number: zeros past what reached
+			// the disk (a file's size can be durable before its data)
+			// read as empty frames with a matching CRC.
+			err = errTorn
+		}
 		if err != nil {
 			if !tail {
 				return 0, fmt.Errorf("%w: %s at offset %d: %v", ErrDamagedJournal, path, good, err)
@@ -254,9 +261,6 @@ func replayFile(path string, st *state, last uint64, tail bool, log *slog.Logger
 		}
 		buf = b
 		good += int64(frameHeader + len(b))
-		if len(b) < 8 {
-			return 0, fmt.Errorf("%w: %s: record of %d bytes", ErrDamagedJournal, path, len(b))
-		}
 		seq := binary.LittleEndian.Uint64(b)
 		if seq <= last {
 			continue // in the snapshot already
