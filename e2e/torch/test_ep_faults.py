@@ -90,3 +90,27 @@ def test_rank_killed_mid_step(tmp_path, at, backend):
     # rank's experts (the full layer's reference does not match them).
     with pytest.raises(AssertionError):
         check(cfg, survivors_only, [step_fault])
+
+
+@pytest.mark.parametrize("at", ["dispatch", "combine"])
+def test_rank_hung_mid_step(tmp_path, at):
+    # A rank that stops taking part but stays alive (its buffer still
+    # takes writes, so only the missing completion flag can tell): the
+    # others mask it when timeout_us runs out. The test kills it only
+    # after the survivors have finished.
+    cfg = ep_moe.Config(world=3, num_experts=6)
+    victim = 1
+    ranks = ep_launch.start(tmp_path, cfg, steps=2, timeout_us=TIMEOUT_US, extra={victim: {"victim_at": at}})
+    try:
+        ranks[victim].wait_line("ready")
+        results = [r.result() if i != victim else None for i, r in enumerate(ranks)]
+    finally:
+        for r in ranks:
+            r.kill()
+    for r, res in enumerate(results):
+        if res is None:
+            continue
+        assert res["active"][1].tolist() == [1, 0, 1], f"rank {r}"
+        assert TIMEOUT_US / 1e6 * 0.9 <= res["seconds"][1] < TIMEOUT_US / 1e6 + 10, res["seconds"]
+    check(cfg, results, [0])
+    check(cfg, results, [1], dead=(victim,))
