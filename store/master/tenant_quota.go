@@ -19,8 +19,10 @@ import (
 // its quota first evicts the tenant's own oldest objects (never another
 // tenant's: they are within their quotas, or have none), and, if that does
 // not make room, is refused with TENANT_QUOTA_EXCEEDED, naming the tenant
-// and its quota. A tenant without a quota is limited by the pool only, as
-// every tenant is on a master without quotas.
+// and its quota. A read that promotes an object from SSD back into DRAM is
+// not refused for the quota; the tenant's next put counts it, and evicts
+// first. A tenant without a quota is limited by the pool only, as every
+// tenant is on a master without quotas.
 //
 // The quotas are policy, kept by the TenantQuotas shared by the Services of
 // successive terms, and where the operator keeps them (QuotaStore: the
@@ -188,20 +190,29 @@ type tenantLedger struct {
 	// both fit in the same room.
 	locks map[string]*sync.Mutex
 	// charged bounds from above the tenant's charge: its exact count
-	// (chargeOf) at some point, plus what was admitted since. Frees do not
-	// lower it; an admission that does not fit it counts again. It holds
-	// for the quotas of one generation only: puts admitted without a
-	// quota were not added.
+	// (chargeOf) at some point, plus what was admitted and what grew
+	// since. Frees do not lower it; an admission that does not fit it
+	// counts again. It holds for the quotas of one generation only: puts
+	// admitted without a quota were not added.
 	charged map[string]ledgerEntry
+	// grown is, per tenant, the DRAM its objects ever gained outside
+	// admissions (promotions from SSD): an entry taken when it was g
+	// bounds the charge with what grew since added.
+	grown map[string]uint64
 }
 
-type ledgerEntry struct{ n, gen uint64 }
+type ledgerEntry struct{ n, gen, grown uint64 }
+
+// initLocked makes the maps; l.mu is held.
+func (l *tenantLedger) initLocked() {
+	if l.locks == nil {
+		l.locks, l.charged, l.grown = map[string]*sync.Mutex{}, map[string]ledgerEntry{}, map[string]uint64{}
+	}
+}
 
 func (l *tenantLedger) lock(t string) *sync.Mutex {
 	l.mu.Lock()
-	if l.locks == nil {
-		l.locks, l.charged = map[string]*sync.Mutex{}, map[string]ledgerEntry{}
-	}
+	l.initLocked()
 	m := l.locks[t]
 	if m == nil {
 		m = &sync.Mutex{}
@@ -212,18 +223,39 @@ func (l *tenantLedger) lock(t string) *sync.Mutex {
 	return m
 }
 
-// get returns the bound on t's charge for the quotas of generation gen;
-// ok is false when there is none (a new term, or quotas changed).
-func (l *tenantLedger) get(t string, gen uint64) (n uint64, ok bool) {
+// get returns the bound on t's charge for the quotas of generation gen,
+// and t's growth it includes; ok is false when there is none (a new term,
+// or quotas changed).
+func (l *tenantLedger) get(t string, gen uint64) (n, grown uint64, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.charged[t]
-	return e.n, ok && e.gen == gen
+	g := l.grown[t]
+	return e.n + (g - e.grown), g, ok && e.gen == gen
 }
 
-func (l *tenantLedger) set(t string, n, gen uint64) {
+// growth is t's growth so far; a count taken after it covers it.
+func (l *tenantLedger) growth(t string) uint64 {
 	l.mu.Lock()
-	l.charged[t] = ledgerEntry{n, gen}
+	defer l.mu.Unlock()
+	return l.grown[t]
+}
+
+// set records n, which covers t's growth up to grown, as the bound on t's
+// charge.
+func (l *tenantLedger) set(t string, n, gen, grown uint64) {
+	l.mu.Lock()
+	l.charged[t] = ledgerEntry{n, gen, grown}
+	l.mu.Unlock()
+}
+
+// grow adds n bytes of DRAM that key's tenant gained without an
+// admission to the bound on its charge.
+func (l *tenantLedger) grow(key string, n uint64) {
+	t := tenantOfKey(key)
+	l.mu.Lock()
+	l.initLocked()
+	l.grown[t] += n
 	l.mu.Unlock()
 }
 
@@ -237,8 +269,9 @@ func (s *Service) admitTenant(ctx context.Context, key string, need uint64) (fun
 		return func() {}, nil
 	}
 	m := s.tenants.lock(t)
-	charged, known := s.tenants.get(t, gen)
+	charged, grown, known := s.tenants.get(t, gen)
 	if !known || charged+need > quota {
+		grown = s.tenants.growth(t) // before the count, which then covers it
 		charged = s.chargeOf(t)
 		if charged+need > quota && need <= quota {
 			if s.evictTenant(t, charged+need-quota) > 0 {
@@ -252,7 +285,7 @@ func (s *Service) admitTenant(ctx context.Context, key string, need uint64) (fun
 			}
 		}
 		if charged+need > quota {
-			s.tenants.set(t, charged, gen)
+			s.tenants.set(t, charged, gen, grown)
 			m.Unlock()
 			s.cfg.Tenants.count(s.cfg.Tenants.rejects, t, 1)
 			return nil, storeErr(storepb.TenantQuotaExceeded,
@@ -260,7 +293,7 @@ func (s *Service) admitTenant(ctx context.Context, key string, need uint64) (fun
 				t, need, quota, charged)
 		}
 	}
-	s.tenants.set(t, charged+need, gen)
+	s.tenants.set(t, charged+need, gen, grown)
 	return m.Unlock, nil
 }
 

@@ -288,6 +288,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 		} else {
 			s.promoted.Add(1)
 			s.promo.bytes.Add(t.dst.size)
+			s.tenants.grow(t.key, t.dst.size) // DRAM its tenant's quota did not admit
 		}
 	}
 	dramFirst(o.replicas)
