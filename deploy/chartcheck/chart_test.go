@@ -194,6 +194,15 @@ var expectations = map[string][]check{
 		hasNo("StatefulSet", etcd), hasNo("Deployment", conductor), has("Deployment", metadata),
 		argsHave("Deployment", master, "--enable_ha", "--enable_kv_events",
 			"--etcd_endpoints=etcd-0.etcd.infra.svc:2379;etcd-1.etcd.infra.svc:2379;etcd-2.etcd.infra.svc:2379"),
+		argsHave("Deployment", master, "--tls_cert_file=/etc/mooncake/tls/tls.crt"),
+		pod("Deployment", master, func(p *corev1.PodTemplateSpec) error {
+			v, m := p.Spec.Volumes, p.Spec.Containers[0].VolumeMounts
+			if len(v) != 2 || v[1].Secret == nil || v[1].Secret.SecretName != "mooncake-master-tls" ||
+				len(m) != 2 || m[1].MountPath != "/etc/mooncake/tls" {
+				return fmt.Errorf("volumes %+v mounts %+v: want /tmp and the TLS secret", v, m)
+			}
+			return nil
+		}),
 		argsHave("DaemonSet", node, "--master=etcd://etcd-0.etcd.infra.svc:2379;",
 			"--metadata_server=http://"+metadata+"."+namespace+".svc:8080/metadata"),
 		func(objs []Object) error {
@@ -218,8 +227,8 @@ var expectations = map[string][]check{
 			if !s.HostNetwork || !s.HostIPC || s.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
 				return fmt.Errorf("hostNetwork %v hostIPC %v dnsPolicy %q", s.HostNetwork, s.HostIPC, s.DNSPolicy)
 			}
-			if len(s.Volumes) != 1 || s.Volumes[0].HostPath == nil || s.Volumes[0].HostPath.Path != "/mnt/nvme0/mooncake" {
-				return fmt.Errorf("volumes %+v, want the SSD hostPath", s.Volumes)
+			if len(s.Volumes) != 2 || s.Volumes[1].HostPath == nil || s.Volumes[1].HostPath.Path != "/mnt/nvme0/mooncake" {
+				return fmt.Errorf("volumes %+v, want /tmp and the SSD hostPath", s.Volumes)
 			}
 			if s.SecurityContext.RunAsUser == nil || *s.SecurityContext.RunAsUser != 0 {
 				return fmt.Errorf("node pod security context %+v, want runAsUser 0", s.SecurityContext)
