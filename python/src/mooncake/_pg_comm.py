@@ -53,6 +53,9 @@ P2P_SLOT = 256 << 10
 #: are registered in place for each call instead (zero copy, but a
 #: registration makes every peer refresh its view of this rank's memory).
 STAGE_MAX = 64 << 20
+#: Sources at least this large are registered in place anyway: there the
+#: copies cost more than the peers' refresh.
+REGISTER_MIN = 32 << 20
 _MAGIC = 0x4D43504731  # "MCPG1"
 
 

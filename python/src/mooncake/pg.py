@@ -32,7 +32,7 @@ import torch.distributed as dist
 from mooncake_go.engine import TransferEngine
 from mooncake_go.errors import MooncakeError
 
-from ._pg_comm import Comm, PeerFailure
+from ._pg_comm import REGISTER_MIN, Comm, PeerFailure
 
 __all__ = ["MooncakeBackendOptions", "MooncakeProcessGroup", "PeerFailure", "activate_ranks", "deactivate_ranks",
            "get_active_ranks", "get_num_synced_ranks", "get_peer_state", "join_group", "recover_ranks",
@@ -202,14 +202,15 @@ def _create_work_from_future(fut) -> _Work:
 class _Source:
     """Local registered memory holding a flat uint8 tensor's bytes, asked
     for range by range (``at``): copied into the stage ring as each piece
-    needs them, or, where the stage is too small for a piece (very large
-    groups), the tensor itself registered for the call."""
+    needs them, or, for sources of REGISTER_MIN bytes and more (and where
+    the stage is too small for a piece: very large groups), the tensor
+    itself registered for the call."""
 
     def __init__(self, comm: Comm, flat: torch.Tensor):
         self.comm, self.flat = comm, flat
         self.reg = None
         n = flat.numel()
-        if n and not comm.stage_cap:
+        if n and (not comm.stage_cap or n >= REGISTER_MIN):
             try:
                 self.reg = comm.eng.register_memory(flat.data_ptr(), n, remote_accessible=False)
             except MooncakeError:
