@@ -194,12 +194,12 @@ var expectations = map[string][]check{
 		hasNo("StatefulSet", etcd), hasNo("Deployment", conductor), has("Deployment", metadata),
 		argsHave("Deployment", master, "--enable_ha", "--enable_kv_events",
 			"--etcd_endpoints=etcd-0.etcd.infra.svc:2379;etcd-1.etcd.infra.svc:2379;etcd-2.etcd.infra.svc:2379"),
-		argsHave("Deployment", master, "--tls_cert_file=/etc/mooncake/tls/tls.crt"),
-		pod("Deployment", master, func(p *corev1.PodTemplateSpec) error {
+		argsHave("DaemonSet", node, "--te_secret_file=/etc/mooncake/te/secret"),
+		pod("DaemonSet", node, func(p *corev1.PodTemplateSpec) error {
 			v, m := p.Spec.Volumes, p.Spec.Containers[0].VolumeMounts
-			if len(v) != 2 || v[1].Secret == nil || v[1].Secret.SecretName != "mooncake-master-tls" ||
-				len(m) != 2 || m[1].MountPath != "/etc/mooncake/tls" {
-				return fmt.Errorf("volumes %+v mounts %+v: want /tmp and the TLS secret", v, m)
+			if len(v) != 2 || v[1].Secret == nil || v[1].Secret.SecretName != "mooncake-te-secret" ||
+				len(m) != 2 || m[1].MountPath != "/etc/mooncake/te" {
+				return fmt.Errorf("volumes %+v mounts %+v: want /tmp and the secret", v, m)
 			}
 			return nil
 		}),
