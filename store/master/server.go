@@ -497,6 +497,10 @@ func (s *Server) takeOver(ctx context.Context, term int64, f *follower) (*Servic
 			case err == nil && prepared != nil && at == last:
 				prepared.cfg.ViewVersion = uint64(term)
 				prepared.refresh()
+				// As NewService does: the quotas as the store holds them
+				// now (the leader may have changed them since the
+				// prepare, which the journal does not show).
+				prepared.cfg.Tenants.reload()
 				return prepared, st, last, true, nil
 			case err == nil:
 				warm = true
