@@ -35,9 +35,9 @@ func putMany(t *testing.T, svc *Service, n int) {
 		var last uint64
 		for i := from; i < min(n, from+1000); i++ {
 			key := fmt.Sprintf("obj-%d", i)
-			_, seq, err := svc.startSeq(ctx, "node", key, 64, nil, false)
+			_, _, err := svc.startSeq(ctx, "node", key, 64, nil, false)
 			require.NoError(t, err)
-			seq, err = svc.putEndSeq("node", key, 7)
+			seq, err := svc.putEndSeq("node", key, 7)
 			require.NoError(t, err)
 			last = seq
 		}
