@@ -18,6 +18,7 @@ Results: {"y": {step: combined}, "active": {step: active_ranks},
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -99,8 +100,8 @@ def block():
 
 def main():
     spec = json.loads(sys.argv[1])
-    if spec.get("backend") == "mooncake-cpu":
-        from mooncake import pg  # noqa: F401  (registers the backend)
+    # A hung rank shows where it hangs (the test gives up at 180 s).
+    faulthandler.dump_traceback_later(150, exit=True)
     # Several ranks share a few cores: intra-op threads would only fight.
     torch.set_num_threads(1)
     cfg = ep_moe.Config(**spec["cfg"])

@@ -14,7 +14,6 @@ import os
 import signal
 
 import pytest
-import torch
 
 import ep_launch
 import ep_moe
