@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -144,6 +145,12 @@ func (x *ssdIndex) rewrite() error {
 		_ = f.Close()
 		return err
 	}
+	// The rename is durable only with the directory: else a crash could
+	// bring the old file back, without what is appended to this one.
+	if err := syncDir(filepath.Dir(x.path)); err != nil {
+		_ = f.Close()
+		return err
+	}
 	if x.f != nil {
 		_ = x.f.Close()
 	}
@@ -153,6 +160,16 @@ func (x *ssdIndex) rewrite() error {
 	}
 	x.f, x.written = f, len(x.byOff)
 	return nil
+}
+
+// syncDir makes the renames in dir durable (a variable: a test sees it
+// called).
+var syncDir = func(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // record appends ds and syncs the file: the moves are reported done only
