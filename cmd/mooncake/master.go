@@ -38,8 +38,8 @@ evicted, for cache-aware routers; docs/kv-events.md has the format.
 Security is off by default, as Mooncake's master. --auth_token (or
 --auth_token_file, MC_AUTH_TOKEN) makes every gRPC call and admin request
 carry "authorization: Bearer <token>"; others are refused (gRPC
-Unauthenticated, HTTP 401). --auth_open_probes leaves /health and /metrics
-open to probes and scrapers. --tls_cert_file and --tls_key_file serve gRPC
+Unauthenticated, HTTP 401). --auth_open_probes leaves /health, /readyz
+and /metrics open to probes and scrapers. --tls_cert_file and --tls_key_file serve gRPC
 and the admin HTTP over TLS; --tls_client_ca_file makes it mutual.
 --etcd_tls_* dial etcd over TLS under HA.
 
@@ -97,7 +97,7 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	addTenantFlags(f)  // master_tenant.go
 	addPersistFlags(f) // master_persist.go
 	addTokenFlags(f, "master requires")
-	f.Bool("auth_open_probes", false, "with --auth_token, answer /health and /metrics without it (every other endpoint still requires it)")
+	f.Bool("auth_open_probes", false, "with --auth_token, answer /health, /readyz and /metrics without it (every other endpoint still requires it)")
 	addServerTLSFlags(f)
 	addEtcdTLSFlags(f)
 	addConfigFlag(f, "MOONCAKE_CONFIG_PATH")

@@ -176,7 +176,7 @@ var expectations = map[string][]check{
 		argsHave("Deployment", master, "--enable_ha", "--etcd_endpoints="+etcd0, "--rpc_address=$(POD_IP)"),
 		argsHave("DaemonSet", node, "--master=etcd://"+etcd0, "!--ssd_dir", "--metadata_server=P2PHANDSHAKE"),
 		argsHave("Deployment", conductor, "--store-master="+master+"."+namespace+".svc:50051", "!--store-kv-events"),
-		pod("Deployment", master, readiness("/get_all_segments")),
+		pod("Deployment", master, readiness("/readyz")),
 		pod("Deployment", master, scraped(true)),
 		pod("DaemonSet", node, scraped(true)),
 		pod("Deployment", conductor, readiness("/health")),

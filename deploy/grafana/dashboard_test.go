@@ -246,7 +246,7 @@ func build(t *testing.T) string {
 // completion the Conductor refuses for want of instances), then every
 // metric the dashboard queries must be on one of their /metrics pages.
 // It also checks what the Helm chart's master readiness probe relies on:
-// /get_all_segments is 200 on the leader, 503 on the standby.
+// /readyz is 200 on the leader, 503 on the standby.
 func TestDashboardMetricsExported(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
@@ -326,12 +326,12 @@ func TestDashboardMetricsExported(t *testing.T) {
 		t.Errorf("only %d metric references found in %d expressions: the extractor is broken", n, len(exprs))
 	}
 
-	if got := status(t, "http://"+admins["leader"]+"/get_all_segments"); got != http.StatusOK {
-		t.Errorf("leader /get_all_segments: %d, want 200 (the chart's readiness probe)", got)
+	if got := status(t, "http://"+admins["leader"]+"/readyz"); got != http.StatusOK {
+		t.Errorf("leader /readyz: %d, want 200 (the chart's readiness probe)", got)
 	}
 	if a := admins["standby"]; a != "" {
-		if got := status(t, "http://"+a+"/get_all_segments"); got != http.StatusServiceUnavailable {
-			t.Errorf("standby /get_all_segments: %d, want 503 (the chart's readiness probe)", got)
+		if got := status(t, "http://"+a+"/readyz"); got != http.StatusServiceUnavailable {
+			t.Errorf("standby /readyz: %d, want 503 (the chart's readiness probe)", got)
 		}
 	} else {
 		t.Errorf("mooncake up printed no standby admin address: %v", admins)

@@ -47,6 +47,7 @@ func (s *Server) adminHandler() http.Handler {
 	get("/health", s.health)
 	get("/role", func(w http.ResponseWriter, _ *http.Request) { writePlain(w, s.role()) })
 	get("/ha_status", func(w http.ResponseWriter, _ *http.Request) { writePlain(w, s.haState()) })
+	get("/readyz", s.readyz)
 	get("/leader", s.leader)
 	get("/kv_events/status", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, s.kv.status())
@@ -123,6 +124,19 @@ func (s *Server) role() string {
 		return "leader"
 	}
 	return "standby"
+}
+
+// readyz answers GET /readyz, ours: 200 "ok" while this master serves
+// (leads, or runs without HA), 503 "standby" otherwise. It is the
+// readiness probe that makes a Kubernetes Service reach the leader alone,
+// and one of the endpoints --auth_open_probes leaves open, as a kubelet
+// cannot present a token.
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.Leading() {
+		writeText(w, http.StatusServiceUnavailable, "standby")
+		return
+	}
+	writeText(w, http.StatusOK, "ok")
 }
 
 // haState is Mooncake's HA state name: "serving" while leading.

@@ -249,6 +249,15 @@ func TestAdminInspectionHA(t *testing.T) {
 	assert.Equal(t, "standby", adminDo(t, standby, "GET", "/role").body)
 	assert.Equal(t, "standby", adminDo(t, standby, "GET", "/ha_status").body)
 	assert.Equal(t, "serving", adminDo(t, leader, "GET", "/ha_status").body)
+	// /readyz, ours, is the leader-only readiness probe.
+	for m, want := range map[*Server]struct {
+		code int
+		body string
+	}{leader: {200, "ok"}, standby: {503, "standby"}} {
+		a := adminDo(t, m, "GET", "/readyz")
+		assert.Equal(t, want.code, a.code)
+		assert.Equal(t, want.body, a.body)
+	}
 	for _, path := range []string{"/get_all_segments", "/get_all_keys", "/query_key?key=k",
 		"/batch_query_keys?keys=k", "/query_segment?segment=node-1", "/get_segments_detail"} {
 		a := adminDo(t, standby, "GET", path)

@@ -114,7 +114,7 @@ func TestAuthGRPC(t *testing.T) {
 }
 
 // TestAuthAdmin: the admin server requires the token on every endpoint;
-// with OpenProbes /health and /metrics answer without it, and the rest
+// with OpenProbes /health, /readyz and /metrics answer without it, and the rest
 // still require it; with mutual TLS a client without a certificate gets
 // no answer.
 func TestAuthAdmin(t *testing.T) {
@@ -133,8 +133,8 @@ func TestAuthAdmin(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	paths := []string{"/health", "/metrics", "/role", "/leader", "/get_all_segments", "/get_all_keys", "/query_key?key=k", "/kv_events/status"}
-	probe := func(p string) bool { return p == "/health" || p == "/metrics" }
+	paths := []string{"/health", "/metrics", "/readyz", "/role", "/leader", "/get_all_segments", "/get_all_keys", "/query_key?key=k", "/kv_events/status"}
+	probe := func(p string) bool { return p == "/health" || p == "/metrics" || p == "/readyz" }
 
 	tests := []struct {
 		name       string

@@ -104,10 +104,10 @@
 //     are answered codes.Unauthenticated ("missing bearer token", "wrong
 //     bearer token") or 401, before any other interceptor or handler
 //     runs. RemoveAll and every other mutating call are behind it.
-//     ServerConfig.OpenProbes [--auth_open_probes] lets GET /health and
-//     /metrics through without it, for probes and scrapers that cannot
-//     present one: they disclose counts, not keys or segments; every
-//     other admin endpoint still requires it.
+//     ServerConfig.OpenProbes [--auth_open_probes] lets GET /health,
+//     /readyz and /metrics through without it, for probes and scrapers
+//     that cannot present one: they disclose counts, not keys or
+//     segments; every other admin endpoint still requires it.
 //   - ServerConfig.TLS [--tls_cert_file, --tls_key_file]: gRPC and the
 //     admin server speak TLS; with a CAFile [--tls_client_ca_file] it is
 //     mutual, and a client without a certificate that CA signed fails its

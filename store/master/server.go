@@ -74,9 +74,9 @@ type ServerConfig struct {
 	// request must carry ("authorization: Bearer <token>"); others are
 	// answered codes.Unauthenticated or 401. Zero: none, as Mooncake's.
 	Token string
-	// OpenProbes lets /health and /metrics of the admin server answer
-	// without the Token, for probes and scrapers that cannot present one.
-	// Every other endpoint still requires it.
+	// OpenProbes lets /health, /readyz and /metrics of the admin server
+	// answer without the Token, for probes and scrapers that cannot
+	// present one. Every other endpoint still requires it.
 	OpenProbes bool
 }
 
@@ -333,13 +333,14 @@ func (s *Server) grpcOptions(tlsCfg *tls.Config) []grpc.ServerOption {
 	return opts
 }
 
-// adminAuth requires the Token on the admin server, but on /health and
-// /metrics with OpenProbes (read-only, and what probes and scrapers ask).
+// adminAuth requires the Token on the admin server, but on /health,
+// /readyz and /metrics with OpenProbes (read-only, and what probes and
+// scrapers ask).
 func (s *Server) adminAuth(h http.Handler) http.Handler {
 	var open func(*http.Request) bool
 	if s.cfg.OpenProbes {
 		open = func(r *http.Request) bool {
-			return r.Method == http.MethodGet && (r.URL.Path == "/health" || r.URL.Path == "/metrics")
+			return r.Method == http.MethodGet && (r.URL.Path == "/health" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics")
 		}
 	}
 	return secure.RequireHTTP(s.cfg.Token, open, h)
