@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from mooncake_go.engine import LOCAL_SEGMENT, Op, Request, RequestArray, TransferEngine  # noqa: F401
+from mooncake_go.engine import Op, Request, RequestArray, TransferEngine
 from mooncake_go.errors import MooncakeError
 
 #: Payload slot per (parity, sender); large collectives go in pieces.
@@ -597,11 +597,10 @@ class _P2P:
             raise PeerFailure(f"mooncake-cpu: rank {peer} is not active", [peer])
         if peer not in c.peers:
             c._load_peer(peer)
-        fut = torch.futures.Future()
-        op = _P2POp(tensor if tensor.is_contiguous() else tensor, peer, send, fut, c.timeout)
         if not tensor.is_contiguous():
-            op.fut.set_exception(ValueError("mooncake-cpu: send/recv need contiguous tensors"))
-            return fut
+            raise ValueError("mooncake-cpu: send/recv need contiguous tensors")
+        fut = torch.futures.Future()
+        op = _P2POp(tensor, peer, send, fut, c.timeout)
         with self.cv:
             (self.sends if send else self.recvs).setdefault(peer, deque()).append(op)
             if self.thread is None:

@@ -108,9 +108,6 @@ class MooncakeBackendOptions:
         self.timeout = timeout
 
 
-_OPS = {}
-
-
 def _op_code(op) -> int:
     R = dist.ReduceOp
     for code, known in enumerate((R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR), 1):
@@ -609,8 +606,6 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                         self._check_headers(par, sig, 7)
                         if n:
                             recv(off, n, par)
-                        elif code == 2 and c.rank == root:
-                            pass
                     c.do_piece(piece)
                     off += n
                     if off >= b.numel():
