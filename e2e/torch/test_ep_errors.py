@@ -144,3 +144,10 @@ def test_update_ep_member_invalidates_handles(buf):
     buf.update_ep_member()
     with pytest.raises(ValueError, match="predates update_ep_member"):
         buf.combine(rx, idx, torch.ones(1, 1), ones(), -1, h)
+
+
+def test_fp8_without_float8_dtypes(buf, monkeypatch):
+    # A torch without float8 dtypes: use_fp8=True says so and how to do without.
+    monkeypatch.delattr(torch, "float8_e4m3fn")
+    with pytest.raises(RuntimeError, match="needs torch.float8_e4m3fn.*pass use_fp8=False"):
+        buf.dispatch(torch.randn(2, H), torch.tensor([[0], [1]]), ones(), T, E, -1, use_fp8=True)
