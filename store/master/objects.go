@@ -257,6 +257,10 @@ func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, erro
 	now := s.now()
 	p := o.pending
 	old := o.replicas
+	if len(old) > 0 && (o.size != p.size || o.checksum != checksum) {
+		sh.gone.add(key, o.size, o.checksum) // replaced (tier_announce.go)
+	}
+	sh.gone.forget(key, p.size, checksum)
 	o.replicas, o.size, o.checksum, o.pending, o.writer = p.replicas, p.size, checksum, nil, clientID
 	o.hardPin = p.cfg.GetWithHardPin()
 	o.softPinUntil = time.Time{}
@@ -427,6 +431,9 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 		n += r.size
 	}
 	media := s.kvMediaOf(o.replicas)
+	if kind == storepb.ObjectEventKind_OBJECT_EVENT_KIND_REMOVED && len(o.replicas) > 0 {
+		sh.gone.add(key, o.size, o.checksum) // tier_announce.go
+	}
 	s.freeAfter(dropRecord(key), o.replicas)
 	o.replicas = nil
 	s.orphanLocked(o)

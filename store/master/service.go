@@ -258,6 +258,9 @@ type Service struct {
 type shard struct {
 	mu      sync.Mutex
 	objects map[string]*object
+	// gone is the values of the shard's keys removed or replaced, which
+	// SSD tiers mounted again must not bring back (tier_announce.go).
+	gone goneValues
 }
 
 // NewService returns a Service with no segments and no objects.

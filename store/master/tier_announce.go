@@ -14,8 +14,68 @@ import (
 // (MountDisk), each checked by the node against the checksum it recorded
 // when it wrote the bytes. The master takes an object unless it knows the
 // key with another value (an upsert or a new put since), or a put of it is
-// in flight; what it takes is journaled like a put (or, for a key still
+// in flight, or it removed or replaced that value since (goneValues); what it takes is journaled like a put (or, for a key still
 // known, like an offload), so it survives the master too.
+
+// goneValues remembers the values removed or replaced by a newer one, as
+// (key, size, checksum): the SSD tier files of nodes still hold the bytes
+// of such values where their space was not reused (a node is not told of
+// frees), and a node restarted on its file must not bring them back. A
+// value merely evicted is not remembered: it is still the key's value,
+// and its return is the point of the tier outliving its node. Each shard
+// keeps those of its keys, under its lock, the oldest forgotten first past
+// a bound. Not journaled: a master that restarted takes back what its
+// nodes offer, as it did before.
+type goneValues struct {
+	m     map[goneValue]uint64 // value -> when it was remembered
+	order []goneAt             // oldest first
+	next  uint64
+}
+
+type goneValue struct {
+	key  string
+	size uint64
+	sum  uint32
+}
+
+type goneAt struct {
+	v  goneValue
+	at uint64
+}
+
+// maxGoneValues bounds the values a shard remembers (128k in all with
+// the default 1024 shards).
+const maxGoneValues = 128
+
+// add remembers key's value of size bytes and checksum sum as gone.
+func (g *goneValues) add(key string, size uint64, sum uint32) {
+	if g.m == nil {
+		g.m = map[goneValue]uint64{}
+	}
+	v := goneValue{key, size, sum}
+	g.next++
+	g.m[v] = g.next
+	g.order = append(g.order, goneAt{v, g.next})
+	for len(g.order) > maxGoneValues {
+		if old := g.order[0]; g.m[old.v] == old.at { // not remembered again since
+			delete(g.m, old.v)
+		}
+		g.order = g.order[1:]
+	}
+}
+
+// forget drops key's value from the gone ones: it is the key's again.
+func (g *goneValues) forget(key string, size uint64, sum uint32) {
+	if len(g.m) > 0 {
+		delete(g.m, goneValue{key, size, sum})
+	}
+}
+
+// has reports whether key's value of size bytes and checksum sum is gone.
+func (g *goneValues) has(key string, size uint64, sum uint32) bool {
+	_, ok := g.m[goneValue{key, size, sum}]
+	return ok
+}
 
 // MountDisk mounts seg, clientID's SSD tier, with objs, the objects its
 // file holds, and reports which objects it took. A repeated MountDisk
@@ -121,6 +181,8 @@ func (s *Service) adoptDisk(clientID string, d *storepb.DiskObject, r replica) (
 	defer sh.mu.Unlock()
 	o := sh.objects[d.Key]
 	switch {
+	case o == nil && sh.gone.has(d.Key, d.Size, d.Checksum):
+		return 0, false // removed, or replaced, since the node wrote it
 	case o == nil:
 		o = &object{size: d.Size, checksum: d.Checksum, replicas: []replica{r}, writer: clientID, lease: s.now()}
 		sh.objects[d.Key] = o
