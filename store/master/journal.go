@@ -134,12 +134,16 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		st.segs[op.Mount.Segment.Id] = op.Mount
 	case *storepb.JournalRecord_Unmount:
 		delete(st.segs, op.Unmount.SegmentId)
+		st.dropOn(map[string]bool{op.Unmount.SegmentId: true})
 	case *storepb.JournalRecord_Expire:
+		gone := map[string]bool{}
 		for id, m := range st.segs {
 			if m.ClientId == op.Expire.ClientId {
 				delete(st.segs, id)
+				gone[id] = true
 			}
 		}
+		st.dropOn(gone)
 	case *storepb.JournalRecord_Start:
 		o := st.objects[op.Start.Key]
 		if o == nil {
@@ -190,6 +194,24 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		return fmt.Errorf("%w: record of unknown kind %T", ErrBadRecord, rec.Op)
 	}
 	return nil
+}
+
+// dropOn drops the replicas on the segments gone, as the leader's sweep
+// of the dead segments did: a segment mounted again with the same id (a
+// client the master expired, back after a long pause) holds none of them.
+// Objects left without replicas stay until restore, as records after this
+// one may still name them (the leader's sweep ran after its record).
+func (st *state) dropOn(gone map[string]bool) {
+	if len(gone) == 0 {
+		return
+	}
+	on := func(l *storepb.ReplicaLocation) bool { return gone[l.SegmentId] }
+	for _, o := range st.objects {
+		o.Replicas = slices.DeleteFunc(o.Replicas, on)
+		if o.Pending != nil {
+			o.Pending.Replicas = slices.DeleteFunc(o.Pending.Replicas, on)
+		}
+	}
 }
 
 // onDisk reports whether l is on an SSD tier; replicas on segments
