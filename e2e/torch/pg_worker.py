@@ -327,6 +327,53 @@ def case_ft(args) -> None:
         synced=pg.get_num_synced_ranks(grp))
 
 
+def case_deactivate(args) -> None:
+    """Rank 0 deactivates rank 2 (once, then again: repeats are safe); ranks
+    0 and 1 go on as a pair, rank 2's next collective says it is out."""
+    rank = dist.get_rank()
+    grp = dist.group.WORLD
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x)
+    assert x.tolist() == [6.0] * 4, x
+    dist.barrier()
+    if rank == 0:
+        pg.deactivate_ranks(grp, [2])
+        pg.deactivate_ranks(grp, [2])
+    x = torch.full((4,), float(rank + 1))
+    if rank == 2:
+        msg = expect_error("collective of a deactivated rank", lambda: dist.all_reduce(x), ["deactivated"])
+        msg2 = expect_error("and after", lambda: dist.barrier(), ["not active"])
+        log(ev="out", msg=msg, msg2=msg2)
+        return
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0] * 4, x
+    act = pg.get_active_ranks(grp).tolist()
+    assert act == [1, 1, 0], act
+    assert pg.get_peer_state(grp, [0, 1, 2]) == [True, True, False]
+    log(ev="pair", active=act, synced=pg.get_num_synced_ranks(grp))
+
+
+def case_manual_sync(args) -> None:
+    """auto_sync_on_failure=False: rank 2 exits abruptly; the survivors'
+    collective raises PeerFailure naming it, and after sync_after_failure
+    on both they go on as a pair."""
+    rank = dist.get_rank()
+    grp = dist.group.WORLD
+    dist.barrier()
+    if rank == 2:
+        os._exit(0)
+    x = torch.ones(4)
+    # "(call sync_after_failure)" on the rank that saw it first; "during
+    # this collective" on one that got the other's sync request meanwhile.
+    msg = expect_error("collective with a dead peer", lambda: dist.all_reduce(x), ["ranks [2] failed"])
+    assert pg.get_active_ranks(grp).tolist() == [1, 1, 1]  # nothing applied before the sync
+    pg.sync_after_failure(grp)
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0] * 4, x
+    log(ev="synced", msg=msg, active=pg.get_active_ranks(grp).tolist())
+
+
 def case_torchrun(args) -> None:
     rank, W = dist.get_rank(), dist.get_world_size()
     x = torch.full((3,), float(rank + 1))
@@ -344,6 +391,8 @@ def main() -> None:
         rank, world, port = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
         args = sys.argv[5:]
         opts = pg.MooncakeBackendOptions(world, bool(args and args[0] == "ext"))
+        if case == "manual_sync":
+            opts = pg.MooncakeBackendOptions(world, False, True, False)
         store = dist.TCPStore("127.0.0.1", int(port), world, is_master=False)
         dist.init_process_group("mooncake-cpu", store=store, rank=rank, world_size=world, pg_options=opts)
     globals()[f"case_{case}"](args)

@@ -70,6 +70,22 @@ def test_torchrun(ranks, tmp_path):
     assert out.count('"torchrun ok"') == 2 and '"backend": "mooncake-cpu"' in out, out
 
 
+def test_deactivate_ranks(ranks):
+    """deactivate_ranks from one rank (twice): the others follow at their
+    next collective, the deactivated rank is told so."""
+    ranks.spawn("pg_worker.py", "deactivate", 3)
+    ranks.check(90)
+    assert ranks.events("r2")[-1]["ev"] == "out"
+    assert ranks.events("r1")[-1] == {"ev": "pair", "active": [1, 1, 0], "synced": 2, "rank": 1}
+
+
+def test_sync_after_failure_by_hand(ranks):
+    """auto_sync_on_failure=False: PeerFailure, then sync_after_failure."""
+    ranks.spawn("pg_worker.py", "manual_sync", 3, env={"MOONCAKE_PG_TIMEOUT": "10"})
+    ranks.check(90)
+    assert ranks.events("r0")[-1]["active"] == [1, 1, 0]
+
+
 def wait_for(ranks, name, text, timeout):
     deadline = time.monotonic() + timeout
     while text not in ranks.log(name):

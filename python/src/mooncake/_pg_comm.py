@@ -405,6 +405,8 @@ class Comm:
             d = self.pending
             if d is not None and d.pos <= _pos(self.coll, self.piece):
                 self._apply(d)
+                if self.excluded:
+                    raise PeerFailure("mooncake-cpu: this rank was deactivated by the group", [self.rank])
             elif self.words[0] > self._known_epoch() and self.joined:
                 self.sync()
                 continue
@@ -434,7 +436,7 @@ class Comm:
         while True:
             if st.check([key]):
                 break
-            reps = {}
+            reps = {self.rank: mine}
             for r in self.active:
                 k = f"ft/{e}/rep/{r}"
                 if st.check([k]):
