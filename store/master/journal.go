@@ -328,10 +328,15 @@ func (s *Service) snapshot(perChunk int) (chunks []*storepb.SnapshotChunk, seq u
 				cur = &storepb.SnapshotChunk{}
 				chunks = append(chunks, cur)
 			}
-			os := &storepb.ObjectState{Key: key, Size: o.size, Checksum: o.checksum, Replicas: locations(o.replicas),
+			// Replicas on segments unmounted but not swept yet are left
+			// out, as the sweep will drop them: the segment may be
+			// mounted again, same id, in the records after seq.
+			os := &storepb.ObjectState{Key: key, Size: o.size, Checksum: o.checksum, Replicas: locations(live(o.replicas)),
 				Writer: o.writer, HardPin: o.hardPin}
 			if p := o.pending; p != nil {
-				os.Pending = startRecord(p.client, key, p).GetStart()
+				lp := *p
+				lp.replicas = live(p.replicas)
+				os.Pending = startRecord(p.client, key, &lp).GetStart()
 			}
 			cur.Objects = append(cur.Objects, os)
 		}

@@ -40,3 +40,41 @@ func TestReplayAfterExpiryAndRemount(t *testing.T) {
 	require.NoError(t, s2.restore(st), "the journal restores")
 	assert.Equal(t, want, view(s2))
 }
+
+// A snapshot taken between a client's expiry and the sweep of its
+// segments leaves out the replicas on them: restored, with the records
+// after it (the segment mounted again, same id, and a new object where an
+// old one was), it holds the new object only.
+func TestSnapshotBetweenExpiryAndSweep(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	j := &memJournal{}
+	s.j = j
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	put(t, s, "a", "before", 4096, nil)
+	// ExpireClients up to its sweep.
+	s.segMu.Lock()
+	for _, sg := range s.clients["a"].segs {
+		s.removeSegLocked(sg)
+	}
+	delete(s.clients, "a")
+	s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Expire{Expire: &storepb.JournalExpire{ClientId: "a"}}})
+	s.segMu.Unlock()
+	chunks, seq := s.snapshot(snapChunkObjs)
+	s.sweepDead()
+
+	require.NoError(t, s.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}))
+	put(t, s, "a", "after", 4096, nil)
+	want := view(s)
+
+	st := newState()
+	for _, c := range chunks {
+		st.loadChunk(c)
+	}
+	for _, r := range j.recs[seq:] {
+		require.NoError(t, st.apply(r))
+	}
+	s2, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s2.restore(st), "the snapshot and the journal after it restore")
+	assert.Equal(t, want, view(s2))
+}
