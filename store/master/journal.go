@@ -145,6 +145,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		}
 		st.dropOn(gone)
 	case *storepb.JournalRecord_Start:
+		op.Start.Replicas = slices.DeleteFunc(op.Start.Replicas, st.unmounted)
 		o := st.objects[op.Start.Key]
 		if o == nil {
 			o = &storepb.ObjectState{Key: op.Start.Key}
@@ -189,7 +190,9 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 			// A spill: the object left DRAM.
 			o.Replicas = slices.DeleteFunc(o.Replicas, func(l *storepb.ReplicaLocation) bool { return !st.onDisk(l) })
 		}
-		o.Replicas = append(o.Replicas, mv.To)
+		if !st.unmounted(mv.To) {
+			o.Replicas = append(o.Replicas, mv.To)
+		}
 	default:
 		return fmt.Errorf("%w: record of unknown kind %T", ErrBadRecord, rec.Op)
 	}
@@ -213,6 +216,11 @@ func (st *state) dropOn(gone map[string]bool) {
 		}
 	}
 }
+
+// unmounted reports whether l's segment is not mounted at this point of
+// the journal: its unmount was recorded after the space was taken, before
+// the record naming it, and the leader's sweep dropped it (dropOn).
+func (st *state) unmounted(l *storepb.ReplicaLocation) bool { return st.segs[l.SegmentId] == nil }
 
 // onDisk reports whether l is on an SSD tier; replicas on segments
 // unmounted meanwhile count as DRAM (they are dropped on restore anyway).

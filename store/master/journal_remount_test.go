@@ -78,3 +78,40 @@ func TestSnapshotBetweenExpiryAndSweep(t *testing.T) {
 	require.NoError(t, s2.restore(st), "the snapshot and the journal after it restore")
 	assert.Equal(t, want, view(s2))
 }
+
+// A record can name a segment after the record of its unmount (a put's
+// space taken just before the expiry of the segment's client, its start
+// recorded just after; the leader's sweep then dropped it). Replayed, such
+// a replica is dropped too, or the segment mounted again with the same id
+// would hold it over a newer object's space.
+func TestReplayDropsReplicasOnUnmountedSegments(t *testing.T) {
+	mount := &storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
+		ClientId: "a", Segment: seg("1", 1<<20, 1<<20)}}}
+	start := func(key string) *storepb.JournalRecord { // on a's segment
+		return &storepb.JournalRecord{Op: &storepb.JournalRecord_Start{Start: &storepb.JournalStart{ClientId: "b", Key: key, Size: 4096,
+			Replicas: []*storepb.ReplicaLocation{{SegmentId: "1", Offset: 0, Size: 4096}}}}}
+	}
+	disk := seg("2", 64<<20, 1<<20)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	st := newState()
+	for _, r := range []*storepb.JournalRecord{
+		mount,
+		{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{ClientId: "b", Segment: disk}}},
+		start("spilled"),
+		{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{ClientId: "b", Key: "spilled"}}},
+		{Op: &storepb.JournalRecord_Expire{Expire: &storepb.JournalExpire{ClientId: "a"}}},
+		start("late"), // allocated before the expiry, recorded after
+		{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{Key: "spilled", // a drain's move onto a segment gone
+			From: &storepb.ReplicaLocation{SegmentId: "2", Size: 4096}, To: &storepb.ReplicaLocation{SegmentId: "1", Offset: 8192, Size: 4096}}}},
+		mount, // a is back, same segment id
+		start("after"),
+		{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{ClientId: "b", Key: "after"}}},
+	} {
+		require.NoError(t, st.apply(r))
+	}
+	s, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s.restore(st), "the journal restores")
+	keys := s.readableKeys()
+	assert.Equal(t, []string{"after"}, keys)
+	assert.Error(t, s.PutEnd(t.Context(), "b", "late", 1), "late's start, swept by the leader, is not in flight")
+}
