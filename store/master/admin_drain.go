@@ -339,12 +339,10 @@ func cmpU64(a, b uint64) int {
 // drainMovedLocked ends a drain move that succeeded: t.dst joins o and
 // t.src leaves it, its space freed once the record is durable and no
 // reader holds a lease on it. sh.mu is held. The record is a move that
-// drops the DRAM replicas: exact when the source was the object's only
-// one (with more, a journal replay keeps just the new one, and the
-// others' space is free in the restored state).
+// drops its source only (OnlyFrom): the object's other replicas stay.
 func (s *Service) drainMovedLocked(t *moveTask, o *object) uint64 {
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
-		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0]}}}
+		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], OnlyFrom: true}}}
 	o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool { return r == t.src })
 	o.replicas = append(o.replicas, t.dst)
 	now := s.now()

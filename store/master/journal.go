@@ -186,7 +186,14 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		if o == nil || mv.From == nil || mv.To == nil {
 			return fmt.Errorf("%w: move of %q without the object", ErrBadRecord, mv.Key)
 		}
-		if !mv.KeepFrom {
+		switch {
+		case mv.KeepFrom:
+		case mv.OnlyFrom:
+			// A drain's move: the source left, the other replicas stay.
+			o.Replicas = slices.DeleteFunc(o.Replicas, func(l *storepb.ReplicaLocation) bool {
+				return l.SegmentId == mv.From.SegmentId && l.Offset == mv.From.Offset
+			})
+		default:
 			// A spill: the object left DRAM.
 			o.Replicas = slices.DeleteFunc(o.Replicas, func(l *storepb.ReplicaLocation) bool { return !st.onDisk(l) })
 		}

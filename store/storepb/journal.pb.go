@@ -487,11 +487,14 @@ func (x *JournalDrop) GetDiskOnly() bool {
 // JournalMove: a replica of key moved (a spill: from is dropped) or was
 // copied (a promotion: from is kept) to another segment.
 type JournalMove struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	From          *ReplicaLocation       `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
-	To            *ReplicaLocation       `protobuf:"bytes,3,opt,name=to,proto3" json:"to,omitempty"`
-	KeepFrom      bool                   `protobuf:"varint,4,opt,name=keep_from,json=keepFrom,proto3" json:"keep_from,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Key      string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	From     *ReplicaLocation       `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	To       *ReplicaLocation       `protobuf:"bytes,3,opt,name=to,proto3" json:"to,omitempty"`
+	KeepFrom bool                   `protobuf:"varint,4,opt,name=keep_from,json=keepFrom,proto3" json:"keep_from,omitempty"`
+	// With keep_from false: only from leaves, the object's other replicas
+	// stay (a drain's move); without, every DRAM replica leaves (a spill).
+	OnlyFrom      bool `protobuf:"varint,5,opt,name=only_from,json=onlyFrom,proto3" json:"only_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -550,6 +553,13 @@ func (x *JournalMove) GetTo() *ReplicaLocation {
 func (x *JournalMove) GetKeepFrom() bool {
 	if x != nil {
 		return x.KeepFrom
+	}
+	return false
+}
+
+func (x *JournalMove) GetOnlyFrom() bool {
+	if x != nil {
+		return x.OnlyFrom
 	}
 	return false
 }
@@ -968,12 +978,13 @@ const file_journal_proto_rawDesc = "" +
 	"\vJournalDrop\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\tdram_only\x18\x02 \x01(\bR\bdramOnly\x12\x1b\n" +
-	"\tdisk_only\x18\x03 \x01(\bR\bdiskOnly\"\xa8\x01\n" +
+	"\tdisk_only\x18\x03 \x01(\bR\bdiskOnly\"\xc5\x01\n" +
 	"\vJournalMove\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
 	"\x04from\x18\x02 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x04from\x122\n" +
 	"\x02to\x18\x03 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x02to\x12\x1b\n" +
-	"\tkeep_from\x18\x04 \x01(\bR\bkeepFrom\"\xdd\x03\n" +
+	"\tkeep_from\x18\x04 \x01(\bR\bkeepFrom\x12\x1b\n" +
+	"\tonly_from\x18\x05 \x01(\bR\bonlyFrom\"\xdd\x03\n" +
 	"\rJournalRecord\x127\n" +
 	"\x05mount\x18\x01 \x01(\v2\x1f.mooncake.store.v1.JournalMountH\x00R\x05mount\x12=\n" +
 	"\aunmount\x18\x02 \x01(\v2!.mooncake.store.v1.JournalUnmountH\x00R\aunmount\x12:\n" +
