@@ -50,17 +50,18 @@ def engines(models, logs):
         s.stop()
 
 
-def start_conductor(mooncake_bin, engines, log, *extra):
-    """`mooncake conductor` with a and b as prefill instances following
-    their events, and b also as the decode instance (prefill there changes
-    nothing that matters: b is where the routed prompts already are);
-    returns (process, URL)."""
+def start_conductor(mooncake_bin, engines, log, *extra, policy="local-cache-aware", decode="b", prefix="p"):
+    """`mooncake conductor` with engines ({name: (server, pub port, replay
+    port)}) as prefill instances named prefix+name following their events,
+    and engine decode also as the decode instance (prefill there changes
+    nothing that matters: it is where the routed prompts already are);
+    extra goes on its command line. Returns (process, URL)."""
     args = [str(mooncake_bin), "conductor", "--listen", "127.0.0.1:0", "--admission", "none",
-            "--policy", "local-cache-aware", "--block-hash", "vllm:sha256", "--block-size", str(BLOCK),
+            "--policy", policy, "--block-hash", "vllm:sha256", "--block-size", str(BLOCK),
             "--model", "tiny", "--kv-events-down-after", f"{DOWN_AFTER}s", *extra]
     for n, (s, pub, rep) in engines.items():
-        args += ["--prefill", f"p{n}={s.url},kv_events=tcp://127.0.0.1:{pub},kv_replay=tcp://127.0.0.1:{rep}"]
-    args += ["--decode", f"d={engines['b'][0].url}"]
+        args += ["--prefill", f"{prefix}{n}={s.url},kv_events=tcp://127.0.0.1:{pub},kv_replay=tcp://127.0.0.1:{rep}"]
+    args += ["--decode", f"d={engines[decode][0].url}"]
     with open(log, "w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

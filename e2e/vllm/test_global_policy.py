@@ -19,15 +19,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import urllib.request
 
 import pytest
 
 from mccluster import field, free_port, start_cluster
-from test_conductor_kv_events import kv_events, wait_for
-from vllm_harness import http_json, prompts, start_servers, stop_process, wait_line
+from test_conductor_kv_events import kv_events, start_conductor, wait_for
+from vllm_harness import http_json, prompts, start_servers, stop_process
 
 BLOCK = 128  # vLLM's block size on CPU
 
@@ -61,33 +60,22 @@ def engines(store, models, logs):
         s.stop()
 
 
-def start_conductor(engines, store, mooncake_bin, log, *extra):
+def start_global(engines, store, mooncake_bin, log, *extra):
     """`mooncake conductor` under the global policy, its index fed by both
     engines' events and the store's; p1 doubles as the decode instance.
     The scheduler's model of this deployment: a prefill costs 10 ms per
     new token (a queued prompt outweighs the timing of the test's steps
     by far) and a block from the store 1 ms (1 MiB at 1 GB/s). Returns
     (process, URL)."""
-    args = [str(mooncake_bin), "conductor", "--listen", "127.0.0.1:0", "--admission", "none",
-            "--policy", "global-cache-aware", "--prefill-model", "10ms,10ms",
-            "--block-bytes", "1MiB", "--bandwidth", str(10**9),
-            "--block-hash", "vllm:sha256", "--block-size", str(BLOCK), "--model", "tiny",
-            "--store-kv-events", store[1], "--store-kv-replay", store[2], "--log-level", "debug", *extra]
-    for n, (s, pub, rep) in engines.items():
-        args += ["--prefill", f"{n}={s.url},kv_events=tcp://127.0.0.1:{pub},kv_replay=tcp://127.0.0.1:{rep}"]
-    args += ["--decode", f"d={engines['p1'][0].url}"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        return proc, wait_line(log, "conductor listening", proc).split()[2]
-    except BaseException:
-        stop_process(proc, grace=5, group=True)
-        raise
+    return start_conductor(mooncake_bin, engines, log, "--prefill-model", "10ms,10ms",
+                           "--block-bytes", "1MiB", "--bandwidth", str(10**9),
+                           "--store-kv-events", store[1], "--store-kv-replay", store[2], "--log-level", "debug",
+                           *extra, policy="global-cache-aware", decode="p1", prefix="")
 
 
 @pytest.fixture(scope="module")
 def conductor(engines, store, mooncake_bin, logs):
-    proc, url = start_conductor(engines, store, mooncake_bin, logs / "conductor-global.log")
+    proc, url = start_global(engines, store, mooncake_bin, logs / "conductor-global.log")
     yield url
     stop_process(proc, grace=5, group=True)
 
@@ -97,8 +85,8 @@ def no_pulls(engines, store, mooncake_bin, logs):
     """The negative control: the same Conductor, but a prefix held
     elsewhere is pulled only when it is over 1000 blocks longer than the
     instance's own, i.e. never here."""
-    proc, url = start_conductor(engines, store, mooncake_bin, logs / "conductor-no-pulls.log",
-                                "--balance-blocks", "1000")
+    proc, url = start_global(engines, store, mooncake_bin, logs / "conductor-no-pulls.log",
+                             "--balance-blocks", "1000")
     yield url
     stop_process(proc, grace=5, group=True)
 
