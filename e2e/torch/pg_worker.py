@@ -276,6 +276,21 @@ def case_bad_use(args) -> None:
     log(ev="bad use ok", msgs=msgs)
 
 
+def pair_p2p(rank: int, W: int, tag: int) -> None:
+    """Rank 0 and rank W-1 swap a tensor with send/recv (the others skip)."""
+    if rank not in (0, W - 1):
+        return
+    peer = W - 1 - rank
+    got = torch.zeros(3)
+    if rank == 0:
+        dist.send(torch.full((3,), float(tag * 10 + rank)), peer)
+        dist.recv(got, peer)
+    else:
+        dist.recv(got, peer)
+        dist.send(torch.full((3,), float(tag * 10 + rank)), peer)
+    assert got.tolist() == [float(tag * 10 + peer)] * 3, (tag, got)
+
+
 def case_ft(args) -> None:
     """Loops all_reduce (+ all_gather); rank W-1 is killed by the test at
     iteration 30; rank 0 recovers its replacement, which joins; each rank
@@ -287,6 +302,8 @@ def case_ft(args) -> None:
         log(ev="joining")
         pg.join_group(grp)
         log(ev="joined", active=pg.get_active_ranks(grp).tolist())
+    else:
+        pair_p2p(rank, W, 1)  # P2P traffic with the rank to be replaced
     it = after = 0
     worst = 0.0
     saw = False
@@ -323,6 +340,9 @@ def case_ft(args) -> None:
     g = [torch.zeros(2) for _ in range(W)]
     dist.all_gather(g, torch.full((2,), float(rank)))
     assert [t[0].item() for t in g] == [float(i) for i in range(W)], g
+    # The replacement talks to rank 0 point to point, as its dead
+    # predecessor did: the pair's chunk counters start over with it.
+    pair_p2p(rank, W, 2)
     log(ev="done", it=it, worst=worst, active=pg.get_active_ranks(grp).tolist(),
         synced=pg.get_num_synced_ranks(grp))
 

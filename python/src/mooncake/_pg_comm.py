@@ -216,6 +216,9 @@ class Comm:
                 self.eng.close_segment(old.name)
             except MooncakeError:
                 pass
+            # A replacement starts its P2P chunk counts at zero: so must
+            # this rank's counts and words for that pair.
+            self.p2p_engine.reset_peer(r)
         p = self.peers[r] = _Peer(r, info, self.eng.open_segment(info["name"]))
         return p
 
@@ -468,14 +471,16 @@ class Comm:
     def _apply(self, d: _Decision) -> None:
         """Waits (bounded) for every member of d to reach it, then uses it."""
         st = self.store
+        # Peers (replacements among them) are loaded before this rank says
+        # ready: a member that saw every ready may write to it at once.
+        for r in d.view:
+            if r != self.rank:
+                self._load_peer(r)
         st.set(f"ft/{d.epoch}/ready/{self.rank}", "1")
         deadline = time.monotonic() + self.timeout
         for r in d.view:
             while not st.check([f"ft/{d.epoch}/ready/{r}"]) and time.monotonic() < deadline:
                 time.sleep(0.002)
-        for r in d.view:
-            if r != self.rank:
-                self._load_peer(r)
         self.active = list(d.view)
         self.step = d.base
         self.epoch = d.epoch
@@ -610,6 +615,14 @@ class _P2P:
                 self.thread.start()
             self.cv.notify()
         return fut
+
+    def reset_peer(self, p: int) -> None:
+        """Starts the pair's chunk counts over (p is a new process)."""
+        with self.cv:
+            self.sent.pop(p, None)
+            self.got.pop(p, None)
+            self.c.words[self.c._POST + p] = 0
+            self.c.words[self.c._ACK + p] = 0
 
     def close(self) -> None:
         with self.cv:
