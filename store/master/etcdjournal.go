@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -41,11 +40,6 @@ func logKey(prefix string, seq uint64) string { return fmt.Sprintf("%slog/%020d"
 // change may not survive it.
 var ErrNotLeader = errors.New("master: no longer the leader")
 
-type entry struct {
-	rec  *storepb.JournalRecord
-	done func()
-}
-
 // etcdJournal is the leader's journal: appends queue in memory, one writer
 // goroutine commits them in order in batches (group commit), then runs
 // their callbacks and wakes the waiters.
@@ -55,17 +49,7 @@ type etcdJournal struct {
 	viewKey string
 	term    int64
 
-	mu        sync.Mutex
-	cond      *sync.Cond
-	queue     []entry
-	next      uint64 // the seq the next append gets
-	committed uint64
-	err       error
-	closed    bool
-	sinceSnap int
-
-	wake chan struct{}
-	done chan struct{}
+	journalQueue
 }
 
 var _ journal = (*etcdJournal)(nil)
@@ -73,62 +57,10 @@ var _ journal = (*etcdJournal)(nil)
 // newEtcdJournal continues the journal after record last, of which the
 // ones after the latest snapshot (seq snap) count towards the next one.
 func newEtcdJournal(cli *clientv3.Client, clusterID string, term int64, last, snap uint64) *etcdJournal {
-	j := &etcdJournal{cli: cli, prefix: journalPrefix(clusterID), viewKey: ha.ViewKey(clusterID), term: term,
-		next: last + 1, committed: last, sinceSnap: int(last - min(snap, last)),
-		wake: make(chan struct{}, 1), done: make(chan struct{})}
-	j.cond = sync.NewCond(&j.mu)
+	j := &etcdJournal{cli: cli, prefix: journalPrefix(clusterID), viewKey: ha.ViewKey(clusterID), term: term}
+	j.initQueue(last, snap)
 	go j.run()
 	return j
-}
-
-func (j *etcdJournal) append(rec *storepb.JournalRecord, done func()) uint64 {
-	j.mu.Lock()
-	seq := j.next
-	j.next++
-	j.queue = append(j.queue, entry{rec, done})
-	j.mu.Unlock()
-	select {
-	case j.wake <- struct{}{}:
-	default:
-	}
-	return seq
-}
-
-func (j *etcdJournal) last() uint64 {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.next - 1
-}
-
-func (j *etcdJournal) wait(ctx context.Context, seq uint64) error {
-	// A sync.Cond cannot select on ctx: its end wakes the waiters instead,
-	// who check it.
-	stop := context.AfterFunc(ctx, func() {
-		j.mu.Lock()
-		j.cond.Broadcast()
-		j.mu.Unlock()
-	})
-	defer stop()
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for j.committed < seq && j.err == nil && ctx.Err() == nil {
-		j.cond.Wait()
-	}
-	switch {
-	case j.committed >= seq:
-		return nil
-	case j.err != nil:
-		return j.err
-	}
-	return ctx.Err()
-}
-
-// failed is closed-over by the server: the journal's error, once it has
-// one.
-func (j *etcdJournal) failure() error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.err
 }
 
 // close stops the writer; records not yet committed fail their waiters.
@@ -140,10 +72,7 @@ func (j *etcdJournal) close() {
 	}
 	j.cond.Broadcast()
 	j.mu.Unlock()
-	select {
-	case j.wake <- struct{}{}:
-	default:
-	}
+	j.signal()
 	<-j.done
 }
 
@@ -171,14 +100,6 @@ func (j *etcdJournal) run() {
 	inflight := 0
 	next := j.committed + 1 // the seq the next dispatched batch starts at
 	pending := map[uint64]written{}
-	fail := func(err error) {
-		j.mu.Lock()
-		if j.err == nil {
-			j.err = fmt.Errorf("master: journal write: %w", err)
-		}
-		j.cond.Broadcast()
-		j.mu.Unlock()
-	}
 	for {
 		// Dispatch while there is room and work.
 		j.mu.Lock()
@@ -202,7 +123,7 @@ func (j *etcdJournal) run() {
 		case w := <-landed:
 			inflight--
 			if w.err != nil {
-				fail(w.err)
+				j.fail(fmt.Errorf("master: journal write: %w", w.err))
 				continue
 			}
 			pending[w.first] = w
@@ -215,16 +136,7 @@ func (j *etcdJournal) run() {
 					break
 				}
 				delete(pending, at)
-				for _, e := range w.batch {
-					if e.done != nil {
-						e.done()
-					}
-				}
-				j.mu.Lock()
-				j.committed = w.first + uint64(len(w.batch)) - 1
-				j.sinceSnap += len(w.batch)
-				j.cond.Broadcast()
-				j.mu.Unlock()
+				j.commit(w.first, w.batch)
 			}
 		case <-j.wake:
 		}
@@ -269,14 +181,6 @@ func (j *etcdJournal) put(key, value string) error {
 		return fmt.Errorf("%w (term %d)", ErrNotLeader, j.term)
 	}
 	return nil
-}
-
-// pendingSnapshot reports how many records were committed since the last
-// snapshot.
-func (j *etcdJournal) pendingSnapshot() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.sinceSnap
 }
 
 // writeSnapshot stores the state of svc and trims the log it makes

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/mooncake-go/mooncake/store/alloc"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -22,6 +23,126 @@ type journal interface {
 	wait(ctx context.Context, seq uint64) error
 	// last is the sequence number of the last record appended.
 	last() uint64
+}
+
+// journalQueue is what the etcd and the local-disk journals share:
+// records queued for the writer goroutine, the sequence numbers appended
+// and committed, the first error, and the waiters on them. A journal
+// embeds it and runs a writer that takes the queue, makes it durable and
+// calls commit (or fail).
+type journalQueue struct {
+	mu        sync.Mutex
+	cond      *sync.Cond
+	queue     []entry
+	next      uint64 // the seq the next append gets
+	committed uint64
+	err       error
+	closed    bool
+	sinceSnap int // records committed since the last snapshot
+
+	wake chan struct{} // a record was queued, or the journal closes
+	done chan struct{} // closed when the writer returns
+}
+
+// entry is a queued record and its callback.
+type entry struct {
+	rec  *storepb.JournalRecord
+	done func()
+}
+
+// initQueue continues after record last, of which the ones after the
+// latest snapshot (seq snap) count towards the next one.
+func (q *journalQueue) initQueue(last, snap uint64) {
+	q.next, q.committed, q.sinceSnap = last+1, last, int(last-min(snap, last))
+	q.cond = sync.NewCond(&q.mu)
+	q.wake, q.done = make(chan struct{}, 1), make(chan struct{})
+}
+
+func (q *journalQueue) append(rec *storepb.JournalRecord, done func()) uint64 {
+	q.mu.Lock()
+	seq := q.next
+	q.next++
+	q.queue = append(q.queue, entry{rec, done})
+	q.mu.Unlock()
+	q.signal()
+	return seq
+}
+
+// signal wakes the writer without blocking.
+func (q *journalQueue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *journalQueue) last() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.next - 1
+}
+
+func (q *journalQueue) wait(ctx context.Context, seq uint64) error {
+	// A sync.Cond cannot select on ctx: its end wakes the waiters instead,
+	// who check it.
+	stop := context.AfterFunc(ctx, func() {
+		q.mu.Lock()
+		q.cond.Broadcast()
+		q.mu.Unlock()
+	})
+	defer stop()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.committed < seq && q.err == nil && ctx.Err() == nil {
+		q.cond.Wait()
+	}
+	switch {
+	case q.committed >= seq:
+		return nil
+	case q.err != nil:
+		return q.err
+	}
+	return ctx.Err()
+}
+
+// failure is the journal's error, once it has one.
+func (q *journalQueue) failure() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// pendingSnapshot reports how many records were committed since the last
+// snapshot.
+func (q *journalQueue) pendingSnapshot() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.sinceSnap
+}
+
+// commit runs the callbacks of batch, records first.., which are
+// durable, then makes them the committed ones.
+func (q *journalQueue) commit(first uint64, batch []entry) {
+	for _, e := range batch {
+		if e.done != nil {
+			e.done()
+		}
+	}
+	q.mu.Lock()
+	q.committed = first + uint64(len(batch)) - 1
+	q.sinceSnap += len(batch)
+	q.cond.Broadcast()
+	q.mu.Unlock()
+}
+
+// fail records the journal's first error and wakes the waiters.
+func (q *journalQueue) fail(err error) {
+	q.mu.Lock()
+	if q.err == nil {
+		q.err = err
+	}
+	q.cond.Broadcast()
+	q.mu.Unlock()
 }
 
 // record journals rec, if the service has a journal, and returns its

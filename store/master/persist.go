@@ -287,14 +287,7 @@ type fileJournal struct {
 	dir string
 	log *slog.Logger
 
-	mu        sync.Mutex
-	cond      *sync.Cond
-	queue     []entry
-	next      uint64
-	committed uint64
-	err       error
-	closed    bool
-	sinceSnap int
+	journalQueue
 
 	retain int // snapshots kept
 
@@ -304,9 +297,6 @@ type fileJournal struct {
 	f       *os.File
 	files   []uint64
 	written uint64
-
-	wake chan struct{}
-	done chan struct{}
 }
 
 var _ journal = (*fileJournal)(nil)
@@ -318,9 +308,8 @@ func openFileJournal(dir string, last, snap uint64, retain int, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	j := &fileJournal{dir: dir, log: log, next: last + 1, committed: last, sinceSnap: int(last - min(snap, last)),
-		retain: retain, files: files, written: last, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	j.cond = sync.NewCond(&j.mu)
+	j := &fileJournal{dir: dir, log: log, retain: retain, files: files, written: last}
+	j.initQueue(last, snap)
 	if err := j.startFile(last + 1); err != nil {
 		return nil, err
 	}
@@ -350,58 +339,6 @@ func (j *fileJournal) startFile(first uint64) error {
 	return nil
 }
 
-func (j *fileJournal) append(rec *storepb.JournalRecord, done func()) uint64 {
-	j.mu.Lock()
-	seq := j.next
-	j.next++
-	j.queue = append(j.queue, entry{rec, done})
-	j.mu.Unlock()
-	select {
-	case j.wake <- struct{}{}:
-	default:
-	}
-	return seq
-}
-
-func (j *fileJournal) last() uint64 {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.next - 1
-}
-
-func (j *fileJournal) wait(ctx context.Context, seq uint64) error {
-	stop := context.AfterFunc(ctx, func() {
-		j.mu.Lock()
-		j.cond.Broadcast()
-		j.mu.Unlock()
-	})
-	defer stop()
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for j.committed < seq && j.err == nil && ctx.Err() == nil {
-		j.cond.Wait()
-	}
-	switch {
-	case j.committed >= seq:
-		return nil
-	case j.err != nil:
-		return j.err
-	}
-	return ctx.Err()
-}
-
-func (j *fileJournal) failure() error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.err
-}
-
-func (j *fileJournal) pendingSnapshot() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.sinceSnap
-}
-
 // close stops the writer once the records queued are written; those that
 // cannot be fail their waiters.
 func (j *fileJournal) close() {
@@ -409,10 +346,7 @@ func (j *fileJournal) close() {
 	j.closed = true
 	j.cond.Broadcast()
 	j.mu.Unlock()
-	select {
-	case j.wake <- struct{}{}:
-	default:
-	}
+	j.signal()
 	<-j.done
 	j.fmu.Lock()
 	if j.f != nil {
@@ -434,12 +368,7 @@ func (j *fileJournal) run() {
 		j.mu.Unlock()
 		if failed || (closed && len(batch) == 0) {
 			if closed {
-				j.mu.Lock()
-				if j.err == nil {
-					j.err = errors.New("master: local journal closed")
-				}
-				j.cond.Broadcast()
-				j.mu.Unlock()
+				j.fail(errors.New("master: local journal closed"))
 			}
 			return
 		}
@@ -469,22 +398,10 @@ func (j *fileJournal) run() {
 		if err != nil {
 			// The records may be half on disk; none is acknowledged, and
 			// the master stops serving (Server.persistLoop).
-			j.mu.Lock()
-			j.err = fmt.Errorf("master: local journal write: %w", err)
-			j.cond.Broadcast()
-			j.mu.Unlock()
+			j.fail(fmt.Errorf("master: local journal write: %w", err))
 			return
 		}
-		for _, e := range batch {
-			if e.done != nil {
-				e.done()
-			}
-		}
-		j.mu.Lock()
-		j.committed = first + uint64(len(batch)) - 1
-		j.sinceSnap += len(batch)
-		j.cond.Broadcast()
-		j.mu.Unlock()
+		j.commit(first, batch)
 	}
 }
 
