@@ -260,6 +260,9 @@ func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, erro
 	if len(old) > 0 && (o.size != p.size || o.checksum != checksum) {
 		sh.gone.add(key, o.size, o.checksum) // replaced (tier_announce.go)
 	}
+	if len(old) == 0 {
+		sh.gone.known(key, p.size, checksum)
+	}
 	sh.gone.forget(key, p.size, checksum)
 	o.replicas, o.size, o.checksum, o.pending, o.writer = p.replicas, p.size, checksum, nil, clientID
 	o.hardPin = p.cfg.GetWithHardPin()
@@ -431,8 +434,12 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 		n += r.size
 	}
 	media := s.kvMediaOf(o.replicas)
-	if kind == storepb.ObjectEventKind_OBJECT_EVENT_KIND_REMOVED && len(o.replicas) > 0 {
-		sh.gone.add(key, o.size, o.checksum) // tier_announce.go
+	if len(o.replicas) > 0 { // tier_announce.go
+		if kind == storepb.ObjectEventKind_OBJECT_EVENT_KIND_REMOVED {
+			sh.gone.add(key, o.size, o.checksum)
+		} else {
+			sh.gone.forgot(key, o.size, o.checksum)
+		}
 	}
 	s.freeAfter(dropRecord(key), o.replicas)
 	o.replicas = nil

@@ -210,6 +210,9 @@ func (s *Service) sweepDead() {
 				}
 			}
 			if o.empty() {
+				if was {
+					sh.gone.forgot(key, o.size, o.checksum) // tier_announce.go
+				}
 				delete(sh.objects, key)
 			}
 		}

@@ -21,15 +21,21 @@ import (
 // (key, size, checksum): the SSD tier files of nodes still hold the bytes
 // of such values where their space was not reused (a node is not told of
 // frees), and a node restarted on its file must not bring them back. A
-// value merely evicted is not remembered: it is still the key's value,
-// and its return is the point of the tier outliving its node. Each shard
-// keeps those of its keys, under its lock, the oldest forgotten first past
-// a bound. Not journaled: a master that restarted takes back what its
-// nodes offer, as it did before.
+// value merely evicted (or lost with its segment) is the key's last: it
+// may come back, which is the point of the tier outliving its node, and
+// no other value of the key may, until a new value is put, which makes it
+// gone. Each shard keeps those of its keys, under its lock, the oldest
+// forgotten first past a bound. Not journaled: a master that restarted
+// takes back what its nodes offer, as it did before.
 type goneValues struct {
 	m     map[goneValue]uint64 // value -> when it was remembered
 	order []goneAt             // oldest first
 	next  uint64
+	// last is the value of keys the shard forgot without a removal
+	// (evicted, or lost with their segment): still the key's value, until
+	// a new one is put.
+	last      map[string]goneAt
+	lastOrder []goneAt
 }
 
 type goneValue struct {
@@ -71,10 +77,44 @@ func (g *goneValues) forget(key string, size uint64, sum uint32) {
 	}
 }
 
-// has reports whether key's value of size bytes and checksum sum is gone.
+// has reports whether key's value of size bytes and checksum sum is gone:
+// removed, replaced, or not the last value the key had.
 func (g *goneValues) has(key string, size uint64, sum uint32) bool {
+	if l, ok := g.last[key]; ok && l.v != (goneValue{key, size, sum}) {
+		return true
+	}
 	_, ok := g.m[goneValue{key, size, sum}]
 	return ok
+}
+
+// forgot remembers key's value, which the shard forgot without a removal.
+func (g *goneValues) forgot(key string, size uint64, sum uint32) {
+	if g.last == nil {
+		g.last = map[string]goneAt{}
+	}
+	g.next++
+	a := goneAt{goneValue{key, size, sum}, g.next}
+	g.last[key] = a
+	g.lastOrder = append(g.lastOrder, a)
+	for len(g.lastOrder) > maxGoneValues {
+		if old := g.lastOrder[0]; g.last[old.v.key] == old {
+			delete(g.last, old.v.key)
+		}
+		g.lastOrder = g.lastOrder[1:]
+	}
+}
+
+// known says key has a value again (put anew, or taken from a tier):
+// the one it had when forgotten is gone unless it is the same.
+func (g *goneValues) known(key string, size uint64, sum uint32) {
+	l, ok := g.last[key]
+	if !ok {
+		return
+	}
+	delete(g.last, key)
+	if l.v != (goneValue{key, size, sum}) {
+		g.add(l.v.key, l.v.size, l.v.sum)
+	}
 }
 
 // MountDisk mounts seg, clientID's SSD tier, with objs, the objects its
@@ -184,6 +224,7 @@ func (s *Service) adoptDisk(clientID string, d *storepb.DiskObject, r replica) (
 	case o == nil && sh.gone.has(d.Key, d.Size, d.Checksum):
 		return 0, false // removed, or replaced, since the node wrote it
 	case o == nil:
+		sh.gone.known(d.Key, d.Size, d.Checksum)
 		o = &object{size: d.Size, checksum: d.Checksum, replicas: []replica{r}, writer: clientID, lease: s.now()}
 		sh.objects[d.Key] = o
 		start := startRecord(clientID, d.Key, &pendingPut{size: d.Size, replicas: o.replicas, cfg: &storepb.ReplicateConfig{}})

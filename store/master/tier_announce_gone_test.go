@@ -60,3 +60,44 @@ func TestMountDiskRefusesGoneValues(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ok, "a removed key came back")
 }
+
+// A value the master forgot (evicted, or lost with its segment) that a new
+// put of its key replaced is gone too: it must not come back once the new
+// value is evicted in its turn. One evicted and never replaced comes back.
+func TestMountDiskRefusesForgottenReplacedValues(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	putSum := func(key string, sum uint32) {
+		_, err := s.PutStart(ctx, "a", key, 100, nil)
+		require.NoError(t, err)
+		require.NoError(t, s.PutEnd(ctx, "a", key, sum))
+	}
+	drop := func(key string) {
+		sh := s.shardOf(key)
+		sh.mu.Lock()
+		s.evictLocked(sh, key, sh.objects[key], true)
+		sh.mu.Unlock()
+	}
+	putSum("evicted", 1)
+	drop("evicted")
+	putSum("evicted", 2)
+	drop("evicted")
+	putSum("lost", 3)
+	require.NoError(t, s.UnmountSegment(ctx, "a", "1")) // lost goes with it
+	require.NoError(t, s.MountSegment(ctx, "a", seg("3", 8<<20, 1<<20)))
+	putSum("lost", 4)
+	drop("lost")
+	putSum("kept", 5)
+	drop("kept")
+
+	disk := seg("2", 64<<20, 4096)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	taken, err := s.MountDisk(ctx, "c", disk, []*storepb.DiskObject{
+		{Key: "evicted", Offset: 0, Size: 100, Checksum: 1},
+		{Key: "lost", Offset: 128, Size: 100, Checksum: 3},
+		{Key: "kept", Offset: 256, Size: 100, Checksum: 5},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false, false, true}, taken)
+}
