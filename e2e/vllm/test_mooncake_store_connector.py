@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import threading
 import urllib.request
 
 import pytest
-from mccluster import start_cluster
+from mccluster import Cluster, field, start_cluster, start_real_client, stop_process
 from vllm_harness import prompts, run_offline
 
 
@@ -32,14 +34,15 @@ def store_connector(cluster) -> dict:
 BLOCK = 128  # vLLM's KV block on the CPU: only full blocks are stored
 
 
-def store_env(cluster, tmp_path) -> dict:
+def store_env(cluster, tmp_path, mode: str = "embedded") -> dict:
     """The connector's configuration, as vLLM reads it: a JSON file named by
-    MOONCAKE_CONFIG_PATH."""
+    MOONCAKE_CONFIG_PATH. In standalone-store mode the ranks lend no
+    memory (global_segment_size 0): a mooncake_client process owns the pool."""
     cfg = tmp_path / f"mooncake-{cluster.proc.pid}.json"
     cfg.write_text(json.dumps({
         "local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
         "master_server_address": cluster.master, "protocol": "tcp", "device_name": "",
-        "global_segment_size": "64MB", "local_buffer_size": "64MB", "mode": "embedded",
+        "global_segment_size": "64MB" if mode == "embedded" else 0, "local_buffer_size": "64MB", "mode": mode,
     }))
     return {"MOONCAKE_CONFIG_PATH": str(cfg)}
 
@@ -105,3 +108,52 @@ def test_negative_control_blocks_of_other_weights_change_the_answer(models, logs
         assert all(r != b for r, b in zip(read, baseline)), "the reader ignored the blocks in the store"
     finally:
         other.stop()
+
+
+def segments(cluster) -> list:
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/get_all_segments", timeout=10) as r:
+        return r.read().decode().split()
+
+
+@pytest.fixture(scope="module")
+def bare_master(mooncake_bin):
+    """``mooncake master`` alone, no storage node, with its admin port."""
+    proc = subprocess.Popen([str(mooncake_bin), "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0",
+                             "--metrics_port", "0", "--metrics_host", "127.0.0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if line.startswith("master listening"):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # never block on a full pipe
+            c = Cluster(proc, field(line, "rpc"), lines, admin=field(line, "admin"))
+            yield c
+            stop_process(proc)
+            return
+    stop_process(proc)
+    raise RuntimeError("mooncake master exited before listening:\n" + "\n".join(lines[-20:]))
+
+
+def test_standalone_store_mode(models, logs, mooncake_bin, bare_master, tmp_path, baseline):
+    """vLLM's ``mode: standalone-store``: the instances lend no memory; a
+    mooncake_client process (our `mooncake client`) owns the pool. A writer
+    saves its blocks there, a fresh reader loads them, and the pool's only
+    segment is the real client's throughout."""
+    real = start_real_client(mooncake_bin, bare_master.master, segment="256MiB")
+    try:
+        pool = segments(bare_master)
+        assert len(pool) == 1, f"the real client's segment alone, got {pool}"
+        env = store_env(bare_master, tmp_path, mode="standalone-store")
+        kv = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}
+        before = metrics(bare_master)
+        wrote = run_offline(models["a"], prompts(), logs / "standalone-writer.log", kv=kv, env=env,
+                            wait_keys=saved_blocks(bare_master))
+        assert wrote == baseline
+        after_write = metrics(bare_master)
+        assert family(after_write, PUTS) > family(before, PUTS), "the writer saved no block"
+        read = run_offline(models["a"], prompts(), logs / "standalone-reader.log", kv=kv, env=env)
+        assert read == baseline
+        assert family(metrics(bare_master), GETS) > family(after_write, GETS), "the reader fetched no block"
+        assert segments(bare_master) == pool, "an instance lent the pool memory in standalone-store mode"
+    finally:
+        real.stop()
