@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -50,8 +51,9 @@ class Ranks:
 
     def start(self, name: str, argv, env=None) -> subprocess.Popen:
         out = open(self.tmp / f"{name}.log", "w")
+        # Its own session: stop() kills what it started too (torchrun's ranks).
         p = subprocess.Popen([sys.executable, *map(str, argv)], stdout=out, stderr=subprocess.STDOUT,
-                             env=self.env(env), cwd=HERE)
+                             env=self.env(env), cwd=HERE, start_new_session=True)
         self.procs[name] = p
         return p
 
@@ -92,9 +94,11 @@ class Ranks:
 
     def stop(self) -> None:
         for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the group outlives a leader that exited
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 @pytest.fixture

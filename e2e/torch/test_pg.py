@@ -63,7 +63,8 @@ def test_torchrun(ranks, tmp_path):
     log = open(tmp_path / "torchrun.log", "w")
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "--master-port", str(free_port()), str(HERE / "pg_worker.py"), "torchrun"],
-                         stdout=log, stderr=subprocess.STDOUT, env=ranks.env(), cwd=HERE)
+                         stdout=log, stderr=subprocess.STDOUT, env=ranks.env(), cwd=HERE,
+                         start_new_session=True)  # ranks.stop() kills torchrun's ranks with it
     ranks.procs["torchrun"] = p
     ranks.check(90)
     out = (tmp_path / "torchrun.log").read_text()
