@@ -368,12 +368,15 @@ class Comm:
 
     def _after_decision(self) -> None:
         d = self.pending
+        if d.pos > _pos(self.coll, self.piece):
+            # Behind the agreed position: finish this piece from what
+            # arrived (the others finished it), even if the new view
+            # leaves this rank out; do_piece tells it so at the next one.
+            return
         if self.rank not in d.view:
             self._apply(d)
             raise PeerFailure("mooncake-cpu: this rank was deactivated by the group", [self.rank])
-        if d.pos <= _pos(self.coll, self.piece):
-            raise _Restart()
-        # Behind the agreed position: finish this piece from what arrived.
+        raise _Restart()
 
     # -- collectives -----------------------------------------------------
 
