@@ -394,6 +394,26 @@ def case_manual_sync(args) -> None:
     log(ev="synced", msg=msg, active=pg.get_active_ranks(grp).tolist())
 
 
+def case_send_then_exit(args) -> None:
+    """Rank 1 sends one message and leaves at once; rank 0 posts its recv
+    only after rank 1 is gone: the message arrived whole, so the recv
+    must complete (its acknowledgement has no one left to free)."""
+    rank = dist.get_rank()
+    grp = dist.group.WORLD
+    dist.barrier()
+    if rank == 1:
+        dist.send(torch.arange(5, dtype=torch.float32), 0)
+        return  # main destroys the group (its memory with it) and exits
+    deadline = time.monotonic() + 30
+    while pg.get_peer_state(grp, [1])[0]:
+        assert time.monotonic() < deadline, "rank 1 never exited"
+        time.sleep(0.01)
+    got = torch.zeros(5)
+    dist.recv(got, 1)
+    assert got.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0], got
+    log(ev="received", got=got.tolist())
+
+
 def case_torchrun(args) -> None:
     rank, W = dist.get_rank(), dist.get_world_size()
     x = torch.full((3,), float(rank + 1))

@@ -48,6 +48,13 @@ def test_async_and_p2p(ranks):
     ranks.check(90)
 
 
+def test_recv_from_a_rank_that_exited(ranks):
+    """A message sent whole by a rank that then exited is still received."""
+    ranks.spawn("pg_worker.py", "send_then_exit", 2)
+    ranks.check(60)
+    assert ranks.events("r0")[-1]["ev"] == "received"
+
+
 def test_bad_use(ranks):
     """Mismatched shapes and dtypes, bad outputs and splits, AVG of ints,
     unsupported dtypes: clear errors on every rank, and the group still
