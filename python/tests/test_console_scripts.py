@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from mccluster import field, free_port, stop_process
+from mccluster import field, stop_process
 
 from mooncake.store import MooncakeDistributedStore
 
@@ -158,12 +158,12 @@ def test_master_official_flags_warn_and_bogus_flags_fail():
 def test_http_metadata_server():
     """mooncake_http_metadata_server --host/--port serves GET/PUT/DELETE
     /metadata?key= as the official one."""
-    port = free_port()
-    p = Proc([script("mooncake_http_metadata_server"), "--host", "127.0.0.1", "--port", str(port),
+    p = Proc([script("mooncake_http_metadata_server"), "--host", "127.0.0.1", "--port", "0",
               "--log-level", "WARNING"])
     try:
-        url = p.wait_line("http://")
-        assert url == f"http://127.0.0.1:{port}/metadata"
+        url = p.wait_line("http://")  # port 0: the server says which it got
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metadata"), url
+        assert not url.startswith("http://127.0.0.1:0/"), url
         assert http("PUT", url + "?key=mooncake/ram/x", b'{"name":"x"}')[0] == 200
         assert http("GET", url + "?key=mooncake/ram/x") == (200, b'{"name":"x"}')
         assert http("DELETE", url + "?key=mooncake/ram/x")[0] == 200
@@ -181,11 +181,13 @@ def test_store_service_rest_api(tmp_path):
     cfg.write_text(json.dumps({"local_hostname": "127.0.0.1", "metadata_server": meta,
                                "global_segment_size": "32MB", "local_buffer_size": 16 << 20,
                                "protocol": "tcp", "device_name": "", "master_server_address": rpc}))
-    port = free_port()
     svc = Proc([sys.executable, "-m", "mooncake.mooncake_store_service", "--config", str(cfg),
-                "--port", str(port), "--max-wait-time", "30"])
+                "--port", "0", "--max-wait-time", "30"])
     try:
-        svc.wait_line("REST API started on port", stream="err", anywhere=True)
+        # Port 0: the service logs the one it got.
+        line = svc.wait_line("REST API started on port", stream="err", anywhere=True)
+        port = int(line.rsplit(" ", 1)[1])
+        assert port > 0, line
         base = f"http://127.0.0.1:{port}/api"
         assert http("PUT", base + "/put", json.dumps({"key": "rk", "value": "hello"}).encode()) == \
             (200, b'{"status": "success"}')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import uuid
 
@@ -425,6 +426,27 @@ def test_supports_and_public_helpers():
     assert {"address", "parse_size"} <= set(mg.__all__)
 
 
+def wait_stopped(pid: int, timeout: float = 10) -> None:
+    """Waits until every thread of pid is stopped: kill returns once the
+    signal is sent, and on a loaded machine a thread may still answer a
+    request or two before it stops (a put then succeeds)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that just ended
+                pass
+        if states and all(s in ("T", "t") for s in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} not stopped: thread states {states}"
+        time.sleep(0.01)
+
+
 def test_op_timeout_bounds_a_call_to_a_silent_master(mooncake_bin):
     """op_timeout_ms bounds a whole store call: against a master that
     stopped answering (SIGSTOP), a call fails with TimedOut once it
@@ -442,6 +464,7 @@ def test_op_timeout_bounds_a_call_to_a_silent_master(mooncake_bin):
             st.put("op-timeout", b"x")
             os.kill(c.proc.pid, signal.SIGSTOP)
             try:
+                wait_stopped(c.proc.pid)
                 t0 = time.monotonic()
                 # A put of a new key must ask the master (a get may be
                 # served from cached replica lists and the stopped
