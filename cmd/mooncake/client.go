@@ -181,7 +181,7 @@ func runClient(cmd *cobra.Command, _ []string) error {
 	}
 	defer srv.Close() // before the store client: sessions end first
 	if s.boolean("enable_http_server") {
-		stopHTTP, err := serveClientHTTP(cmd, s, reg, func() any {
+		stopHTTP, err := serveHTTP(cmd, "client", s.str("host"), s.integer("http_port"), reg, func() any {
 			return map[string]any{"status": "ok", "segment": c.SegmentName(), "segment_bytes": cfg.SegmentSize,
 				"master": cfg.Master, "client_id": c.ID(), "dummy_clients": srv.Sessions(), "socket": srv.Addr()}
 		})
@@ -197,14 +197,15 @@ func runClient(cmd *cobra.Command, _ []string) error {
 	return nil
 }
 
-// serveClientHTTP serves /metrics and /health (health() as JSON) on
-// --http_port until the returned func runs.
-func serveClientHTTP(cmd *cobra.Command, s *settings, reg *prometheus.Registry, health func() any) (func(), error) {
-	host := s.str("host")
+// serveHTTP serves a node's or a real client's /metrics and /health
+// (health() as JSON) on host:port (--http_port) until the returned func
+// runs, and prints "<role> http addr=ADDR" on stdout for whoever started
+// it with port 0.
+func serveHTTP(cmd *cobra.Command, role, host string, port int, reg *prometheus.Registry, health func() any) (func(), error) {
 	if host == "0.0.0.0" {
 		host = ""
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(s.integer("http_port"))))
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
 		return nil, err
 	}
@@ -216,6 +217,7 @@ func serveClientHTTP(cmd *cobra.Command, s *settings, reg *prometheus.Registry, 
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	fmt.Fprintln(cmd.OutOrStdout(), "client http addr="+ln.Addr().String())
+	slog.Info(role+" HTTP server", "addr", ln.Addr().String())
+	fmt.Fprintln(cmd.OutOrStdout(), role+" http addr="+ln.Addr().String())
 	return func() { _ = srv.Close() }, nil
 }

@@ -1,19 +1,13 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/mooncake-go/mooncake/engine"
@@ -149,23 +143,14 @@ func runNode(cmd *cobra.Command, _ []string) error {
 	}
 	defer c.Close()
 	if s.boolean("enable_http_server") {
-		ln, err := net.Listen("tcp", net.JoinHostPort(s.str("local_hostname"), strconv.Itoa(s.integer("http_port"))))
+		stopHTTP, err := serveHTTP(cmd, "node", s.str("local_hostname"), s.integer("http_port"), reg, func() any {
+			return map[string]any{"status": "ok", "segment": c.SegmentName(), "segment_bytes": seg,
+				"master": cfg.Master, "client_id": c.ID()}
+		})
 		if err != nil {
 			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(map[string]any{"status": "ok", "segment": c.SegmentName(),
-				"segment_bytes": seg, "master": cfg.Master, "client_id": c.ID()})
-		})
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
-		slog.Info("node HTTP server", "addr", ln.Addr().String())
-		// On stdout too, for whoever started it with port 0.
-		fmt.Fprintln(cmd.OutOrStdout(), "node http addr="+ln.Addr().String())
+		defer stopHTTP()
 	}
 	slog.Info("node serving", "segment", c.SegmentName(), "bytes", seg, "master", cfg.Master, "ssd", c.SSDPath())
 	fmt.Fprintln(cmd.OutOrStdout(), cluster.ReadyLine(c.SegmentName()))
