@@ -1,0 +1,489 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mooncake-go/mooncake/internal/embedetcd"
+	"github.com/mooncake-go/mooncake/internal/netlab"
+)
+
+// results is what a run measured: the raw runs and their medians.
+type results struct {
+	Options options     `json:"options"`
+	Cores   int         `json:"cores"` // of the machine
+	Store   []storeRun  `json:"store,omitempty"`
+	P2P     []p2pRun    `json:"p2p,omitempty"`
+	Master  []masterRun `json:"master,omitempty"`
+	Summary []row       `json:"summary"`
+}
+
+// storeRun is one timed window of the store benchmark.
+type storeRun struct {
+	Op      string    `json:"op"`
+	Hosts   int       `json:"hosts"`
+	Repeat  int       `json:"repeat"`
+	MBps    float64   `json:"mbps"`     // aggregate, 1e6 B/s of values
+	PerHost []float64 `json:"per_host"` // each client's MB/s
+	CPU     cpuUse    `json:"cpu"`
+}
+
+// p2pRun is one fan-out of the object to every receiver.
+type p2pRun struct {
+	Way     string    `json:"way"` // swarm or seed-only
+	Repeat  int       `json:"repeat"`
+	Seconds float64   `json:"seconds"`  // first start to last finish
+	PerHost []float64 `json:"per_host"` // each receiver's own time
+}
+
+// masterRun is one timed window of the master benchmark.
+type masterRun struct {
+	Op         string  `json:"op"` // exists or replicas
+	Clients    int     `json:"clients"`
+	Batch      int     `json:"batch"`
+	Repeat     int     `json:"repeat"`
+	CallsPerS  float64 `json:"calls_per_s"`
+	KeysPerS   float64 `json:"keys_per_s"`
+	CPUPerCall float64 `json:"master_cpu_us_per_call"`
+	MasterCPU  float64 `json:"master_cores"` // the master's CPU time over the window's
+	CPU        cpuUse  `json:"cpu"`
+	Profile    string  `json:"profile,omitempty"` // go tool pprof -top of the master
+}
+
+// cpuUse is where the machine's CPU went during a timed window, to show
+// whether the cores, not the links, set the figure.
+type cpuUse struct {
+	MachineBusy float64 `json:"machine_busy"` // cores busy, every process of the machine
+	Lab         float64 `json:"lab"`          // cores used by this run's processes (switch and workers)
+}
+
+// measure runs the phases of o on lab and logs progress to log.
+func measure(ctx context.Context, lab *netlab.Lab, o options, out string, log io.Writer) (*results, error) {
+	c := &coord{lab: lab, o: o, out: out, log: log, res: &results{Options: o, Cores: numCPU()}}
+	defer c.close()
+	err := c.run(ctx)
+	c.res.Summary = summarise(c.res)
+	return c.res, err
+}
+
+// coord is the coordinator: it owns the lab's hosts and workers.
+type coord struct {
+	lab *netlab.Lab
+	o   options
+	out string
+	log io.Writer
+	res *results
+
+	hosts  []*netlab.Host // h1..hN: storage nodes, clients and P2P receivers
+	seed   *netlab.Host
+	master *proc
+	stores []*proc
+	peers  []*proc // P2P: the seed, then the receivers
+	etcd   *embedetcd.Etcd
+}
+
+func (c *coord) logf(format string, args ...any) {
+	fmt.Fprintf(c.log, "%s scale: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func (c *coord) close() {
+	for _, p := range append(append(c.peers, c.stores...), c.master) {
+		if p != nil {
+			p.close()
+		}
+	}
+	if c.etcd != nil {
+		c.etcd.Close()
+	}
+}
+
+// storeHosts is how many hosts the store phases need: one host's figure
+// needs a neighbour.
+func (c *coord) storeHosts() int { return max(slices.Max(c.o.Hosts), 2) }
+
+func (c *coord) run(ctx context.Context) error {
+	n := 0
+	if c.o.has("store") || c.o.has("master") {
+		n = c.storeHosts()
+	}
+	if c.o.has("p2p") {
+		n = max(n, c.o.P2PRecv)
+	}
+	for i := range n {
+		h, err := c.lab.Host(fmt.Sprintf("h%d", i+1))
+		if err != nil {
+			return err
+		}
+		h.SetRate(c.o.Rate)
+		c.hosts = append(c.hosts, h)
+	}
+	if c.o.has("store") || c.o.has("master") {
+		if err := c.startStore(); err != nil {
+			return err
+		}
+	}
+	if c.o.has("store") {
+		if err := c.storePhase(ctx); err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+	}
+	if c.o.has("master") {
+		if err := c.masterPhase(ctx); err != nil {
+			return fmt.Errorf("master: %w", err)
+		}
+	}
+	if c.o.has("p2p") {
+		if err := c.p2pPhase(ctx); err != nil {
+			return fmt.Errorf("p2p: %w", err)
+		}
+	}
+	return nil
+}
+
+// startStore starts the master on a host of its own, its link not
+// limited (it carries only metadata), and a storage node with its client
+// on every store host.
+func (c *coord) startStore() error {
+	mh, err := c.lab.Host("master")
+	if err != nil {
+		return err
+	}
+	c.master, err = startWorker(mh, workerArgs{Role: roleMaster, IP: mh.IP.String()})
+	if err != nil {
+		return err
+	}
+	buf := int64(max(c.o.Conc*c.o.Batch*c.o.Value, 64<<10*c.o.MetaB))
+	c.stores = make([]*proc, c.storeHosts())
+	for i := range c.stores {
+		h := c.hosts[i]
+		c.stores[i], err = startWorker(h, workerArgs{Role: roleStore, IP: h.IP.String(), Master: c.master.addr,
+			Segment: c.o.Segment, Buffer: buf})
+		if err != nil {
+			return err
+		}
+	}
+	c.logf("master on %s, %d storage nodes with clients, links %s each way", mh, len(c.stores), rate(c.o.Rate))
+	return nil
+}
+
+func rate(bps int64) string {
+	if bps <= 0 {
+		return "unlimited"
+	}
+	return fmt.Sprintf("%g Mbit/s", float64(bps)/1e6)
+}
+
+// window is a timed window starting after a second (for the requests to
+// reach every worker) and the warm-up.
+func (c *coord) window(d time.Duration) (begin, end time.Time) {
+	begin = time.Now().Add(time.Second + c.o.Warmup)
+	return begin, begin.Add(d)
+}
+
+// storePhase measures puts and gets at each host count, repeat by
+// repeat, so that the machine's noise spreads over every point.
+func (c *coord) storePhase(ctx context.Context) error {
+	for r := range c.o.Repeat {
+		for _, n := range c.o.Hosts {
+			for _, op := range []string{"put", "get"} {
+				run, err := c.storeRun(ctx, op, n, r)
+				if err != nil {
+					return fmt.Errorf("%s at %d hosts: %w", op, n, err)
+				}
+				c.res.Store = append(c.res.Store, run)
+				c.logf("store %s, %d hosts, run %d: %.1f MB/s (per host %.1f), cores busy %.2f (lab %.2f)",
+					op, n, r+1, run.MBps, run.MBps/float64(n), run.CPU.MachineBusy, run.CPU.Lab)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *coord) storeRun(_ context.Context, op string, n, r int) (storeRun, error) {
+	active := c.stores[:n]
+	m := max(n, 2)
+	prefix := func(i int) string { return fmt.Sprintf("%s/n%d/r%d/c%d", op, n, r, i) }
+	target := func(i int) string { return c.stores[(i+1)%m].addr }
+	defer func() { _, _ = c.stores[0].call(request{Cmd: "clear"}) }()
+	if op == "get" {
+		if _, err := callAll(active, func(i int) request {
+			return request{Cmd: "preload", Prefix: prefix(i), Target: target(i), Keys: c.o.GetKeys,
+				ValueSize: c.o.Value, Batch: c.o.Batch}
+		}); err != nil {
+			return storeRun{}, err
+		}
+	}
+	begin, end := c.window(c.o.Duration)
+	cpu := c.sample(begin, end)
+	reps, err := callAll(active, func(i int) request {
+		return request{Cmd: "run", Op: op, Prefix: prefix(i), Target: target(i), Keys: c.o.GetKeys,
+			ValueSize: c.o.Value, Batch: c.o.Batch, Conc: c.o.Conc, Begin: begin.UnixNano(), End: end.UnixNano()}
+	})
+	if err != nil {
+		return storeRun{}, err
+	}
+	run := storeRun{Op: op, Hosts: n, Repeat: r, CPU: <-cpu}
+	for _, rp := range reps {
+		mbps := float64(rp.Bytes) / c.o.Duration.Seconds() / 1e6
+		run.PerHost = append(run.PerHost, mbps)
+		run.MBps += mbps
+	}
+	return run, nil
+}
+
+// masterPhase loads the master from clients spread over every store host.
+func (c *coord) masterPhase(ctx context.Context) error {
+	const size = 4 << 10 // the objects are only named; their size does not matter
+	hosts := c.stores
+	if _, err := callAll(hosts, func(i int) request {
+		return request{Cmd: "preload", Prefix: fmt.Sprintf("meta/c%d", i), Target: hosts[(i+1)%len(hosts)].addr,
+			Keys: c.o.MetaKeys / len(hosts), ValueSize: size, Batch: c.o.MetaB}
+	}); err != nil {
+		return err
+	}
+	defer func() { _, _ = c.stores[0].call(request{Cmd: "clear"}) }()
+	for r := range c.o.Repeat {
+		for _, op := range []string{"exists", "replicas"} {
+			run, err := c.masterRun(op, r, r == c.o.Repeat-1)
+			if err != nil {
+				return fmt.Errorf("%s: %w", op, err)
+			}
+			c.res.Master = append(c.res.Master, run)
+			c.logf("master %s, %d clients x %d keys, run %d: %.0f calls/s, %.1f us master CPU per call, master %.2f cores, machine %.2f",
+				op, run.Clients, run.Batch, r+1, run.CallsPerS, run.CPUPerCall, run.MasterCPU, run.CPU.MachineBusy)
+		}
+	}
+	return nil
+}
+
+// masterRun is one window of op; profile takes a CPU profile of the
+// master over it.
+func (c *coord) masterRun(op string, r int, profile bool) (masterRun, error) {
+	hosts := c.stores
+	per := make([]int, len(hosts)) // clients per host
+	for i := range c.o.MetaCli {
+		per[i%len(hosts)]++
+	}
+	begin, end := c.window(c.o.MetaDur)
+	cpu := c.sample(begin, end)
+	mcpu := make(chan [2]int64, 1)
+	prof := c.out + ".master-" + op + ".pprof"
+	go func() {
+		time.Sleep(time.Until(begin))
+		cmd := "cpu"
+		if profile {
+			cmd = "profile"
+		}
+		a, _ := c.master.call(request{Cmd: cmd, Name: prof})
+		time.Sleep(time.Until(end))
+		if profile {
+			cmd = "unprofile"
+		}
+		b, _ := c.master.call(request{Cmd: cmd})
+		mcpu <- [2]int64{a.CPUNs, b.CPUNs}
+	}()
+	reps, err := callAll(hosts, func(i int) request {
+		return request{Cmd: "meta", Op: op, Prefix: fmt.Sprintf("meta/c%d", i), Keys: c.o.MetaKeys / len(hosts),
+			Batch: c.o.MetaB, Conc: per[i], Begin: begin.UnixNano(), End: end.UnixNano()}
+	})
+	m := <-mcpu
+	if err != nil {
+		return masterRun{}, err
+	}
+	run := masterRun{Op: op, Clients: c.o.MetaCli, Batch: c.o.MetaB, Repeat: r, CPU: <-cpu}
+	var calls, keys int64
+	for _, rp := range reps {
+		calls += rp.Calls
+		keys += rp.Keys
+	}
+	secs := c.o.MetaDur.Seconds()
+	run.CallsPerS, run.KeysPerS = float64(calls)/secs, float64(keys)/secs
+	run.MasterCPU = float64(m[1]-m[0]) / 1e9 / secs
+	if calls > 0 {
+		run.CPUPerCall = float64(m[1]-m[0]) / 1e3 / float64(calls)
+	}
+	if profile {
+		run.Profile = pprofTop(prof)
+	}
+	return run, nil
+}
+
+// pprofTop is the head of go tool pprof -top of a profile, or why not.
+func pprofTop(path string) string {
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", path).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("go tool pprof %s: %v: %s", path, err, out)
+	}
+	return string(out)
+}
+
+// p2pPhase fans an object out from a seed to every receiver, swarming
+// and from the seed alone, run by run.
+func (c *coord) p2pPhase(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "mcgo-scale-etcd-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	// etcd is on the lab's local host, whose link is not limited: only
+	// object records cross it.
+	c.etcd, err = embedetcd.Start(dir, c.lab.Local().Addr(0), embedetcd.NoFsync())
+	if err != nil {
+		return err
+	}
+	c.seed, err = c.lab.Host("seed")
+	if err != nil {
+		return err
+	}
+	c.seed.SetRate(c.o.Rate)
+	for _, h := range append([]*netlab.Host{c.seed}, c.hosts[:c.o.P2PRecv]...) {
+		p, err := startWorker(h, workerArgs{Role: roleP2P, IP: h.IP.String(), Etcd: c.etcd.Addr(),
+			Buffer: c.o.P2PSize, Parallel: c.o.P2PPar})
+		if err != nil {
+			return err
+		}
+		c.peers = append(c.peers, p)
+	}
+	c.logf("p2p: %s object in %s shards, seed %s, %d receivers", size(c.o.P2PSize), size(int64(c.o.P2PShard)), c.seed, c.o.P2PRecv)
+	for r := range c.o.P2PRuns {
+		for _, way := range []string{"swarm", "seed-only"} {
+			run, err := c.p2pRun(way, r)
+			if err != nil {
+				return fmt.Errorf("%s: %w", way, err)
+			}
+			c.res.P2P = append(c.res.P2P, run)
+			c.logf("p2p %s, run %d: %.2f s (ideal %.2f s)", way, r+1, run.Seconds, c.ideal())
+		}
+	}
+	return nil
+}
+
+// ideal is the fan-out's lower bound: every receiver takes in the whole
+// object through its link.
+func (c *coord) ideal() float64 { return float64(c.o.P2PSize) * 8 / float64(c.o.Rate) }
+
+func (c *coord) p2pRun(way string, r int) (p2pRun, error) {
+	seed, recv := c.peers[0], c.peers[1:]
+	name := func(i int) string {
+		if way == "swarm" {
+			return fmt.Sprintf("swarm/%d", r)
+		}
+		return fmt.Sprintf("solo/%d/%d", r, i)
+	}
+	var names []string
+	for i := range recv {
+		if n := name(i); !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	s, err := seed.call(request{Cmd: "seed", Names: names, Shard: c.o.P2PShard})
+	if err != nil {
+		return p2pRun{}, err
+	}
+	defer func() { _, _ = seed.call(request{Cmd: "unseed", Names: names}) }()
+	reps, err := callAll(recv, func(i int) request { return request{Cmd: "fetch", Name: name(i)} })
+	if err != nil {
+		return p2pRun{}, err
+	}
+	if _, err := callAll(recv, func(i int) request { return request{Cmd: "drop", Name: name(i)} }); err != nil {
+		return p2pRun{}, err
+	}
+	run := p2pRun{Way: way, Repeat: r}
+	first, last := reps[0].StartNs, reps[0].EndNs
+	for i, rp := range reps {
+		if rp.Sum != s.Sum {
+			return p2pRun{}, fmt.Errorf("%s: receiver %d got bytes with CRC %08x, the seed's are %08x", way, i, rp.Sum, s.Sum)
+		}
+		first, last = min(first, rp.StartNs), max(last, rp.EndNs)
+		run.PerHost = append(run.PerHost, rp.Seconds)
+	}
+	run.Seconds = float64(last-first) / 1e9
+	return run, nil
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// sample measures the CPU used between begin and end, sent once end has
+// passed.
+func (c *coord) sample(begin, end time.Time) <-chan cpuUse {
+	pids := []int{os.Getpid()}
+	for _, p := range append(append([]*proc{c.master}, c.stores...), c.peers...) {
+		if p != nil {
+			pids = append(pids, p.pid())
+		}
+	}
+	out := make(chan cpuUse, 1)
+	go func() {
+		time.Sleep(time.Until(begin))
+		m0, l0, t0 := machineBusy(), procsCPU(pids), time.Now()
+		time.Sleep(time.Until(end))
+		m1, l1, t1 := machineBusy(), procsCPU(pids), time.Now()
+		secs := t1.Sub(t0).Seconds()
+		out <- cpuUse{MachineBusy: (m1 - m0) / secs, Lab: (l1 - l0) / secs}
+	}()
+	return out
+}
+
+// clockTick is USER_HZ, the unit of /proc's CPU times (100 on Linux).
+const clockTick = 100
+
+// machineBusy is the seconds every CPU of the machine spent not idle.
+func machineBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	var busy float64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		if i >= 8 { // guest times are already in user
+			break
+		}
+		x, _ := strconv.ParseFloat(v, 64)
+		busy += x
+	}
+	return busy / clockTick
+}
+
+// procsCPU is the user and system seconds of the processes.
+func procsCPU(pids []int) float64 {
+	var s float64
+	for _, pid := range pids {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command's closing parenthesis: utime and stime
+		// are the 12th and 13th.
+		_, rest, _ := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if len(f) > 12 {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			st, _ := strconv.ParseFloat(f[12], 64)
+			s += (u + st) / clockTick
+		}
+	}
+	return s
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/internal/netlab"
+	"github.com/mooncake-go/mooncake/internal/netlab/labtest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envWorker) != "" {
+		os.Exit(workerMain()) // this test binary, started on a host
+	}
+	labtest.Main(m)
+}
+
+// TestSmoke runs every phase in a tiny configuration: it checks that the
+// benchmark runs and writes its files, never how fast anything was (the
+// P2P phase does check the bytes every receiver got).
+func TestSmoke(t *testing.T) {
+	lab := labtest.New(t, netlab.Config{Seed: 1})
+	o := options{Hosts: []int{1, 2}, Rate: 200e6, Value: 64 << 10, Batch: 2, Conc: 1, GetKeys: 4,
+		Segment: 16 << 20, Warmup: 50 * time.Millisecond, Duration: 200 * time.Millisecond, Repeat: 1,
+		Phases: []string{"store", "master", "p2p"}, P2PSize: 1 << 20, P2PShard: 256 << 10, P2PRecv: 2, P2PRuns: 1,
+		MetaCli: 2, MetaB: 4, MetaKeys: 16, MetaDur: 200 * time.Millisecond}
+	require.NoError(t, o.validate())
+	out := filepath.Join(t.TempDir(), "scale")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := measure(ctx, lab, o, out, io.Discard)
+	require.NoError(t, err)
+	require.Len(t, res.Store, 4) // put and get at 1 and 2 hosts
+	require.Len(t, res.P2P, 2)   // swarm and seed-only
+	require.Len(t, res.Master, 2)
+	for _, r := range res.Store {
+		require.Len(t, r.PerHost, r.Hosts)
+	}
+	for _, r := range res.P2P {
+		require.Len(t, r.PerHost, o.P2PRecv)
+		require.Positive(t, r.Seconds)
+	}
+	require.NoError(t, save(res, out))
+	for _, ext := range []string{".json", ".parquet", ".png"} {
+		st, err := os.Stat(out + ext)
+		require.NoError(t, err)
+		require.Positive(t, st.Size(), ext)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	require.Equal(t, 2.0, median([]float64{3, 1, 2}))
+	require.Equal(t, 2.5, median([]float64{4, 1, 2, 3}))
+	require.Equal(t, 0.0, median(nil))
+}
+
+// TestSummary: efficiency is the aggregate over hosts times the one-host
+// median, and the P2P ratio is seed-only's time over the way's.
+func TestSummary(t *testing.T) {
+	res := &results{Options: options{Hosts: []int{1, 2}, Rate: 80e6, P2PSize: 10e6, P2PRecv: 8},
+		Store: []storeRun{
+			{Op: "get", Hosts: 1, MBps: 10}, {Op: "get", Hosts: 1, MBps: 9}, {Op: "get", Hosts: 1, MBps: 11},
+			{Op: "get", Hosts: 2, MBps: 18},
+		},
+		P2P: []p2pRun{{Way: "swarm", Seconds: 2}, {Way: "seed-only", Seconds: 8}}}
+	rows := summarise(res)
+	require.Len(t, rows, 4)
+	require.Equal(t, row{Phase: "store", Op: "get", Hosts: 1, Runs: 3, Median: 10, Min: 9, Max: 11, Unit: "MB/s", Ideal: 10, Ratio: 1}, rows[0])
+	require.InDelta(t, 0.9, rows[1].Ratio, 1e-9)
+	require.Equal(t, "seed-only", rows[2].Op)
+	require.InDelta(t, 1.0, rows[2].Ratio, 1e-9)
+	require.InDelta(t, 4.0, rows[3].Ratio, 1e-9)
+	require.InDelta(t, 1.0, rows[3].Ideal, 1e-9)
+}
