@@ -2,7 +2,7 @@
 ranks, 1 KiB to 256 MiB, both backends in the same processes and the same
 run, alternating repeat by repeat; medians of the repeats.
 
-    bash e2e/py.sh torch e2e/torch/bench_pg.py [--ranks 4] [--max 256MiB] [--repeats 5]
+    bash e2e/py.sh torch e2e/torch/bench_pg.py [--ranks 4] [--min 1KiB] [--max 256MiB] [--step 4] [--repeats 5]
 
 Sizes are nccl-tests': the all_reduce tensor, the all_gather output. Bus
 bandwidth = size / time x 2(n-1)/n (all_reduce) or (n-1)/n (all_gather);
@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--min", default="1KiB")
     ap.add_argument("--max", default="256MiB")
+    ap.add_argument("--step", type=int, default=4, help="each size is the previous one times this")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "pg.json"))
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -97,7 +98,7 @@ def main() -> None:
     s = parse_size(a.min)
     while s <= parse_size(a.max):
         sizes.append(s)
-        s *= 4
+        s *= max(2, a.step)
     if a.rank is not None:
         rank_main(a.rank, a.ranks, a.port, sizes, a.repeats, a.out)
         return
@@ -106,7 +107,7 @@ def main() -> None:
         port = sk.getsockname()[1]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--ranks",
-                               str(a.ranks), "--min", a.min, "--max", a.max, "--repeats", str(a.repeats),
+                               str(a.ranks), "--min", a.min, "--max", a.max, "--step", str(a.step), "--repeats", str(a.repeats),
                                "--out", a.out], env=env) for r in range(a.ranks)]
     try:
         codes = [p.wait() for p in procs]

@@ -137,6 +137,38 @@ def case_ops(args) -> None:
     log(ev="compared", n=n, s=time.monotonic() - t)
 
 
+def case_paths(args) -> None:
+    """Which path steps take: "mapped" (same-host peers' buffers mapped,
+    the default) makes no engine batch in any collective or P2P message;
+    "engine" (run with MOONCAKE_PG_MAP=0: the path remote peers take) does.
+    Either way every operation equals gloo."""
+    gloo = dist.new_group(backend="gloo")
+    eng = pg._get_engine()
+    calls = []
+    real = eng.transfer
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    eng.transfer = counted
+    n = compare_ops(gloo, [1, 70000, 300000], [torch.float32, torch.int64])
+    rank, W = dist.get_rank(), dist.get_world_size()
+    t = torch.arange(100000, dtype=torch.float32) + rank
+    if rank == 0:
+        dist.send(t, 1)
+    elif rank == 1:
+        r = torch.empty_like(t)
+        dist.recv(r, 0)
+        same("send/recv", r, t - 1)
+    dist.barrier()
+    eng.transfer = real
+    if args[0] == "mapped":
+        assert not calls, f"{len(calls)} engine batches with every peer on this host"
+    else:
+        assert calls, "no engine batch with MOONCAKE_PG_MAP=0"
+    log(ev="paths", path=args[0], batches=len(calls), n=n)
+
+
 def case_large(args) -> None:
     """64 MiB all_reduce, all_gather, reduce_scatter and all_to_all (float32)."""
     gloo = dist.new_group(backend="gloo")

@@ -29,6 +29,23 @@ def test_ops_equal_gloo_pieces(ranks):
     ranks.check(150)
 
 
+def test_same_host_steps_skip_the_engine(ranks):
+    """Same-host peers' buffers are mapped: steps and P2P copy into them and
+    store their flags directly, with no engine batch (each one costs worker
+    wake-ups on a host the ranks share); results still equal gloo's."""
+    ranks.spawn("pg_worker.py", "paths", 4, "mapped")
+    ranks.check(120)
+    assert ranks.events("r0")[-1]["batches"] == 0
+
+
+def test_ops_equal_gloo_engine_path(ranks):
+    """MOONCAKE_PG_MAP=0 sends every step through engine batches, the path
+    peers on other hosts take: the results equal gloo's there too."""
+    ranks.spawn("pg_worker.py", "paths", 3, "engine", env={"MOONCAKE_PG_MAP": "0"})
+    ranks.check(120)
+    assert ranks.events("r0")[-1]["batches"] > 0
+
+
 def test_large_64mib(ranks):
     """64 MiB all_reduce, all_gather, reduce_scatter, uneven all_to_all."""
     ranks.spawn("pg_worker.py", "large", 4)

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
+import platform
 import socket
 import threading
 import time
@@ -84,8 +86,73 @@ class _Decision:
         self.dead: List[int] = d["dead"]
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+#: Same-host peers' buffers are mapped and written with plain stores only
+#: where stores become visible in program order (x86's TSO): a peer that
+#: sees a flag then sees the data written before it.
+_CAN_MAP = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+def _memfd_of(addr: int):
+    """(fd, inode) of the memfd the engine mapped at addr in this process
+    (the engine keeps the descriptor open while the buffer lives), or None."""
+    ino = None
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if int(parts[0].split("-", 1)[0], 16) == addr:
+                    if len(parts) == 6 and parts[5].startswith("/memfd:") and int(parts[2], 16) == 0:
+                        ino = int(parts[4])
+                    break
+        if ino is None:
+            return None
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if os.stat(f"/proc/self/fd/{name}").st_ino == ino and \
+                        os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:"):
+                    return int(name), ino
+            except OSError:
+                continue
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class _Mapping:
+    """A same-host peer's engine buffer mapped into this process (through
+    /proc/<pid>/fd, as the engine's shared-memory path maps it), so steps
+    copy into it and store its flag words directly: no engine batch, no
+    worker thread to wake on a host whose cores the ranks already share."""
+
+    __slots__ = ("remote", "size", "addr")
+
+    def __init__(self, pid: int, fd: int, ino: int, remote: int, size: int):
+        path = f"/proc/{pid}/fd/{fd}"
+        f = os.open(path, os.O_RDWR)
+        try:
+            st = os.fstat(f)
+            if st.st_ino != ino or st.st_size < size:
+                raise OSError(f"{path} is not the buffer rank's engine published")
+            a = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, f, 0)
+            if a is None or a == _MAP_FAILED:
+                raise OSError(ctypes.get_errno(), f"mmap {path}")
+        finally:
+            os.close(f)
+        self.remote, self.size, self.addr = remote, size, a
+
+    def close(self) -> None:
+        if self.addr:
+            _libc.munmap(self.addr, self.size)
+            self.addr = 0
+
+
 class _Peer:
-    __slots__ = ("rank", "name", "ctrl", "data", "p2p", "pid", "host", "inc", "seg", "bells")
+    __slots__ = ("rank", "name", "ctrl", "data", "p2p", "pid", "host", "inc", "seg", "bells", "maps", "words")
 
     def __init__(self, rank: int, info: dict, seg: int):
         self.rank = rank
@@ -94,6 +161,30 @@ class _Peer:
         self.pid, self.host, self.inc = info["pid"], info["host"], info["inc"]
         self.seg = seg
         self.bells = [b.encode("latin-1") for b in info["bells"]] if info["host"] == socket.gethostname() else None
+        self.maps: List[_Mapping] = []
+        self.words = None  # its ctrl words, where mapped
+        if self.bells is not None and _CAN_MAP and info.get("mem") and os.environ.get("MOONCAKE_PG_MAP", "1") != "0":
+            try:
+                for remote, size, fd, ino in info["mem"]:
+                    self.maps.append(_Mapping(self.pid, fd, ino, remote, size))
+            except OSError:
+                self.unmap()  # the engine's batches serve it instead
+            else:
+                m = self.maps[0]
+                self.words = (ctypes.c_uint64 * (m.size // 8)).from_address(m.addr)
+
+    def local(self, remote: int, n: int) -> int:
+        """This process's address of the peer's [remote, remote+n), or 0."""
+        for m in self.maps:
+            if m.remote <= remote and remote + n <= m.remote + m.size:
+                return m.addr + (remote - m.remote)
+        return 0
+
+    def unmap(self) -> None:
+        self.words = None
+        for m in self.maps:
+            m.close()
+        self.maps = []
 
 
 def _pid_alive(pid: int) -> bool:
@@ -179,7 +270,7 @@ class Comm:
         info = {"name": engine.name, "ctrl": self.ctrl.addr, "data": self.data.addr, "p2p": self.p2p.addr,
                 "pid": os.getpid(), "host": self.host, "inc": self.inc,
                 "bells": [b.getsockname() if isinstance(b.getsockname(), str) else b.getsockname().decode("latin-1")
-                          for b in self.bells], "slot": self.slot, "G": G}
+                          for b in self.bells], "slot": self.slot, "G": G, "mem": self._mem_info()}
         store.set(f"peer/{rank}", json.dumps(info))
         if is_extension:
             self.active = [rank]
@@ -198,6 +289,17 @@ class Comm:
 
     # -- memory ----------------------------------------------------------
 
+    def _mem_info(self) -> list:
+        """(address, size, memfd, inode) of ctrl, data and p2p, for
+        same-host peers to map; empty where a buffer's memfd is not found."""
+        out = []
+        for b in (self.ctrl, self.data, self.p2p):
+            fd = _memfd_of(b.addr)
+            if fd is None:
+                return []
+            out.append((b.addr, b.size, fd[0], fd[1]))
+        return out
+
     def _alloc(self, n: int):
         b = self.eng.allocate_buffer(n)
         self._bufs.append(b)
@@ -212,6 +314,7 @@ class Comm:
         if old is not None and old.inc == info["inc"]:
             return old
         if old is not None:
+            old.unmap()
             try:
                 self.eng.close_segment(old.name)
             except MooncakeError:
@@ -233,6 +336,18 @@ class Comm:
         PeerFailure naming the ranks whose writes failed."""
         if not reqs:
             return
+        peers = self.peers
+        rest = []
+        for r in reqs:
+            p, a, ra, n = r
+            dst = peers[p].local(ra, n) if peers[p].maps else 0
+            if dst:
+                ctypes.memmove(dst, a, n)
+            else:
+                rest.append(r)
+        if not rest:
+            return
+        reqs = rest
         arr = RequestArray([Request(Op.WRITE, a, self.peers[p].seg, ra, n) for p, a, ra, n in reqs])
         try:
             self.eng.transfer(arr, timeout=self.timeout)
@@ -253,7 +368,14 @@ class Comm:
         and rings their bell."""
         self.words[scratch] = value
         src = self.ctrl.addr + 8 * scratch
-        self._write([(p, src, self.peers[p].ctrl + 8 * word, 8) for p in peers])
+        rest = []
+        for p in peers:
+            w = self.peers[p].words
+            if w is not None:
+                w[word] = value  # after the data stores (TSO): see _CAN_MAP
+            else:
+                rest.append((p, src, self.peers[p].ctrl + 8 * word, 8))
+        self._write(rest)
         for p in peers:
             self.ring(p, bell)
 
@@ -539,6 +661,8 @@ class Comm:
             return
         self.closed = True
         self.p2p_engine.close()
+        for p in self.peers.values():
+            p.unmap()
         for b in self.bells:
             b.close()
         for b in self._bufs:
