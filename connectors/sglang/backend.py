@@ -19,6 +19,11 @@ SGLang recomputes rather than serve bad KV. A store that cannot be reached
 makes every page a miss (gets, exists) or a failed write (sets), logged,
 and the calls work again once it is back.
 
+Hybrid models' side pools (Mamba states, sliding-window KV, indexers)
+come through SGLang's v2 calls (register_mem_host_pool_v2,
+batch_exists_v2, batch_get_v2, batch_set_v2) and are stored the same way:
+one object per pool and page, under the KV page's key and the pool's name.
+
 Keys: keys.py.
 """
 
@@ -27,14 +32,16 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from mooncake_go import Store, errors
 from mooncake_go import parse_size
 from mooncake_go.store import _code_error
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
+from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
+                                                  PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
 from .keys import key_prefix, page_key
 
@@ -58,6 +65,17 @@ def _report(op: str, keys: List[str], codes: List[int], ok: List[bool], quiet) -
 # Pool tensors that may hold page bytes (kv_buffer: one tensor for K and V
 # or the latent; the others: layouts that keep them apart).
 _POOL_TENSORS = ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer")
+
+
+def _pool_tensors(pool) -> list:
+    """The tensors of a host pool that pages lie in: the pool's own list
+    of them where it has one (get_hybrid_pool_buffer: Mamba states, DSA
+    indexers, K/V pools), and the usual buffer attributes."""
+    out = [getattr(pool, name, None) for name in _POOL_TENSORS]
+    listed = getattr(pool, "get_hybrid_pool_buffer", None)
+    if callable(listed):
+        out.extend(listed())
+    return out
 
 
 def _size(v: Any, name: str) -> int:
@@ -119,7 +137,10 @@ class MooncakeGoHiCache(HiCacheStorage):
                            rpc_timeout_ms=s.rpc_timeout_ms)
         self.mem_pool_host = None
         self.prefix = ""
+        self._prefixes: set = set()  # of every pool's keys, for clear
         self._registered: List[torch.Tensor] = []
+        self._spans: List[tuple] = []  # (start, end) of the registered memory
+        self._pool_prefix: Dict[Any, str] = {}  # v2 pools: name -> key prefix
 
     # -- the host pool ---------------------------------------------------
 
@@ -127,40 +148,191 @@ class MooncakeGoHiCache(HiCacheStorage):
         """Registers the pool's memory with the store, once, and fixes the
         key prefix (which depends on the pool's layout)."""
         super().register_mem_pool_host(mem_pool_host)
+        self.prefix = self._prefix_of(mem_pool_host, mla=self.config.is_mla_model)
+        if not self._register(_pool_tensors(mem_pool_host)):
+            raise ValueError(f"mooncake-go hicache: {type(mem_pool_host).__name__} has no KV buffer to register")
+
+    def _prefix_of(self, pool, *, mla: bool) -> str:
         c = self.config
-        self.prefix = key_prefix(c.model_name, mla=c.is_mla_model, tp_rank=c.tp_rank, pp_rank=c.pp_rank,
-                                 pp_size=c.pp_size, cp_rank=c.attn_cp_rank, cp_size=c.attn_cp_size,
-                                 dcp_rank=c.dcp_rank, dcp_size=c.dcp_size,
-                                 layer_first=mem_pool_host.layout == "layer_first",
-                                 tenant=self.settings.tenant, name=self.settings.key_prefix)
-        spans = []
-        for name in _POOL_TENSORS:
-            t = getattr(mem_pool_host, name, None)
+        prefix = key_prefix(c.model_name, mla=mla, tp_rank=c.tp_rank, pp_rank=c.pp_rank, pp_size=c.pp_size,
+                            cp_rank=c.attn_cp_rank, cp_size=c.attn_cp_size, dcp_rank=c.dcp_rank,
+                            dcp_size=c.dcp_size, layer_first=getattr(pool, "layout", None) == "layer_first",
+                            tenant=self.settings.tenant, name=self.settings.key_prefix)
+        self._prefixes.add(prefix)
+        return prefix
+
+    def _register(self, tensors) -> bool:
+        """Registers every tensor not inside memory registered already;
+        whether any tensor was given."""
+        given = False
+        for t in tensors:
             if not isinstance(t, torch.Tensor) or t.numel() == 0:
                 continue
+            given = True
             lo = t.data_ptr()
             hi = lo + t.numel() * t.element_size()
-            if any(a <= lo and hi <= b for a, b in spans):
+            if any(a <= lo and hi <= b for a, b in self._spans):
                 continue  # a view into memory already registered
             self.store.register_buffer(t)
             self._registered.append(t)
-            spans.append((lo, hi))
-        if not spans:
-            raise ValueError(f"mooncake-go hicache: {type(mem_pool_host).__name__} has no KV buffer to register")
+            self._spans.append((lo, hi))
+        return given
 
-    def _pages(self, keys: List[str], host_indices: torch.Tensor):
+    def _pages(self, keys: List[str], host_indices: torch.Tensor, pool=None, name=None):
         """(store keys, per-page piece addresses, per-page piece sizes) of a
-        batch, from the pool's own zero-copy metadata."""
+        batch, from the pool's own zero-copy metadata: the KV pool's, or
+        with pool and name a v2 pool's (keys: _component_key)."""
         if self.mem_pool_host is None:
             raise RuntimeError("mooncake-go hicache: register_mem_pool_host was not called")
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        ptrs, sizes = (pool or self.mem_pool_host).get_page_buffer_meta(host_indices)
         n = len(keys)
         if n == 0 or len(ptrs) % n:
             raise ValueError(f"mooncake-go hicache: {len(ptrs)} page pieces for {n} pages")
         per = len(ptrs) // n
         addrs = [ptrs[i * per:(i + 1) * per] for i in range(n)]
         lens = [sizes[i * per:(i + 1) * per] for i in range(n)]
-        return [page_key(self.prefix, k) for k in keys], addrs, lens
+        if pool is None:
+            return [page_key(self.prefix, k) for k in keys], addrs, lens
+        return [self._component_key(name, k) for k in keys], addrs, lens
+
+    # -- hybrid models: SGLang's per-pool interface (v2) -----------------
+    # A hybrid model's host memory is a group of pools: the KV pool, which
+    # the v1 calls move, and side pools (Mamba states, sliding-window KV,
+    # indexers, a draft model's KV) that SGLang moves with the v2 calls,
+    # each named by a PoolName. A side pool's page is one object too, the
+    # concatenation of its pieces, under the KV page's key and the pool's
+    # name (_component_key).
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
+        """Registers a side pool's memory with the store, once, and fixes
+        the prefix of its keys: shared by the TP ranks of an MLA model
+        (as its KV is) unless the pool holds per-rank state (Mamba states,
+        an MHA pool's heads)."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        if self.mem_pool_host is None:
+            raise RuntimeError("mooncake-go hicache: register_mem_pool_host was not called")
+        per_rank = str(host_pool_name) == str(PoolName.MAMBA) or isinstance(host_pool, MHATokenToKVPoolHost)
+        shared = self.config.is_mla_model and not per_rank
+        self._pool_prefix[str(host_pool_name)] = self._prefix_of(host_pool, mla=shared)
+        if host_pool is not self.mem_pool_host:
+            self._register(_pool_tensors(host_pool))
+
+    def _component_key(self, name, page_hash: str) -> str:
+        """The key of a side pool's page: ``<prefix>@<id>.<pool>``, whose
+        last '@' field is not a block id, so the Conductor's store feed
+        does not take a side pool's page for the KV of its block. The KV
+        pool's name gives the KV page's own key."""
+        name = str(name)
+        if name == str(PoolName.KV):
+            return page_key(self.prefix, page_hash)
+        prefix = self._pool_prefix.get(name)
+        if prefix is None:
+            raise ValueError(f"mooncake-go hicache: pool {name!r} was not registered (register_mem_host_pool_v2)")
+        return f"{page_key(prefix, page_hash)}.{name}"
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+        """The longest prefix of keys whose KV pages, and the side pools'
+        pages each pool's hit policy asks for, the store holds.
+
+        KV: the leading run of pages present (as batch_exists). Then each
+        pool keeps the prefix lengths it can restore: ALL_PAGES, those
+        whose every page the pool holds; TRAILING_PAGES, those whose last
+        len(transfer.keys) pages (at least one) it holds, which need not
+        be a run. The result is the longest length every pool keeps, with
+        each pool's own longest as its hit count and the whole set of
+        lengths kept (the caller intersects it across ranks). One get
+        session answers for every page of every pool (one master round
+        trip), and leases them for the reads that follow."""
+        transfers = list(pool_transfers or [])
+        if not keys:
+            return PoolTransferResult(0, {}, [])
+        for t in transfers:
+            if t.hit_policy not in (PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES):
+                raise ValueError(f"mooncake-go hicache: pool {t.name}: hit policy {t.hit_policy} is not supported")
+        n = len(keys)
+        skeys = [page_key(self.prefix, k) for k in keys]
+        for t in transfers:
+            skeys.extend(self._component_key(t.name, k) for k in keys)
+        try:
+            res = self.store.get_session_start(skeys)
+        except errors.MooncakeError as e:
+            log.warning("mooncake-go hicache: exists of %d pages of %d pools failed: %s", n, len(transfers) + 1, e)
+            return PoolTransferResult(0, {}, [])
+        for k, r in zip(skeys, res):
+            if r is not None and not isinstance(r, errors.ObjectNotFound):
+                log.warning("mooncake-go hicache: exists of %s failed: %s", k, r)
+                break
+        held = [r is None for r in res]
+        kv = held[:n].index(False) if False in held[:n] else n
+        hits = {PoolName.KV: kv} if kv else {}
+        keep = set(range(1, kv + 1))
+        for j, t in enumerate(transfers):
+            if not keep:
+                break
+            has = held[(j + 1) * n:(j + 2) * n]
+            if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                run = has[:kv].index(False) if False in has[:kv] else kv
+                ok = set(range(1, run + 1))
+            else:
+                w = max(1, len(t.keys or ()))
+                ok = {m for m in range(1, kv + 1) if all(has[max(0, m - w):m])}
+            if ok:
+                hits[t.name] = max(ok)
+            keep &= ok
+        kept = sorted(keep)
+        return PoolTransferResult(kept[-1] if kept else 0, hits, kept)
+
+    def batch_get_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[Any, List[bool]]:
+        """Reads each transfer's pages (transfer.keys) into its pool at
+        transfer.host_indices; per pool, True per page read whole and
+        intact. Every pool's pages go in one store call."""
+        return self._io_v2(True, transfers)
+
+    def batch_set_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[Any, List[bool]]:
+        """Writes each transfer's pages from its pool; per pool, True per
+        page the store holds afterwards. One store call for all pools."""
+        return self._io_v2(False, transfers)
+
+    def _io_v2(self, get: bool, transfers: List[PoolTransfer]) -> Dict[Any, List[bool]]:
+        out: Dict[Any, List[bool]] = {}
+        spans, skeys, addrs, lens = [], [], [], []
+        for t in transfers:
+            keys = list(t.keys or [])
+            out[t.name] = [False] * len(keys)
+            if not keys:
+                continue
+            pool = getattr(self, "registered_pools", {}).get(t.name)
+            if pool is None and str(t.name) == str(PoolName.KV):
+                pool = self.mem_pool_host
+            page = getattr(pool, "page_size", 1) or 1
+            if pool is None or t.host_indices is None or t.host_indices.numel() != len(keys) * page:
+                log.warning("mooncake-go hicache: pool %s: %s", t.name, "not registered" if pool is None else
+                            f"{0 if t.host_indices is None else t.host_indices.numel()} host indices for "
+                            f"{len(keys)} pages of {page}")
+                continue
+            k, a, n = self._pages(keys, t.host_indices, pool, t.name)
+            spans.append((t.name, len(skeys), len(k)))
+            skeys += k
+            addrs += a
+            lens += n
+        if not skeys:
+            return out
+        try:
+            codes, got = self.store._parts_codes(get, skeys, addrs, lens)
+        except errors.MooncakeError as e:
+            log.warning("mooncake-go hicache: %s of %d pages failed: %s", "get" if get else "put", len(skeys), e)
+            return out
+        if get:
+            ok = [c == 0 and g == sum(n) for c, g, n in zip(codes, got, lens)]
+        else:
+            ok = [c in (0, _ALREADY_EXISTS) for c in codes]
+        _report("get" if get else "put", skeys, codes, ok, (_NOT_FOUND,) if get else ())
+        for name, at, m in spans:
+            out[name] = ok[at:at + m]
+        return out
 
     # -- the zero-copy interface SGLang calls (interface_v1) -------------
 
@@ -267,11 +439,14 @@ class MooncakeGoHiCache(HiCacheStorage):
     # -- lifecycle -------------------------------------------------------
 
     def clear(self) -> None:
-        """Removes this backend's pages (its prefix) from the store."""
-        self.store.remove_by_regex("^" + re.escape(self.prefix + "@"))
+        """Removes this backend's pages (its prefixes, v2 pools' too) from
+        the store."""
+        for p in sorted(self._prefixes):
+            self.store.remove_by_regex("^" + re.escape(p + "@"))
 
     def close(self) -> None:
         """Leaves the store; the pool's memory is unregistered with it.
         Idempotent (SGLang calls it on detach)."""
         self.store.close()
         self._registered.clear()
+        self._spans.clear()
