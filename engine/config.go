@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,16 @@ type Config struct {
 	// LocalServerName when it is an IP, else the first non-loopback IPv4,
 	// else 127.0.0.1.
 	Host string
+	// ExtraHosts are more addresses of this host (IPs of its other NICs).
+	// The TCP data port listens on each too (the same port number where
+	// it is free), the descriptor publishes them (mcgo_tcp_data_addrs,
+	// which official engines ignore: they reach Host), and lanes to
+	// peers dial from Host and these in turn, so transfers spread over
+	// the links and move off one that goes down. Zero:
+	// MC_TCP_BIND_ADDRESSES, a comma-separated list whose first entry is
+	// also Host when Host and MC_TCP_BIND_ADDRESS are unset, less Host;
+	// else none (one address, as Mooncake's TCP transport).
+	ExtraHosts []string
 	// RPCPort is the handshake port; DataPort the TCP data port. Zero picks
 	// a free port.
 	RPCPort, DataPort int
@@ -106,6 +117,17 @@ func (c *Config) Validate() error {
 	if c.Timeout < 0 || c.MaxRetries < 0 {
 		return errorf(CodeInvalidArgument, "config: negative Timeout or MaxRetries")
 	}
+	return checkExtraHosts(c.ExtraHosts)
+}
+
+// checkExtraHosts: lanes bind their local end to each, so each must be an
+// IP address.
+func checkExtraHosts(hosts []string) error {
+	for _, h := range hosts {
+		if net.ParseIP(h) == nil {
+			return errorf(CodeInvalidArgument, "config: ExtraHosts entry %q is not an IP address", h)
+		}
+	}
 	return nil
 }
 
@@ -114,6 +136,16 @@ func (c Config) withDefaults() Config {
 	c.Metadata = cmp.Or(c.Metadata, metadata.P2PHandshake)
 	c.Transport = cmp.Or(c.Transport, "auto")
 	c.Secret = cmp.Or(c.Secret, os.Getenv("MC_TE_SECRET"))
+	if hosts := splitHosts(os.Getenv("MC_TCP_BIND_ADDRESSES")); len(c.ExtraHosts) == 0 && len(hosts) > 0 {
+		if c.Host == "" && os.Getenv("MC_TCP_BIND_ADDRESS") == "" {
+			c.Host = hosts[0]
+		}
+		for _, h := range hosts {
+			if h != c.Host {
+				c.ExtraHosts = append(c.ExtraHosts, h)
+			}
+		}
+	}
 	if c.Host == "" {
 		c.Host = defaultHost(c.LocalServerName)
 	}
@@ -129,6 +161,17 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	return c
+}
+
+// splitHosts splits a comma-separated list of addresses, dropping blanks.
+func splitHosts(v string) []string {
+	var hosts []string
+	for h := range strings.SplitSeq(v, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }
 
 func envInt(name string, def int) int {

@@ -116,12 +116,30 @@
 // same-host path leaves GPU ranges to the next path; checksums are taken
 // from the host copies. The wire format does not change.
 //
+// # Several NICs
+//
+// A host with several links lists their addresses in Config.ExtraHosts (or
+// MC_TCP_BIND_ADDRESSES=ip1,ip2: the first is Host). The TCP data port
+// listens on each; the descriptor keeps Mooncake's fields as they were
+// (tcp_data_port, reached at the rpc_meta host, which is all an official
+// engine reads) and adds the others as mcgo_tcp_data_addrs. An initiator
+// spreads its lanes over every address a peer publishes, and over its own
+// addresses when it has several (lane i dials from local i to peer
+// address i when both have as many), so one transfer uses every link.
+// With more than one path to a peer, a path that goes silent (data
+// unacknowledged, keepalives unanswered) for about 2 s is given up: its
+// connections are cut, their slices sent again on another path (a retry
+// each), and new lanes pass its address over for a while. When every path
+// is down, the slices fail as with one path, Failed once retries run out
+// or Timeout at the deadline.
+//
 // # Failure semantics
 //
 //   - Every request has a deadline (Config.Timeout, or WithDeadline); a task
 //     whose deadline passes is Timeout, never left Pending.
-//   - A slice that failed on a broken connection is retried on another lane
-//     (and address), at most Config.MaxRetries times, then Failed.
+//   - A slice that failed on a broken connection, or on a path found down
+//     (see Several NICs), is retried on another lane (and address), at most
+//     Config.MaxRetries times, then Failed.
 //   - The serving side checks every range against its registered,
 //     remote-accessible regions before touching memory, and pins the region
 //     so UnregisterMemory waits for requests in progress.

@@ -34,6 +34,8 @@ type Engine struct {
 
 	hs     *metadata.HandshakeServer
 	server *tcp.Server
+	// extra serve the TCP data port on Config.ExtraHosts, in order.
+	extra []*tcp.Server
 	// paths are the data paths in order of preference: Config.Transports,
 	// then CUDA IPC (unless Transport is "tcp"), GPU staging, same-host
 	// shared memory and TCP (as Config.Transport allows).
@@ -83,6 +85,9 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	if err := checkExtraHosts(cfg.ExtraHosts); err != nil { // from the environment
+		return nil, err
+	}
 	e = &Engine{
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "engine"),
@@ -125,6 +130,9 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	}); err != nil {
 		return nil, &Error{Code: CodeSocket, Err: err}
 	}
+	if err = e.listenExtra(); err != nil {
+		return nil, err
+	}
 	if e.hs, err = metadata.ServeHandshake(net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.RPCPort)), e.handshake, e.secret, e.log); err != nil {
 		return nil, &Error{Code: CodeSocket, Err: err}
 	}
@@ -138,6 +146,7 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	if cfg.Transport != "shm" {
 		e.paths = append(e.paths, tcp.NewClient(tcp.ClientConfig{
 			Lanes: cfg.Lanes, MaxRetries: cfg.MaxRetries, Secret: e.secret, V1: cfg.TCPv1, Logger: e.log,
+			LocalAddrs: e.localAddrs(),
 		}))
 	}
 	e.name = cfg.LocalServerName
@@ -164,6 +173,43 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	e.log.Info("transfer engine started", "segment", e.name, "rpc", e.hs.Addr().String(),
 		"data", e.server.Addr().String(), "metadata", cfg.Metadata, "transport", cfg.Transport)
 	return e, nil
+}
+
+// listenExtra serves the TCP data port on every extra address too, on the
+// primary's port number where it is free there.
+func (e *Engine) listenExtra() error {
+	port := e.server.Addr().Port
+	scfg := tcp.ServerConfig{Memory: e.mem, Secret: e.secret, Logger: e.log, Served: e.m.served, MaxConnsPerPeer: e.cfg.MaxConnsPerPeer}
+	for _, h := range e.cfg.ExtraHosts {
+		if h == e.cfg.Host {
+			continue
+		}
+		s, err := tcp.Listen(net.JoinHostPort(h, strconv.Itoa(port)), scfg)
+		if err != nil {
+			s, err = tcp.Listen(net.JoinHostPort(h, "0"), scfg)
+		}
+		if err != nil {
+			return wrapf(CodeSocket, err, "listen on extra host %s", h)
+		}
+		e.extra = append(e.extra, s)
+	}
+	return nil
+}
+
+// localAddrs are the addresses lanes dial from: none (the system picks)
+// unless the host has extra ones.
+func (e *Engine) localAddrs() []string {
+	if len(e.extra) == 0 {
+		return nil
+	}
+	var addrs []string
+	if net.ParseIP(e.cfg.Host) != nil {
+		addrs = append(addrs, e.cfg.Host)
+	}
+	for _, s := range e.extra {
+		addrs = append(addrs, s.Addr().IP.String())
+	}
+	return addrs
 }
 
 // Name is this engine's segment name, the one peers open.
@@ -239,6 +285,9 @@ func (e *Engine) shutdown() {
 	}
 	if e.server != nil {
 		e.server.Close()
+	}
+	for _, s := range e.extra {
+		s.Close()
 	}
 	if e.meta != nil {
 		e.meta.Close()
@@ -331,6 +380,9 @@ func (e *Engine) descriptor() *metadata.SegmentDesc {
 	}
 	if e.cfg.TCPv1 {
 		d.TCPProtoVersion = 1
+	}
+	for _, s := range e.extra {
+		d.TCPDataAddrs = append(d.TCPDataAddrs, s.Addr().String())
 	}
 	// Every path publishing its part reads what it must before the
 	// regions are listed (transport.Publisher), then gets the list.

@@ -18,6 +18,8 @@ func FuzzParseSegmentDesc(f *testing.F) {
 		`{"name":"a","protocol":"rdma","buffers":[{"name":"cuda:0","addr":1,"length":2,"rkey":[1,2],"lkey":[3,4]}]}`,
 		`{"name":"a","protocol":"tcp","buffers":[],"mcgo_local":{"host_id":"h","pid":1,"start_time":2,"shared":[{"addr":1,"length":2,"fd":3}]}}`,
 		`{"name":"a","protocol":"tcp","buffers":[],"mcgo_cuda_ipc":{"host_id":"h","pid":1,"buffers":[{"addr":4096,"length":8,"base":4096,"size":4096,"device":1,"handle":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="}]}}`,
+		`{"name":"a","protocol":"tcp","tcp_data_port":15001,"buffers":[],"mcgo_tcp_data_addrs":["10.0.1.5:15001","[fd00::5]:15001"]}`,
+		`{"name":"a","protocol":"tcp","tcp_data_port":15001,"mcgo_tcp_data_addrs":["10.0.1.5:0","nic2","10.0.1.5:015001",""]}`,
 		`{"name":"a","protocol":null}`,
 		`{"name":"a","buffers":[{"addr":18446744073709551615,"length":2}]}`,
 		`{"name":"","tcp_data_port":70000}`,

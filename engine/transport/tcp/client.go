@@ -11,7 +11,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
@@ -34,6 +37,18 @@ type ClientConfig struct {
 	MaxRetries int
 	// DialTimeout bounds connecting a lane. Zero means 5 s.
 	DialTimeout time.Duration
+	// LocalAddrs are the local IP addresses lanes dial from (the host's
+	// NICs), spread over the lanes; with as many peer addresses, lane i
+	// pairs local i with peer address i. Zero: the system picks.
+	LocalAddrs []string
+	// PathTimeout is how long a connection may go without a sign of life
+	// from the peer's kernel (data unacknowledged, keepalives unanswered),
+	// and a dial may take, before its path counts as down when a peer has
+	// more than one (several addresses, or several LocalAddrs): its slices
+	// move to another path then, not at their deadline. A peer with a
+	// single path waits as long as the slice deadline allows, as before.
+	// Zero means 2 s.
+	PathTimeout time.Duration
 	// Secret, when set, is proven to every peer before the first frame.
 	Secret []byte
 	// V1 speaks protocol version 1 (no status frames), as MC_TCP_PROTO=1.
@@ -77,6 +92,9 @@ func NewClient(cfg ClientConfig) *Client {
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.PathTimeout <= 0 {
+		cfg.PathTimeout = 2 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -224,15 +242,32 @@ type Peer struct {
 	connMu sync.Mutex
 	conns  map[*laneConn]struct{} // nil once stopped
 
-	// addrMu guards downUntil: per address, when a failed dial stops
-	// counting against it.
+	// multipath: the peer is reached over more than one path (addresses
+	// times local addresses), so a dead one is given up on after
+	// PathTimeout rather than at the slice deadline.
+	multipath bool
+
+	// addrMu guards downUntil: per address, when a failed dial or a path
+	// found dead stops counting against it.
 	addrMu    sync.Mutex
 	downUntil []time.Time
+	downErr   error // why the last address went down
 }
 
 // addrDown is how long an address that refused a dial is passed over
 // while the peer has others.
 const addrDown = time.Second
+
+// downFor is how long a failed address is passed over: addrDown, or, with
+// several paths, long enough that lanes do not keep dialling a dead link
+// (each such dial holds a slice for PathTimeout) while another path
+// serves, and that slices fail at once while every path is down.
+func (p *Peer) downFor() time.Duration {
+	if p.multipath {
+		return max(addrDown, 2*p.c.cfg.PathTimeout)
+	}
+	return addrDown
+}
 
 // pick returns the address a lane dials: the first one from start (the
 // lane's index plus the slice's retries, so lanes spread over a peer's
@@ -249,16 +284,56 @@ func (p *Peer) pick(start int) int {
 	return start % len(p.addrs)
 }
 
+// pathDown marks address i down after a connection to it died of its path
+// (the kernel timed it out) and cuts the peer's other connections to it:
+// they share the link, and their slices had better move now than wait to
+// find out one by one.
+func (p *Peer) pathDown(i int, err error) {
+	p.dialed(i, err)
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	for lc := range p.conns {
+		if lc.addr == i {
+			lc.kill(fmt.Errorf("%w: path to %s down: %v", transport.ErrPeer, p.addrs[i], err))
+		}
+	}
+}
+
+// pathDied reports whether err is the kernel giving up on a connection's
+// path (TCP_USER_TIMEOUT or keepalives unanswered), as opposed to the
+// peer hanging up or a deadline of ours passing.
+func pathDied(err error) bool { return errors.Is(err, syscall.ETIMEDOUT) }
+
 // dialed records the outcome of a dial to address i: a failure passes the
 // address over for addrDown, a success clears that.
 func (p *Peer) dialed(i int, err error) {
 	p.addrMu.Lock()
 	defer p.addrMu.Unlock()
 	if err != nil {
-		p.downUntil[i] = time.Now().Add(addrDown)
+		p.downUntil[i] = time.Now().Add(p.downFor())
+		p.downErr = err
 	} else {
 		p.downUntil[i] = time.Time{}
 	}
+}
+
+// allDown returns why, when every path of a multipath peer is down: its
+// slices fail at once then, rather than each waiting out dials that
+// would time out until its retries or its deadline run out. A peer with
+// one path keeps retrying it, as it always did.
+func (p *Peer) allDown() error {
+	if !p.multipath {
+		return nil
+	}
+	now := time.Now()
+	p.addrMu.Lock()
+	defer p.addrMu.Unlock()
+	for _, t := range p.downUntil {
+		if !now.Before(t) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: every path to %s down (last: %v)", transport.ErrPeer, p.key, p.downErr)
 }
 
 // track records a live connection so stop can cut it; false once stopped.
@@ -280,7 +355,8 @@ func (p *Peer) untrack(lc *laneConn) {
 
 func (c *Client) newPeer(key string, addrs []string) *Peer {
 	p := &Peer{c: c, key: key, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{}),
-		conns: map[*laneConn]struct{}{}, downUntil: make([]time.Time, len(addrs))}
+		conns: map[*laneConn]struct{}{}, downUntil: make([]time.Time, len(addrs)),
+		multipath: len(addrs)*max(1, len(c.cfg.LocalAddrs)) > 1}
 	for i := range c.cfg.Lanes {
 		l := &lane{p: p, idx: i}
 		p.lanes = append(p.lanes, l)
@@ -418,6 +494,7 @@ const maxGather = 16
 type laneConn struct {
 	l        *lane
 	conn     net.Conn
+	addr     int                   // the index of its peer address
 	inflight chan *transport.Slice // sent to and closed under wmu
 	dead     chan struct{}         // closed by kill
 	once     sync.Once
@@ -529,6 +606,10 @@ func (l *lane) serve(s *transport.Slice) {
 		l.drop() // its reader settles what is left, then closes it
 	}
 	if l.lc == nil {
+		if err := p.allDown(); err != nil {
+			s.Done(s, err)
+			return
+		}
 		lc, err := l.dial(s)
 		if err != nil {
 			p.fail(s, err)
@@ -570,6 +651,9 @@ gather:
 	// (Mooncake's server refuses a WRITE and hangs up without reading
 	// its payload): the reader settles each slice from what arrived.
 	l.handOff(lc, l.sl)
+	if err != nil && p.multipath && pathDied(err) {
+		p.pathDown(lc.addr, err) // the reader finds it dead and retries the slices
+	}
 	if err != nil {
 		// What went out may end inside a request (a local EFAULT, a
 		// write deadline): the peer would wait for its rest, and the
@@ -615,10 +699,24 @@ func (l *lane) drop() {
 
 func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 	p := l.p
-	i := p.pick(l.idx + s.Retries)
+	start := l.idx + s.Retries
+	i := p.pick(start)
 	addr := p.addrs[i]
-	timeout := min(p.c.cfg.DialTimeout, time.Until(s.Deadline))
-	nc, err := net.DialTimeout("tcp", addr, timeout)
+	d := net.Dialer{Timeout: min(p.c.cfg.DialTimeout, time.Until(s.Deadline))}
+	if locals := p.c.cfg.LocalAddrs; len(locals) > 0 {
+		// Rail-aligned when there are as many peer addresses as ours;
+		// with fewer, the lanes take turns over ours.
+		j := i % len(locals)
+		if len(locals) > len(p.addrs) {
+			j = start % len(locals)
+		}
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(locals[j])}
+	}
+	if p.multipath {
+		d.Timeout = min(d.Timeout, p.c.cfg.PathTimeout)
+		d.KeepAliveConfig, d.Control = p.c.pathWatch()
+	}
+	nc, err := d.Dial("tcp", addr)
 	p.dialed(i, err)
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial %s: %v", transport.ErrPeer, addr, err)
@@ -629,7 +727,7 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 		// An authentication failure will not heal by retrying.
 		return nil, fmt.Errorf("%w: %s: %w", transport.ErrRejected, addr, err)
 	}
-	lc := &laneConn{l: l, conn: nc, br: bufio.NewReaderSize(nc, 4096),
+	lc := &laneConn{l: l, conn: nc, addr: i, br: bufio.NewReaderSize(nc, 4096),
 		inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{}), retired: make(chan struct{}),
 		kick: make(chan struct{}, 1), wd: deadline{set: nc.SetWriteDeadline}, rd: deadline{set: nc.SetReadDeadline}}
 	if !p.track(lc) {
@@ -639,6 +737,28 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 	p.running.Add(1)
 	go lc.read()
 	return lc, nil
+}
+
+// pathWatch returns the keepalive settings and socket option that make the
+// kernel fail a connection whose path died within about PathTimeout:
+// TCP_USER_TIMEOUT bounds how long sent data may go unacknowledged, and
+// keepalives (answered by a live peer's kernel, however busy its process)
+// make a connection that only waits for answers send something to be
+// acknowledged. The reads and writes on it then fail with ETIMEDOUT.
+func (c *Client) pathWatch() (net.KeepAliveConfig, func(network, address string, rc syscall.RawConn) error) {
+	t := c.cfg.PathTimeout
+	probe := max(time.Second, t/2) // keepalive times are whole seconds
+	ka := net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: max(2, int(t/probe)+1)}
+	control := func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(t/time.Millisecond))
+		}); err != nil {
+			return err
+		}
+		return serr
+	}
+	return ka, control
 }
 
 func (l *lane) send(lc *laneConn, sl []*transport.Slice) error {
@@ -829,7 +949,23 @@ func (lc *laneConn) settle(ctx context.Context, s *transport.Slice) (interrupted
 		lc.retire.Do(func() { close(lc.retired) })
 		return false
 	}
+	select {
+	case <-lc.dead:
+		// Cut while we read (its path found down by another lane, or
+		// the peer stopped): the reason is why it was cut.
+		p.fail(s, lc.err)
+		return false
+	default:
+	}
 	switch {
+	case pathDied(err) && p.multipath:
+		// Checked before timedOut, which ETIMEDOUT also satisfies: the
+		// path is down, not the slice late; another path may serve it.
+		err = fmt.Errorf("%w: path to %s down: %v", transport.ErrPeer, lc.conn.RemoteAddr(), err)
+		lc.kill(err)
+		p.pathDown(lc.addr, err)
+		p.fail(s, err)
+		return false
 	case timedOut(err):
 		err = fmt.Errorf("%w: no answer from %s", transport.ErrTimeout, lc.conn.RemoteAddr())
 	case errors.Is(err, ErrMalformed):
