@@ -87,6 +87,18 @@ def _size(v: Any, name: str) -> int:
         raise ValueError(f"mooncake-go hicache: {name}: {e}") from e
 
 
+def _page_lengths(sizes: List[int], counts: List[int]) -> List[int]:
+    """Each page's length: the sum of its counts[i] piece sizes."""
+    per = counts[0] if counts else 0
+    if per and counts.count(per) == len(counts) and sizes == sizes[:per] * len(counts):
+        return [sum(sizes[:per])] * len(counts)  # a pool's pages are alike: no per-page sums
+    out, at = [], 0
+    for c in counts:
+        out.append(sum(sizes[at:at + c]))
+        at += c
+    return out
+
+
 class Settings:
     """The backend's keys of --hicache-storage-backend-extra-config.
 
@@ -179,21 +191,22 @@ class MooncakeGoHiCache(HiCacheStorage):
         return given
 
     def _pages(self, keys: List[str], host_indices: torch.Tensor, pool=None, name=None):
-        """(store keys, per-page piece addresses, per-page piece sizes) of a
+        """(store keys, piece addresses, piece sizes, pieces per page) of a
         batch, from the pool's own zero-copy metadata: the KV pool's, or
-        with pool and name a v2 pool's (keys: _component_key)."""
+        with pool and name a v2 pool's (keys: _component_key). Addresses
+        and sizes stay the flat lists the pool gives, every page's pieces
+        in order, for Store._parts_flat_codes."""
         if self.mem_pool_host is None:
             raise RuntimeError("mooncake-go hicache: register_mem_pool_host was not called")
         ptrs, sizes = (pool or self.mem_pool_host).get_page_buffer_meta(host_indices)
         n = len(keys)
-        if n == 0 or len(ptrs) % n:
+        if n == 0 or len(ptrs) % n or len(sizes) != len(ptrs):
             raise ValueError(f"mooncake-go hicache: {len(ptrs)} page pieces for {n} pages")
-        per = len(ptrs) // n
-        addrs = [ptrs[i * per:(i + 1) * per] for i in range(n)]
-        lens = [sizes[i * per:(i + 1) * per] for i in range(n)]
         if pool is None:
-            return [page_key(self.prefix, k) for k in keys], addrs, lens
-        return [self._component_key(name, k) for k in keys], addrs, lens
+            skeys = [page_key(self.prefix, k) for k in keys]
+        else:
+            skeys = [self._component_key(name, k) for k in keys]
+        return skeys, ptrs, sizes, len(ptrs) // n
 
     # -- hybrid models: SGLang's per-pool interface (v2) -----------------
     # A hybrid model's host memory is a group of pools: the KV pool, which
@@ -298,7 +311,7 @@ class MooncakeGoHiCache(HiCacheStorage):
 
     def _io_v2(self, get: bool, transfers: List[PoolTransfer]) -> Dict[Any, List[bool]]:
         out: Dict[Any, List[bool]] = {}
-        spans, skeys, addrs, lens = [], [], [], []
+        spans, skeys, ptrs, sizes, counts = [], [], [], [], []
         for t in transfers:
             keys = list(t.keys or [])
             out[t.name] = [False] * len(keys)
@@ -313,20 +326,21 @@ class MooncakeGoHiCache(HiCacheStorage):
                             f"{0 if t.host_indices is None else t.host_indices.numel()} host indices for "
                             f"{len(keys)} pages of {page}")
                 continue
-            k, a, n = self._pages(keys, t.host_indices, pool, t.name)
+            k, p, n, per = self._pages(keys, t.host_indices, pool, t.name)
             spans.append((t.name, len(skeys), len(k)))
             skeys += k
-            addrs += a
-            lens += n
+            ptrs += p
+            sizes += n
+            counts += [per] * len(k)
         if not skeys:
             return out
         try:
-            codes, got = self.store._parts_codes(get, skeys, addrs, lens)
+            codes, got = self.store._parts_flat_codes(get, skeys, ptrs, sizes, counts)
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: %s of %d pages failed: %s", "get" if get else "put", len(skeys), e)
             return out
         if get:
-            ok = [c == 0 and g == sum(n) for c, g, n in zip(codes, got, lens)]
+            ok = [c == 0 and g == w for c, g, w in zip(codes, got, _page_lengths(sizes, counts))]
         else:
             ok = [c in (0, _ALREADY_EXISTS) for c in codes]
         _report("get" if get else "put", skeys, codes, ok, (_NOT_FOUND,) if get else ())
@@ -342,16 +356,15 @@ class MooncakeGoHiCache(HiCacheStorage):
         whole and intact."""
         if not keys:
             return []
-        skeys, addrs, lens = self._pages(keys, host_indices)
+        skeys, ptrs, sizes, per = self._pages(keys, host_indices)
         try:
-            # Store's raw-code form of batch_get_into_parts: the pool's own
-            # metadata gives addresses and sizes already, so the per-piece
-            # checks of the public call (a few hundred per batch) are skipped.
-            codes, got = self.store._parts_codes(True, skeys, addrs, lens)
+            # Store's raw-code form of batch_get_into_parts, on the flat
+            # lists the pool's metadata gives: no per-piece work in Python.
+            codes, got = self.store._parts_flat_codes(True, skeys, ptrs, sizes, per)
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: get of %d pages failed: %s", len(keys), e)
             return [False] * len(keys)
-        ok = [c == 0 and g == sum(n) for c, g, n in zip(codes, got, lens)]
+        ok = [c == 0 and g == w for c, g, w in zip(codes, got, _page_lengths(sizes, [per] * len(keys)))]
         _report("get", keys, codes, ok, (_NOT_FOUND,))
         return ok
 
@@ -362,9 +375,9 @@ class MooncakeGoHiCache(HiCacheStorage):
         their content)."""
         if not keys:
             return []
-        skeys, addrs, lens = self._pages(keys, host_indices)
+        skeys, ptrs, sizes, per = self._pages(keys, host_indices)
         try:
-            codes, _ = self.store._parts_codes(False, skeys, addrs, lens)  # batch_put_from_parts, raw
+            codes, _ = self.store._parts_flat_codes(False, skeys, ptrs, sizes, per)  # batch_put_from_parts, raw
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: put of %d pages failed: %s", len(keys), e)
             return [False] * len(keys)

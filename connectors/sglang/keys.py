@@ -41,6 +41,8 @@ def page_id64(page_hash: str) -> int:
 
 
 def page_key(prefix: str, page_hash: str) -> str:
+    if _HEX16.match(page_hash):  # the id's digits are the hash's first 16, lower-cased
+        return f"{prefix}@{page_hash[:16].lower()}"
     return f"{prefix}@{page_id64(page_hash):016x}"
 
 

@@ -477,3 +477,44 @@ def test_op_timeout_bounds_a_call_to_a_silent_master(mooncake_bin):
             assert took < 10, f"the call took {took:.1f} s"
     finally:
         c.stop()
+
+
+def test_parts_from_flat_lists(store):
+    """_parts_flat_codes (the connectors' form of the parts calls: every
+    key's pieces in two flat lists, a count per key or one for all) puts
+    and gets the same values as batch_put_from_parts / batch_get_into_parts,
+    with raw codes and lengths; lists that do not add up, or a negative
+    size, raise ValueError before anything is sent."""
+    np = numpy_or_skip()
+    src = np.random.default_rng(9).integers(0, 255, 1 << 16, dtype=np.uint8)
+    dst = np.zeros(1 << 16, dtype=np.uint8)
+    store.register_buffer(src)
+    store.register_buffer(dst)
+    try:
+        s, d = int(src.ctypes.data), int(dst.ctypes.data)
+        a, b, c = key("flat"), key("flat"), key("flat")
+        # a: 2 pieces, b: 3 pieces, c: 1 piece (counts per key).
+        codes, _ = store._parts_flat_codes(False, [a, b, c], [s, s + 1000, s + 2000, s + 3000, s + 4000, s + 5000],
+                                           [10, 20, 30, 40, 50, 60], [2, 3, 1])
+        assert codes == [0, 0, 0]
+        assert store.get(a) == src[0:10].tobytes() + src[1000:1020].tobytes()
+        assert store.get(b) == src[2000:2030].tobytes() + src[3000:3040].tobytes() + src[4000:4050].tobytes()
+        assert store.get(c) == src[5000:5060].tobytes()
+        # Read back with one count for all keys (a and a fresh one missing).
+        missing = key("flat")
+        codes, got = store._parts_flat_codes(True, [a, missing], [d, d + 100, d + 200, d + 300], [15, 15, 15, 15], 2)
+        assert codes[0] == 0 and got[0] == 30
+        assert isinstance(errors.from_status(codes[1], errors.DOMAIN_STORE, ""), errors.ObjectNotFound)
+        assert dst[0:15].tobytes() + dst[100:115].tobytes() == store.get(a)
+        assert not dst[200:215].any(), "a missing key wrote into its pieces"
+        # The same values as the list-of-lists call writes.
+        assert store.batch_get_into_parts([b], [[dst[1000:1120]]]) == [120]
+        assert dst[1000:1120].tobytes() == store.get(b)
+        for bad in (([a], [d], [1, 2], 1), ([a, b], [d, d], [1, 1], [1]), ([a], [d, d], [1, 1], 1),
+                    ([a], [d], [-1], 1)):
+            with pytest.raises(ValueError):
+                store._parts_flat_codes(True, *bad)
+        assert store._parts_flat_codes(True, [], [], [], 0) == ([], [])
+    finally:
+        store.unregister_buffer(src)
+        store.unregister_buffer(dst)

@@ -24,6 +24,7 @@ from many threads at once.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint64, c_void_p
@@ -435,6 +436,42 @@ class Store(_lib.Owned):
             codes[i], outs[i] = cs[j], got[j]
         return codes, outs
 
+    def _parts_flat_codes(self, get: bool, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int],
+                          counts: Union[int, Sequence[int]], replicate=None) -> Tuple[List[int], List[int]]:
+        """_parts_codes for callers whose pieces come as flat lists already
+        (a KV pool's zero-copy metadata): ptrs and sizes hold every key's
+        pieces in order, counts[i] of them for keys[i] (an int: that many
+        for each key). The arrays are built in C (array.array), not element
+        by element: for hundreds of pieces a batch, that is most of the
+        Python time of the call. (codes, lengths) as _parts_codes; lists
+        that do not add up, or a negative size, raise ValueError."""
+        m = len(keys)
+        per = [counts] * m if isinstance(counts, int) else list(counts)
+        total = len(ptrs)
+        if len(per) != m or len(sizes) != total or sum(per) != total or any(c < 0 for c in per):
+            raise ValueError(f"{m} keys, {len(per)} piece counts adding up to {sum(per)}, {total} pieces and "
+                             f"{len(sizes)} sizes")
+        if m == 0:
+            return [], []
+        try:
+            pa, la, ca = array.array("Q", ptrs), array.array("Q", sizes), array.array(_SIZE_T_CODE, per)
+        except OverflowError as e:
+            raise ValueError(f"negative or too large address or size: {e}") from None
+        if total == 0:  # from_buffer needs memory: one unused element
+            pa, la = array.array("Q", [0]), array.array("Q", [0])
+        cs, got = (c_int32 * m)(), (c_uint64 * m)()
+        ks = _keys(keys)
+        pp = (c_void_p * len(pa)).from_buffer(pa)
+        lp = (c_uint64 * len(la)).from_buffer(la)
+        cp = (c_size_t * m).from_buffer(ca)
+        if get:
+            rc = lib.mc_store_batch_get_into_parts(self.handle, ks, pp, lp, cp, m, got, cs, _lib._err())
+        else:
+            rc = lib.mc_store_batch_put_from_parts(self.handle, ks, pp, lp, cp, m, _rc(replicate), cs, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return list(cs), list(got)
+
     def batch_put_from_parts(self, keys: Sequence[str], parts: Sequence[Sequence[Buffer]],
                              sizes: Optional[Sequence[Sequence[int]]] = None,
                              replicate: Optional[Replicate] = None) -> List[Result]:
@@ -632,6 +669,9 @@ _FEATURES = {
     "replicas": "mc_store_get_replicas",
     "put_sessions": "mc_store_batch_put_session_start",
 }
+
+# The array.array type code of size_t (piece counts), "Q" on 64-bit hosts.
+_SIZE_T_CODE = next(c for c in "QLI" if array.array(c).itemsize == ctypes.sizeof(c_size_t))
 
 # Codes for which a batch call did not run at all (no per-key codes).
 _WHOLE_CALL_FAILURES = frozenset({errors.INVALID_HANDLE, errors.NULL_ARGUMENT, errors.PANIC, errors.STRUCT_SIZE})
