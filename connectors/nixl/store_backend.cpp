@@ -150,6 +150,19 @@ nixlMooncakeStoreEngine::nixlMooncakeStoreEngine(const nixlBackendInitParams *in
         }
         cfg.rpc_timeout_ms = std::stoull(timeout);
     }
+    // checksum: CRC-32C of every object written (the store's default).
+    // This backend's reads are ranged reads, which the store does not check
+    // against the checksum of the whole object, so "false" costs NIXL's own
+    // reads nothing and saves writes a pass over their bytes; only other
+    // readers (whole-object gets) lose the check for these objects.
+    std::string checksum = param("checksum");
+    if (checksum == "false" || checksum == "0") {
+        cfg.no_checksum = 1;
+    } else if (!checksum.empty() && checksum != "true" && checksum != "1") {
+        NIXL_ERROR << "MOONCAKE_STORE: checksum=\"" << checksum << "\" is not true or false";
+        initErr = true;
+        return;
+    }
     mc_error_t err;
     if (mc_store_create(&cfg, &store_, &err) != MC_OK) {
         NIXL_ERROR << "MOONCAKE_STORE: connecting to the master at " << master << ": "

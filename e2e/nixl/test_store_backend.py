@@ -192,11 +192,57 @@ def test_negative_controls(agent, request):
         agent.xfer("READ", [(stray.ctypes.data, 4096)], [(0, dev)])
 
 
+@pytest.mark.parametrize("checksum", [None, "false"])
+def test_checksum_parameter(cluster, request, checksum):
+    """Objects are written with their CRC-32C unless checksum is "false":
+    one byte flipped in the stored value (through the transfer engine, as
+    a stray write would) makes a whole-object get of a store client fail
+    with CHECKSUM_MISMATCH by default, and go through, flipped byte and
+    all, for an object written without a checksum. The backend's own
+    ranged reads read both."""
+    from mooncake_go import Store, TransferEngine, errors
+
+    params = {"master_server_address": cluster.master, "global_segment_size": "-1", "local_buffer_size": "16MiB"}
+    if checksum is not None:
+        params["checksum"] = checksum
+    a = StoreAgent(f"ck-{next(_names)}", params=params)
+    try:
+        key = f"{request.node.name}-{time.monotonic_ns()}"
+        buf, dst = pattern(8192, 11), np.zeros(8192, dtype=np.uint8)
+        a.register_dram(buf)
+        a.register_dram(dst)
+        (dev,) = a.register_objects([key], [buf.nbytes])
+        assert a.run(a.xfer("WRITE", [(buf.ctypes.data, buf.nbytes)], [(0, dev)])) == "DONE"
+        with TransferEngine(host="127.0.0.1") as eng, Store(cluster.master, segment_size=-1) as raw:
+            (rep,) = [r for r in raw.replicas(key) if r["kind"] == "memory"]
+            one = bytearray(1)
+            eng.register_memory(one)
+            seg = eng.open_segment(rep["segment_name"])
+            eng.read(seg, one, rep["buffer_address"] + 77)
+            one[0] ^= 0xFF
+            eng.write(seg, one, rep["buffer_address"] + 77)
+            eng.unregister_memory(one)
+            want = buf.copy()
+            want[77] ^= 0xFF
+            if checksum is None:
+                with pytest.raises(errors.StoreError) as bad:
+                    raw.get(key)
+                assert bad.value.code == -801, bad.value  # MC_STORE_ERR_CHECKSUM_MISMATCH
+            else:
+                assert raw.get(key) == want.tobytes()
+        assert a.run(a.xfer("READ", [(dst.ctypes.data, dst.nbytes)], [(0, dev)])) == "DONE"
+        check_bytes(dst, want, key)
+    finally:
+        a.close()
+
+
 def test_backend_parameters_are_checked(cluster):
-    """A backend with no master, or a size that is not one, fails to start
-    (NIXL_ERR_BACKEND), saying why on stderr."""
+    """A backend with no master, a size that is not one, or a checksum
+    that is neither true nor false fails to start (NIXL_ERR_BACKEND),
+    saying why on stderr."""
     for params in ({}, {"master_server_address": cluster.master, "global_segment_size": "-1x"},
-                   {"master_server_address": cluster.master, "rpc_timeout_ms": "2s"}):
+                   {"master_server_address": cluster.master, "rpc_timeout_ms": "2s"},
+                   {"master_server_address": cluster.master, "checksum": "no"}):
         env_master = os.environ.pop("MOONCAKE_MASTER", None)
         try:
             with pytest.raises(nixl_bindings.nixlBackendError):
