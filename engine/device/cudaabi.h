@@ -61,6 +61,7 @@ typedef CUresult (*mc_cuMemcpy_t)(CUdeviceptr dst, CUdeviceptr src, size_t n);  
 typedef CUresult (*mc_cuMemcpyHtoD_t)(CUdeviceptr dst, const void *src, size_t n);              /* _v2 */
 typedef CUresult (*mc_cuMemcpyDtoH_t)(void *dst, CUdeviceptr src, size_t n);                    /* _v2 */
 typedef CUresult (*mc_cuMemcpyDtoD_t)(CUdeviceptr dst, CUdeviceptr src, size_t n);              /* _v2 */
+typedef CUresult (*mc_cuStreamSynchronize_t)(CUstream stream);
 typedef CUresult (*mc_cuMemHostAlloc_t)(void **p, size_t n, unsigned int flags);
 typedef CUresult (*mc_cuMemFreeHost_t)(void *p);
 typedef CUresult (*mc_cuIpcGetMemHandle_t)(CUipcMemHandle *h, CUdeviceptr ptr);

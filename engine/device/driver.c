@@ -18,6 +18,7 @@ static struct {
     mc_cuPointerGetAttribute_t pointer_attr;
     mc_cuMemGetAddressRange_t address_range;
     mc_cuMemcpy_t copy;
+    mc_cuStreamSynchronize_t stream_sync;
     mc_cuMemHostAlloc_t host_alloc;
     mc_cuMemFreeHost_t host_free;
     mc_cuIpcGetMemHandle_t ipc_get;
@@ -62,6 +63,7 @@ int mc_driver_load(const char *path, int noload, char *err, size_t errlen) {
         {(void **)&drv.pointer_attr, "cuPointerGetAttribute", NULL, 0},
         {(void **)&drv.address_range, "cuMemGetAddressRange_v2", NULL, 0},
         {(void **)&drv.copy, "cuMemcpy", NULL, 0},
+        {(void **)&drv.stream_sync, "cuStreamSynchronize", NULL, 0},
         {(void **)&drv.host_alloc, "cuMemHostAlloc", NULL, 0},
         {(void **)&drv.host_free, "cuMemFreeHost", NULL, 0},
         {(void **)&drv.ipc_get, "cuIpcGetMemHandle", NULL, 0},
@@ -140,10 +142,19 @@ CUresult mc_driver_range(int dev, uint64_t ptr, uint64_t *base, uint64_t *size) 
     return r;
 }
 
+/* mc_driver_copy returns once the bytes have landed. cuMemcpy alone does
+ * not promise that: into device memory from device memory (a peer's, over
+ * CUDA IPC, or our own) or from pageable host memory it returns while the
+ * copy still runs on the legacy stream, and a peer told the transfer is
+ * complete could read the old bytes. Synchronising that stream waits for
+ * the copy (and for work queued on it before, which cuMemcpy waited for
+ * anyway). */
 CUresult mc_driver_copy(int dev, uint64_t dst, uint64_t src, size_t n) {
     CUresult r = use(dev);
     if (r != MC_CUDA_SUCCESS) return r;
-    return drv.copy((CUdeviceptr)dst, (CUdeviceptr)src, n);
+    r = drv.copy((CUdeviceptr)dst, (CUdeviceptr)src, n);
+    if (r != MC_CUDA_SUCCESS) return r;
+    return drv.stream_sync(NULL);
 }
 
 CUresult mc_driver_alloc_host(size_t n, uint64_t *p) {

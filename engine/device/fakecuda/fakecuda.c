@@ -54,6 +54,7 @@ enum {
     F_cuIpcCloseMemHandle,
     F_cuMemAlloc_v2,
     F_cuMemFree_v2,
+    F_cuStreamSynchronize,
     F_COUNT
 };
 
@@ -77,6 +78,7 @@ static const char *const fn_names[F_COUNT] = {
     "cuIpcCloseMemHandle",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
+    "cuStreamSynchronize",
 };
 
 /* An armed failure: call number `at` of entry point `fn` returns `code`. */
@@ -161,6 +163,8 @@ static void parse_fail_env(void) {
 }
 
 static void load_env(void) { parse_fail_env(); }
+
+static void land_locked(void); /* the legacy stream, below */
 
 /* ---- devices and contexts ---- */
 
@@ -455,6 +459,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
     NEED_CONTEXT();
     CUresult r = MC_CUDA_ERROR_INVALID_VALUE;
     pthread_rwlock_wrlock(&mem_mu);
+    land_locked(); /* a free waits for the stream */
     struct region *g = find((uintptr_t)ptr);
     if (g != NULL && g->kind == K_DEVICE && g->base == (uintptr_t)ptr) {
         retire(g);
@@ -491,6 +496,7 @@ EXPORT CUresult cuMemFreeHost(void *p) {
     NEED_CONTEXT();
     CUresult r = MC_CUDA_ERROR_INVALID_VALUE;
     pthread_rwlock_wrlock(&mem_mu);
+    land_locked(); /* a free waits for the stream */
     struct region *g = find((uintptr_t)p);
     if (g != NULL && g->kind == K_HOST && g->base == (uintptr_t)p) {
         munmap(p, g->mapped);
@@ -556,18 +562,99 @@ static char *resolve(uintptr_t p, size_t n, int allowed) {
     return (char *)p;
 }
 
+/* ---- the legacy stream ----
+ *
+ * cuMemcpy runs on the legacy default stream, and a copy into device
+ * memory from device memory, or from pageable host memory, returns before
+ * its bytes land (CUDA's synchronisation rules for synchronous copies;
+ * from pinned memory, and into host memory, the copy is complete on
+ * return). The double queues such copies and lands them in order at the
+ * next call of this process that the stream orders after them: another
+ * copy, cuStreamSynchronize of the legacy stream, or a free. Until then
+ * the destination holds its old bytes, for this process's CPU-side peers
+ * and for any other process reading it through an IPC mapping; a library
+ * that reports a device copy complete without synchronising the stream is
+ * caught by whoever reads the bytes from another process. A pageable
+ * source is read at once, as the driver stages it before returning. */
+struct pending {
+    char *dst;
+    const char *src;
+    size_t n;
+    char *staged; /* owned copy of a pageable source, or NULL */
+};
+
+static pthread_mutex_t pend_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pending *pend;
+static size_t npend, cap_pend;
+
+/* grow_pending doubles the queue; pend_mu is held. */
+static int grow_pending(void) {
+    size_t cap = cap_pend ? 2 * cap_pend : 64;
+    struct pending *p = realloc(pend, cap * sizeof *p);
+    if (p == NULL) return 0;
+    pend = p;
+    cap_pend = cap;
+    return 1;
+}
+
+/* land_locked runs the queued copies in order; mem_mu is held (read or
+ * write), so no queued range is unmapped meanwhile. */
+static void land_locked(void) {
+    pthread_mutex_lock(&pend_mu);
+    for (size_t i = 0; i < npend; i++) {
+        memmove(pend[i].dst, pend[i].staged ? pend[i].staged : pend[i].src, pend[i].n);
+        free(pend[i].staged);
+    }
+    npend = 0;
+    pthread_mutex_unlock(&pend_mu);
+}
+
+/* queue_locked defers a copy; mem_mu is held. It lands at once when the
+ * staging copy or the queue cannot grow (still correct, only synchronous). */
+static void queue_locked(char *d, const char *s, size_t n, int stage) {
+    char *staged = NULL;
+    if (stage && (staged = malloc(n)) != NULL) memcpy(staged, s, n);
+    pthread_mutex_lock(&pend_mu);
+    if ((stage && staged == NULL) || (npend == cap_pend && !grow_pending())) {
+        pthread_mutex_unlock(&pend_mu);
+        free(staged);
+        memmove(d, s, n);
+        return;
+    }
+    pend[npend++] = (struct pending){d, s, n, staged};
+    pthread_mutex_unlock(&pend_mu);
+}
+
 static CUresult copy(uintptr_t dst, int dst_side, uintptr_t src, int src_side, size_t n) {
     NEED_CONTEXT();
     if (n == 0) return MC_CUDA_SUCCESS;
     CUresult r = MC_CUDA_ERROR_INVALID_VALUE;
     pthread_rwlock_rdlock(&mem_mu);
+    land_locked(); /* the stream runs the earlier copies first */
     char *d = resolve(dst, n, dst_side), *s = resolve(src, n, src_side);
     if (d != NULL && s != NULL) {
-        memmove(d, s, n);
+        struct region *gd = find(dst), *gs = find(src);
+        int to_device = gd != NULL && is_device_kind(gd->kind);
+        int from_device = gs != NULL && is_device_kind(gs->kind);
+        int from_pinned = gs != NULL && gs->kind == K_HOST;
+        if (to_device && !from_pinned)
+            queue_locked(d, s, n, !from_device);
+        else
+            memmove(d, s, n);
         r = MC_CUDA_SUCCESS;
     }
     pthread_rwlock_unlock(&mem_mu);
     return r;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    ENTER(cuStreamSynchronize);
+    NEED_CONTEXT();
+    if (stream != NULL) return MC_CUDA_ERROR_INVALID_HANDLE; /* the double has the legacy stream only */
+    pthread_rwlock_rdlock(&mem_mu);
+    land_locked();
+    pthread_rwlock_unlock(&mem_mu);
+    return MC_CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
@@ -671,6 +758,7 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
     NEED_CONTEXT();
     CUresult r = MC_CUDA_ERROR_INVALID_VALUE;
     pthread_rwlock_wrlock(&mem_mu);
+    land_locked(); /* a free waits for the stream */
     struct region *g = find((uintptr_t)ptr);
     if (g != NULL && g->kind == K_IPC && g->base == (uintptr_t)ptr) {
         retire(g);
@@ -724,6 +812,14 @@ EXPORT void fakecuda_fail(const char *name, int nth, int code) {
         fprintf(stderr, "fakecuda_fail(%s, %d): more than %d failures armed\n", name, nth, MAX_ARMED);
         abort();
     }
+}
+
+/* fakecuda_pending returns how many copies wait on the legacy stream. */
+EXPORT int fakecuda_pending(void) {
+    pthread_mutex_lock(&pend_mu);
+    size_t n = npend;
+    pthread_mutex_unlock(&pend_mu);
+    return n > INT_MAX ? INT_MAX : (int)n;
 }
 
 /* fakecuda_reset zeroes the counts and disarms every failure, those from

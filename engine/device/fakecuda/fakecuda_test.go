@@ -99,6 +99,11 @@ func TestSelftestCatchesBrokenRules(t *testing.T) {
 		{"own handle opens", "if (w.pid == getpid())", "if (0)", "ipc"},
 		// Armed failures never fire.
 		{"no injected failures", "r = armed[i].code;", "r = MC_CUDA_SUCCESS;", "fail_env"},
+		// Copies into device memory complete on return (the real driver's
+		// may still be running).
+		{"device copies synchronous", "if (to_device && !from_pinned)", "if (0 && to_device && !from_pinned)", "legacy_stream"},
+		// A queued copy reads a pageable source when it lands, not at the call.
+		{"pageable source not staged", "queue_locked(d, s, n, !from_device);", "queue_locked(d, s, n, 0 && !from_device);", "legacy_stream"},
 		// One current context for all threads.
 		{"context not per thread", "static __thread CUcontext current;", "static CUcontext current;", "contexts"},
 	} {

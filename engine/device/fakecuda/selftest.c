@@ -51,7 +51,9 @@ static struct {
     mc_cuIpcCloseMemHandle_t ipc_close;
     mc_cuMemAlloc_t alloc;
     mc_cuMemFree_t free;
+    mc_cuStreamSynchronize_t sync;
     int (*calls)(const char *);
+    int (*pending)(void);
     int (*calls_without_context)(const char *);
     void (*fail)(const char *, int, int);
     void (*reset)(void);
@@ -108,6 +110,8 @@ static void load(const char *path) {
         {(void **)&cu.ipc_close, "cuIpcCloseMemHandle"},
         {(void **)&cu.alloc, "cuMemAlloc_v2"},
         {(void **)&cu.free, "cuMemFree_v2"},
+        {(void **)&cu.sync, "cuStreamSynchronize"},
+        {(void **)&cu.pending, "fakecuda_pending"},
         {(void **)&cu.calls, "fakecuda_calls"},
         {(void **)&cu.calls_without_context, "fakecuda_calls_without_context"},
         {(void **)&cu.fail, "fakecuda_fail"},
@@ -810,6 +814,45 @@ static void case_ipc(void) {
     OK(cu.free(reuse));
 }
 
+/* Copies into device memory from device or pageable host memory return
+ * before they land, on the legacy stream; cuStreamSynchronize, a later
+ * copy or a free lands them, in order. A pageable source is read at the
+ * call; pinned sources and host destinations are synchronous. */
+static void case_legacy_stream(void) {
+    start(0);
+    enum { N = 2 * 4096 + 7 };
+    static unsigned char host[N], dst[N];
+    CUdeviceptr a = dalloc(N), b = dalloc(N);
+    void *pin = NULL;
+    OK(cu.host_alloc(&pin, N, 0));
+    fill(pin, N, 3);
+    OK(cu.copy(a, (CUdeviceptr)(uintptr_t)pin, N)); /* pinned to device: done */
+    CHECK(cu.pending() == 0);
+    OK(cu.copy(b, a, N)); /* device to device: queued */
+    CHECK(cu.pending() == 1);
+    OK(cu.sync(NULL));
+    CHECK(cu.pending() == 0);
+    OK(cu.copy((CUdeviceptr)(uintptr_t)dst, b, N)); /* device to pageable: done */
+    CHECK(cu.pending() == 0 && filled(dst, N, 3));
+
+    fill(host, N, 4);
+    OK(cu.copy(a, (CUdeviceptr)(uintptr_t)host, N)); /* pageable to device: staged, queued */
+    CHECK(cu.pending() == 1);
+    fill(host, N, 5); /* the source may change once the call returned */
+    OK(cu.copy(b, a, N)); /* lands the first, queues itself */
+    CHECK(cu.pending() == 1);
+    CHECK(dfilled(b, N, 4)); /* a later copy runs after both */
+    CHECK(cu.pending() == 0);
+
+    OK(cu.copy(b, (CUdeviceptr)(uintptr_t)host, N));
+    CHECK(cu.pending() == 1);
+    OK(cu.free(b)); /* a free waits for the stream */
+    CHECK(cu.pending() == 0);
+    RC(cu.sync((CUstream)(uintptr_t)1), MC_CUDA_ERROR_INVALID_HANDLE);
+    OK(cu.host_free(pin));
+    OK(cu.free(a));
+}
+
 /* ---- the runner ---- */
 
 struct tcase {
@@ -832,6 +875,7 @@ static const struct tcase cases[] = {
     {"alloc_free", case_alloc_free, {NULL}},
     {"cpu_faults", case_cpu_faults, {NULL}},
     {"copies", case_copies, {NULL}},
+    {"legacy_stream", case_legacy_stream, {NULL}},
     {"error_strings", case_error_strings, {NULL}},
     {"fail_env", case_fail_env, {"MC_FAKECUDA_FAIL=cuInit:1,cuMemAlloc_v2:2:2,cuMemcpyHtoD_v2:2,cuMemcpyDtoH_v2:1:205", NULL}},
     {"fail_hooks", case_fail_hooks, {NULL}},
