@@ -244,3 +244,39 @@ func TestCudaIPCCopyFails(t *testing.T) {
 	require.ErrorIs(t, st.Err, cudaipc.ErrCopy)
 	require.Zero(t, g.served(t), "not handed to TCP")
 }
+
+// TestCudaIPCCoalescesSlices: a large request to a peer's GPU memory is
+// cut into the engine's slices, but the path copies runs of them with one
+// driver call each (a driver copy costs the same microseconds whatever its
+// length), and the bytes stay right.
+func TestCudaIPCCoalescesSlices(t *testing.T) {
+	ctx := context.Background()
+	const n, slice = 16 << 20, 128 << 10
+	g := startGPUTarget(t)
+	r := g.gpu(t, 0, n, 0)
+	e := newEngine(t, engine.Config{SliceSize: slice})
+	gl := newMem(t, 0, n)
+	require.NoError(t, e.RegisterMemory(ctx, gl.addr(), n, gl.location(), false))
+	seg, err := e.OpenSegment(ctx, g.info.Name)
+	require.NoError(t, err)
+	want := pattern(n, 77)
+	gl.write(t, want)
+
+	before, err := devicetest.Calls("cuMemcpy")
+	require.NoError(t, err)
+	b, err := e.AllocateBatch(1)
+	require.NoError(t, err)
+	require.NoError(t, e.Submit(ctx, b, []engine.Request{{Op: engine.Write, Local: gl.addr(), Segment: seg, Remote: r, Length: n}}))
+	_, err = e.Wait(ctx, b)
+	require.NoError(t, err)
+	st, err := e.TaskStatus(b, 0)
+	require.NoError(t, err)
+	require.Equal(t, engine.Completed, st.Status, "%v", st.Err)
+	require.NoError(t, e.FreeBatch(b))
+	after, err := devicetest.Calls("cuMemcpy")
+	require.NoError(t, err)
+	copies := after - before
+	t.Logf("%d slices in %d driver copies", n/slice, copies)
+	require.Less(t, copies, n/slice/2, "the slices were copied one by one")
+	require.Equal(t, crc32c.Checksum(want), g.sum(t, 0, r, n), "bytes written to the target's GPU")
+}

@@ -227,16 +227,58 @@ func (t *Transport) submit(ctx context.Context, p *peer, s *transport.Slice) {
 	}
 }
 
+// maxRun bounds the bytes of one coalesced copy.
+const maxRun = 64 << 20
+
 func (t *Transport) run() {
 	defer t.wg.Done()
 	for {
 		select {
 		case j := <-t.work:
-			j.p.serve(j.s)
+			for next := &j; next != nil; {
+				var run []job
+				run, next = t.gather(*next)
+				if len(run) == 1 {
+					run[0].p.serve(run[0].s)
+				} else {
+					run[0].p.serveRun(run)
+				}
+			}
 		case <-t.quit:
 			return
 		}
 	}
+}
+
+// gather returns j and the slices queued behind it that continue it (same
+// peer and direction, adjacent on both sides, no checksum), up to maxRun
+// bytes, and the first queued slice that does not, if any. A request is
+// cut into slices of the engine's size (128 KiB), but one driver copy of
+// a GPU range costs microseconds whatever its length: copied one by one,
+// the slices of a large request would move a few percent of what the GPU
+// can.
+func (t *Transport) gather(j job) (run []job, next *job) {
+	run = []job{j}
+	if j.s.Checksum {
+		return run, nil
+	}
+	end := j.s
+	total := end.Length
+	for total < maxRun {
+		select {
+		case k := <-t.work:
+			s := k.s
+			if k.p != j.p || s.Op != end.Op || s.Checksum || s.Local != end.Local+uintptr(end.Length) ||
+				s.Remote != end.Remote+end.Length || total+s.Length > maxRun {
+				return run, &k
+			}
+			run = append(run, k)
+			end, total = s, total+s.Length
+		default:
+			return run, nil
+		}
+	}
+	return run, nil
 }
 
 // getBounce returns a host buffer of n bytes.
@@ -527,6 +569,36 @@ func (p *peer) serve(s *transport.Slice) {
 			s.Done(s, err)
 			return
 		}
+	}
+}
+
+// serveRun copies adjacent slices (gather) with one driver copy when the
+// peer's mapped allocation holds all of them, and completes each; anything
+// else (no mapping, a stale view, a failed copy, a deadline passed) serves
+// them one by one, which refreshes, retries or passes each on as serve
+// does. A failed run copy is redone slice by slice: copies are idempotent.
+func (p *peer) serveRun(run []job) {
+	first, last := run[0].s, run[len(run)-1].s
+	whole := &transport.Slice{Op: first.Op, Local: first.Local, Remote: first.Remote,
+		Length: uint64(last.Local-first.Local) + last.Length, Deadline: first.Deadline, LocalDevice: first.LocalDevice}
+	for _, j := range run {
+		if j.s.Deadline.Before(whole.Deadline) {
+			whole.Deadline = j.s.Deadline
+		}
+	}
+	if time.Now().Before(whole.Deadline) {
+		v := p.view.Load()
+		if b := v.find(whole.Remote, whole.Length); b != nil {
+			if mapped, err := p.copy(v, b, whole); mapped && err == nil {
+				for _, j := range run {
+					j.s.Done(j.s, nil)
+				}
+				return
+			}
+		}
+	}
+	for _, j := range run {
+		p.serve(j.s)
 	}
 }
 
