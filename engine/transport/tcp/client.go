@@ -242,16 +242,61 @@ type Peer struct {
 	connMu sync.Mutex
 	conns  map[*laneConn]struct{} // nil once stopped
 
-	// multipath: the peer is reached over more than one path (addresses
-	// times local addresses), so a dead one is given up on after
-	// PathTimeout rather than at the slice deadline.
+	// paths are the ways to the peer: each of its addresses, from each
+	// local address; the first home of them are where lanes start
+	// (lane i at home i mod home), the rest are tried after a failure.
+	paths []path
+	home  int
+	// multipath: there is more than one path, so a dead one is given up
+	// on after PathTimeout rather than at the slice deadline.
 	multipath bool
 
-	// addrMu guards downUntil: per address, when a failed dial or a path
-	// found dead stops counting against it.
+	// addrMu guards downUntil: per path, when a failed dial or a
+	// connection found dead stops counting against it.
 	addrMu    sync.Mutex
 	downUntil []time.Time
-	downErr   error // why the last address went down
+	downErr   error // why the last path went down
+}
+
+// path is one way to a peer: a peer address, dialled from a local address
+// ("" lets the system pick).
+type path struct {
+	addr  int // index into Peer.addrs
+	local string
+}
+
+func (pt path) name(p *Peer) string {
+	if pt.local == "" {
+		return p.addrs[pt.addr]
+	}
+	return pt.local + "->" + p.addrs[pt.addr]
+}
+
+// makePaths lists the paths to n peer addresses from locals, the home
+// ones first: with as many local addresses as peer addresses, local i to
+// peer address i (rail-aligned); with more of either, the fewer taken in
+// turn; then every other pairing, for when those fail.
+func makePaths(n int, locals []string) (paths []path, home int) {
+	if len(locals) == 0 {
+		for i := range n {
+			paths = append(paths, path{addr: i})
+		}
+		return paths, n
+	}
+	home = max(n, len(locals))
+	seen := map[path]bool{}
+	for k := range home {
+		pt := path{addr: k % n, local: locals[k%len(locals)]}
+		paths, seen[pt] = append(paths, pt), true
+	}
+	for i := range n {
+		for _, l := range locals {
+			if pt := (path{addr: i, local: l}); !seen[pt] {
+				paths, seen[pt] = append(paths, pt), true
+			}
+		}
+	}
+	return paths, home
 }
 
 // addrDown is how long an address that refused a dial is passed over
@@ -269,32 +314,34 @@ func (p *Peer) downFor() time.Duration {
 	return addrDown
 }
 
-// pick returns the address a lane dials: the first one from start (the
-// lane's index plus the slice's retries, so lanes spread over a peer's
-// addresses) whose last dial did not fail lately, else start's own.
+// pick returns the path a lane dials: the first one from start's home
+// (start is the lane's index plus the slice's retries, so lanes spread
+// over the home paths) whose last dial did not fail lately, else start's
+// home itself.
 func (p *Peer) pick(start int) int {
 	now := time.Now()
+	h := start % p.home
 	p.addrMu.Lock()
 	defer p.addrMu.Unlock()
-	for k := range p.addrs {
-		if i := (start + k) % len(p.addrs); !now.Before(p.downUntil[i]) {
+	for k := range p.paths {
+		if i := (h + k) % len(p.paths); !now.Before(p.downUntil[i]) {
 			return i
 		}
 	}
-	return start % len(p.addrs)
+	return h
 }
 
-// pathDown marks address i down after a connection to it died of its path
-// (the kernel timed it out) and cuts the peer's other connections to it:
-// they share the link, and their slices had better move now than wait to
-// find out one by one.
+// pathDown marks path i down after a connection on it died (the kernel
+// timed it out) and cuts the peer's other connections on it: they share
+// the link, and their slices had better move now than wait to find out
+// one by one.
 func (p *Peer) pathDown(i int, err error) {
 	p.dialed(i, err)
 	p.connMu.Lock()
 	defer p.connMu.Unlock()
 	for lc := range p.conns {
-		if lc.addr == i {
-			lc.kill(fmt.Errorf("%w: path to %s down: %v", transport.ErrPeer, p.addrs[i], err))
+		if lc.path == i {
+			lc.kill(fmt.Errorf("%w: path %s down: %v", transport.ErrPeer, p.paths[i].name(p), err))
 		}
 	}
 }
@@ -304,8 +351,8 @@ func (p *Peer) pathDown(i int, err error) {
 // peer hanging up or a deadline of ours passing.
 func pathDied(err error) bool { return errors.Is(err, syscall.ETIMEDOUT) }
 
-// dialed records the outcome of a dial to address i: a failure passes the
-// address over for addrDown, a success clears that.
+// dialed records the outcome of a dial on path i: a failure passes the
+// path over for a while (downFor), a success clears that.
 func (p *Peer) dialed(i int, err error) {
 	p.addrMu.Lock()
 	defer p.addrMu.Unlock()
@@ -354,9 +401,10 @@ func (p *Peer) untrack(lc *laneConn) {
 }
 
 func (c *Client) newPeer(key string, addrs []string) *Peer {
+	paths, home := makePaths(len(addrs), c.cfg.LocalAddrs)
 	p := &Peer{c: c, key: key, addrs: addrs, queue: make(chan *transport.Slice, c.cfg.QueueLen), stopc: make(chan struct{}),
-		conns: map[*laneConn]struct{}{}, downUntil: make([]time.Time, len(addrs)),
-		multipath: len(addrs)*max(1, len(c.cfg.LocalAddrs)) > 1}
+		conns: map[*laneConn]struct{}{}, paths: paths, home: home, downUntil: make([]time.Time, len(paths)),
+		multipath: len(paths) > 1}
 	for i := range c.cfg.Lanes {
 		l := &lane{p: p, idx: i}
 		p.lanes = append(p.lanes, l)
@@ -494,7 +542,7 @@ const maxGather = 16
 type laneConn struct {
 	l        *lane
 	conn     net.Conn
-	addr     int                   // the index of its peer address
+	path     int                   // the index of its path in Peer.paths
 	inflight chan *transport.Slice // sent to and closed under wmu
 	dead     chan struct{}         // closed by kill
 	once     sync.Once
@@ -652,7 +700,7 @@ gather:
 	// its payload): the reader settles each slice from what arrived.
 	l.handOff(lc, l.sl)
 	if err != nil && p.multipath && pathDied(err) {
-		p.pathDown(lc.addr, err) // the reader finds it dead and retries the slices
+		p.pathDown(lc.path, err) // the reader finds it dead and retries the slices
 	}
 	if err != nil {
 		// What went out may end inside a request (a local EFAULT, a
@@ -699,18 +747,12 @@ func (l *lane) drop() {
 
 func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 	p := l.p
-	start := l.idx + s.Retries
-	i := p.pick(start)
-	addr := p.addrs[i]
+	i := p.pick(l.idx + s.Retries)
+	pt := p.paths[i]
+	addr := p.addrs[pt.addr]
 	d := net.Dialer{Timeout: min(p.c.cfg.DialTimeout, time.Until(s.Deadline))}
-	if locals := p.c.cfg.LocalAddrs; len(locals) > 0 {
-		// Rail-aligned when there are as many peer addresses as ours;
-		// with fewer, the lanes take turns over ours.
-		j := i % len(locals)
-		if len(locals) > len(p.addrs) {
-			j = start % len(locals)
-		}
-		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(locals[j])}
+	if pt.local != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(pt.local)}
 	}
 	if p.multipath {
 		d.Timeout = min(d.Timeout, p.c.cfg.PathTimeout)
@@ -719,7 +761,7 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 	nc, err := d.Dial("tcp", addr)
 	p.dialed(i, err)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s: %v", transport.ErrPeer, addr, err)
+		return nil, fmt.Errorf("%w: dial %s: %v", transport.ErrPeer, pt.name(p), err)
 	}
 	nc.(*net.TCPConn).SetNoDelay(true)
 	if err := conn.ClientAuth(nc, p.c.cfg.Secret); err != nil {
@@ -727,7 +769,7 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 		// An authentication failure will not heal by retrying.
 		return nil, fmt.Errorf("%w: %s: %w", transport.ErrRejected, addr, err)
 	}
-	lc := &laneConn{l: l, conn: nc, addr: i, br: bufio.NewReaderSize(nc, 4096),
+	lc := &laneConn{l: l, conn: nc, path: i, br: bufio.NewReaderSize(nc, 4096),
 		inflight: make(chan *transport.Slice, p.c.cfg.Depth), dead: make(chan struct{}), retired: make(chan struct{}),
 		kick: make(chan struct{}, 1), wd: deadline{set: nc.SetWriteDeadline}, rd: deadline{set: nc.SetReadDeadline}}
 	if !p.track(lc) {
@@ -963,7 +1005,7 @@ func (lc *laneConn) settle(ctx context.Context, s *transport.Slice) (interrupted
 		// path is down, not the slice late; another path may serve it.
 		err = fmt.Errorf("%w: path to %s down: %v", transport.ErrPeer, lc.conn.RemoteAddr(), err)
 		lc.kill(err)
-		p.pathDown(lc.addr, err)
+		p.pathDown(lc.path, err)
 		p.fail(s, err)
 		return false
 	case timedOut(err):

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"slices"
@@ -174,4 +175,52 @@ func TestPathWatchOnlyWithPaths(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMakePaths: the home paths come first (rail-aligned when the counts
+// match, the fewer side taken in turn otherwise), then every other
+// pairing, each once.
+func TestMakePaths(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		n      int
+		locals []string
+		want   []path
+		home   int
+	}{
+		// No local addresses: one path per peer address, all home.
+		{"system picks", 2, nil, []path{{0, ""}, {1, ""}}, 2},
+		// Two and two: rails first, then the crossings.
+		{"rails", 2, []string{"a", "b"}, []path{{0, "a"}, {1, "b"}, {0, "b"}, {1, "a"}}, 2},
+		// One peer address: every local one is a home path.
+		{"one peer address", 1, []string{"a", "b"}, []path{{0, "a"}, {0, "b"}}, 2},
+		// Three peer addresses, two of ours: ours in turn.
+		{"more peer addresses", 3, []string{"a", "b"}, []path{{0, "a"}, {1, "b"}, {2, "a"}, {0, "b"}, {1, "a"}, {2, "b"}}, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, home := makePaths(tc.n, tc.locals)
+			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.home, home)
+		})
+	}
+}
+
+// TestPathsDownOneByOne: with two local addresses and one peer address, a
+// path found down is passed over for the other; only when both are down
+// do slices fail at once, with the reason.
+func TestPathsDownOneByOne(t *testing.T) {
+	c := NewClient(ClientConfig{Lanes: 1, LocalAddrs: []string{"127.0.0.3", "127.0.0.4"}})
+	t.Cleanup(func() { c.Close() })
+	p, err := c.Peer([]string{"127.0.0.1:1"})
+	require.NoError(t, err)
+	dead := errors.New("connection timed out")
+	require.Equal(t, []int{0, 1}, []int{p.pick(0), p.pick(1)})
+	p.pathDown(0, dead)
+	require.NoError(t, p.allDown(), "the peer address is still reached from the other local address")
+	require.Equal(t, []int{1, 1}, []int{p.pick(0), p.pick(1)})
+	p.pathDown(1, dead)
+	require.ErrorIs(t, p.allDown(), transport.ErrPeer)
+	require.ErrorContains(t, p.allDown(), "connection timed out")
+	p.dialed(0, nil)
+	require.NoError(t, p.allDown())
 }
