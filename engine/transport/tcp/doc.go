@@ -36,6 +36,19 @@
 //     lane sends more requests behind them; one lock per connection (rmu)
 //     keeps a single reader on the socket and the answers in order.
 //
+// Paths. A peer may publish several addresses (a host with several NICs),
+// and this side may dial from several (ClientConfig.LocalAddrs): every
+// pairing is a path. Lanes start on the home paths (local i to peer
+// address i when both have as many) and move to the others when a dial
+// fails or a connection dies. With more than one path, each connection
+// carries TCP_USER_TIMEOUT and keepalives of about PathTimeout, so the
+// kernel fails one whose link went silent instead of leaving its slices
+// to their deadline: the path is passed over for a while, the peer's
+// other connections on it are cut, their slices retried on the rest, and
+// while every path is down slices fail at once with the last reason. A
+// peer with a single path behaves as before: a silent link is waited for
+// until the slice deadline.
+//
 // Deadlines bound every read and write on both sides, but are moved lazily
 // (see deadline.go): arming a runtime timer per request also woke a
 // scheduler thread. An I/O that times out before its own deadline resumes
