@@ -114,6 +114,7 @@ func roundTrip(t *testing.T, e *engine.Engine, g *gpuTarget, seg engine.SegmentI
 // each allocation mapped once, no byte over TCP; a buffer that is part of
 // an allocation is reached at its offset.
 func TestCudaIPC(t *testing.T) {
+	devicetest.RequireDouble(t)
 	ctx := context.Background()
 	g := startGPUTarget(t)
 	r0 := g.gpu(t, 0, ipcLen, 8192) // a sub-range: the handle is the allocation's
@@ -149,6 +150,7 @@ func TestCudaIPC(t *testing.T) {
 // open is reached through staging and TCP instead, with the bytes right,
 // and its opening is not tried again for every slice.
 func TestCudaIPCOpenFails(t *testing.T) {
+	devicetest.RequireDouble(t)
 	ctx := context.Background()
 	g := startGPUTarget(t)
 	r := g.gpu(t, 0, ipcLen, 0)
@@ -174,6 +176,7 @@ func TestCudaIPCOpenFails(t *testing.T) {
 // TestCudaIPCNotOverTCPOnly: Transport "tcp" never maps a peer's GPU
 // memory.
 func TestCudaIPCNotOverTCPOnly(t *testing.T) {
+	devicetest.RequireDouble(t)
 	ctx := context.Background()
 	g := startGPUTarget(t)
 	r := g.gpu(t, 0, ipcLen, 0)
@@ -194,6 +197,7 @@ func TestCudaIPCNotOverTCPOnly(t *testing.T) {
 // is refused, not written into the stale mapping; a slice on the new range
 // refreshes the view and goes through IPC; the stale mapping is closed.
 func TestCudaIPCReregistered(t *testing.T) {
+	devicetest.RequireDouble(t)
 	ctx := context.Background()
 	g := startGPUTarget(t)
 	r := g.gpu(t, 0, ipcLen, 0)
@@ -227,6 +231,7 @@ func TestCudaIPCReregistered(t *testing.T) {
 // fails its slice with cudaipc.ErrCopy (the refreshed view names the same
 // allocation: not retried), and the request with it.
 func TestCudaIPCCopyFails(t *testing.T) {
+	devicetest.RequireDouble(t)
 	ctx := context.Background()
 	g := startGPUTarget(t)
 	const n = 64 << 10 // one slice
@@ -250,6 +255,7 @@ func TestCudaIPCCopyFails(t *testing.T) {
 // driver call each (a driver copy costs the same microseconds whatever its
 // length), and the bytes stay right.
 func TestCudaIPCCoalescesSlices(t *testing.T) {
+	devicetest.RequireDouble(t)
 	ctx := context.Background()
 	const n, slice = 16 << 20, 128 << 10
 	g := startGPUTarget(t)

@@ -35,6 +35,7 @@ func driver(t *testing.T) *device.Driver {
 // gpuMem allocates n bytes on dev, freed with the test.
 func gpuMem(t *testing.T, dev, n int) uintptr {
 	t.Helper()
+	devicetest.RequireGPUs(t, dev+1)
 	d := driver(t)
 	p, err := d.AllocDevice(dev, uint64(n))
 	require.NoError(t, err)
@@ -219,6 +220,7 @@ func TestDeviceLocalSegment(t *testing.T) {
 // task, on the initiator's side (staging) and on the target's (serving):
 // an error status, nothing reported complete, and the engines go on.
 func TestDeviceCopyFails(t *testing.T) {
+	devicetest.RequireDouble(t)
 	ctx := context.Background()
 	const n = 2 << 20
 	for _, c := range []struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/mooncake-go/mooncake/bench/te"
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/device"
+	"github.com/mooncake-go/mooncake/engine/device/devicetest"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -164,23 +165,26 @@ func ExampleRun() {
 // test double's, which faults on any CPU access), device to device through
 // the engine's staging path, against the host-memory yardstick.
 func TestRunVRAM(t *testing.T) {
+	drv, err := devicetest.Driver()
+	require.NoError(t, err)
+	gpu := drv.Devices() - 1 // the double's second GPU; a GPU host's last
 	for _, tc := range []struct {
 		transport string
 		op        engine.Op
 	}{{"tcp", engine.Write}, {"tcp", engine.Read}, {"shm", engine.Write}, {"shm", engine.Read}} {
 		t.Run(tc.transport+" "+tc.op.String(), func(t *testing.T) {
 			o := smoke(tc.transport, tc.op)
-			o.UseVRAM, o.GPUID = true, 1
+			o.UseVRAM, o.GPUID = true, gpu
 			res, err := te.Run(context.Background(), o)
 			require.NoError(t, err)
-			assert.Equal(t, "cuda:1", res.Memory)
+			assert.Equal(t, fmt.Sprintf("cuda:%d", gpu), res.Memory)
 			assert.Positive(t, res.Bytes)
 			assert.Positive(t, res.YardstickGBPerS)
 			require.NoError(t, res.WriteTable(io.Discard))
 		})
 	}
 	o := smoke("tcp", engine.Write)
-	o.UseVRAM, o.GPUID = true, 5
-	_, err := te.Run(context.Background(), o)
+	o.UseVRAM, o.GPUID = true, drv.Devices()
+	_, err = te.Run(context.Background(), o)
 	require.ErrorIs(t, err, device.ErrNoDevice)
 }

@@ -65,6 +65,7 @@ func runChild(t *testing.T, mode string, env ...string) {
 // TestLoading: no driver is a clear, remembered error; Present never loads
 // a driver, and finds one that is loaded.
 func TestLoading(t *testing.T) {
+	devicetest.RequireDouble(t)
 	runChild(t, "nodriver", "MC_CUDA_DRIVER=/nonexistent/libcuda.so.1")
 	runChild(t, "nodriver", "MC_CUDA_DRIVER=none")
 	runChild(t, "nodriver", "MC_CUDA_DRIVER="+os.Getenv("MC_CUDA_DRIVER"), "MC_FAKECUDA_DEVICES=0")
@@ -76,6 +77,7 @@ func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))
 // TestDriver: device memory is found where it is, copied to and from, and
 // bad devices and pointers are errors, not crashes.
 func TestDriver(t *testing.T) {
+	devicetest.RequireDouble(t)
 	d, err := device.Load()
 	if err != nil {
 		t.Fatal(err)

@@ -33,6 +33,7 @@ func gpuDriver(t testing.TB) *device.Driver {
 // gpuBuf is n bytes of memory on GPU dev, freed with the test.
 func gpuBuf(t testing.TB, dev, n int) []byte {
 	t.Helper()
+	devicetest.RequireGPUs(t, dev+1)
 	d := gpuDriver(t)
 	p, err := d.AllocDevice(dev, uint64(n))
 	require.NoError(t, err)
@@ -296,6 +297,7 @@ func TestGPURangesAndPutSessions(t *testing.T) {
 // and the object never becomes readable (a retry then writes it whole);
 // one that fails mid-get fails the get rather than returning its bytes.
 func TestGPUDriverFailure(t *testing.T) {
+	devicetest.RequireDouble(t)
 	s := newGPUStore(t, func(c *Config) { c.LeaseCache = NoLeaseCache })
 	ctx := ctxT(t)
 	const n = 5 << 20

@@ -123,3 +123,32 @@ func Reset() error {
 	C.mc_call_reset(f)
 	return nil
 }
+
+// Double reports whether the driver loaded is the test double (its hooks
+// answer). On a GPU host with MC_CUDA_DRIVER=libcuda.so.1 it is not.
+func Double() bool {
+	_, err := hook("fakecuda_calls")
+	return err == nil
+}
+
+// RequireDouble skips t on a real driver: t arms the double's failures,
+// counts its calls or sets its knobs.
+func RequireDouble(t testing.TB) {
+	t.Helper()
+	if _, err := Driver(); err == nil && !Double() {
+		t.Skip("needs the CUDA driver test double (failure and call-count hooks); this is a real driver")
+	}
+}
+
+// RequireGPUs skips t on a driver with fewer than n GPUs (the double has
+// 2 unless told otherwise; a GPU host may have 1).
+func RequireGPUs(t testing.TB, n int) {
+	t.Helper()
+	d, err := Driver()
+	if err != nil {
+		t.Fatalf("devicetest: %v", err)
+	}
+	if d.Devices() < n {
+		t.Skipf("needs %d GPUs; the driver (%s) has %d", n, d.Path(), d.Devices())
+	}
+}

@@ -106,6 +106,7 @@ func TestOpen(t *testing.T) {
 // TestPublish: each GPU region is published with the handle of the
 // allocation holding it, host regions are not, and the result parses.
 func TestPublish(t *testing.T) {
+	devicetest.RequireGPUs(t, 2)
 	drv, err := devicetest.Driver()
 	require.NoError(t, err)
 	const size = 1 << 20

@@ -91,6 +91,7 @@ func calls(t *testing.T) int {
 // overlap the sending of earlier ones; the bytes the next path sends are
 // the GPU's. A read's bytes land on the GPU as each answer arrives.
 func TestPipeline(t *testing.T) {
+	devicetest.RequireDouble(t)
 	r := newRig(t, 8)
 	want := make([]byte, 8*slice)
 	for i := range want {
@@ -149,6 +150,7 @@ func TestPipeline(t *testing.T) {
 // buffer (until its deadline), and a buffer comes back when its slice is
 // done, failed or not.
 func TestBounded(t *testing.T) {
+	devicetest.RequireDouble(t)
 	r := newRig(t, 2)
 	far := time.Now().Add(10 * time.Second)
 	d0, d1 := r.submit(transport.Write, 0, far), r.submit(transport.Write, 1, far)
@@ -174,6 +176,7 @@ func TestBounded(t *testing.T) {
 // TestCopyFails: a failed device copy fails its slice with ErrDevice, sends
 // nothing, and gives its buffer back.
 func TestCopyFails(t *testing.T) {
+	devicetest.RequireDouble(t)
 	r := newRig(t, 1)
 	far := time.Now().Add(10 * time.Second)
 	if err := devicetest.Fail("cuMemcpy", 1, 0); err != nil {
