@@ -65,6 +65,7 @@ class Layout:
             st = t.untyped_storage()
             regions[st.data_ptr()] = max(regions.get(st.data_ptr(), 0), st.nbytes())
         self.num_blocks = num_blocks
+        self.device = next(iter(kv_caches.values())).device if kv_caches else None
         self.regions: List[Tuple[int, int]] = sorted(regions.items())
         self.block_bytes = sum(r.length for r in self.runs)
 
@@ -77,6 +78,24 @@ class Layout:
     def shape(self) -> List[Tuple[int, int]]:
         """(stride, length) of each run: equal shapes move blocks as they are."""
         return [(r.stride, r.length) for r in self.runs]
+
+
+def compute_fence(layout: Layout):
+    """What a save must wait for before it reads blocks: on a CUDA KV
+    cache, an event recorded on the current stream after the kernels vLLM
+    has queued so far; None on the CPU. vLLM calls wait_for_save once it
+    has queued the forward pass, not once the GPU has run it, and the
+    library's driver copies are not ordered after torch's streams (those
+    are created non-blocking), so a save started at once could read the
+    blocks before the pass has written them."""
+    dev = layout.device
+    if dev is None or dev.type != "cuda":
+        return None
+    import torch
+
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(dev))
+    return ev
 
 
 def remote_parts(runs: Sequence[Sequence[int]], block_id: int) -> List[int]:

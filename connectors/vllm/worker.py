@@ -19,7 +19,7 @@ from mooncake_go.errors import ObjectAlreadyExists
 
 from .config import Settings, key_prefix
 from .jobs import LoadJob, PullJob, SaveJob, Step
-from .layout import Layout, remote_parts
+from .layout import Layout, compute_fence, remote_parts
 
 # A child of vLLM's logger: its handler, format and VLLM_LOGGING_LEVEL apply.
 logger = logging.getLogger("vllm.mooncake_go_connector")
@@ -125,13 +125,15 @@ class WorkerSide:
             self._loads.put((deadline, job))
 
     def save_step(self, step: Step) -> None:
-        """Queues the step's saves (its forward pass has written the blocks)."""
+        """Queues the step's saves; each waits for the step's forward pass
+        to have written its blocks on the device (compute_fence)."""
+        fence = compute_fence(self.layout) if self.layout is not None else None
         with self._lock:
             for job in step.saves:
                 self._saving[job.req_id] = self._saving.get(job.req_id, 0) + 1
                 self._delayed.add(job.req_id)
         for job in step.saves:
-            self._saves.put((None, job))
+            self._saves.put((fence, job))
 
     def wait_saves(self, rids) -> None:
         """Waits until the saves of rids no longer read their blocks (vLLM
@@ -217,9 +219,9 @@ class WorkerSide:
             item = q.get()
             if item is None:
                 return
-            deadline, job = item
+            arg, job = item  # loads: a deadline; saves: a fence
             try:
-                fn(job, deadline)
+                fn(job, arg)
             except Exception:  # a bug must not stop the thread: vLLM would wait forever
                 logger.exception("mooncake-go connector: %s of request %s failed", type(job).__name__, job.req_id)
                 if isinstance(job, SaveJob):
@@ -227,11 +229,13 @@ class WorkerSide:
                 else:
                     self._recv_failed(job.req_id, job.block_ids)
 
-    def _save(self, job: SaveJob, _deadline) -> None:
+    def _save(self, job: SaveJob, fence) -> None:
         try:
             store = self._store_client()
             if store is None:
                 return
+            if fence is not None:
+                fence.synchronize()  # the forward pass has written the blocks
             addrs, lens = zip(*(self.layout.parts(b) for b in job.block_ids))
             try:
                 res = store.batch_put_from_parts(job.keys, list(addrs), list(lens))
