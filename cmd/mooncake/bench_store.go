@@ -25,6 +25,7 @@ func newBenchStoreCmd() *cobra.Command {
 		asJSON     bool
 		master     string
 		ha         bool
+		reserve    bool
 	)
 	c := &cobra.Command{
 		Use:   "store",
@@ -65,7 +66,7 @@ store is started for each run unless --master points at one.`,
 				switch strings.TrimSpace(s) {
 				case store.Ours, "ours":
 					for _, t := range strings.Split(topologies, ",") {
-						cfg := store.OursConfig{Topology: strings.TrimSpace(t), Master: master, HA: ha,
+						cfg := store.OursConfig{Topology: strings.TrimSpace(t), Master: master, HA: ha, ReservePuts: reserve,
 							NodeCommand: []string{self, "node", "--local_buffer_size", "8MiB"}}
 						runs = append(runs, system{store.Ours, cfg.Topology, func(o store.Options) (store.Result, error) {
 							return store.RunOurs(ctx, o, cfg)
@@ -135,5 +136,6 @@ store is started for each run unless --master points at one.`,
 	f.BoolVar(&asJSON, "json", false, "print the medians as JSON")
 	f.StringVar(&master, "master", "", "use this store for ours (host:port or etcd://...)")
 	f.BoolVar(&ha, "ha", false, "start our master with the etcd journal, as mooncake up does")
+	f.BoolVar(&reserve, "reserve-puts", false, "our clients put into space reserved ahead (client.Config.ReservePuts)")
 	return c
 }

@@ -42,6 +42,7 @@ type Client struct {
 	regs   registrations    // caller memory registered with the engine
 	leases *leaseCache      // nil with NoLeaseCache
 	puts   putSessions      // open put sessions (put_session.go)
+	slots  slotPool         // space reserved for the next puts (put_slots.go)
 	met    *metrics
 
 	stop   context.CancelFunc
@@ -153,6 +154,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	}
 	hctx, stop := context.WithCancel(context.Background())
 	c.stop = stop
+	c.slots.init(hctx)
 	c.wg.Add(1)
 	go c.heartbeat(hctx)
 	return c, nil
@@ -257,9 +259,9 @@ func (c *Client) Close() error {
 		c.gate.Unlock()
 		c.stop()
 		c.wg.Wait()
-		if keys := c.puts.keys(); len(keys) > 0 {
-			// Sessions never ended give their space back now rather than
-			// when the master reclaims stale starts.
+		if keys := append(c.puts.keys(), c.dropSlots()...); len(keys) > 0 {
+			// Sessions never ended and slots never used give their space
+			// back now rather than when the master reclaims stale starts.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = c.revoke(ctx, keys)
 			cancel()

@@ -67,6 +67,14 @@ type Config struct {
 	NoChecksum bool
 	// Replicate is the default replication of puts without their own.
 	Replicate ReplicateConfig
+	// ReservePuts makes puts write into space reserved on the master
+	// while the puts before them were written, and commit it with one
+	// round trip (one journal wait under HA) instead of two: for clients
+	// that put batch after batch of values of one length (put_slots.go).
+	// The client then holds up to 64 MiB of the pool reserved (counted as
+	// allocated, never evicted) for as long as it puts, and gives it back
+	// at Close. Zero: every put starts on the master when it is put.
+	ReservePuts bool
 	// ReportExisting makes a put (Put, PutFrom, the batch puts and puts of
 	// parts; not an upsert) of a key that exists fail with
 	// ObjectAlreadyExists, the value stored left as it is. Zero: such a

@@ -40,6 +40,10 @@ type putItem struct {
 	started bool
 	// upsert: it was started as an upsert.
 	upsert bool
+	// slot: it is written into this slot reserved ahead (put_slots.go),
+	// reserved at slotAt, and committed instead of ended.
+	slot   string
+	slotAt time.Time
 }
 
 // Put stores value under key, write-once: when the key exists Put
@@ -143,14 +147,28 @@ func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item
 				c.leases.drop(it.key)
 			}
 		}
-		c.start(ctx, live, rc.proto(), upsert)
-		c.write(ctx, live)
-		for _, it := range live {
-			if it.late && it.err == nil {
-				it.sum = it.lateChecksum()
+		slots := c.slotsFor(rc, upsert)
+		// A second round puts the items whose slot the master no longer
+		// had the usual way.
+		for todo, round := live, 0; len(todo) > 0 && round < 2; round++ {
+			rest := todo
+			if slots && round == 0 {
+				rest = c.takeSlots(ctx, todo)
+				// The next batch's slots are reserved while this one is
+				// written.
+				c.refill(rc.proto(), todo)
 			}
+			if len(rest) > 0 {
+				c.start(ctx, rest, rc.proto(), upsert)
+			}
+			c.write(ctx, todo)
+			for _, it := range todo {
+				if it.late && it.err == nil {
+					it.sum = it.lateChecksum()
+				}
+			}
+			todo = c.end(ctx, todo)
 		}
-		c.end(ctx, live)
 	}
 	errs = make([]error, len(keys))
 	for i, it := range items {
@@ -220,8 +238,12 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 		staged [][]byte
 	)
 	flush := func() {
-		c.run(ctx, xs, time.Time{})
+		merged, at := coalesce(xs, c.registered)
+		c.run(ctx, merged, time.Time{})
 		for i, x := range xs {
+			if m := merged[at[i]]; m != x {
+				x.err = m.err
+			}
 			o := owners[i]
 			switch {
 			case x.err != nil && o.it.err == nil:
@@ -322,6 +344,45 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 	flush()
 }
 
+// coalesce makes each run of consecutive writes of xs that continue one
+// another, in one array here and in one segment there, one write: a batch
+// of small values put from one buffer into space allocated in a row
+// crosses the engine as a few large requests instead of one per value.
+// Writes that checksum what they move stay apart, and so do two whose
+// memory together is not one registration (registered: a value registered
+// on its own next to another). It returns the writes to run and, for each
+// of xs, the index of the one it went into (xs[i] itself when it stands
+// alone).
+func coalesce(xs []*xfer, registered func([]byte) bool) (out []*xfer, at []int) {
+	at = make([]int, len(xs))
+	for i, x := range xs {
+		if n := len(out); n > 0 && continues(out[n-1], x) &&
+			registered(out[n-1].local[:len(out[n-1].local)+len(x.local)]) {
+			last := out[n-1]
+			if last == xs[i-1] {
+				// The run's first write stays as it is: merge into a copy.
+				cp := *last
+				last, out[n-1] = &cp, &cp
+			}
+			last.local = last.local[:len(last.local)+len(x.local)]
+			at[i] = n - 1
+			continue
+		}
+		out = append(out, x)
+		at[i] = len(out) - 1
+	}
+	return out, at
+}
+
+// continues reports whether write b goes on where write a ends, here and
+// there.
+func continues(a, b *xfer) bool {
+	n := len(a.local)
+	return a.op == engine.Write && b.op == engine.Write && !a.crc && !b.crc && n > 0 && len(b.local) > 0 &&
+		a.seg == b.seg && a.remote+uint64(n) == b.remote &&
+		cap(a.local) >= n+len(b.local) && &a.local[:n+1][n] == &b.local[0]
+}
+
 // needsEngine reports whether some replica lives outside this process.
 func (c *Client) needsEngine(reps []*storepb.Replica) bool {
 	for _, r := range reps {
@@ -335,17 +396,23 @@ func (c *Client) needsEngine(reps []*storepb.Replica) bool {
 // end makes written items readable and gives the space of failed ones
 // back. A put whose PutEnd the master no longer knows (it failed over
 // between start and end, before the start was durable) fails with the
-// master's error; the caller may put again.
-func (c *Client) end(ctx context.Context, items []*putItem) {
-	var done, failed []*putItem
+// master's error; the caller may put again. Items written into slots are
+// committed; it returns those whose slot was gone, to be put again.
+func (c *Client) end(ctx context.Context, items []*putItem) (again []*putItem) {
+	var done, failed, slotted []*putItem
 	for _, it := range items {
 		switch {
 		case !it.started:
+		case it.err == nil && it.slot != "":
+			slotted = append(slotted, it)
 		case it.err == nil:
 			done = append(done, it)
 		default:
 			failed = append(failed, it)
 		}
+	}
+	if len(slotted) > 0 {
+		again = c.commit(ctx, slotted)
 	}
 	if len(done) > 0 {
 		req := &storepb.BatchPutEndRequest{Items: make([]*storepb.PutEndRequest, len(done))}
@@ -366,15 +433,22 @@ func (c *Client) end(ctx context.Context, items []*putItem) {
 	}
 	if len(failed) > 0 {
 		keys := make([]string, len(failed))
+		slotLost := false
 		for i, it := range failed {
-			keys[i] = it.key
+			if keys[i] = it.key; it.slot != "" {
+				keys[i], slotLost = it.slot, true
+			}
+		}
+		if slotLost {
+			// The others may sit on the segment this one failed on.
+			keys = append(keys, c.dropSlots()...)
 		}
 		// Best effort: an unrevoked start is reclaimed by the master later.
 		_ = c.revoke(ctx, keys)
 	}
 	if c.cfg.ReportExisting {
 		// The caller wants to hear of a key that exists.
-		return
+		return again
 	}
 	for _, it := range items {
 		// Write-once: the key exists already, which Mooncake's put reports
@@ -384,6 +458,7 @@ func (c *Client) end(ctx context.Context, items []*putItem) {
 			it.err = nil
 		}
 	}
+	return again
 }
 
 // revoke gives back the space the master reserved for the started puts of

@@ -403,6 +403,8 @@ func outcome(resp any, exist bool) (items, failed int) {
 		}
 	case *storepb.PutStartResponse:
 		one(v.GetResult())
+	case *storepb.PutReserveResponse:
+		one(v.GetResult())
 	case *storepb.BatchPutStartResponse:
 		for _, it := range v.GetItems() {
 			one(it.GetResult())

@@ -244,16 +244,28 @@ func (s *Service) PutEnd(ctx context.Context, clientID, key string, checksum uin
 func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, error) {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	o, err := s.pendingOf(sh, clientID, key)
 	if err != nil {
-		var seq uint64
-		if o := sh.objects[key]; o != nil && o.pending == nil && o.complete() && o.writer == clientID && o.checksum == checksum {
+		if ended(sh, clientID, key, checksum) {
 			// A repeated PutEnd, its first answer lost in a failover.
-			err, seq = nil, s.lastSeq()
+			return s.lastSeq(), nil
 		}
-		sh.mu.Unlock()
-		return seq, err
+		return 0, err
 	}
+	return s.endLocked(sh, key, o, clientID, checksum), nil
+}
+
+// ended reports whether key holds the value clientID put with checksum,
+// its put ended: what a repeated end finds.
+func ended(sh *shard, clientID, key string, checksum uint32) bool {
+	o := sh.objects[key]
+	return o != nil && o.pending == nil && o.complete() && o.writer == clientID && o.checksum == checksum
+}
+
+// endLocked makes o's pending put, clientID's, COMPLETE with checksum and
+// returns the sequence number of its record; sh.mu is held.
+func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, checksum uint32) uint64 {
 	now := s.now()
 	p := o.pending
 	old := o.replicas
@@ -298,8 +310,7 @@ func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, erro
 			s.deferred = append(s.deferred, deferredFree{at: until, reps: old})
 		}
 	})
-	sh.mu.Unlock()
-	return seq, nil
+	return seq
 }
 
 // UpsertEnd is PutEnd for an UpsertStart.

@@ -199,6 +199,7 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 type Service struct {
 	cfg    ServiceConfig
 	seed   maphash.Seed
+	slots  *slotNames // names of reserved slots (reserve.go)
 	shards []shard
 
 	segMu    sync.Mutex
@@ -272,6 +273,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	s := &Service{
 		cfg:     cfg,
 		seed:    maphash.MakeSeed(),
+		slots:   newSlotNames(),
 		shards:  make([]shard, cfg.Shards),
 		segs:    make(map[string]*segment),
 		clients: make(map[string]*client),
@@ -289,8 +291,10 @@ func (s *Service) Config() ServiceConfig { return s.cfg }
 
 func (s *Service) now() time.Time { return s.cfg.Now() }
 
-func (s *Service) shardOf(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)%uint64(len(s.shards))]
+func (s *Service) shardOf(key string) *shard { return &s.shards[s.shardIndex(key)] }
+
+func (s *Service) shardIndex(key string) uint64 {
+	return maphash.String(s.seed, key) % uint64(len(s.shards))
 }
 
 // storeErr builds a store error of code c; errors.Is matches its sentinel.

@@ -977,6 +977,294 @@ func (x *BatchPutEndRequest) GetItems() []*PutEndRequest {
 	return nil
 }
 
+type PutReserveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	ValueLength   uint64                 `protobuf:"varint,2,opt,name=value_length,json=valueLength,proto3" json:"value_length,omitempty"`
+	Count         uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Config        *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutReserveRequest) Reset() {
+	*x = PutReserveRequest{}
+	mi := &file_master_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutReserveRequest) ProtoMessage() {}
+
+func (x *PutReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutReserveRequest.ProtoReflect.Descriptor instead.
+func (*PutReserveRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PutReserveRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *PutReserveRequest) GetValueLength() uint64 {
+	if x != nil {
+		return x.ValueLength
+	}
+	return 0
+}
+
+func (x *PutReserveRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *PutReserveRequest) GetConfig() *ReplicateConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+// PutSlot is a put started under a name of the master's, and where to
+// write its value.
+type PutSlot struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slot          string                 `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	Replicas      []*Replica             `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSlot) Reset() {
+	*x = PutSlot{}
+	mi := &file_master_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSlot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSlot) ProtoMessage() {}
+
+func (x *PutSlot) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSlot.ProtoReflect.Descriptor instead.
+func (*PutSlot) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PutSlot) GetSlot() string {
+	if x != nil {
+		return x.Slot
+	}
+	return ""
+}
+
+func (x *PutSlot) GetReplicas() []*Replica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+type PutReserveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	Slots         []*PutSlot             `protobuf:"bytes,2,rep,name=slots,proto3" json:"slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutReserveResponse) Reset() {
+	*x = PutReserveResponse{}
+	mi := &file_master_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutReserveResponse) ProtoMessage() {}
+
+func (x *PutReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutReserveResponse.ProtoReflect.Descriptor instead.
+func (*PutReserveResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PutReserveResponse) GetResult() *Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *PutReserveResponse) GetSlots() []*PutSlot {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
+type PutCommitItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The slot the value was written into, and the key it is put under.
+	Slot string `protobuf:"bytes,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	Key  string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// CRC-32C of the value; 0 means none.
+	Checksum      uint32 `protobuf:"varint,3,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutCommitItem) Reset() {
+	*x = PutCommitItem{}
+	mi := &file_master_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutCommitItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutCommitItem) ProtoMessage() {}
+
+func (x *PutCommitItem) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutCommitItem.ProtoReflect.Descriptor instead.
+func (*PutCommitItem) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PutCommitItem) GetSlot() string {
+	if x != nil {
+		return x.Slot
+	}
+	return ""
+}
+
+func (x *PutCommitItem) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PutCommitItem) GetChecksum() uint32 {
+	if x != nil {
+		return x.Checksum
+	}
+	return 0
+}
+
+type BatchPutCommitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Items         []*PutCommitItem       `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchPutCommitRequest) Reset() {
+	*x = BatchPutCommitRequest{}
+	mi := &file_master_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchPutCommitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchPutCommitRequest) ProtoMessage() {}
+
+func (x *BatchPutCommitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchPutCommitRequest.ProtoReflect.Descriptor instead.
+func (*BatchPutCommitRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *BatchPutCommitRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *BatchPutCommitRequest) GetItems() []*PutCommitItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
 type KeyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -987,7 +1275,7 @@ type KeyRequest struct {
 
 func (x *KeyRequest) Reset() {
 	*x = KeyRequest{}
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1287,7 @@ func (x *KeyRequest) String() string {
 func (*KeyRequest) ProtoMessage() {}
 
 func (x *KeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1300,7 @@ func (x *KeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRequest.ProtoReflect.Descriptor instead.
 func (*KeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{12}
+	return file_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KeyRequest) GetClientId() string {
@@ -1039,7 +1327,7 @@ type BatchKeyRequest struct {
 
 func (x *BatchKeyRequest) Reset() {
 	*x = BatchKeyRequest{}
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1339,7 @@ func (x *BatchKeyRequest) String() string {
 func (*BatchKeyRequest) ProtoMessage() {}
 
 func (x *BatchKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1352,7 @@ func (x *BatchKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchKeyRequest.ProtoReflect.Descriptor instead.
 func (*BatchKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{13}
+	return file_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchKeyRequest) GetClientId() string {
@@ -1096,7 +1384,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1396,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1409,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{14}
+	return file_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetReplicaListResponse) GetResult() *Result {
@@ -1168,7 +1456,7 @@ type BatchGetReplicaListResponse struct {
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1468,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1481,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{15}
+	return file_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchGetReplicaListResponse) GetItems() []*GetReplicaListResponse {
@@ -1215,7 +1503,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1515,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1528,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{16}
+	return file_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RemoveRequest) GetClientId() string {
@@ -1275,7 +1563,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1575,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1588,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{17}
+	return file_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchRemoveRequest) GetClientId() string {
@@ -1334,7 +1622,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1634,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1647,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{18}
+	return file_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RemoveAllRequest) GetClientId() string {
@@ -1387,7 +1675,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1687,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1700,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{19}
+	return file_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveByRegexRequest) GetClientId() string {
@@ -1446,7 +1734,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1746,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1759,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{20}
+	return file_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemoveAllResponse) GetResult() *Result {
@@ -1505,7 +1793,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1805,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1818,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{21}
+	return file_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Segment) GetId() string {
@@ -1599,7 +1887,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1899,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1912,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{22}
+	return file_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MountSegmentRequest) GetClientId() string {
@@ -1651,7 +1939,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1951,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1964,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{23}
+	return file_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() string {
@@ -1703,7 +1991,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +2003,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +2016,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{24}
+	return file_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() string {
@@ -1754,7 +2042,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +2054,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +2067,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{25}
+	return file_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PingRequest) GetClientId() string {
@@ -1804,7 +2092,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +2104,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +2117,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{26}
+	return file_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PingResponse) GetResult() *Result {
@@ -1875,7 +2163,7 @@ type MoveTask struct {
 
 func (x *MoveTask) Reset() {
 	*x = MoveTask{}
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +2175,7 @@ func (x *MoveTask) String() string {
 func (*MoveTask) ProtoMessage() {}
 
 func (x *MoveTask) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +2188,7 @@ func (x *MoveTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTask.ProtoReflect.Descriptor instead.
 func (*MoveTask) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{27}
+	return file_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MoveTask) GetId() uint64 {
@@ -1942,7 +2230,7 @@ type MoveEndRequest struct {
 
 func (x *MoveEndRequest) Reset() {
 	*x = MoveEndRequest{}
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2242,7 @@ func (x *MoveEndRequest) String() string {
 func (*MoveEndRequest) ProtoMessage() {}
 
 func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2255,7 @@ func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveEndRequest.ProtoReflect.Descriptor instead.
 func (*MoveEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{28}
+	return file_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MoveEndRequest) GetClientId() string {
@@ -1999,7 +2287,7 @@ type WatchObjectsRequest struct {
 
 func (x *WatchObjectsRequest) Reset() {
 	*x = WatchObjectsRequest{}
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2299,7 @@ func (x *WatchObjectsRequest) String() string {
 func (*WatchObjectsRequest) ProtoMessage() {}
 
 func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2312,7 @@ func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsRequest.ProtoReflect.Descriptor instead.
 func (*WatchObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{29}
+	return file_master_proto_rawDescGZIP(), []int{34}
 }
 
 type ObjectEvent struct {
@@ -2037,7 +2325,7 @@ type ObjectEvent struct {
 
 func (x *ObjectEvent) Reset() {
 	*x = ObjectEvent{}
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2337,7 @@ func (x *ObjectEvent) String() string {
 func (*ObjectEvent) ProtoMessage() {}
 
 func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2350,7 @@ func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectEvent.ProtoReflect.Descriptor instead.
 func (*ObjectEvent) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{30}
+	return file_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ObjectEvent) GetKind() ObjectEventKind {
@@ -2092,7 +2380,7 @@ type WatchObjectsResponse struct {
 
 func (x *WatchObjectsResponse) Reset() {
 	*x = WatchObjectsResponse{}
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2392,7 @@ func (x *WatchObjectsResponse) String() string {
 func (*WatchObjectsResponse) ProtoMessage() {}
 
 func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2405,7 @@ func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsResponse.ProtoReflect.Descriptor instead.
 func (*WatchObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{31}
+	return file_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchObjectsResponse) GetEvents() []*ObjectEvent {
@@ -2186,7 +2474,25 @@ const file_master_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"L\n" +
 	"\x12BatchPutEndRequest\x126\n" +
-	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\";\n" +
+	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\"\xa5\x01\n" +
+	"\x11PutReserveRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12!\n" +
+	"\fvalue_length\x18\x02 \x01(\x04R\vvalueLength\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\x12:\n" +
+	"\x06config\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicateConfigR\x06config\"U\n" +
+	"\aPutSlot\x12\x12\n" +
+	"\x04slot\x18\x01 \x01(\tR\x04slot\x126\n" +
+	"\breplicas\x18\x02 \x03(\v2\x1a.mooncake.store.v1.ReplicaR\breplicas\"y\n" +
+	"\x12PutReserveResponse\x121\n" +
+	"\x06result\x18\x01 \x01(\v2\x19.mooncake.store.v1.ResultR\x06result\x120\n" +
+	"\x05slots\x18\x02 \x03(\v2\x1a.mooncake.store.v1.PutSlotR\x05slots\"Q\n" +
+	"\rPutCommitItem\x12\x12\n" +
+	"\x04slot\x18\x01 \x01(\tR\x04slot\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
+	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"l\n" +
+	"\x15BatchPutCommitRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x126\n" +
+	"\x05items\x18\x02 \x03(\v2 .mooncake.store.v1.PutCommitItemR\x05items\";\n" +
 	"\n" +
 	"KeyRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x10\n" +
@@ -2281,14 +2587,17 @@ const file_master_proto_rawDesc = "" +
 	"\x1bOBJECT_EVENT_KIND_UNDEFINED\x10\x00\x12\x19\n" +
 	"\x15OBJECT_EVENT_KIND_PUT\x10\x01\x12\x1d\n" +
 	"\x19OBJECT_EVENT_KIND_REMOVED\x10\x02\x12\x1d\n" +
-	"\x19OBJECT_EVENT_KIND_EVICTED\x10\x032\xe7\x0e\n" +
+	"\x19OBJECT_EVENT_KIND_EVICTED\x10\x032\x9e\x10\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".mooncake.store.v1.PutStartRequest\x1a#.mooncake.store.v1.PutStartResponse\x12E\n" +
 	"\x06PutEnd\x12 .mooncake.store.v1.PutEndRequest\x1a\x19.mooncake.store.v1.Result\x12E\n" +
 	"\tPutRevoke\x12\x1d.mooncake.store.v1.KeyRequest\x1a\x19.mooncake.store.v1.Result\x12b\n" +
 	"\rBatchPutStart\x12'.mooncake.store.v1.BatchPutStartRequest\x1a(.mooncake.store.v1.BatchPutStartResponse\x12T\n" +
 	"\vBatchPutEnd\x12%.mooncake.store.v1.BatchPutEndRequest\x1a\x1e.mooncake.store.v1.BatchResult\x12T\n" +
-	"\x0eBatchPutRevoke\x12\".mooncake.store.v1.BatchKeyRequest\x1a\x1e.mooncake.store.v1.BatchResult\x12V\n" +
+	"\x0eBatchPutRevoke\x12\".mooncake.store.v1.BatchKeyRequest\x1a\x1e.mooncake.store.v1.BatchResult\x12Y\n" +
+	"\n" +
+	"PutReserve\x12$.mooncake.store.v1.PutReserveRequest\x1a%.mooncake.store.v1.PutReserveResponse\x12Z\n" +
+	"\x0eBatchPutCommit\x12(.mooncake.store.v1.BatchPutCommitRequest\x1a\x1e.mooncake.store.v1.BatchResult\x12V\n" +
 	"\vUpsertStart\x12\".mooncake.store.v1.PutStartRequest\x1a#.mooncake.store.v1.PutStartResponse\x12e\n" +
 	"\x10BatchUpsertStart\x12'.mooncake.store.v1.BatchPutStartRequest\x1a(.mooncake.store.v1.BatchPutStartResponse\x12Z\n" +
 	"\x0eGetReplicaList\x12\x1d.mooncake.store.v1.KeyRequest\x1a).mooncake.store.v1.GetReplicaListResponse\x12i\n" +
@@ -2319,7 +2628,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_master_proto_goTypes = []any{
 	(Medium)(0),                         // 0: mooncake.store.v1.Medium
 	(ReplicaStatus)(0),                  // 1: mooncake.store.v1.ReplicaStatus
@@ -2337,26 +2646,31 @@ var file_master_proto_goTypes = []any{
 	(*BatchPutStartResponse)(nil),       // 13: mooncake.store.v1.BatchPutStartResponse
 	(*PutEndRequest)(nil),               // 14: mooncake.store.v1.PutEndRequest
 	(*BatchPutEndRequest)(nil),          // 15: mooncake.store.v1.BatchPutEndRequest
-	(*KeyRequest)(nil),                  // 16: mooncake.store.v1.KeyRequest
-	(*BatchKeyRequest)(nil),             // 17: mooncake.store.v1.BatchKeyRequest
-	(*GetReplicaListResponse)(nil),      // 18: mooncake.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListResponse)(nil), // 19: mooncake.store.v1.BatchGetReplicaListResponse
-	(*RemoveRequest)(nil),               // 20: mooncake.store.v1.RemoveRequest
-	(*BatchRemoveRequest)(nil),          // 21: mooncake.store.v1.BatchRemoveRequest
-	(*RemoveAllRequest)(nil),            // 22: mooncake.store.v1.RemoveAllRequest
-	(*RemoveByRegexRequest)(nil),        // 23: mooncake.store.v1.RemoveByRegexRequest
-	(*RemoveAllResponse)(nil),           // 24: mooncake.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 25: mooncake.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 26: mooncake.store.v1.MountSegmentRequest
-	(*ReMountSegmentRequest)(nil),       // 27: mooncake.store.v1.ReMountSegmentRequest
-	(*UnmountSegmentRequest)(nil),       // 28: mooncake.store.v1.UnmountSegmentRequest
-	(*PingRequest)(nil),                 // 29: mooncake.store.v1.PingRequest
-	(*PingResponse)(nil),                // 30: mooncake.store.v1.PingResponse
-	(*MoveTask)(nil),                    // 31: mooncake.store.v1.MoveTask
-	(*MoveEndRequest)(nil),              // 32: mooncake.store.v1.MoveEndRequest
-	(*WatchObjectsRequest)(nil),         // 33: mooncake.store.v1.WatchObjectsRequest
-	(*ObjectEvent)(nil),                 // 34: mooncake.store.v1.ObjectEvent
-	(*WatchObjectsResponse)(nil),        // 35: mooncake.store.v1.WatchObjectsResponse
+	(*PutReserveRequest)(nil),           // 16: mooncake.store.v1.PutReserveRequest
+	(*PutSlot)(nil),                     // 17: mooncake.store.v1.PutSlot
+	(*PutReserveResponse)(nil),          // 18: mooncake.store.v1.PutReserveResponse
+	(*PutCommitItem)(nil),               // 19: mooncake.store.v1.PutCommitItem
+	(*BatchPutCommitRequest)(nil),       // 20: mooncake.store.v1.BatchPutCommitRequest
+	(*KeyRequest)(nil),                  // 21: mooncake.store.v1.KeyRequest
+	(*BatchKeyRequest)(nil),             // 22: mooncake.store.v1.BatchKeyRequest
+	(*GetReplicaListResponse)(nil),      // 23: mooncake.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListResponse)(nil), // 24: mooncake.store.v1.BatchGetReplicaListResponse
+	(*RemoveRequest)(nil),               // 25: mooncake.store.v1.RemoveRequest
+	(*BatchRemoveRequest)(nil),          // 26: mooncake.store.v1.BatchRemoveRequest
+	(*RemoveAllRequest)(nil),            // 27: mooncake.store.v1.RemoveAllRequest
+	(*RemoveByRegexRequest)(nil),        // 28: mooncake.store.v1.RemoveByRegexRequest
+	(*RemoveAllResponse)(nil),           // 29: mooncake.store.v1.RemoveAllResponse
+	(*Segment)(nil),                     // 30: mooncake.store.v1.Segment
+	(*MountSegmentRequest)(nil),         // 31: mooncake.store.v1.MountSegmentRequest
+	(*ReMountSegmentRequest)(nil),       // 32: mooncake.store.v1.ReMountSegmentRequest
+	(*UnmountSegmentRequest)(nil),       // 33: mooncake.store.v1.UnmountSegmentRequest
+	(*PingRequest)(nil),                 // 34: mooncake.store.v1.PingRequest
+	(*PingResponse)(nil),                // 35: mooncake.store.v1.PingResponse
+	(*MoveTask)(nil),                    // 36: mooncake.store.v1.MoveTask
+	(*MoveEndRequest)(nil),              // 37: mooncake.store.v1.MoveEndRequest
+	(*WatchObjectsRequest)(nil),         // 38: mooncake.store.v1.WatchObjectsRequest
+	(*ObjectEvent)(nil),                 // 39: mooncake.store.v1.ObjectEvent
+	(*WatchObjectsResponse)(nil),        // 40: mooncake.store.v1.WatchObjectsResponse
 }
 var file_master_proto_depIdxs = []int32{
 	4,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
@@ -2370,69 +2684,78 @@ var file_master_proto_depIdxs = []int32{
 	10, // 8: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
 	11, // 9: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
 	14, // 10: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
-	4,  // 11: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
-	9,  // 12: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
-	18, // 13: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
-	4,  // 14: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
-	0,  // 15: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
-	25, // 16: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
-	25, // 17: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
-	4,  // 18: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
-	2,  // 19: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
-	31, // 20: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
-	7,  // 21: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
-	7,  // 22: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
-	3,  // 23: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
-	34, // 24: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
-	10, // 25: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
-	14, // 26: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
-	16, // 27: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
-	12, // 28: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	15, // 29: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
-	17, // 30: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
-	10, // 31: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
-	12, // 32: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	16, // 33: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
-	17, // 34: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
-	16, // 35: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
-	17, // 36: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
-	20, // 37: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
-	21, // 38: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
-	22, // 39: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
-	23, // 40: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
-	26, // 41: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
-	27, // 42: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
-	28, // 43: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
-	29, // 44: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
-	32, // 45: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
-	33, // 46: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
-	11, // 47: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
-	4,  // 48: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
-	4,  // 49: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
-	13, // 50: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	5,  // 51: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
-	5,  // 52: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
-	11, // 53: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
-	13, // 54: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	18, // 55: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
-	19, // 56: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
-	4,  // 57: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
-	5,  // 58: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
-	4,  // 59: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
-	5,  // 60: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
-	24, // 61: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
-	24, // 62: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
-	4,  // 63: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 64: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 65: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
-	30, // 66: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
-	4,  // 67: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
-	35, // 68: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
-	47, // [47:69] is the sub-list for method output_type
-	25, // [25:47] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	6,  // 11: mooncake.store.v1.PutReserveRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
+	9,  // 12: mooncake.store.v1.PutSlot.replicas:type_name -> mooncake.store.v1.Replica
+	4,  // 13: mooncake.store.v1.PutReserveResponse.result:type_name -> mooncake.store.v1.Result
+	17, // 14: mooncake.store.v1.PutReserveResponse.slots:type_name -> mooncake.store.v1.PutSlot
+	19, // 15: mooncake.store.v1.BatchPutCommitRequest.items:type_name -> mooncake.store.v1.PutCommitItem
+	4,  // 16: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
+	9,  // 17: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
+	23, // 18: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
+	4,  // 19: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
+	0,  // 20: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
+	30, // 21: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
+	30, // 22: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
+	4,  // 23: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
+	2,  // 24: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
+	36, // 25: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
+	7,  // 26: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
+	7,  // 27: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
+	3,  // 28: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
+	39, // 29: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
+	10, // 30: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
+	14, // 31: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
+	21, // 32: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
+	12, // 33: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	15, // 34: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
+	22, // 35: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
+	16, // 36: mooncake.store.v1.Master.PutReserve:input_type -> mooncake.store.v1.PutReserveRequest
+	20, // 37: mooncake.store.v1.Master.BatchPutCommit:input_type -> mooncake.store.v1.BatchPutCommitRequest
+	10, // 38: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
+	12, // 39: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	21, // 40: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
+	22, // 41: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
+	21, // 42: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
+	22, // 43: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
+	25, // 44: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
+	26, // 45: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
+	27, // 46: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
+	28, // 47: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
+	31, // 48: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
+	32, // 49: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
+	33, // 50: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
+	34, // 51: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
+	37, // 52: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
+	38, // 53: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
+	11, // 54: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
+	4,  // 55: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
+	4,  // 56: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
+	13, // 57: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	5,  // 58: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
+	5,  // 59: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
+	18, // 60: mooncake.store.v1.Master.PutReserve:output_type -> mooncake.store.v1.PutReserveResponse
+	5,  // 61: mooncake.store.v1.Master.BatchPutCommit:output_type -> mooncake.store.v1.BatchResult
+	11, // 62: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
+	13, // 63: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	23, // 64: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
+	24, // 65: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
+	4,  // 66: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
+	5,  // 67: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
+	4,  // 68: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
+	5,  // 69: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
+	29, // 70: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
+	29, // 71: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
+	4,  // 72: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 73: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 74: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
+	35, // 75: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
+	4,  // 76: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
+	40, // 77: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
+	54, // [54:78] is the sub-list for method output_type
+	30, // [30:54] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -2450,7 +2773,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   32,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

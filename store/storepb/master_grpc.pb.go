@@ -31,6 +31,8 @@ const (
 	Master_BatchPutStart_FullMethodName       = "/mooncake.store.v1.Master/BatchPutStart"
 	Master_BatchPutEnd_FullMethodName         = "/mooncake.store.v1.Master/BatchPutEnd"
 	Master_BatchPutRevoke_FullMethodName      = "/mooncake.store.v1.Master/BatchPutRevoke"
+	Master_PutReserve_FullMethodName          = "/mooncake.store.v1.Master/PutReserve"
+	Master_BatchPutCommit_FullMethodName      = "/mooncake.store.v1.Master/BatchPutCommit"
 	Master_UpsertStart_FullMethodName         = "/mooncake.store.v1.Master/UpsertStart"
 	Master_BatchUpsertStart_FullMethodName    = "/mooncake.store.v1.Master/BatchUpsertStart"
 	Master_GetReplicaList_FullMethodName      = "/mooncake.store.v1.Master/GetReplicaList"
@@ -62,6 +64,15 @@ type MasterClient interface {
 	BatchPutStart(ctx context.Context, in *BatchPutStartRequest, opts ...grpc.CallOption) (*BatchPutStartResponse, error)
 	BatchPutEnd(ctx context.Context, in *BatchPutEndRequest, opts ...grpc.CallOption) (*BatchResult, error)
 	BatchPutRevoke(ctx context.Context, in *BatchKeyRequest, opts ...grpc.CallOption) (*BatchResult, error)
+	// Puts into space reserved ahead: PutReserve starts count puts of
+	// value_length bytes under slot names the master makes up, durable
+	// before it answers; the client writes values into them when it has
+	// them and BatchPutCommit gives each slot's space to its key and ends
+	// the put, one round trip and one journal wait per batch. A slot not
+	// committed is revoked with BatchPutRevoke (its name as the key) or
+	// reclaimed as any put in flight.
+	PutReserve(ctx context.Context, in *PutReserveRequest, opts ...grpc.CallOption) (*PutReserveResponse, error)
+	BatchPutCommit(ctx context.Context, in *BatchPutCommitRequest, opts ...grpc.CallOption) (*BatchResult, error)
 	// Upsert: like PutStart, but an existing object is replaced once the new
 	// one ends (readers keep the old replicas until then).
 	UpsertStart(ctx context.Context, in *PutStartRequest, opts ...grpc.CallOption) (*PutStartResponse, error)
@@ -158,6 +169,26 @@ func (c *masterClient) BatchPutRevoke(ctx context.Context, in *BatchKeyRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(BatchResult)
 	err := c.cc.Invoke(ctx, Master_BatchPutRevoke_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) PutReserve(ctx context.Context, in *PutReserveRequest, opts ...grpc.CallOption) (*PutReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutReserveResponse)
+	err := c.cc.Invoke(ctx, Master_PutReserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) BatchPutCommit(ctx context.Context, in *BatchPutCommitRequest, opts ...grpc.CallOption) (*BatchResult, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchResult)
+	err := c.cc.Invoke(ctx, Master_BatchPutCommit_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -346,6 +377,15 @@ type MasterServer interface {
 	BatchPutStart(context.Context, *BatchPutStartRequest) (*BatchPutStartResponse, error)
 	BatchPutEnd(context.Context, *BatchPutEndRequest) (*BatchResult, error)
 	BatchPutRevoke(context.Context, *BatchKeyRequest) (*BatchResult, error)
+	// Puts into space reserved ahead: PutReserve starts count puts of
+	// value_length bytes under slot names the master makes up, durable
+	// before it answers; the client writes values into them when it has
+	// them and BatchPutCommit gives each slot's space to its key and ends
+	// the put, one round trip and one journal wait per batch. A slot not
+	// committed is revoked with BatchPutRevoke (its name as the key) or
+	// reclaimed as any put in flight.
+	PutReserve(context.Context, *PutReserveRequest) (*PutReserveResponse, error)
+	BatchPutCommit(context.Context, *BatchPutCommitRequest) (*BatchResult, error)
 	// Upsert: like PutStart, but an existing object is replaced once the new
 	// one ends (readers keep the old replicas until then).
 	UpsertStart(context.Context, *PutStartRequest) (*PutStartResponse, error)
@@ -405,6 +445,12 @@ func (UnimplementedMasterServer) BatchPutEnd(context.Context, *BatchPutEndReques
 }
 func (UnimplementedMasterServer) BatchPutRevoke(context.Context, *BatchKeyRequest) (*BatchResult, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchPutRevoke not implemented")
+}
+func (UnimplementedMasterServer) PutReserve(context.Context, *PutReserveRequest) (*PutReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutReserve not implemented")
+}
+func (UnimplementedMasterServer) BatchPutCommit(context.Context, *BatchPutCommitRequest) (*BatchResult, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchPutCommit not implemented")
 }
 func (UnimplementedMasterServer) UpsertStart(context.Context, *PutStartRequest) (*PutStartResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpsertStart not implemented")
@@ -579,6 +625,42 @@ func _Master_BatchPutRevoke_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MasterServer).BatchPutRevoke(ctx, req.(*BatchKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_PutReserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).PutReserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_PutReserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).PutReserve(ctx, req.(*PutReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_BatchPutCommit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchPutCommitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).BatchPutCommit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_BatchPutCommit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).BatchPutCommit(ctx, req.(*BatchPutCommitRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -894,6 +976,14 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BatchPutRevoke",
 			Handler:    _Master_BatchPutRevoke_Handler,
+		},
+		{
+			MethodName: "PutReserve",
+			Handler:    _Master_PutReserve_Handler,
+		},
+		{
+			MethodName: "BatchPutCommit",
+			Handler:    _Master_BatchPutCommit_Handler,
 		},
 		{
 			MethodName: "UpsertStart",

@@ -1,0 +1,233 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Slots: space for the next puts, reserved while the current ones are
+// written. A put of a value with no slot of its length goes the usual way
+// (PutStart, write, PutEnd) and asks the master, in the background, for
+// as many slots of that length as the batch had items; the next batch of
+// that length writes into the slots and commits them (BatchPutCommit):
+// one round trip to the master instead of two, and with the HA journal
+// one journal wait instead of two. Slots are ordinary puts in flight on
+// the master (see store/master/reserve.go), so every invariant of a put
+// holds for them; what the client adds is never to use one near the age
+// at which the master may reclaim it.
+
+const (
+	// slotMaxAge is how old a slot may be and still take a value: far
+	// below the master's PutStartReleaseTimeout (10 minutes by default),
+	// after which it may give the space to another put.
+	slotMaxAge = 5 * time.Second
+	// slotMaxBytes bounds the space one client holds in slots.
+	slotMaxBytes = 64 << 20
+)
+
+// slot is a put the master started under its own name, not yet committed.
+type slot struct {
+	name string
+	reps []*storepb.Replica
+	at   time.Time
+}
+
+// slotPool holds a client's slots by value length.
+type slotPool struct {
+	mu      sync.Mutex
+	free    map[uint64][]slot
+	filling map[uint64]bool // a reserve of that length is in flight
+	bytes   uint64          // held in free and in flight
+	off     atomic.Bool     // the master has no PutReserve, or refuses it
+	used    atomic.Uint64   // values committed in slots
+	ctx     context.Context // ends at Close
+}
+
+// slotsFor reports whether a put may use slots: a put (not an upsert) with
+// the client's default replication, which the slots were reserved with.
+// A tenant's client does without: its tenant may have a quota, which
+// slots would take from.
+func (c *Client) slotsFor(rc *ReplicateConfig, upsert bool) bool {
+	return !upsert && rc == &c.cfg.Replicate && c.cfg.TenantID == "" && c.cfg.ReservePuts && !c.slots.off.Load()
+}
+
+// takeSlots gives items a slot of their length where the pool has one,
+// and returns the items left without. Slots past slotMaxAge are revoked.
+func (c *Client) takeSlots(ctx context.Context, items []*putItem) (rest []*putItem) {
+	p := &c.slots
+	now := time.Now()
+	var stale []string
+	p.mu.Lock()
+	for _, it := range items {
+		n := it.size()
+		free := p.free[n]
+		if it.late {
+			// Its checksum comes from the writes, which a second round
+			// (a slot gone) would fold in again.
+			rest = append(rest, it)
+			continue
+		}
+		for len(free) > 0 && now.Sub(free[0].at) > slotMaxAge {
+			stale = append(stale, free[0].name)
+			p.bytes -= n
+			free = free[1:]
+		}
+		if len(free) == 0 {
+			p.free[n] = free
+			rest = append(rest, it)
+			continue
+		}
+		s := free[0]
+		p.free[n] = free[1:]
+		p.bytes -= n
+		it.slot, it.slotAt, it.reps, it.started = s.name, s.at, s.reps, true
+	}
+	p.mu.Unlock()
+	if len(stale) > 0 {
+		_ = c.revoke(ctx, stale)
+	}
+	return rest
+}
+
+// giveBack returns the slot of an item whose key existed: the master
+// left it to the client, and its bytes are overwritten by the next value.
+func (c *Client) giveBack(it *putItem) {
+	p := &c.slots
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := it.size()
+	p.free[n] = append(p.free[n], slot{name: it.slot, reps: it.reps, at: it.slotAt})
+	p.bytes += n
+}
+
+// refill reserves, in the background, slots for a next batch like items
+// (their lengths, as many of each), where the pool lacks them.
+func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
+	p := &c.slots
+	want := map[uint64]int{}
+	for _, it := range items {
+		want[it.size()]++
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx == nil || p.ctx.Err() != nil {
+		return
+	}
+	for n, k := range want {
+		k -= len(p.free[n])
+		k = min(k, int((slotMaxBytes-min(p.bytes, slotMaxBytes))/n))
+		if k <= 0 || p.filling[n] {
+			continue
+		}
+		p.filling[n] = true
+		p.bytes += uint64(k) * n
+		c.wg.Add(1)
+		go c.reserve(p.ctx, rc, n, k)
+	}
+}
+
+// reserve asks the master for k slots of n bytes and pools them.
+func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uint64, k int) {
+	defer c.wg.Done()
+	var resp *storepb.PutReserveResponse
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.PutReserve(ctx, &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc})
+		if status.Code(err) == codes.Unimplemented {
+			c.slots.off.Store(true) // a master older than slots
+		}
+		return err
+	})
+	if err == nil {
+		err = resp.Result.AsError()
+	}
+	if errors.Is(err, storepb.ErrInvalidParams) {
+		c.slots.off.Store(true) // the master will not reserve for this client
+	}
+	p := &c.slots
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.filling[n] = false
+	p.bytes -= uint64(k) * n
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, s := range resp.Slots {
+		p.free[n] = append(p.free[n], slot{name: s.Slot, reps: s.Replicas, at: now})
+		p.bytes += n
+	}
+}
+
+// dropSlots empties the pool and returns the names of the slots it held,
+// for the caller to revoke: after a slot failed, the others may sit on the
+// same lost segment.
+func (c *Client) dropSlots() []string {
+	p := &c.slots
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var names []string
+	for n, free := range p.free {
+		for _, s := range free {
+			names = append(names, s.name)
+		}
+		p.bytes -= uint64(len(free)) * n
+		delete(p.free, n)
+	}
+	return names
+}
+
+// commit ends the puts written into slots: each slot's space goes to its
+// key. A key that exists leaves the slot to the client (write-once: the
+// put succeeds without writing, as any put of an existing key). A slot
+// the master no longer has (it reclaimed it, or lost its segment) fails
+// with ObjectNotFound: the item is put again the usual way.
+func (c *Client) commit(ctx context.Context, items []*putItem) (again []*putItem) {
+	req := &storepb.BatchPutCommitRequest{ClientId: c.id, Items: make([]*storepb.PutCommitItem, len(items))}
+	for i, it := range items {
+		req.Items[i] = &storepb.PutCommitItem{Slot: it.slot, Key: it.key, Checksum: it.sum}
+	}
+	var resp *storepb.BatchResult
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.BatchPutCommit(ctx, req)
+		return err
+	})
+	err = batchErr(err, len(resp.GetResults()), len(items))
+	lost := false
+	for i, it := range items {
+		if it.err = err; err == nil {
+			it.err = resp.Results[i].AsError()
+		}
+		switch {
+		case it.err == nil:
+			c.slots.used.Add(1)
+		case errors.Is(it.err, storepb.ErrObjectAlreadyExists):
+			c.giveBack(it)
+			it.started = false // as a PutStart that found the key
+		case errors.Is(it.err, storepb.ErrObjectNotFound):
+			lost = true
+			it.slot, it.reps, it.started, it.err = "", nil, false, nil
+			again = append(again, it)
+		default:
+			lost = true
+		}
+	}
+	if lost {
+		if names := c.dropSlots(); len(names) > 0 {
+			_ = c.revoke(ctx, names)
+		}
+	}
+	return again
+}
+
+// init readies the pool; reserves end with ctx (the client's life).
+func (p *slotPool) init(ctx context.Context) {
+	p.free, p.filling, p.ctx = map[uint64][]slot{}, map[uint64]bool{}, ctx
+}

@@ -1,0 +1,217 @@
+package client
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/etcdtest"
+	"github.com/mooncake-go/mooncake/store/master"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+func reservePuts(c *Config) { c.ReservePuts = true }
+
+// batch is n keys prefix0.. and values of size bytes, all in one array
+// (as a caller's registered buffer), each seeded by its key's number.
+func batch(prefix string, from, n, size int) ([]string, [][]byte, []byte) {
+	mem := make([]byte, n*size)
+	keys, vals := make([]string, n), make([][]byte, n)
+	for i := range n {
+		keys[i] = fmt.Sprintf("%s%d", prefix, from+i)
+		vals[i] = mem[i*size : (i+1)*size]
+		copy(vals[i], value(uint64(from+i), size))
+	}
+	return keys, vals, mem
+}
+
+// Batches put by a client without a segment, from one registered buffer,
+// into a node over TCP: after the first batch they go into slots reserved
+// while the one before was written, their writes coalesced into a few
+// engine requests; every value reads back exact from another client, and
+// a put of a key that exists succeeds without writing (write-once) and
+// leaves its slot to the next put.
+func TestReservedPutsRoundTrip(t *testing.T) {
+	addr := startMaster(t, master.ServiceConfig{}).Addr()
+	tcp := func(c *Config) { c.EngineConfig = engine.Config{Host: "127.0.0.1", Transport: "tcp"} }
+	newClient(t, addr, 16<<20, tcp)
+	w := newClient(t, addr, NoSegment, tcp, reservePuts)
+	r := newClient(t, addr, NoSegment, tcp)
+	ctx := ctxT(t)
+
+	const n, size = 32, 4096
+	var all []string
+	want := map[string][]byte{}
+	for b := range 4 {
+		keys, vals, mem := batch("k", b*n, n, size)
+		require.NoError(t, w.RegisterBuffer(mem))
+		for i, err := range w.BatchPut(ctx, keys, vals, nil) {
+			require.NoError(t, err, keys[i])
+		}
+		for i, k := range keys {
+			want[k] = vals[i]
+		}
+		all = append(all, keys...)
+		if b == 0 {
+			// The next batch's slots are reserved in the background.
+			require.Eventually(t, func() bool { return w.slotsHeld(size) == n }, 5*time.Second, time.Millisecond)
+		}
+	}
+	assert.GreaterOrEqual(t, w.slots.used.Load(), uint64(n), "later batches went into slots")
+	got, errs := r.BatchGet(ctx, all)
+	for i, k := range all {
+		require.NoError(t, errs[i], k)
+		require.True(t, bytes.Equal(want[k], got[i]), k)
+	}
+
+	// Write-once: k0 exists. Its slot is the client's again.
+	require.Eventually(t, func() bool { return w.slotsHeld(size) > 0 }, 5*time.Second, time.Millisecond)
+	held := w.slotsHeld(size)
+	used := w.slots.used.Load()
+	require.NoError(t, w.Put(ctx, "k0", value(999, size), nil))
+	assert.Equal(t, used, w.slots.used.Load())
+	assert.Equal(t, held, w.slotsHeld(size), "the slot came back to the pool")
+	v, err := r.Get(ctx, "k0")
+	require.NoError(t, err)
+	assert.Equal(t, want["k0"], v, "k0 kept its value")
+	// With ReportExisting the caller hears of it.
+	w.cfg.ReportExisting = true
+	assert.ErrorIs(t, w.Put(ctx, "k0", value(999, size), nil), storepb.ErrObjectAlreadyExists)
+}
+
+// slotsHeld is how many slots of n bytes the pool holds.
+func (c *Client) slotsHeld(n uint64) int {
+	c.slots.mu.Lock()
+	defer c.slots.mu.Unlock()
+	return len(c.slots.free[n])
+}
+
+// A slot the master no longer has (it reclaimed it) fails nothing: the
+// put goes again the usual way.
+func TestReservedPutSlotGone(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{})
+	svc, addr := m.Service(), m.Addr()
+	newClient(t, addr, 16<<20)
+	w := newClient(t, addr, NoSegment, reservePuts)
+	ctx := ctxT(t)
+	require.NoError(t, w.Put(ctx, "a", value(1, 1000), nil))
+	require.Eventually(t, func() bool { return w.slotsHeld(1000) == 1 }, 5*time.Second, time.Millisecond)
+	w.slots.mu.Lock()
+	held := slices.Clone(w.slots.free[1000])
+	w.slots.mu.Unlock()
+	for _, s := range held {
+		// As the master's reclaim of a stale put would (the default
+		// tenant's key of a name starting with NUL is escaped).
+		require.NoError(t, svc.PutRevoke(ctx, w.id, "\x00\x00"+s.name))
+	}
+	require.NoError(t, w.Put(ctx, "b", value(2, 1000), nil))
+	v, err := w.Get(ctx, "b")
+	require.NoError(t, err)
+	assert.Equal(t, value(2, 1000), v)
+	assert.Zero(t, w.slots.used.Load(), "b's slot was gone")
+}
+
+// Puts into slots under the HA journal, through a failover: every put
+// acknowledged (its commit durable: one journal wait, group committed with
+// the other clients') reads back from the new leader, and slots reserved
+// from the old leader are committed to the new one (they are in the
+// journal as puts in flight).
+func TestReservedPutsSurviveFailover(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	m1 := startHAMaster(t, etcd, 100000)
+	m2 := startHAMaster(t, etcd, 100000)
+	leader := waitLeader(t, m1, m2)
+	haCfg := func(c *Config) { c.Master = "etcd://" + etcd; c.ClusterID = "t" }
+	newClient(t, "", 32<<20, haCfg)
+	a := newClient(t, "", NoSegment, haCfg, reservePuts)
+	b := newClient(t, "", NoSegment, haCfg)
+	ctx := ctxT(t)
+
+	const n, size = 8, 2000
+	var (
+		mu    sync.Mutex
+		acked []string
+		want  = map[string][]byte{}
+		stop  = make(chan struct{})
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
+		for i := 0; ; i += n {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			keys, vals, _ := batch("F", i, n, size)
+			errs := a.BatchPut(ctx, keys, vals, nil)
+			mu.Lock()
+			for j, err := range errs {
+				if err == nil {
+					acked = append(acked, keys[j])
+					want[keys[j]] = vals[j]
+				}
+			}
+			mu.Unlock()
+		}
+	})
+	ackedN := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	require.Eventually(t, func() bool { return ackedN() >= 10*n && a.slots.used.Load() >= 5*n },
+		10*time.Second, time.Millisecond, "puts into slots acknowledged before the failover")
+	require.NoError(t, leader.Close())
+	waitLeader(t, m1, m2)
+	before, usedBefore := ackedN(), a.slots.used.Load()
+	require.Eventually(t, func() bool { return ackedN() >= before+10*n && a.slots.used.Load() > usedBefore },
+		15*time.Second, time.Millisecond, "no put into a slot acknowledged by the new leader")
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	got, errs := b.BatchGet(ctx, acked)
+	for i, k := range acked {
+		require.NoError(t, errs[i], "%s was acknowledged", k)
+		require.True(t, bytes.Equal(want[k], got[i]), k)
+	}
+	t.Logf("%d puts acknowledged across the failover (%d into slots), all readable", len(acked), a.slots.used.Load())
+}
+
+// coalesce merges writes that continue one another here and there, and
+// only those.
+func TestCoalesce(t *testing.T) {
+	mem := make([]byte, 64)
+	other := make([]byte, 16)
+	all := func([]byte) bool { return true }
+	w := func(b []byte, seg string, remote uint64) *xfer {
+		return &xfer{op: engine.Write, local: b, seg: seg, remote: remote}
+	}
+	xs := []*xfer{
+		w(mem[0:16], "s", 100), w(mem[16:32], "s", 116), w(mem[32:48], "s", 132), // one run
+		w(mem[48:64], "s", 200), // a gap there
+		w(other, "s", 216),      // another array here
+		w(mem[0:16], "t", 232),  // another segment
+	}
+	out, at := coalesce(xs, all)
+	require.Len(t, out, 4)
+	assert.Equal(t, []int{0, 0, 0, 1, 2, 3}, at)
+	assert.Len(t, out[0].local, 48)
+	assert.EqualValues(t, 100, out[0].remote)
+	assert.Len(t, xs[0].local, 16, "the caller's write is left as it was")
+	assert.Same(t, xs[3], out[1])
+
+	crc := w(mem[16:32], "s", 116)
+	crc.crc = true
+	out, _ = coalesce([]*xfer{w(mem[0:16], "s", 100), crc}, all)
+	assert.Len(t, out, 2, "a checksumming write stays apart")
+	out, _ = coalesce(xs[:3], func(b []byte) bool { return len(b) <= 16 })
+	assert.Len(t, out, 3, "memory registered value by value stays apart")
+}

@@ -1,0 +1,205 @@
+package master
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Puts into space reserved ahead. A client that puts batch after batch
+// reserves slots for its next batch while it writes the current one
+// (PutReserve): each slot is an ordinary PutStart under a name the master
+// makes up, journaled and durable before the answer, so it is placed,
+// counted against eviction and the tenant's quota, reclaimed when
+// abandoned and kept across a failover as any put in flight. Once the
+// values are written, BatchPutCommit gives each slot's space to its key
+// and ends the put: one round trip and one journal wait per batch instead
+// of two. In the journal a commit is the slot's revoke, then the key's
+// start and end with the slot's replicas; a replay, a standby and a
+// snapshot see nothing they do not know already.
+
+// slotPrefix starts the names of slots (as the client sees them; the
+// Service stores them scoped by tenant like any key). A NUL byte starts no
+// key a client would pick.
+const slotPrefix = "\x00slot/"
+
+// slotNames makes up the names of slots: a random stem per Service, so
+// that a new leader never reuses the name of a slot its predecessor
+// reserved, and a counter.
+type slotNames struct {
+	stem string
+	n    atomic.Uint64
+}
+
+func (sn *slotNames) next() string {
+	return sn.stem + strconv.FormatUint(sn.n.Add(1), 10)
+}
+
+func newSlotNames() *slotNames {
+	return &slotNames{stem: slotPrefix + strconv.FormatUint(rand.Uint64(), 36) + "/"}
+}
+
+// isSlot reports whether a client's key names a slot.
+func isSlot(key string) bool { return strings.HasPrefix(key, slotPrefix) }
+
+// PutReserve starts count puts of length bytes for clientID, under slot
+// names in tenant t's key space, and waits once for their records. It
+// reserves as many as fit, at least one, else answers as PutStart would.
+func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
+	if count <= 0 {
+		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots", count)
+	}
+	if _, _, ok := s.cfg.Tenants.quota(t); ok {
+		// Slots would take from the tenant's quota space no put asked for.
+		return nil, storeErr(storepb.InvalidParams, "tenant %q has a quota: no slots", t)
+	}
+	if count > s.cfg.MaxBatch {
+		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots is over the limit of %d keys (max_batch_size)", count, s.cfg.MaxBatch)
+	}
+	if uint64(count)*length/uint64(count) != length || uint64(count)*length > s.cfg.MaxBatchValueBytes {
+		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots of %d bytes is over the limit of %d value bytes (max_batch_value_size)",
+			count, length, s.cfg.MaxBatchValueBytes)
+	}
+	var (
+		out  []*storepb.PutSlot
+		last uint64
+	)
+	for range count {
+		name := s.slots.next()
+		reps, seq, err := s.startSeq(ctx, clientID, scopeKey(t, name), length, cfg, false)
+		if err != nil {
+			if len(out) == 0 {
+				return nil, err
+			}
+			break
+		}
+		out = append(out, &storepb.PutSlot{Slot: name, Replicas: reps})
+		last = max(last, seq)
+	}
+	if err := s.durable(ctx, last); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// commitSeq puts clientID's value, written into slot, under key with
+// checksum, without waiting for its journal records (t is the caller's
+// tenant). A key that exists or has a put of another's in flight answers
+// ObjectAlreadyExists and leaves the slot to the client, whose value it
+// may hold again; a slot gone (reclaimed, or lost with its segment)
+// answers ObjectNotFound.
+func (s *Service) commitSeq(t, clientID, slot, key string, checksum uint32) (uint64, error) {
+	switch {
+	case !isSlot(slot):
+		return 0, storeErr(storepb.InvalidParams, "%q is not a slot", slot)
+	case isSlot(key):
+		return 0, storeErr(storepb.InvalidParams, "%q: keys starting %q are the master's", key, slotPrefix)
+	}
+	sk, key := scopeKey(t, slot), scopeKey(t, key)
+	if err := s.checkKey(key); err != nil {
+		return 0, err
+	}
+	ssh, ksh, unlock := s.lockShards(sk, key)
+	defer unlock()
+	so, err := s.pendingOf(ssh, clientID, sk)
+	if err != nil {
+		if ended(ksh, clientID, key, checksum) {
+			// A repeated commit, its first answer lost in a failover.
+			return s.lastSeq(), nil
+		}
+		return 0, err
+	}
+	now := s.now()
+	o := ksh.objects[key]
+	if o != nil {
+		if o.complete() {
+			return 0, storeErr(storepb.ObjectAlreadyExists, "%q", clientKey(key))
+		}
+		if p := o.pending; p != nil {
+			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
+				return 0, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", clientKey(key))
+			}
+			// A zombie PutStart, as tryStart pre-empts it.
+			s.freeAfter(revokeRecord(key), p.replicas)
+			o.pending = nil
+			s.discarded.Add(1)
+		}
+	}
+	// The slot's space passes to the key: its revoke frees nothing, the
+	// key's start takes the same replicas. Both records precede the end,
+	// whose durability the caller waits for.
+	p := so.pending
+	so.pending = nil
+	if so.empty() {
+		delete(ssh.objects, sk)
+	}
+	s.record(revokeRecord(sk))
+	p.started = now
+	if o == nil {
+		o = &object{}
+		ksh.objects[key] = o
+	}
+	o.pending = p
+	s.record(startRecord(clientID, key, p))
+	return s.endLocked(ksh, key, o, clientID, checksum), nil
+}
+
+// lockShards locks the shards of keys a and b (once when they are the
+// same) in the order of their index, so that two commits locking the same
+// pair never deadlock, and returns them and the unlock.
+func (s *Service) lockShards(a, b string) (*shard, *shard, func()) {
+	i, j := s.shardIndex(a), s.shardIndex(b)
+	sa, sb := &s.shards[i], &s.shards[j]
+	switch {
+	case i == j:
+		sa.mu.Lock()
+		return sa, sb, sa.mu.Unlock
+	case i > j:
+		sb.mu.Lock()
+		sa.mu.Lock()
+	default:
+		sa.mu.Lock()
+		sb.mu.Lock()
+	}
+	return sa, sb, func() {
+		sa.mu.Unlock()
+		sb.mu.Unlock()
+	}
+}
+
+// PutReserve serves Service.PutReserve.
+func (g *GRPCServer) PutReserve(ctx context.Context, req *storepb.PutReserveRequest) (*storepb.PutReserveResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	slots, err := g.svc.Load().PutReserve(ctx, t, req.ClientId, req.ValueLength, int(req.Count), req.Config)
+	return &storepb.PutReserveResponse{Result: storepb.NewResult(err), Slots: slots}, nil
+}
+
+// BatchPutCommit commits each item (Service.commitSeq), then waits once
+// for their records.
+func (g *GRPCServer) BatchPutCommit(ctx context.Context, req *storepb.BatchPutCommitRequest) (*storepb.BatchResult, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	t, err := callerTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	svc := g.svc.Load()
+	if err := svc.checkBatch(len(req.Items)); err != nil {
+		return nil, err
+	}
+	return &storepb.BatchResult{Results: batchDurable(ctx, svc, len(req.Items), func(i int) (uint64, error) {
+		it := req.Items[i]
+		return svc.commitSeq(t, req.ClientId, it.GetSlot(), it.GetKey(), it.GetChecksum())
+	})}, nil
+}

@@ -1,0 +1,109 @@
+package master
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// commit is commitSeq for one item of the default tenant.
+func commit(s *Service, client, slot, key string, sum uint32) error {
+	_, err := s.commitSeq(DefaultTenant, client, slot, key, sum)
+	return err
+}
+
+// A value written into a reserved slot and committed is the key's object,
+// in the slot's space; a key that exists leaves the slot to its client,
+// whose next commit may use it; a slot is its client's alone; a repeated
+// commit (its answer lost) succeeds again; and a journal replay rebuilds
+// the same state, slots in flight included.
+func TestPutReserveCommit(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	j := &memJournal{}
+	s.j = j
+	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
+	slots, err := s.PutReserve(t.Context(), DefaultTenant, "a", 4096, 4, nil)
+	require.NoError(t, err)
+	require.Len(t, slots, 4)
+	used := s.Stats().Used
+	require.EqualValues(t, 4*4096, used, "slots hold their space")
+	for _, sl := range slots {
+		require.True(t, isSlot(sl.Slot), sl.Slot)
+		ok, err := s.ExistKey(scopeKey(DefaultTenant, sl.Slot))
+		require.NoError(t, err)
+		require.False(t, ok, "a slot is no readable object")
+	}
+
+	require.NoError(t, commit(s, "a", slots[0].Slot, "k0", 11))
+	reps, _, sum, n, err := s.GetReplicaList("k0")
+	require.NoError(t, err)
+	assert.EqualValues(t, 11, sum)
+	assert.EqualValues(t, 4096, n)
+	require.Len(t, reps, 1)
+	assert.Equal(t, mem(slots[0].Replicas[0]).BufferAddress, mem(reps[0]).BufferAddress, "the object sits in its slot")
+	assert.Equal(t, used, s.Stats().Used, "committing moves space, takes none")
+
+	// Repeated: the first answer was lost.
+	require.NoError(t, commit(s, "a", slots[0].Slot, "k0", 11))
+	// Another client's slot, a slot gone, a slot name for a key.
+	assert.ErrorIs(t, commit(s, "b", slots[1].Slot, "x", 1), storepb.ErrInvalidParams)
+	assert.ErrorIs(t, commit(s, "a", slots[0].Slot, "x", 1), storepb.ErrObjectNotFound)
+	assert.ErrorIs(t, commit(s, "a", "k0", "x", 1), storepb.ErrInvalidParams)
+	assert.ErrorIs(t, commit(s, "a", slots[1].Slot, slots[2].Slot, 1), storepb.ErrInvalidParams)
+
+	// Write-once: k0 exists; slot 1 stays a's, and takes another key.
+	assert.ErrorIs(t, commit(s, "a", slots[1].Slot, "k0", 12), storepb.ErrObjectAlreadyExists)
+	_, _, sum, _, err = s.GetReplicaList("k0")
+	require.NoError(t, err)
+	assert.EqualValues(t, 11, sum, "k0 kept its value")
+	require.NoError(t, commit(s, "a", slots[1].Slot, "k1", 13))
+	// A key with another's put in flight is refused too.
+	_, err = s.PutStart(t.Context(), "b", "busy", 100, nil)
+	require.NoError(t, err)
+	assert.ErrorIs(t, commit(s, "a", slots[2].Slot, "busy", 1), storepb.ErrObjectAlreadyExists)
+	// Slot 3 is revoked as any put: its space comes back.
+	require.NoError(t, s.PutRevoke(t.Context(), "a", scopeKey(DefaultTenant, slots[3].Slot)))
+
+	want := view(s)
+	st := newState()
+	for i, r := range j.recs {
+		require.NoError(t, st.apply(r), "record %d %v", i+1, r)
+	}
+	s2, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s2.restore(st))
+	assert.Equal(t, want, view(s2), "the journal replays to the same state")
+	// The restored leader takes the commit of a slot reserved before.
+	require.NoError(t, commit(s2, "a", slots[2].Slot, "k2", 14))
+	_, _, sum, _, err = s2.GetReplicaList("k2")
+	require.NoError(t, err)
+	assert.EqualValues(t, 14, sum)
+
+	// A slot abandoned is reclaimed as any put in flight.
+	clk.Advance(s.cfg.PutStartReleaseTimeout + time.Second)
+	assert.Equal(t, 2, s.ReclaimPuts(), "slot 2 and busy")
+	assert.ErrorIs(t, commit(s, "a", slots[2].Slot, "k2", 14), storepb.ErrObjectNotFound)
+}
+
+// A reserve is bounded as a batch put, and refused to a tenant with a
+// quota, whose space no put asked for it would take.
+func TestPutReserveLimits(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{MaxBatch: 8, MaxBatchValueBytes: 4 << 20})
+	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
+	_, err := s.PutReserve(t.Context(), DefaultTenant, "a", 100, 9, nil)
+	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
+	_, err = s.PutReserve(t.Context(), DefaultTenant, "a", 1<<20, 5, nil)
+	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
+	_, err = s.PutReserve(t.Context(), DefaultTenant, "a", 100, 0, nil)
+	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
+	// Space for three of five: three slots.
+	slots, err := s.PutReserve(t.Context(), DefaultTenant, "a", 300<<10, 5, nil)
+	require.NoError(t, err)
+	assert.Len(t, slots, 3)
+	require.NoError(t, s.cfg.Tenants.Set("acme", 1<<20))
+	_, err = s.PutReserve(t.Context(), "acme", "a", 100, 1, nil)
+	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
+}
