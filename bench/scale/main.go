@@ -48,6 +48,9 @@ import (
 type options struct {
 	Hosts    []int         `json:"hosts"`     // store: host counts measured
 	Rate     int64         `json:"rate_bps"`  // every host's link, each way, bits/s
+	Sparse   int           `json:"sparse"`    // netlab.Config.Sparse
+	Queue    time.Duration `json:"queue"`     // netlab.Config.Queue
+	Lanes    int           `json:"lanes"`     // TCP connections per peer of every engine
 	Value    int           `json:"value"`     // store: object size
 	Batch    int           `json:"batch"`     // store: objects per call
 	Conc     int           `json:"conc"`      // store: calls in flight per client
@@ -62,6 +65,7 @@ type options struct {
 	P2PRecv  int           `json:"p2p_receivers"`
 	P2PPar   int           `json:"p2p_parallel"` // shards in flight per receiver
 	P2PRuns  int           `json:"p2p_repeat"`
+	P2PWays  []string      `json:"p2p_ways"` // swarm, seed-only
 	MetaCli  int           `json:"meta_clients"`
 	MetaB    int           `json:"meta_batch"` // keys per call
 	MetaKeys int           `json:"meta_keys"`  // objects the calls name
@@ -83,6 +87,11 @@ func (o *options) validate() error {
 	case o.MetaCli < 1 || o.MetaB < 1 || o.MetaKeys < o.MetaB:
 		return errors.New("-meta-clients and -meta-batch must be positive and -meta-keys at least -meta-batch")
 	}
+	for _, w := range o.P2PWays {
+		if w != "swarm" && w != "seed-only" {
+			return fmt.Errorf("-p2p-ways: unknown way %q", w)
+		}
+	}
 	for _, p := range o.Phases {
 		if p != "store" && p != "p2p" && p != "master" {
 			return fmt.Errorf("-phases: unknown phase %q", p)
@@ -98,6 +107,9 @@ func main() {
 	o := options{}
 	hosts := flag.String("hosts", "1,2,4,8", "store: host counts")
 	flag.Int64Var(&o.Rate, "rate", 100e6, "every host's link rate, each way, bits/s")
+	flag.IntVar(&o.Sparse, "sparse", netlab.SparseAcks, "packets up to this size go ahead of queued bulk (netlab.Config.Sparse; 0: one FIFO per link)")
+	flag.DurationVar(&o.Queue, "queue", netlab.DefaultQueue, "the longest a packet waits for a link before it is dropped")
+	flag.IntVar(&o.Lanes, "lanes", 0, "TCP connections per peer of every engine (0: the engine's default)")
 	flag.IntVar(&o.Value, "value", 1<<20, "store: object size, bytes")
 	flag.IntVar(&o.Batch, "batch", 4, "store: objects per call")
 	flag.IntVar(&o.Conc, "conc", 2, "store: calls in flight per client")
@@ -112,6 +124,7 @@ func main() {
 	flag.IntVar(&o.P2PRecv, "p2p-receivers", 8, "p2p: receiver hosts")
 	flag.IntVar(&o.P2PPar, "p2p-parallel", 0, "p2p: shards in flight per receiver (0: the store's default)")
 	flag.IntVar(&o.P2PRuns, "p2p-repeat", 3, "p2p: runs of each way")
+	ways := flag.String("p2p-ways", "swarm,seed-only", "p2p: the ways to fan out")
 	flag.IntVar(&o.MetaCli, "meta-clients", 64, "master: clients, spread over the hosts")
 	flag.IntVar(&o.MetaB, "meta-batch", 32, "master: keys per call")
 	flag.IntVar(&o.MetaKeys, "meta-keys", 4096, "master: objects the calls name")
@@ -130,6 +143,7 @@ func main() {
 		o.Hosts = append(o.Hosts, n)
 	}
 	o.Phases = strings.Split(*phases, ",")
+	o.P2PWays = strings.Split(*ways, ",")
 	if err := o.validate(); err != nil {
 		exit(err)
 	}
@@ -147,7 +161,7 @@ func main() {
 	if err := netlab.UpLoopback(); err != nil {
 		exit(err)
 	}
-	lab, err := netlab.New(netlab.Config{Seed: 1})
+	lab, err := netlab.New(netlab.Config{Seed: 1, Sparse: o.Sparse, Queue: o.Queue})
 	if err != nil {
 		exit(err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -10,7 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/mooncake-go/mooncake/internal/embedetcd"
 	"github.com/mooncake-go/mooncake/internal/netlab"
@@ -34,6 +38,7 @@ type storeRun struct {
 	MBps    float64   `json:"mbps"`     // aggregate, 1e6 B/s of values
 	PerHost []float64 `json:"per_host"` // each client's MB/s
 	CPU     cpuUse    `json:"cpu"`
+	Dropped uint64    `json:"dropped"` // packets the links dropped (full queues), whole run
 }
 
 // p2pRun is one fan-out of the object to every receiver.
@@ -42,6 +47,14 @@ type p2pRun struct {
 	Repeat  int       `json:"repeat"`
 	Seconds float64   `json:"seconds"`  // first start to last finish
 	PerHost []float64 `json:"per_host"` // each receiver's own time
+	Dropped uint64    `json:"dropped"`  // packets the links dropped (full queues)
+	// From the object's record: seconds until every shard had left the
+	// seed once (had a replica), and until a quarter, half, three
+	// quarters and all of the (receiver, shard) pairs were published.
+	Seeded float64 `json:"seeded_s"`
+	// The bytes the seed's link sent, in copies of the object.
+	SeedCopies float64    `json:"seed_copies"`
+	Quarters   [4]float64 `json:"quarters_s"`
 }
 
 // masterRun is one timed window of the master benchmark.
@@ -82,12 +95,13 @@ type coord struct {
 	log io.Writer
 	res *results
 
-	hosts  []*netlab.Host // h1..hN: storage nodes, clients and P2P receivers
-	seed   *netlab.Host
-	master *proc
-	stores []*proc
-	peers  []*proc // P2P: the seed, then the receivers
-	etcd   *embedetcd.Etcd
+	hosts   []*netlab.Host // h1..hN: storage nodes, clients and P2P receivers
+	seed    *netlab.Host
+	master  *proc
+	stores  []*proc
+	peers   []*proc // P2P: the seed, then the receivers
+	etcd    *embedetcd.Etcd
+	etcdCli *clientv3.Client
 }
 
 func (c *coord) logf(format string, args ...any) {
@@ -99,6 +113,9 @@ func (c *coord) close() {
 		if p != nil {
 			p.close()
 		}
+	}
+	if c.etcdCli != nil {
+		_ = c.etcdCli.Close()
 	}
 	if c.etcd != nil {
 		c.etcd.Close()
@@ -140,6 +157,9 @@ func (c *coord) run(ctx context.Context) error {
 			return fmt.Errorf("master: %w", err)
 		}
 	}
+	// The store's processes go before the P2P phase: their heartbeats
+	// would queue behind its bytes on the same links.
+	c.stopStore()
 	if c.o.has("p2p") {
 		if err := c.p2pPhase(ctx); err != nil {
 			return fmt.Errorf("p2p: %w", err)
@@ -165,13 +185,47 @@ func (c *coord) startStore() error {
 	for i := range c.stores {
 		h := c.hosts[i]
 		c.stores[i], err = startWorker(h, workerArgs{Role: roleStore, IP: h.IP.String(), Master: c.master.addr,
-			Segment: c.o.Segment, Buffer: buf})
+			Segment: c.o.Segment, Buffer: buf, Lanes: c.o.Lanes})
 		if err != nil {
 			return err
 		}
 	}
 	c.logf("master on %s, %d storage nodes with clients, links %s each way", mh, len(c.stores), rate(c.o.Rate))
 	return nil
+}
+
+func (c *coord) stopStore() {
+	for _, p := range append(c.stores, c.master) {
+		if p != nil {
+			p.close()
+		}
+	}
+	c.stores, c.master = nil, nil
+}
+
+// dropped is the packets every link of the lab has dropped so far.
+func (c *coord) dropped() uint64 {
+	hosts := c.lab.Hosts()
+	var n uint64
+	for _, a := range hosts {
+		for _, b := range hosts {
+			if a != b {
+				n += c.lab.Stats(a, b).Dropped
+			}
+		}
+	}
+	return n
+}
+
+// sent is the bytes h's link has delivered to the other hosts so far.
+func (c *coord) sent(h *netlab.Host) uint64 {
+	var n uint64
+	for _, o := range c.lab.Hosts() {
+		if o != h {
+			n += c.lab.Stats(h, o).Bytes
+		}
+	}
+	return n
 }
 
 func rate(bps int64) string {
@@ -199,8 +253,8 @@ func (c *coord) storePhase(ctx context.Context) error {
 					return fmt.Errorf("%s at %d hosts: %w", op, n, err)
 				}
 				c.res.Store = append(c.res.Store, run)
-				c.logf("store %s, %d hosts, run %d: %.1f MB/s (per host %.1f), cores busy %.2f (lab %.2f)",
-					op, n, r+1, run.MBps, run.MBps/float64(n), run.CPU.MachineBusy, run.CPU.Lab)
+				c.logf("store %s, %d hosts, run %d: %.1f MB/s (per host %.1f), cores busy %.2f (lab %.2f), %d packets dropped",
+					op, n, r+1, run.MBps, run.MBps/float64(n), run.CPU.MachineBusy, run.CPU.Lab, run.Dropped)
 			}
 		}
 	}
@@ -223,6 +277,7 @@ func (c *coord) storeRun(_ context.Context, op string, n, r int) (storeRun, erro
 	}
 	begin, end := c.window(c.o.Duration)
 	cpu := c.sample(begin, end)
+	drop0 := c.dropped()
 	reps, err := callAll(active, func(i int) request {
 		return request{Cmd: "run", Op: op, Prefix: prefix(i), Target: target(i), Keys: c.o.GetKeys,
 			ValueSize: c.o.Value, Batch: c.o.Batch, Conc: c.o.Conc, Begin: begin.UnixNano(), End: end.UnixNano()}
@@ -230,9 +285,9 @@ func (c *coord) storeRun(_ context.Context, op string, n, r int) (storeRun, erro
 	if err != nil {
 		return storeRun{}, err
 	}
-	run := storeRun{Op: op, Hosts: n, Repeat: r, CPU: <-cpu}
+	run := storeRun{Op: op, Hosts: n, Repeat: r, CPU: <-cpu, Dropped: c.dropped() - drop0}
 	for _, rp := range reps {
-		mbps := float64(rp.Bytes) / c.o.Duration.Seconds() / 1e6
+		mbps := rp.Bytes / c.o.Duration.Seconds() / 1e6
 		run.PerHost = append(run.PerHost, mbps)
 		run.MBps += mbps
 	}
@@ -299,16 +354,16 @@ func (c *coord) masterRun(op string, r int, profile bool) (masterRun, error) {
 		return masterRun{}, err
 	}
 	run := masterRun{Op: op, Clients: c.o.MetaCli, Batch: c.o.MetaB, Repeat: r, CPU: <-cpu}
-	var calls, keys int64
+	var calls, keys float64
 	for _, rp := range reps {
 		calls += rp.Calls
 		keys += rp.Keys
 	}
 	secs := c.o.MetaDur.Seconds()
-	run.CallsPerS, run.KeysPerS = float64(calls)/secs, float64(keys)/secs
+	run.CallsPerS, run.KeysPerS = calls/secs, keys/secs
 	run.MasterCPU = float64(m[1]-m[0]) / 1e9 / secs
 	if calls > 0 {
-		run.CPUPerCall = float64(m[1]-m[0]) / 1e3 / float64(calls)
+		run.CPUPerCall = float64(m[1]-m[0]) / 1e3 / calls
 	}
 	if profile {
 		run.Profile = pprofTop(prof)
@@ -339,6 +394,10 @@ func (c *coord) p2pPhase(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: []string{c.etcd.Addr()}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		return err
+	}
 	c.seed, err = c.lab.Host("seed")
 	if err != nil {
 		return err
@@ -346,7 +405,7 @@ func (c *coord) p2pPhase(ctx context.Context) error {
 	c.seed.SetRate(c.o.Rate)
 	for _, h := range append([]*netlab.Host{c.seed}, c.hosts[:c.o.P2PRecv]...) {
 		p, err := startWorker(h, workerArgs{Role: roleP2P, IP: h.IP.String(), Etcd: c.etcd.Addr(),
-			Buffer: c.o.P2PSize, Parallel: c.o.P2PPar})
+			Buffer: c.o.P2PSize, Parallel: c.o.P2PPar, Lanes: c.o.Lanes})
 		if err != nil {
 			return err
 		}
@@ -354,13 +413,14 @@ func (c *coord) p2pPhase(ctx context.Context) error {
 	}
 	c.logf("p2p: %s object in %s shards, seed %s, %d receivers", size(c.o.P2PSize), size(int64(c.o.P2PShard)), c.seed, c.o.P2PRecv)
 	for r := range c.o.P2PRuns {
-		for _, way := range []string{"swarm", "seed-only"} {
+		for _, way := range c.o.P2PWays {
 			run, err := c.p2pRun(way, r)
 			if err != nil {
 				return fmt.Errorf("%s: %w", way, err)
 			}
 			c.res.P2P = append(c.res.P2P, run)
-			c.logf("p2p %s, run %d: %.2f s (ideal %.2f s)", way, r+1, run.Seconds, c.ideal())
+			c.logf("p2p %s, run %d: %.2f s (ideal %.2f s), %d packets dropped, seed sent %.2f copies; every shard out of the seed at %.2f s, quarters of the copies at %.2f %.2f %.2f %.2f s",
+				way, r+1, run.Seconds, c.ideal(), run.Dropped, run.SeedCopies, run.Seeded, run.Quarters[0], run.Quarters[1], run.Quarters[2], run.Quarters[3])
 		}
 	}
 	return nil
@@ -389,14 +449,28 @@ func (c *coord) p2pRun(way string, r int) (p2pRun, error) {
 		return p2pRun{}, err
 	}
 	defer func() { _, _ = seed.call(request{Cmd: "unseed", Names: names}) }()
+	drop0, sent0 := c.dropped(), c.sent(c.seed)
+	land := &landing{start: time.Now(), shards: int((c.o.P2PSize + int64(c.o.P2PShard) - 1) / int64(c.o.P2PShard)),
+		seen: map[[2]string]bool{}, first: map[string]bool{}}
+	wctx, stop := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	var followed sync.WaitGroup
+	if way == "swarm" && c.etcdCli != nil {
+		followed.Go(func() { land.follow(wctx, c.etcdCli, name(0), watched) })
+		<-watched
+	}
+	land.start = time.Now()
 	reps, err := callAll(recv, func(i int) request { return request{Cmd: "fetch", Name: name(i)} })
+	stop()
+	followed.Wait()
 	if err != nil {
 		return p2pRun{}, err
 	}
 	if _, err := callAll(recv, func(i int) request { return request{Cmd: "drop", Name: name(i)} }); err != nil {
 		return p2pRun{}, err
 	}
-	run := p2pRun{Way: way, Repeat: r}
+	run := p2pRun{Way: way, Repeat: r, Dropped: c.dropped() - drop0,
+		SeedCopies: float64(c.sent(c.seed)-sent0) / float64(c.o.P2PSize)}
 	first, last := reps[0].StartNs, reps[0].EndNs
 	for i, rp := range reps {
 		if rp.Sum != s.Sum {
@@ -406,6 +480,12 @@ func (c *coord) p2pRun(way string, r int) (p2pRun, error) {
 		run.PerHost = append(run.PerHost, rp.Seconds)
 	}
 	run.Seconds = float64(last-first) / 1e9
+	if n := len(land.out); n > 0 {
+		run.Seeded = land.seeded
+		for q := range run.Quarters {
+			run.Quarters[q] = land.out[max(0, (q+1)*n/4-1)]
+		}
+	}
 	return run, nil
 }
 
@@ -486,4 +566,55 @@ func procsCPU(pids []int) float64 {
 		}
 	}
 	return s
+}
+
+// landing follows the P2P record of an object in etcd from a receiver's
+// point of view: it timestamps every (receiver, shard) pair as it is
+// published, so a run says whether its time went to getting every shard
+// out of the seed or to the exchange after.
+type landing struct {
+	start  time.Time
+	shards int
+	seen   map[[2]string]bool // (shard, segment)
+	first  map[string]bool    // shards with a replica
+	out    []float64          // seconds at which each pair was published
+	seeded float64            // seconds at which every shard had a replica
+}
+
+type p2pRecord struct {
+	Shards []struct {
+		ReplicaList []struct {
+			SegmentName string `json:"segment_name"`
+		} `json:"replica_list"`
+	} `json:"shards"`
+}
+
+// follow watches the object's key until ctx ends.
+func (l *landing) follow(ctx context.Context, cli *clientv3.Client, name string, ready chan<- struct{}) {
+	wc := cli.Watch(ctx, "mooncake/checkpoint/"+name)
+	close(ready)
+	for resp := range wc {
+		for _, ev := range resp.Events {
+			var r p2pRecord
+			if json.Unmarshal(ev.Kv.Value, &r) != nil {
+				continue
+			}
+			t := time.Since(l.start).Seconds()
+			for i, sh := range r.Shards {
+				for _, loc := range sh.ReplicaList {
+					k := [2]string{strconv.Itoa(i), loc.SegmentName}
+					if !l.seen[k] {
+						l.seen[k] = true
+						l.out = append(l.out, t)
+					}
+				}
+				if len(sh.ReplicaList) > 0 && !l.first[strconv.Itoa(i)] {
+					l.first[strconv.Itoa(i)] = true
+					if len(l.first) == l.shards {
+						l.seeded = t
+					}
+				}
+			}
+		}
+	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,12 +28,13 @@ func TestSmoke(t *testing.T) {
 	o := options{Hosts: []int{1, 2}, Rate: 200e6, Value: 64 << 10, Batch: 2, Conc: 1, GetKeys: 4,
 		Segment: 16 << 20, Warmup: 50 * time.Millisecond, Duration: 200 * time.Millisecond, Repeat: 1,
 		Phases: []string{"store", "master", "p2p"}, P2PSize: 1 << 20, P2PShard: 256 << 10, P2PRecv: 2, P2PRuns: 1,
+		P2PWays: []string{"swarm", "seed-only"},
 		MetaCli: 2, MetaB: 4, MetaKeys: 16, MetaDur: 200 * time.Millisecond}
 	require.NoError(t, o.validate())
 	out := filepath.Join(t.TempDir(), "scale")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := measure(ctx, lab, o, out, io.Discard)
+	res, err := measure(ctx, lab, o, out, t.Output())
 	require.NoError(t, err)
 	require.Len(t, res.Store, 4) // put and get at 1 and 2 hosts
 	require.Len(t, res.P2P, 2)   // swarm and seed-only

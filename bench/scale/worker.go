@@ -52,6 +52,7 @@ type workerArgs struct {
 	Buffer   int64  `json:"buffer,omitempty"`   // store: registered value memory; p2p: the object's size
 	Etcd     string `json:"etcd,omitempty"`     // p2p: the metadata
 	Parallel int    `json:"parallel,omitempty"` // p2p: shards in flight per receiver
+	Lanes    int    `json:"lanes,omitempty"`    // the engine's TCP connections per peer
 }
 
 // request is one thing the coordinator asks a worker to do.
@@ -76,10 +77,10 @@ type request struct {
 // reply is a worker's answer; Err set means the request failed.
 type reply struct {
 	Err     string  `json:"err,omitempty"`
-	Addr    string  `json:"addr,omitempty"` // master: its address; store and p2p: the node's segment
-	Calls   int64   `json:"calls,omitempty"`
-	Bytes   int64   `json:"bytes,omitempty"`
-	Keys    int64   `json:"keys,omitempty"`
+	Addr    string  `json:"addr,omitempty"`  // master: its address; store and p2p: the node's segment
+	Calls   float64 `json:"calls,omitempty"` // in the window, see window
+	Bytes   float64 `json:"bytes,omitempty"`
+	Keys    float64 `json:"keys,omitempty"`
 	StartNs int64   `json:"start_ns,omitempty"`
 	EndNs   int64   `json:"end_ns,omitempty"`
 	CPUNs   int64   `json:"cpu_ns,omitempty"`
@@ -213,7 +214,7 @@ type storeWorker struct {
 func newStoreWorker(ctx context.Context, a workerArgs) (*storeWorker, error) {
 	c, err := client.New(ctx, client.Config{Master: a.Master, SegmentSize: a.Segment, LocalBufferSize: 16 << 20,
 		RPCTimeout:   10 * time.Second,
-		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Timeout: 30 * time.Second, Logger: quiet}})
+		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Lanes: a.Lanes, Timeout: 30 * time.Second, Logger: quiet}})
 	if err != nil {
 		return nil, err
 	}
@@ -299,17 +300,37 @@ func (w *storeWorker) preload(ctx context.Context, req request) (reply, error) {
 	return reply{}, nil
 }
 
-// window counts what completes inside [Begin, End).
+// window counts the calls and objects of the timed window [Begin, End).
+// A call that straddles an edge counts for the part of it inside, as if
+// its objects moved evenly over its time: whole calls of megabytes, on a
+// link of a hundred megabits, would otherwise count a third of a second
+// or none by the luck of where the edge falls.
 type window struct {
-	begin, end     time.Time
-	calls, objects atomic.Int64
+	begin, end time.Time
+
+	mu             sync.Mutex
+	calls, objects float64
 }
 
-func (c *window) done(now time.Time, objects int) {
-	if !now.Before(c.begin) && now.Before(c.end) {
-		c.calls.Add(1)
-		c.objects.Add(int64(objects))
+func (w *window) done(start, end time.Time, objects int) {
+	from, to := start, end
+	if from.Before(w.begin) {
+		from = w.begin
 	}
+	if to.After(w.end) {
+		to = w.end
+	}
+	if !to.After(from) {
+		return
+	}
+	part := 1.0
+	if d := end.Sub(start); d > 0 {
+		part = float64(to.Sub(from)) / float64(d)
+	}
+	w.mu.Lock()
+	w.calls += part
+	w.objects += part * float64(objects)
+	w.mu.Unlock()
 }
 
 // loop runs conc copies of call from now until End, and counts the calls
@@ -326,12 +347,13 @@ func loop(ctx context.Context, req request, conc int, call func(ctx context.Cont
 		go func() {
 			defer wg.Done()
 			for n := 0; time.Now().Before(win.end); n++ {
+				start := time.Now()
 				objects, err := call(ctx, slot, n)
 				if err != nil {
 					first.CompareAndSwap(nil, &err)
 					return
 				}
-				win.done(time.Now(), objects)
+				win.done(start, time.Now(), objects)
 			}
 		}()
 	}
@@ -339,7 +361,7 @@ func loop(ctx context.Context, req request, conc int, call func(ctx context.Cont
 	if e := first.Load(); e != nil {
 		return reply{}, *e
 	}
-	return reply{Calls: win.calls.Load(), Keys: win.objects.Load(), CPUNs: cpuTime() - cpu0}, nil
+	return reply{Calls: win.calls, Keys: win.objects, CPUNs: cpuTime() - cpu0}, nil
 }
 
 // run puts new objects into Target's segment, or gets the Keys objects
@@ -376,7 +398,7 @@ func (w *storeWorker) run(ctx context.Context, req request) (reply, error) {
 		}
 		return 0, fmt.Errorf("op %q", req.Op)
 	})
-	r.Bytes = r.Keys * int64(req.ValueSize)
+	r.Bytes = r.Keys * float64(req.ValueSize)
 	return r, err
 }
 
@@ -427,7 +449,7 @@ type p2pWorker struct {
 
 func newP2PWorker(ctx context.Context, a workerArgs) (*p2pWorker, error) {
 	s, err := p2p.New(ctx, p2p.Config{Metadata: a.Etcd, Timeout: time.Minute, Concurrency: a.Parallel, Logger: quiet,
-		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Logger: quiet}})
+		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Lanes: a.Lanes, Logger: quiet}})
 	if err != nil {
 		return nil, err
 	}

@@ -57,7 +57,24 @@ const DefaultQueue = 50 * time.Millisecond
 type Config struct {
 	MTU  int    // of every TUN interface; 0: DefaultMTU
 	Seed uint64 // of the loss and jitter draws; 0: from the clock
+	// Sparse, when positive, lets a packet of at most this many bytes go
+	// ahead of the bulk queued on a rate-limited link (its time on the
+	// wire still delays what follows), as a host's fq_codel serves flows
+	// with nothing queued first. SparseAcks is the size of a pure TCP
+	// acknowledgement with options. Without it, the acknowledgements of a
+	// transfer one way wait behind a full queue of another's data the
+	// same way (DefaultQueue deep), and a link carrying bulk both ways
+	// loses a large part of its rate to the stretched round trips.
+	// 0: one FIFO per link and direction.
+	Sparse int
+	// Queue bounds the time a packet may wait for a rate-limited link
+	// before it is dropped. 0: DefaultQueue.
+	Queue time.Duration
 }
+
+// SparseAcks is a Config.Sparse that lets pure TCP acknowledgements (IPv4
+// and TCP headers with timestamps and SACK blocks) ahead of bulk data.
+const SparseAcks = 128
 
 // Link is the behaviour of the packets from one host to another. The zero
 // value is a clean link.
@@ -110,7 +127,9 @@ func probe() error {
 
 // Lab is a set of emulated hosts and the switch between them.
 type Lab struct {
-	mtu int
+	mtu    int
+	sparse int
+	queue  time.Duration
 
 	mu    sync.Mutex
 	rng   *rand.Rand
@@ -136,11 +155,14 @@ func New(cfg Config) (*Lab, error) {
 	if cfg.MTU == 0 {
 		cfg.MTU = DefaultMTU
 	}
+	if cfg.Queue == 0 {
+		cfg.Queue = DefaultQueue
+	}
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	l := &Lab{mtu: cfg.MTU, next: 1, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+	l := &Lab{mtu: cfg.MTU, sparse: cfg.Sparse, queue: cfg.Queue, next: 1, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		byIP: map[netip.Addr]*Host{}, links: map[[2]*Host]*linkState{}, closed: make(chan struct{})}
 	self, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -371,13 +393,13 @@ func (h *Host) Addr(port int) string { return netip.AddrPortFrom(h.IP, uint16(po
 func (h *Host) String() string { return h.Name + "(" + h.IP.String() + ")" }
 
 // SetRate limits the host's link to bits per second each way, as its NIC
-// would (0: unlimited). Packets that would queue longer than DefaultQueue
+// would (0: unlimited). Packets that would queue longer than Config.Queue
 // are dropped.
 func (h *Host) SetRate(bps int64) {
 	h.lab.mu.Lock()
 	defer h.lab.mu.Unlock()
-	h.up = bucket{rate: bps, queue: DefaultQueue}
-	h.down = bucket{rate: bps, queue: DefaultQueue}
+	h.up = bucket{rate: bps, queue: h.lab.queue, sparse: h.lab.sparse}
+	h.down = bucket{rate: bps, queue: h.lab.queue, sparse: h.lab.sparse}
 }
 
 // Do runs f on an OS thread that is in the host's namespace: the sockets f
@@ -487,9 +509,10 @@ func (h *Host) deliver() {
 
 // bucket serialises packets onto a link of a given rate.
 type bucket struct {
-	rate  int64         // bits per second; 0: unlimited
-	queue time.Duration // the longest wait before a packet is dropped
-	free  time.Time     // when the link has sent what it holds
+	rate   int64         // bits per second; 0: unlimited
+	queue  time.Duration // the longest wait before a packet is dropped
+	sparse int           // packets up to this size skip the queue (Config.Sparse)
+	free   time.Time     // when the link has sent what it holds
 }
 
 // depart returns when a packet of n bytes that reaches the link at arrive
@@ -497,6 +520,13 @@ type bucket struct {
 func (b *bucket) depart(now, arrive time.Time, n int) (time.Time, bool) {
 	if b.rate <= 0 {
 		return arrive, true
+	}
+	wire := time.Duration(int64(n) * 8 * int64(time.Second) / b.rate)
+	if n <= b.sparse {
+		// Ahead of the queue, on the wire now; the bulk behind it takes
+		// its time back.
+		b.free = laterOf(b.free, arrive).Add(wire)
+		return arrive.Add(wire), true
 	}
 	start := arrive
 	if b.free.After(start) {
@@ -509,8 +539,15 @@ func (b *bucket) depart(now, arrive time.Time, n int) (time.Time, bool) {
 	if start.Sub(ref) > b.queue {
 		return time.Time{}, false
 	}
-	b.free = start.Add(time.Duration(int64(n) * 8 * int64(time.Second) / b.rate))
+	b.free = start.Add(wire)
 	return b.free, true
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 var pool = sync.Pool{New: func() any { b := make([]byte, 0, maxFrame); return &b }}
