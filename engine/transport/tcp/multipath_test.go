@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -18,18 +19,38 @@ import (
 
 // relay listens on addr and forwards every connection to target, noting
 // the address each came from: which local address a lane dialled from.
+// With a gate, it forwards nothing until the gate opens.
 type relay struct {
 	ln      net.Listener
+	gate    *gate
 	mu      sync.Mutex
 	sources []string
 	conns   []net.Conn
 	wg      sync.WaitGroup
 }
 
-func startRelay(t *testing.T, addr, target string) *relay {
+// gate opens once want connections arrived, at any of the relays sharing
+// it: answers held until every lane connected force each lane to connect.
+type gate struct {
+	mu   sync.Mutex
+	want int
+	open chan struct{}
+}
+
+func newGate(want int) *gate { return &gate{want: want, open: make(chan struct{})} }
+
+func (g *gate) arrive() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.want--; g.want == 0 {
+		close(g.open)
+	}
+}
+
+func startRelay(t *testing.T, addr, target string, g *gate) *relay {
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	r := &relay{ln: ln}
+	r := &relay{ln: ln, gate: g}
 	r.wg.Add(1)
 	go r.accept(target)
 	t.Cleanup(r.close)
@@ -52,6 +73,9 @@ func (r *relay) accept(target string) {
 		r.sources = append(r.sources, c.RemoteAddr().(*net.TCPAddr).IP.String())
 		r.conns = append(r.conns, c, up)
 		r.mu.Unlock()
+		if r.gate != nil {
+			r.gate.arrive()
+		}
 		r.wg.Add(2)
 		go r.pipe(c, up)
 		go r.pipe(up, c)
@@ -60,6 +84,12 @@ func (r *relay) accept(target string) {
 
 func (r *relay) pipe(dst, src net.Conn) {
 	defer r.wg.Done()
+	if r.gate != nil {
+		select {
+		case <-r.gate.open:
+		case <-time.After(10 * time.Second): // the test fails on the sources
+		}
+	}
 	_, _ = io.Copy(dst, src)
 	dst.Close()
 	src.Close()
@@ -100,29 +130,31 @@ func TestLocalAddrsSpread(t *testing.T) {
 		p, err := c.Peer(addrs)
 		require.NoError(t, err)
 		pr := &pair{c: c, p: p, local: make([]byte, 1<<20), remote: remote}
-		// Slices enough for every lane to take some: each is held
-		// until its answer, so the lanes share them out.
+		// More slices than three lanes can hold unanswered (16 sent
+		// and 16 gathered each, and one being read), and no answer
+		// before all four connected: every lane takes some.
 		var dones []chan error
-		for i := range 64 {
-			sl, done := pr.slice(transport.Read, i*(16<<10), 16<<10)
+		for i := range 160 {
+			sl, done := pr.slice(transport.Read, i*4096, 4096)
 			p.Submit(context.Background(), sl)
 			dones = append(dones, done)
 		}
 		for i, done := range dones {
 			require.NoError(t, <-done, "slice %d", i)
 		}
-		require.Equal(t, served(0, 1<<20), pr.local)
+		require.True(t, bytes.Equal(served(0, 160*4096), pr.local[:160*4096]), "bytes read")
 		require.True(t, p.multipath)
 	}
 	t.Run("rail-aligned", func(t *testing.T) {
-		a := startRelay(t, "127.0.0.1:0", s.Addr().String())
-		b := startRelay(t, "127.0.0.2:0", s.Addr().String())
+		g := newGate(4)
+		a := startRelay(t, "127.0.0.1:0", s.Addr().String(), g)
+		b := startRelay(t, "127.0.0.2:0", s.Addr().String(), g)
 		run(t, []string{"127.0.0.3", "127.0.0.4"}, []string{a.ln.Addr().String(), b.ln.Addr().String()})
 		require.Equal(t, []string{"127.0.0.3"}, a.from())
 		require.Equal(t, []string{"127.0.0.4"}, b.from())
 	})
 	t.Run("one peer address", func(t *testing.T) {
-		a := startRelay(t, "127.0.0.1:0", s.Addr().String())
+		a := startRelay(t, "127.0.0.1:0", s.Addr().String(), newGate(4))
 		run(t, []string{"127.0.0.3", "127.0.0.4"}, []string{a.ln.Addr().String()})
 		require.Equal(t, []string{"127.0.0.3", "127.0.0.4"}, a.from())
 	})
@@ -135,7 +167,7 @@ func TestLocalAddrsSpread(t *testing.T) {
 func TestPathWatchOnlyWithPaths(t *testing.T) {
 	remote := make([]byte, 1<<16)
 	s := startServer(t, &testMem{base: remote})
-	second := startRelay(t, "127.0.0.2:0", s.Addr().String())
+	second := startRelay(t, "127.0.0.2:0", s.Addr().String(), nil)
 	for _, tc := range []struct {
 		name  string
 		addrs []string
