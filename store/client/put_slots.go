@@ -31,6 +31,12 @@ const (
 	slotMaxAge = 5 * time.Second
 	// slotMaxBytes bounds the space one client holds in slots.
 	slotMaxBytes = 64 << 20
+	// slotsAhead is how many batches' worth of slots a reserve asks for,
+	// and slotsMin the fewest, so that a reserve (one round trip, one
+	// journal wait) serves several puts: a client putting one value at a
+	// time reserves once every slotsMin puts.
+	slotsAhead = 4
+	slotsMin   = 16
 )
 
 // slot is a put the master started under its own name, not yet committed.
@@ -108,8 +114,9 @@ func (c *Client) giveBack(it *putItem) {
 	p.bytes += n
 }
 
-// refill reserves, in the background, slots for a next batch like items
-// (their lengths, as many of each), where the pool lacks them.
+// refill reserves, in the background, slots for the next batches like
+// items (their lengths, as many of each) where the pool holds too few for
+// one more: slotsAhead batches' worth, at least slotsMin.
 func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 	p := &c.slots
 	want := map[uint64]int{}
@@ -122,7 +129,11 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 		return
 	}
 	for n, k := range want {
-		k -= len(p.free[n])
+		have := len(p.free[n])
+		if have >= k {
+			continue
+		}
+		k = max(slotsAhead*k, slotsMin) - have
 		k = min(k, int((slotMaxBytes-min(p.bytes, slotMaxBytes))/n))
 		if k <= 0 || p.filling[n] {
 			continue

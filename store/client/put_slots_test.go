@@ -61,7 +61,7 @@ func TestReservedPutsRoundTrip(t *testing.T) {
 		all = append(all, keys...)
 		if b == 0 {
 			// The next batch's slots are reserved in the background.
-			require.Eventually(t, func() bool { return w.slotsHeld(size) == n }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return w.slotsHeld(size) == slotsAhead*n }, 5*time.Second, time.Millisecond)
 		}
 	}
 	assert.GreaterOrEqual(t, w.slots.used.Load(), uint64(n), "later batches went into slots")
@@ -102,7 +102,7 @@ func TestReservedPutSlotGone(t *testing.T) {
 	w := newClient(t, addr, NoSegment, reservePuts)
 	ctx := ctxT(t)
 	require.NoError(t, w.Put(ctx, "a", value(1, 1000), nil))
-	require.Eventually(t, func() bool { return w.slotsHeld(1000) == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return w.slotsHeld(1000) == slotsMin }, 5*time.Second, time.Millisecond)
 	w.slots.mu.Lock()
 	held := slices.Clone(w.slots.free[1000])
 	w.slots.mu.Unlock()
@@ -120,9 +120,9 @@ func TestReservedPutSlotGone(t *testing.T) {
 
 // Puts into slots under the HA journal, through a failover: every put
 // acknowledged (its commit durable: one journal wait, group committed with
-// the other clients') reads back from the new leader, and slots reserved
-// from the old leader are committed to the new one (they are in the
-// journal as puts in flight).
+// the records of the puts beside it) reads back from the new leader, and
+// slots reserved from the old leader are committed to the new one (they
+// are in the journal as puts in flight).
 func TestReservedPutsSurviveFailover(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	m1 := startHAMaster(t, etcd, 100000)
@@ -142,25 +142,29 @@ func TestReservedPutsSurviveFailover(t *testing.T) {
 		stop  = make(chan struct{})
 		wg    sync.WaitGroup
 	)
-	wg.Go(func() {
-		for i := 0; ; i += n {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			keys, vals, _ := batch("F", i, n, size)
-			errs := a.BatchPut(ctx, keys, vals, nil)
-			mu.Lock()
-			for j, err := range errs {
-				if err == nil {
-					acked = append(acked, keys[j])
-					want[keys[j]] = vals[j]
+	// Three writers at once, so that the journal commits their records
+	// in common batches.
+	for g := range 3 {
+		wg.Go(func() {
+			for i := g * n; ; i += 3 * n {
+				select {
+				case <-stop:
+					return
+				default:
 				}
+				keys, vals, _ := batch("F", i, n, size)
+				errs := a.BatchPut(ctx, keys, vals, nil)
+				mu.Lock()
+				for j, err := range errs {
+					if err == nil {
+						acked = append(acked, keys[j])
+						want[keys[j]] = vals[j]
+					}
+				}
+				mu.Unlock()
 			}
-			mu.Unlock()
-		}
-	})
+		})
+	}
 	ackedN := func() int {
 		mu.Lock()
 		defer mu.Unlock()

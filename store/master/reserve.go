@@ -48,7 +48,8 @@ func isSlot(key string) bool { return strings.HasPrefix(key, slotPrefix) }
 
 // PutReserve starts count puts of length bytes for clientID, under slot
 // names in tenant t's key space, and waits once for their records. It
-// reserves as many as fit, at least one, else answers as PutStart would.
+// reserves as many as fit and a batch put may start, at least one, else
+// answers as PutStart would.
 func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
 	if count <= 0 {
 		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots", count)
@@ -57,13 +58,11 @@ func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uin
 		// Slots would take from the tenant's quota space no put asked for.
 		return nil, storeErr(storepb.InvalidParams, "tenant %q has a quota: no slots", t)
 	}
-	if count > s.cfg.MaxBatch {
-		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots is over the limit of %d keys (max_batch_size)", count, s.cfg.MaxBatch)
+	// No more than a batch put may start.
+	if length == 0 || length > s.cfg.MaxBatchValueBytes {
+		return nil, storeErr(storepb.InvalidParams, "reserve of slots of %d bytes (max_batch_value_size %d)", length, s.cfg.MaxBatchValueBytes)
 	}
-	if uint64(count)*length/uint64(count) != length || uint64(count)*length > s.cfg.MaxBatchValueBytes {
-		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots of %d bytes is over the limit of %d value bytes (max_batch_value_size)",
-			count, length, s.cfg.MaxBatchValueBytes)
-	}
+	count = min(count, s.cfg.MaxBatch, int(min(s.cfg.MaxBatchValueBytes/length, uint64(s.cfg.MaxBatch))))
 	var (
 		out  []*storepb.PutSlot
 		last uint64

@@ -88,19 +88,25 @@ func TestPutReserveCommit(t *testing.T) {
 	assert.ErrorIs(t, commit(s, "a", slots[2].Slot, "k2", 14), storepb.ErrObjectNotFound)
 }
 
-// A reserve is bounded as a batch put, and refused to a tenant with a
-// quota, whose space no put asked for it would take.
+// A reserve is bounded as a batch put is (it reserves fewer), and refused
+// to a tenant with a quota, whose space no put asked for it would take.
 func TestPutReserveLimits(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{MaxBatch: 8, MaxBatchValueBytes: 4 << 20})
-	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
-	_, err := s.PutReserve(t.Context(), DefaultTenant, "a", 100, 9, nil)
-	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
-	_, err = s.PutReserve(t.Context(), DefaultTenant, "a", 1<<20, 5, nil)
+	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 64<<20, 64<<20)))
+	slots, err := s.PutReserve(t.Context(), DefaultTenant, "a", 100, 9, nil)
+	require.NoError(t, err)
+	assert.Len(t, slots, 8, "no more than max_batch_size")
+	slots, err = s.PutReserve(t.Context(), DefaultTenant, "a", 1<<20, 5, nil)
+	require.NoError(t, err)
+	assert.Len(t, slots, 4, "no more than max_batch_value_size")
+	_, err = s.PutReserve(t.Context(), DefaultTenant, "a", 5<<20, 1, nil)
 	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
 	_, err = s.PutReserve(t.Context(), DefaultTenant, "a", 100, 0, nil)
 	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
 	// Space for three of five: three slots.
-	slots, err := s.PutReserve(t.Context(), DefaultTenant, "a", 300<<10, 5, nil)
+	s2, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s2.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
+	slots, err = s2.PutReserve(t.Context(), DefaultTenant, "a", 300<<10, 5, nil)
 	require.NoError(t, err)
 	assert.Len(t, slots, 3)
 	require.NoError(t, s.cfg.Tenants.Set("acme", 1<<20))
