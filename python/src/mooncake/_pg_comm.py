@@ -95,6 +95,15 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 #: where stores become visible in program order (x86's TSO): a peer that
 #: sees a flag then sees the data written before it.
 _CAN_MAP = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+try:
+    # A sequentially consistent exchange (xchg: a full barrier): a flag
+    # stored with it is visible before this rank reads the other flags.
+    _xchg = ctypes.CDLL("libatomic.so.1").__atomic_exchange_8
+    _xchg.restype = ctypes.c_uint64
+    _xchg.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
+except (OSError, AttributeError):
+    _xchg = None
+_SEQ_CST = 5
 
 
 def _memfd_of(addr: int):
@@ -152,7 +161,8 @@ class _Mapping:
 
 
 class _Peer:
-    __slots__ = ("rank", "name", "ctrl", "data", "p2p", "pid", "host", "inc", "seg", "bells", "maps", "words")
+    __slots__ = ("rank", "name", "ctrl", "data", "p2p", "pid", "host", "inc", "seg", "bells", "maps", "words",
+                 "dbuf")
 
     def __init__(self, rank: int, info: dict, seg: int):
         self.rank = rank
@@ -163,6 +173,7 @@ class _Peer:
         self.bells = [b.encode("latin-1") for b in info["bells"]] if info["host"] == socket.gethostname() else None
         self.maps: List[_Mapping] = []
         self.words = None  # its ctrl words, where mapped
+        self.dbuf = None  # its data buffer (uint8 tensor), where mapped
         if self.bells is not None and _CAN_MAP and info.get("mem") and os.environ.get("MOONCAKE_PG_MAP", "1") != "0":
             try:
                 for remote, size, fd, ino in info["mem"]:
@@ -170,8 +181,9 @@ class _Peer:
             except OSError:
                 self.unmap()  # the engine's batches serve it instead
             else:
-                m = self.maps[0]
+                m, d = self.maps[0], self.maps[1]
                 self.words = (ctypes.c_uint64 * (m.size // 8)).from_address(m.addr)
+                self.dbuf = torch.frombuffer((ctypes.c_char * d.size).from_address(d.addr), dtype=torch.uint8)
 
     def local(self, remote: int, n: int) -> int:
         """This process's address of the peer's [remote, remote+n), or 0."""
@@ -181,7 +193,7 @@ class _Peer:
         return 0
 
     def unmap(self) -> None:
-        self.words = None
+        self.words = self.dbuf = None
         for m in self.maps:
             m.close()
         self.maps = []
@@ -325,6 +337,20 @@ class Comm:
         p = self.peers[r] = _Peer(r, info, self.eng.open_segment(info["name"]))
         return p
 
+    def all_mapped(self) -> bool:
+        """Whether every other active rank's buffers are mapped here (steps
+        then write with plain copies, from any memory)."""
+        peers = self.peers
+        return all(p == self.rank or (p in peers and peers[p].maps) for p in self.active)
+
+    def own_slot(self, par: int, p: int, n: int) -> torch.Tensor:
+        """n payload bytes of rank p's own slot [par][p] in p's data buffer
+        (mapped; this rank's own buffer for p == rank): where a rank
+        publishes data for its peers to read in place."""
+        buf = self.dbuf if p == self.rank else self.peers[p].dbuf
+        o = self.slot_off(par, p) + self.H
+        return buf[o:o + n]
+
     def slot_off(self, parity: int, sender: int) -> int:
         """Offset in a receiver's data buffer of sender's slot."""
         return (parity * self.G + sender) * self.slot
@@ -417,12 +443,39 @@ class Comm:
             try:
                 base = self.slot_off(par, self.rank)
                 self._write([(p, a, self.peers[p].data + base + off, n) for p, a, n, off in writes])
-                self._write_word(peers, self._SCR + par, s, self._F + 2 * self.rank + par)
+                self._post_flags(peers, par, s)
             except PeerFailure as e:
                 self._failed(set(e.ranks))
             self._wait_flags(par, s, peers)
         self.step = s
         return par
+
+    def _post_flags(self, peers: List[int], par: int, s: int) -> None:
+        """Writes step s's flag into every peer's ctrl and rings the peers
+        that wait. A mapped peer's flag is stored with a full barrier and
+        the peer rung only when every flag it waits for is there (whoever
+        stores the last one sees all of them: the barriers order the
+        stores), so a sleeping rank wakes once per step, not once per
+        peer; the others' flags are written and rung as always."""
+        word = self._F + 2 * self.rank + par
+        if _xchg is None:
+            self._write_word(peers, self._SCR + par, s, word)
+            return
+        mapped, rest = [], []
+        for p in peers:
+            peer = self.peers[p]
+            if peer.words is None:
+                rest.append(p)
+            else:
+                _xchg(peer.maps[0].addr + 8 * word, s, _SEQ_CST)
+                mapped.append(peer)
+        F, act = self._F, self.active
+        for peer in mapped:
+            w = peer.words
+            if all(w[F + 2 * q + par] == s for q in act if q != peer.rank):
+                self.ring(peer.rank, 0)
+        if rest:
+            self._write_word(rest, self._SCR + par, s, word)
 
     def _wait_flags(self, par: int, s: int, peers: List[int]) -> None:
         w, F = self.words, self._F
