@@ -164,6 +164,22 @@ def case_paths(args) -> None:
     eng.transfer = real
     if args[0] == "mapped":
         assert not calls, f"{len(calls)} engine batches with every peer on this host"
+        # Doorbells: a waiting rank is rung by whoever completes its flags,
+        # not by every peer (W - 1 rings per rank and step).
+        comm = pg._pg(dist.group.WORLD)._comm
+        rings = []
+        ring = comm.ring
+        comm.ring = lambda p, bell: (rings.append(bell), ring(p, bell))
+        steps = 60
+        x = torch.ones(1000)
+        for _ in range(steps):
+            dist.all_reduce(x)
+        comm.ring = ring
+        total = torch.tensor([len(rings)], dtype=torch.int64)
+        dist.all_reduce(total, group=gloo)
+        every = W * (W - 1) * steps
+        assert total.item() <= every * 3 // 4, f"{total.item()} doorbells in {steps} steps ({every} when all ring)"
+        log(ev="rings", total=total.item(), every=every)
     else:
         assert calls, "no engine batch with MOONCAKE_PG_MAP=0"
     log(ev="paths", path=args[0], batches=len(calls), n=n)
