@@ -302,10 +302,14 @@ func (e *Engine) via(seg *segment) string {
 	return seg.peers[0].Path()
 }
 
-// cut cuts a task into slices (of SliceSize; the tail absorbs a remainder
-// under a quarter slice, as Mooncake does).
+// cut cuts a task into slices (of SliceSize, DeviceSliceSize from GPU
+// memory; the tail absorbs a remainder under a quarter slice, as Mooncake
+// does).
 func (e *Engine) cut(t *task, r Request, deadline time.Time) []*transport.Slice {
 	size := e.cfg.SliceSize
+	if t.ldev > 0 {
+		size = e.cfg.DeviceSliceSize
+	}
 	n := r.Length / size
 	if n == 0 || r.Length%size > size/4 {
 		n++

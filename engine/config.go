@@ -73,6 +73,13 @@ type Config struct {
 	// which reads a lone 1 MiB request over loopback TCP about 1.4x as fast
 	// as 1 MiB slices (the answers pipeline) and leaves batches as fast.
 	SliceSize uint64
+	// DeviceSliceSize is the largest piece of a request whose local
+	// memory is on a GPU, staged through page-locked buffers on TCP and
+	// copied by the driver on CUDA IPC, where each piece costs a driver
+	// call. Zero: 1 MiB, or SliceSize if larger. On an H200, 4 MiB GPU
+	// requests over loopback TCP moved 1.45x (write) and 2.0x (read) as
+	// fast in 1 MiB pieces as in 128 KiB ones.
+	DeviceSliceSize uint64
 	// Timeout is the deadline of each request from its submission. Zero:
 	// MC_TRANSFER_TIMEOUT seconds, else 30 s.
 	Timeout time.Duration
@@ -114,6 +121,9 @@ func (c *Config) Validate() error {
 	if c.SliceSize != 0 && c.SliceSize < 4096 {
 		return errorf(CodeInvalidArgument, "config: SliceSize %d (at least 4096)", c.SliceSize)
 	}
+	if c.DeviceSliceSize != 0 && c.DeviceSliceSize < 4096 {
+		return errorf(CodeInvalidArgument, "config: DeviceSliceSize %d (at least 4096)", c.DeviceSliceSize)
+	}
 	if c.Timeout < 0 || c.MaxRetries < 0 {
 		return errorf(CodeInvalidArgument, "config: negative Timeout or MaxRetries")
 	}
@@ -152,6 +162,7 @@ func (c Config) withDefaults() Config {
 	c.Lanes = cmp.Or(c.Lanes, envInt("MC_TCP_LANES_PER_PEER", 4))
 	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, envInt("MC_TCP_MAX_CONNS_PER_PEER", tcp.DefaultMaxConnsPerPeer))
 	c.SliceSize = cmp.Or(c.SliceSize, 128<<10)
+	c.DeviceSliceSize = cmp.Or(c.DeviceSliceSize, max(1<<20, c.SliceSize))
 	c.Timeout = cmp.Or(c.Timeout, time.Duration(envInt("MC_TRANSFER_TIMEOUT", 30))*time.Second)
 	c.MaxRetries = cmp.Or(c.MaxRetries, 3)
 	if os.Getenv("MC_TCP_PROTO") == "1" {

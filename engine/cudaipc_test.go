@@ -260,7 +260,7 @@ func TestCudaIPCCoalescesSlices(t *testing.T) {
 	const n, slice = 16 << 20, 128 << 10
 	g := startGPUTarget(t)
 	r := g.gpu(t, 0, n, 0)
-	e := newEngine(t, engine.Config{SliceSize: slice})
+	e := newEngine(t, engine.Config{SliceSize: slice, DeviceSliceSize: slice})
 	gl := newMem(t, 0, n)
 	require.NoError(t, e.RegisterMemory(ctx, gl.addr(), n, gl.location(), false))
 	seg, err := e.OpenSegment(ctx, g.info.Name)

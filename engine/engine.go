@@ -112,7 +112,8 @@ func New(ctx context.Context, cfg Config) (e *Engine, err error) {
 	}
 	// Slices on GPU memory are staged through host buffers onto the paths
 	// below; the tail slice is at most 1.25 slices.
-	e.paths = append(e.paths, stage.New(stage.Config{BufferSize: cfg.SliceSize + cfg.SliceSize/4, Logger: e.log}))
+	staged := max(cfg.SliceSize, cfg.DeviceSliceSize)
+	e.paths = append(e.paths, stage.New(stage.Config{BufferSize: staged + staged/4, Logger: e.log}))
 	// Undo whatever was started if a later step fails (through a copy:
 	// the failing return has already set e to nil).
 	started := e
