@@ -3,7 +3,7 @@
 # the test double that `make test` uses (engine/device/fakecuda).
 #
 #   bash scripts/gpu-check.sh build    # here: build the binaries into .gpu/
-#   bash scripts/gpu-check.sh run      # on the GPU host, from the repository root
+#   bash scripts/gpu-check.sh run [py] [bench] [go]   # on the GPU host (default: all three)
 #
 # `build` needs Go (and gcc for the C library); `run` needs only what a GPU
 # host has: the NVIDIA driver, and a python3 with torch for the Python part
@@ -41,10 +41,18 @@ build() {
 }
 
 run() {
-    local out=${OUT:-/tmp/gpu-check} fail=0
+    local out=${OUT:-/tmp/gpu-check} fail=0 parts=${*:-py bench go}
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     export MC_CUDA_DRIVER=libcuda.so.1
+    for part in $parts; do
+        run_$part || fail=1
+    done
+    return $fail
+}
+
+run_go() {
+    local out=${OUT:-/tmp/gpu-check} fail=0
     echo "== Go device tests on the real driver"
     for p in "${!RUN[@]}"; do
         local bin log
@@ -59,6 +67,11 @@ run() {
             grep -E -B2 -A12 '^--- FAIL|panic:' "$log" | head -60
         fi
     done
+    return $fail
+}
+
+run_py() {
+    local out=${OUT:-/tmp/gpu-check} fail=0
     echo "== Python: torch CUDA tensors"
     if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
         PYTHONPATH=$PWD/python/src:$PWD/python/tests MOONCAKE_GO_LIBRARY=$PWD/$D/libmooncake.so \
@@ -69,18 +82,23 @@ run() {
     else
         echo "python3 has no torch with CUDA: skipped"
     fi
+    return $fail
+}
+
+run_bench() {
+    local out=${OUT:-/tmp/gpu-check} fail=0
     echo "== bench te, 4 MiB requests: GPU memory (--use_vram) and host memory, same run; GB/s, median of 3"
-    local tr op mem slice
+    local tr op mem
     for op in write read; do
-        for cfg in "tcp vram 128KiB" "tcp vram 512KiB" "tcp vram 2MiB" "tcp host 128KiB" "shm vram 128KiB" "shm host 128KiB"; do
-            read -r tr mem slice <<<"$cfg"
+        for cfg in ${BENCH_CFGS:-"tcp vram" "tcp host" "shm vram" "shm host"}; do
+            read -r tr mem <<<"$cfg"
             local j flags=
             [ "$mem" = vram ] && flags="--use_vram --gpu_id 0"
-            j=$($D/mooncake bench te --transport "$tr" --op $op --block-size 4MiB --slice-size "$slice" \
+            j=$($D/mooncake bench te --transport "$tr" --op $op --block-size 4MiB \
                 --duration 1s --repeat 3 --json $flags 2>>"$out/bench.err")
             echo "$j" >>"$out/bench.jsonl"
-            python3 -c 'import json,sys,types; j=json.loads(sys.argv[1], object_hook=lambda d: types.SimpleNamespace(**d)); print(f"{sys.argv[2]:3} {sys.argv[3]:5} {sys.argv[4]:4} slice {sys.argv[5]:>6}: ours {j.gb_per_s:6.2f} GB/s p50 {j.p50_us:6.0f} us | {j.yardstick_name} {j.yardstick_gb_per_s:.2f} | {j.ratio:.2f}")' \
-                "$j" "$tr" "$op" "$mem" "$slice" || { echo "$tr $op $mem $slice: bench failed"; tail -5 "$out/bench.err"; fail=1; }
+            python3 -c 'import json,sys,types; j=json.loads(sys.argv[1], object_hook=lambda d: types.SimpleNamespace(**d)); print(f"{sys.argv[2]:3} {sys.argv[3]:5} {sys.argv[4]:4}: ours {j.gb_per_s:6.2f} GB/s p50 {j.p50_us:6.0f} us | {j.yardstick_name} {j.yardstick_gb_per_s:.2f} | {j.ratio:.2f}")' \
+                "$j" "$tr" "$op" "$mem" || { echo "$tr $op $mem: bench failed"; tail -5 "$out/bench.err"; fail=1; }
         done
     done
     return $fail
@@ -88,6 +106,6 @@ run() {
 
 case "${1:-}" in
 build) build ;;
-run) run ;;
+run) shift; run "$@" ;;
 *) echo "usage: $0 build|run" >&2; exit 2 ;;
 esac
