@@ -89,7 +89,9 @@
 // (mcgo_cuda_ipc, with its host identity and pid); a peer in another process
 // of the same host maps an allocation once, on the first slice that needs it,
 // and copies each slice with one driver call, from its own GPU or host
-// memory (host-to-device and device-to-host included). A range in the peer's
+// memory (host-to-device and device-to-host included); a worker takes the
+// adjacent slices queued behind its own with the same call (up to 64 MiB),
+// since a driver copy costs microseconds whatever its length. A range in the peer's
 // host memory, an allocation whose handle cannot be opened here (logged once)
 // or a process that has not loaded the driver go on to staging and the paths
 // after it. Each copy first checks the peer's control counter (above), so
@@ -108,8 +110,12 @@
 // "cuda:N" fails with CodeDeviceNotFound and says why. Descriptors mark
 // device buffers (Buffer.Location, our extension).
 //
-// The CPU never reads or writes device memory: the driver copies it.
-// Slices whose local bytes are on a GPU are staged through page-locked host
+// The CPU never reads or writes device memory: the driver copies it, and a
+// copy returns only once its bytes have landed (the driver's legacy stream
+// is synchronised after each: a device-to-device copy, or one from
+// pageable memory, returns before). Requests from GPU memory are cut into
+// slices of Config.DeviceSliceSize (1 MiB) rather than SliceSize. Slices
+// whose local bytes are on a GPU are staged through page-locked host
 // buffers by the staging path (transport/stage) onto whichever path moves
 // the bytes, copy and network overlapping across the slices of a request;
 // a peer serving its GPU memory over TCP copies it through host chunks; the
