@@ -55,7 +55,7 @@ type options struct {
 	Batch    int           `json:"batch"`     // store: objects per call
 	Conc     int           `json:"conc"`      // store: calls in flight per client
 	GetKeys  int           `json:"get_keys"`  // store: objects each client reads in turn
-	Segment  int64         `json:"segment"`   // store: each node's segment
+	Segment  int64         `json:"segment"`   // store: each node's segment; 0: sized for the rate
 	Warmup   time.Duration `json:"warmup"`    // before each timed window
 	Duration time.Duration `json:"duration"`  // of each timed window
 	Repeat   int           `json:"repeat"`    // runs per point
@@ -114,7 +114,7 @@ func main() {
 	flag.IntVar(&o.Batch, "batch", 4, "store: objects per call")
 	flag.IntVar(&o.Conc, "conc", 2, "store: calls in flight per client")
 	flag.IntVar(&o.GetKeys, "get-keys", 16, "store: objects each client reads in turn")
-	flag.Int64Var(&o.Segment, "segment", 256<<20, "store: each node's segment, bytes")
+	flag.Int64Var(&o.Segment, "segment", 0, "store: each node's segment, bytes (0: what a put window at the link rate needs, at least 256 MiB)")
 	flag.DurationVar(&o.Warmup, "warmup", time.Second, "untimed, before each timed window")
 	flag.DurationVar(&o.Duration, "duration", 4*time.Second, "each timed window")
 	flag.IntVar(&o.Repeat, "repeat", 3, "store: runs per point (the median is reported)")

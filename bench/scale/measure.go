@@ -181,16 +181,23 @@ func (c *coord) startStore() error {
 		return err
 	}
 	buf := int64(max(c.o.Conc*c.o.Batch*c.o.Value, 64<<10*c.o.MetaB))
+	seg := c.o.Segment
+	if seg == 0 {
+		// What a put window sends a node at line rate, and half again:
+		// the store is cleared after every run.
+		window := time.Second + c.o.Warmup + c.o.Duration
+		seg = max(256<<20, int64(float64(c.o.Rate)/8*window.Seconds()*1.5)>>20<<20)
+	}
 	c.stores = make([]*proc, c.storeHosts())
 	for i := range c.stores {
 		h := c.hosts[i]
 		c.stores[i], err = startWorker(h, workerArgs{Role: roleStore, IP: h.IP.String(), Master: c.master.addr,
-			Segment: c.o.Segment, Buffer: buf, Lanes: c.o.Lanes})
+			Segment: seg, Buffer: buf, Lanes: c.o.Lanes})
 		if err != nil {
 			return err
 		}
 	}
-	c.logf("master on %s, %d storage nodes with clients, links %s each way", mh, len(c.stores), rate(c.o.Rate))
+	c.logf("master on %s, %d storage nodes with clients (segments of %s), links %s each way", mh, len(c.stores), size(seg), rate(c.o.Rate))
 	return nil
 }
 
@@ -275,9 +282,21 @@ func (c *coord) storeRun(_ context.Context, op string, n, r int) (storeRun, erro
 			return storeRun{}, err
 		}
 	}
+	// What crosses the links between each client and its target, the
+	// way the values go.
+	crossed := func() (n uint64) {
+		for i := range active {
+			from, to := c.hosts[i], c.hosts[(i+1)%m]
+			if op == "get" {
+				from, to = to, from
+			}
+			n += c.lab.Stats(from, to).Bytes
+		}
+		return n
+	}
 	begin, end := c.window(c.o.Duration)
 	cpu := c.sample(begin, end)
-	drop0 := c.dropped()
+	drop0, crossed0 := c.dropped(), crossed()
 	reps, err := callAll(active, func(i int) request {
 		return request{Cmd: "run", Op: op, Prefix: prefix(i), Target: target(i), Keys: c.o.GetKeys,
 			ValueSize: c.o.Value, Batch: c.o.Batch, Conc: c.o.Conc, Begin: begin.UnixNano(), End: end.UnixNano()}
@@ -286,6 +305,17 @@ func (c *coord) storeRun(_ context.Context, op string, n, r int) (storeRun, erro
 		return storeRun{}, err
 	}
 	run := storeRun{Op: op, Hosts: n, Repeat: r, CPU: <-cpu, Dropped: c.dropped() - drop0}
+	// Values that moved without crossing a link were put on the putting
+	// host: the master places a put elsewhere when the preferred segment
+	// is full, and a figure with those bytes in it measures memcpy.
+	var moved int64
+	for _, rp := range reps {
+		moved += int64(rp.Total) * int64(c.o.Value)
+	}
+	if links := crossed() - crossed0; uint64(moved) > links {
+		return storeRun{}, fmt.Errorf("%s MB of values moved but only %s MB crossed the links: puts placed off their target (segment full? raise -segment)",
+			strconv.FormatFloat(float64(moved)/1e6, 'f', 1, 64), strconv.FormatFloat(float64(links)/1e6, 'f', 1, 64))
+	}
 	for _, rp := range reps {
 		mbps := rp.Bytes / c.o.Duration.Seconds() / 1e6
 		run.PerHost = append(run.PerHost, mbps)

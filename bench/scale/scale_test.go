@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 func TestSmoke(t *testing.T) {
 	lab := labtest.New(t, netlab.Config{Seed: 1})
 	o := options{Hosts: []int{1, 2}, Rate: 200e6, Value: 64 << 10, Batch: 2, Conc: 1, GetKeys: 4,
-		Segment: 16 << 20, Warmup: 50 * time.Millisecond, Duration: 200 * time.Millisecond, Repeat: 1,
+		Segment: 64 << 20, Warmup: 50 * time.Millisecond, Duration: 200 * time.Millisecond, Repeat: 1,
 		Phases: []string{"store", "master", "p2p"}, P2PSize: 1 << 20, P2PShard: 256 << 10, P2PRecv: 2, P2PRuns: 1,
 		P2PWays: []string{"swarm", "seed-only"},
 		MetaCli: 2, MetaB: 4, MetaKeys: 16, MetaDur: 200 * time.Millisecond}
@@ -77,4 +77,23 @@ func TestSummary(t *testing.T) {
 	require.InDelta(t, 1.0, rows[2].Ratio, 1e-9)
 	require.InDelta(t, 4.0, rows[3].Ratio, 1e-9)
 	require.InDelta(t, 1.0, rows[3].Ideal, 1e-9)
+}
+
+// TestPutsMustCrossLinks: a put window that overfills its target's
+// segment fails the run rather than measuring puts the master placed on
+// another segment (the putting host's own, where no link is crossed).
+func TestPutsMustCrossLinks(t *testing.T) {
+	lab := labtest.New(t, netlab.Config{Seed: 1})
+	o := options{Hosts: []int{1}, Rate: 1e9, Value: 256 << 10, Batch: 4, Conc: 2, GetKeys: 4,
+		Segment: 2 << 20, Warmup: 50 * time.Millisecond, Duration: 500 * time.Millisecond, Repeat: 1,
+		Phases: []string{"store"}, P2PSize: 1, P2PShard: 1, P2PRecv: 1, P2PRuns: 1,
+		MetaCli: 1, MetaB: 1, MetaKeys: 1, MetaDur: time.Second}
+	// Segments of eight values, filled far faster than the master evicts:
+	// puts spill onto the putting host's own segment (as they did at
+	// 1 Gbit/s with the 256 MiB segments this benchmark once had).
+	require.NoError(t, o.validate())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := measure(ctx, lab, o, filepath.Join(t.TempDir(), "scale"), t.Output())
+	require.ErrorContains(t, err, "segment full?")
 }

@@ -81,6 +81,7 @@ type reply struct {
 	Calls   float64 `json:"calls,omitempty"` // in the window, see window
 	Bytes   float64 `json:"bytes,omitempty"`
 	Keys    float64 `json:"keys,omitempty"`
+	Total   int     `json:"total,omitempty"` // objects of every call of the run, in the window or not
 	StartNs int64   `json:"start_ns,omitempty"`
 	EndNs   int64   `json:"end_ns,omitempty"`
 	CPUNs   int64   `json:"cpu_ns,omitempty"`
@@ -288,16 +289,21 @@ func (w *storeWorker) preload(ctx context.Context, req request) (reply, error) {
 			return reply{}, err
 		}
 	}
-	// The bytes must live where the benchmark says, or they would not
-	// cross the links it measures.
-	reps, errs := w.c.BatchReplicas(ctx, []string{key(req.Prefix, 0)})
+	return reply{}, w.placed(ctx, key(req.Prefix, 0), req.Target)
+}
+
+// placed checks that k lives in the target segment: the master places a
+// put elsewhere when the preferred segment is full, and bytes that do not
+// cross the links would not be what the benchmark measures.
+func (w *storeWorker) placed(ctx context.Context, k, target string) error {
+	reps, errs := w.c.BatchReplicas(ctx, []string{k})
 	if errs[0] != nil {
-		return reply{}, errs[0]
+		return errs[0]
 	}
-	if m := reps[0][0].GetMemory(); m == nil || m.SegmentName != req.Target {
-		return reply{}, fmt.Errorf("%s placed on %v, not on %s", key(req.Prefix, 0), reps[0][0], req.Target)
+	if m := reps[0][0].GetMemory(); m == nil || m.SegmentName != target {
+		return fmt.Errorf("%s placed on %v, not on %s (segment full? raise -segment)", k, reps[0][0], target)
 	}
-	return reply{}, nil
+	return nil
 }
 
 // window counts the calls and objects of the timed window [Begin, End).
@@ -310,9 +316,13 @@ type window struct {
 
 	mu             sync.Mutex
 	calls, objects float64
+	total          int // objects of every call, in the window or not
 }
 
 func (w *window) done(start, end time.Time, objects int) {
+	w.mu.Lock()
+	w.total += objects
+	w.mu.Unlock()
 	from, to := start, end
 	if from.Before(w.begin) {
 		from = w.begin
@@ -361,7 +371,7 @@ func loop(ctx context.Context, req request, conc int, call func(ctx context.Cont
 	if e := first.Load(); e != nil {
 		return reply{}, *e
 	}
-	return reply{Calls: win.calls, Keys: win.objects, CPUNs: cpuTime() - cpu0}, nil
+	return reply{Calls: win.calls, Keys: win.objects, Total: win.total, CPUNs: cpuTime() - cpu0}, nil
 }
 
 // run puts new objects into Target's segment, or gets the Keys objects
