@@ -217,7 +217,7 @@ func efficiencyPanel(res *results) *plot.Panel {
 			p.Legend.Add(op, l)
 		}
 	}
-	plot.HLine(p, 0.85, plot.Colour(3))
+	p.Legend.Add("target 0.85", plot.HLine(p, 0.85, plot.Colour(3)))
 	p.Y.Min = 0
 	return p
 }
