@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,15 +151,12 @@ func (c Config) withDefaults() Config {
 		if c.Host == "" && os.Getenv("MC_TCP_BIND_ADDRESS") == "" {
 			c.Host = hosts[0]
 		}
-		for _, h := range hosts {
-			if h != c.Host {
-				c.ExtraHosts = append(c.ExtraHosts, h)
-			}
-		}
+		c.ExtraHosts = hosts
 	}
 	if c.Host == "" {
 		c.Host = defaultHost(c.LocalServerName)
 	}
+	c.ExtraHosts = extraHosts(c.Host, c.ExtraHosts)
 	c.Lanes = cmp.Or(c.Lanes, envInt("MC_TCP_LANES_PER_PEER", 4))
 	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, envInt("MC_TCP_MAX_CONNS_PER_PEER", tcp.DefaultMaxConnsPerPeer))
 	c.SliceSize = cmp.Or(c.SliceSize, 128<<10)
@@ -215,4 +213,29 @@ func defaultHost(serverName string) string {
 
 func (c *Config) String() string {
 	return fmt.Sprintf("metadata=%s name=%s host=%s transport=%s lanes=%d", c.Metadata, c.LocalServerName, c.Host, c.Transport, c.Lanes)
+}
+
+// extraHosts is hosts without host and without repeats, an address
+// written two ways (::1, 0:0::1) counting as one: each extra address gets
+// one listener and one share of the lanes.
+func extraHosts(host string, hosts []string) []string {
+	var out []string
+	seen := func(h string) bool {
+		return sameHost(h, host) || slices.ContainsFunc(out, func(o string) bool { return sameHost(o, h) })
+	}
+	for _, h := range hosts {
+		if !seen(h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// sameHost reports whether a and b name the same address.
+func sameHost(a, b string) bool {
+	ia, ib := net.ParseIP(a), net.ParseIP(b)
+	if ia != nil && ib != nil {
+		return ia.Equal(ib)
+	}
+	return a == b
 }

@@ -182,9 +182,6 @@ func (e *Engine) listenExtra() error {
 	port := e.server.Addr().Port
 	scfg := tcp.ServerConfig{Memory: e.mem, Secret: e.secret, Logger: e.log, Served: e.m.served, MaxConnsPerPeer: e.cfg.MaxConnsPerPeer}
 	for _, h := range e.cfg.ExtraHosts {
-		if h == e.cfg.Host {
-			continue
-		}
 		s, err := tcp.Listen(net.JoinHostPort(h, strconv.Itoa(port)), scfg)
 		if err != nil {
 			s, err = tcp.Listen(net.JoinHostPort(h, "0"), scfg)

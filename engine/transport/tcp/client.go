@@ -750,16 +750,23 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 	i := p.pick(l.idx + s.Retries)
 	pt := p.paths[i]
 	addr := p.addrs[pt.addr]
-	d := net.Dialer{Timeout: min(p.c.cfg.DialTimeout, time.Until(s.Deadline))}
+	limit := p.c.cfg.DialTimeout // what the path gets to answer a dial
+	var d net.Dialer
 	if pt.local != "" {
 		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(pt.local)}
 	}
 	if p.multipath {
-		d.Timeout = min(d.Timeout, p.c.cfg.PathTimeout)
+		limit = min(limit, p.c.cfg.PathTimeout)
 		d.KeepAliveConfig, d.Control = p.c.pathWatch()
 	}
+	d.Timeout = min(limit, time.Until(s.Deadline))
 	nc, err := d.Dial("tcp", addr)
-	p.dialed(i, err)
+	// A dial cut short by the slice's own deadline says nothing about the
+	// path: marking it down would fail other slices at once (allDown).
+	var ne net.Error
+	if err == nil || d.Timeout >= limit || !errors.As(err, &ne) || !ne.Timeout() {
+		p.dialed(i, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial %s: %v", transport.ErrPeer, pt.name(p), err)
 	}
