@@ -45,7 +45,7 @@ def rank_main(rank: int, world: int, port: int, sizes, repeats: int, out: str) -
     groups = {"mooncake-cpu": None, "gloo": gloo}
     rows = []
     for size in sizes:
-        iters = max(1, min(50, (4 << 20) // size))
+        iters = max(1, min(50, (16 << 20) // size))
         for op in ("all_reduce", "all_gather"):
             n = size // 4 if op == "all_reduce" else size // 4 // world
             x = torch.ones(max(n, 1))

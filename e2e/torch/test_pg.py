@@ -46,9 +46,12 @@ def test_ops_equal_gloo_engine_path(ranks):
     assert ranks.events("r0")[-1]["batches"] > 0
 
 
-def test_large_64mib(ranks):
-    """64 MiB all_reduce, all_gather, reduce_scatter, uneven all_to_all."""
-    ranks.spawn("pg_worker.py", "large", 4)
+@pytest.mark.parametrize("path", ["mapped", "engine"])
+def test_large_64mib(ranks, path):
+    """64 MiB all_reduce, all_gather, reduce_scatter, uneven all_to_all:
+    copies straight from the tensors into mapped slots, and through the
+    engine with the sources registered for the call."""
+    ranks.spawn("pg_worker.py", "large", 4, env={"MOONCAKE_PG_MAP": "0" if path == "engine" else "1"})
     ranks.check(200)
 
 

@@ -216,7 +216,10 @@ class _Source:
         self.comm, self.flat = comm, flat
         self.reg = None
         n = flat.numel()
-        if n and (not comm.stage_cap or n >= REGISTER_MIN):
+        # With every peer mapped, copies read the tensor itself: nothing
+        # to register unless the view later takes in an unmapped peer
+        # (then the stage ring serves it).
+        if n and (not comm.stage_cap or (n >= REGISTER_MIN and not comm.all_mapped())):
             try:
                 self.reg = comm.eng.register_memory(flat.data_ptr(), n, remote_accessible=False)
             except MooncakeError:
