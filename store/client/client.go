@@ -259,6 +259,7 @@ func (c *Client) Close() error {
 		c.gate.Unlock()
 		c.stop()
 		c.wg.Wait()
+		c.slots.wg.Wait()
 		if keys := append(c.puts.keys(), c.dropSlots()...); len(keys) > 0 {
 			// Sessions never ended and slots never used give their space
 			// back now rather than when the master reclaims stale starts.

@@ -51,10 +51,12 @@ type slotPool struct {
 	mu      sync.Mutex
 	free    map[uint64][]slot
 	filling map[uint64]bool // a reserve of that length is in flight
+	refused map[uint64]bool // the master refused slots of that length
 	bytes   uint64          // held in free and in flight
-	off     atomic.Bool     // the master has no PutReserve, or refuses it
+	off     atomic.Bool     // the master has no PutReserve
 	used    atomic.Uint64   // values committed in slots
 	ctx     context.Context // ends at Close
+	wg      sync.WaitGroup  // reserves in flight
 }
 
 // slotsFor reports whether a put may use slots: a put (not an upsert) with
@@ -72,22 +74,22 @@ func (c *Client) takeSlots(ctx context.Context, items []*putItem) (rest []*putIt
 	now := time.Now()
 	var stale []string
 	p.mu.Lock()
-	for _, it := range items {
-		n := it.size()
-		free := p.free[n]
-		if it.late {
-			// Its checksum comes from the writes, which a second round
-			// (a slot gone) would fold in again.
-			rest = append(rest, it)
-			continue
-		}
+	// Of every length: slots of a length no longer put must not hold the
+	// budget of those that are.
+	for n, free := range p.free {
 		for len(free) > 0 && now.Sub(free[0].at) > slotMaxAge {
 			stale = append(stale, free[0].name)
 			p.bytes -= n
 			free = free[1:]
 		}
-		if len(free) == 0 {
-			p.free[n] = free
+		p.free[n] = free
+	}
+	for _, it := range items {
+		n := it.size()
+		free := p.free[n]
+		if it.late || len(free) == 0 {
+			// A late checksum comes from the writes, which a second round
+			// (a slot gone) would fold in again.
 			rest = append(rest, it)
 			continue
 		}
@@ -103,8 +105,9 @@ func (c *Client) takeSlots(ctx context.Context, items []*putItem) (rest []*putIt
 	return rest
 }
 
-// giveBack returns the slot of an item whose key existed: the master
-// left it to the client, and its bytes are overwritten by the next value.
+// giveBack returns the slot of an item the master refused to commit for a
+// reason of the item's own (its key exists, or is invalid): the slot is
+// still the client's, and its bytes are overwritten by the next value.
 func (c *Client) giveBack(it *putItem) {
 	p := &c.slots
 	p.mu.Lock()
@@ -135,19 +138,20 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 		}
 		k = max(slotsAhead*k, slotsMin) - have
 		k = min(k, int((slotMaxBytes-min(p.bytes, slotMaxBytes))/n))
-		if k <= 0 || p.filling[n] {
+		if k <= 0 || p.filling[n] || p.refused[n] {
 			continue
 		}
 		p.filling[n] = true
 		p.bytes += uint64(k) * n
-		c.wg.Add(1)
+		p.wg.Add(1)
 		go c.reserve(p.ctx, rc, n, k)
 	}
 }
 
 // reserve asks the master for k slots of n bytes and pools them.
 func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uint64, k int) {
-	defer c.wg.Done()
+	p := &c.slots
+	defer p.wg.Done()
 	var resp *storepb.PutReserveResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.PutReserve(ctx, &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc})
@@ -159,12 +163,13 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	if err == nil {
 		err = resp.Result.AsError()
 	}
-	if errors.Is(err, storepb.ErrInvalidParams) {
-		c.slots.off.Store(true) // the master will not reserve for this client
-	}
-	p := &c.slots
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if errors.Is(err, storepb.ErrInvalidParams) {
+		// The length, or slots for this client: asking again gets the
+		// same answer. Puts of that length go the usual way.
+		p.refused[n] = true
+	}
 	p.filling[n] = false
 	p.bytes -= uint64(k) * n
 	if err != nil {
@@ -211,7 +216,7 @@ func (c *Client) commit(ctx context.Context, items []*putItem) (again []*putItem
 		return err
 	})
 	err = batchErr(err, len(resp.GetResults()), len(items))
-	lost := false
+	lost, revoke := false, []string(nil)
 	for i, it := range items {
 		if it.err = err; err == nil {
 			it.err = resp.Results[i].AsError()
@@ -222,23 +227,32 @@ func (c *Client) commit(ctx context.Context, items []*putItem) (again []*putItem
 		case errors.Is(it.err, storepb.ErrObjectAlreadyExists):
 			c.giveBack(it)
 			it.started = false // as a PutStart that found the key
+		case errors.Is(it.err, storepb.ErrInvalidParams):
+			// The key: the master checks it before it touches the slot.
+			c.giveBack(it)
+			it.started = false
 		case errors.Is(it.err, storepb.ErrObjectNotFound):
 			lost = true
 			it.slot, it.reps, it.started, it.err = "", nil, false, nil
 			again = append(again, it)
 		default:
+			// The commit failed whole, or its record did: the slot may or
+			// may not be committed. Revoked, it is freed if it was not (a
+			// committed slot's name is gone, the revoke finds nothing).
 			lost = true
+			revoke = append(revoke, it.slot)
 		}
 	}
 	if lost {
-		if names := c.dropSlots(); len(names) > 0 {
-			_ = c.revoke(ctx, names)
-		}
+		revoke = append(revoke, c.dropSlots()...)
+	}
+	if len(revoke) > 0 {
+		_ = c.revoke(ctx, revoke)
 	}
 	return again
 }
 
 // init readies the pool; reserves end with ctx (the client's life).
 func (p *slotPool) init(ctx context.Context) {
-	p.free, p.filling, p.ctx = map[uint64][]slot{}, map[uint64]bool{}, ctx
+	p.free, p.filling, p.refused, p.ctx = map[uint64][]slot{}, map[uint64]bool{}, map[uint64]bool{}, ctx
 }

@@ -219,3 +219,67 @@ func TestCoalesce(t *testing.T) {
 	out, _ = coalesce(xs[:3], func(b []byte) bool { return len(b) <= 16 })
 	assert.Len(t, out, 3, "memory registered value by value stays apart")
 }
+
+// A commit the master refuses for the item's own key (over
+// max_key_length) fails that put and leaves its slot to the client, which
+// gives it back at Close: nothing stays allocated.
+func TestReservedPutBadKeyKeepsSlot(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{MaxKeyLen: 16})
+	newClient(t, m.Addr(), 16<<20)
+	w := newClient(t, m.Addr(), NoSegment, reservePuts)
+	ctx := ctxT(t)
+	require.NoError(t, w.Put(ctx, "a", value(1, 1000), nil))
+	require.Eventually(t, func() bool { return w.slotsHeld(1000) == slotsMin }, 5*time.Second, time.Millisecond)
+	assert.ErrorIs(t, w.Put(ctx, "a-key-over-sixteen-bytes", value(2, 1000), nil), storepb.ErrInvalidParams)
+	assert.Equal(t, slotsMin, w.slotsHeld(1000), "the slot is back in the pool")
+	require.NoError(t, w.Close())
+	require.NoError(t, m.Service().Remove(ctx, "a", true))
+	assert.Zero(t, m.Service().Stats().Used)
+}
+
+// A length the master refuses slots of (over max_value_size) is not asked
+// for again, and slots of other lengths are still reserved.
+func TestReservedPutsAfterRefusedLength(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{MaxValueLen: 8192})
+	newClient(t, m.Addr(), 16<<20)
+	w := newClient(t, m.Addr(), NoSegment, reservePuts)
+	ctx := ctxT(t)
+	assert.ErrorIs(t, w.Put(ctx, "big", value(1, 16384), nil), storepb.ErrInvalidParams)
+	w.slots.wg.Wait()
+	require.NoError(t, w.Put(ctx, "a", value(2, 1000), nil))
+	w.slots.wg.Wait()
+	assert.Equal(t, slotsMin, w.slotsHeld(1000))
+	w.slots.mu.Lock()
+	defer w.slots.mu.Unlock()
+	assert.True(t, w.slots.refused[16384])
+}
+
+// Stale slots of a length no longer put are given back, so that they do
+// not hold the budget slots of the lengths put now need.
+func TestReservedPutsDropStaleOfOtherLengths(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{})
+	newClient(t, m.Addr(), 160<<20)
+	w := newClient(t, m.Addr(), NoSegment, reservePuts)
+	ctx := ctxT(t)
+	const big = 1 << 20
+	keys, vals, _ := batch("big", 0, 16, big)
+	for i, err := range w.BatchPut(ctx, keys, vals, nil) {
+		require.NoError(t, err, keys[i])
+	}
+	w.slots.wg.Wait()
+	require.Equal(t, slotMaxBytes/big, w.slotsHeld(big), "the whole budget in slots of 1 MiB")
+	w.slots.mu.Lock()
+	for i := range w.slots.free[big] {
+		w.slots.free[big][i].at = time.Now().Add(-2 * slotMaxAge)
+	}
+	w.slots.mu.Unlock()
+	for b := range 2 {
+		keys, vals, _ := batch("small", b*8, 8, 4096)
+		for i, err := range w.BatchPut(ctx, keys, vals, nil) {
+			require.NoError(t, err, keys[i])
+		}
+		w.slots.wg.Wait()
+	}
+	assert.Zero(t, w.slotsHeld(big))
+	assert.EqualValues(t, 8, w.slots.used.Load(), "the second small batch went into slots")
+}

@@ -280,6 +280,23 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		}
 		p := o.Pending
 		o.Replicas, o.Size, o.Checksum, o.Writer, o.HardPin, o.Pending = p.Replicas, p.Size, op.End.Checksum, p.ClientId, p.HardPin, nil
+	case *storepb.JournalRecord_Commit:
+		c := op.Commit
+		so := st.objects[c.Slot]
+		if so == nil || so.Pending == nil || so.Pending.ClientId != c.ClientId || c.Key == c.Slot {
+			return fmt.Errorf("%w: commit of slot %q without its start", ErrBadRecord, c.Slot)
+		}
+		p := so.Pending
+		so.Pending = nil
+		if len(so.Replicas) == 0 {
+			delete(st.objects, c.Slot)
+		}
+		o := st.objects[c.Key]
+		if o == nil {
+			o = &storepb.ObjectState{Key: c.Key}
+			st.objects[c.Key] = o
+		}
+		o.Replicas, o.Size, o.Checksum, o.Writer, o.HardPin, o.Pending = p.Replicas, p.Size, c.Checksum, p.ClientId, p.HardPin, nil
 	case *storepb.JournalRecord_Revoke:
 		if o := st.objects[op.Revoke.Key]; o != nil {
 			o.Pending = nil

@@ -59,7 +59,9 @@ func (s *Service) checkKey(key string) error {
 	switch {
 	case key == "":
 		return storeErr(storepb.InvalidParams, "empty key")
-	case len(key) > s.cfg.MaxKeyLen:
+	// A slot's name is the master's (reserve.go), not held to the limit
+	// of the keys it is made for.
+	case len(key) > s.cfg.MaxKeyLen && !isSlot(key):
 		return storeErr(storepb.InvalidParams, "key of %d bytes is over the limit of %d bytes (max_key_length)",
 			len(key), s.cfg.MaxKeyLen)
 	}
@@ -253,7 +255,7 @@ func (s *Service) putEndSeq(clientID, key string, checksum uint32) (uint64, erro
 		}
 		return 0, err
 	}
-	return s.endLocked(sh, key, o, clientID, checksum), nil
+	return s.endLocked(sh, key, o, clientID, checksum, nil), nil
 }
 
 // ended reports whether key holds the value clientID put with checksum,
@@ -264,8 +266,9 @@ func ended(sh *shard, clientID, key string, checksum uint32) bool {
 }
 
 // endLocked makes o's pending put, clientID's, COMPLETE with checksum and
-// returns the sequence number of its record; sh.mu is held.
-func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, checksum uint32) uint64 {
+// returns the sequence number of its record: rec, or a JournalEnd when
+// rec is nil. sh.mu is held.
+func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, checksum uint32, rec *storepb.JournalRecord) uint64 {
 	now := s.now()
 	p := o.pending
 	old := o.replicas
@@ -295,8 +298,11 @@ func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, c
 	s.offloadLocked(key, o)
 	s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT, key)
 	s.kvChange(key, s.kvMediaOf(old), s.kvMediaOf(o.replicas), true)
-	seq := s.after(&storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
-		ClientId: clientID, Key: key, Checksum: checksum}}}, func() {
+	if rec == nil {
+		rec = &storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
+			ClientId: clientID, Key: key, Checksum: checksum}}}
+	}
+	seq := s.after(rec, func() {
 		if !leased {
 			s.freeReplicas(old)
 			return

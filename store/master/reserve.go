@@ -18,9 +18,9 @@ import (
 // abandoned and kept across a failover as any put in flight. Once the
 // values are written, BatchPutCommit gives each slot's space to its key
 // and ends the put: one round trip and one journal wait per batch instead
-// of two. In the journal a commit is the slot's revoke, then the key's
-// start and end with the slot's replicas; a replay, a standby and a
-// snapshot see nothing they do not know already.
+// of two. In the journal a commit is one record (JournalCommit: the slot's
+// revoke, the key's start with the slot's replicas and its end), so a put
+// into a slot costs the journal two records, as any put.
 
 // slotPrefix starts the names of slots (as the client sees them; the
 // Service stores them scoped by tenant like any key). A NUL byte starts no
@@ -128,23 +128,21 @@ func (s *Service) commitSeq(t, clientID, slot, key string, checksum uint32) (uin
 			s.discarded.Add(1)
 		}
 	}
-	// The slot's space passes to the key: its revoke frees nothing, the
-	// key's start takes the same replicas. Both records precede the end,
-	// whose durability the caller waits for.
+	// The slot's space passes to the key, which ends its put there: one
+	// record (JournalCommit), whose durability the caller waits for.
 	p := so.pending
 	so.pending = nil
 	if so.empty() {
 		delete(ssh.objects, sk)
 	}
-	s.record(revokeRecord(sk))
 	p.started = now
 	if o == nil {
 		o = &object{}
 		ksh.objects[key] = o
 	}
 	o.pending = p
-	s.record(startRecord(clientID, key, p))
-	return s.endLocked(ksh, key, o, clientID, checksum), nil
+	return s.endLocked(ksh, key, o, clientID, checksum, &storepb.JournalRecord{Op: &storepb.JournalRecord_Commit{
+		Commit: &storepb.JournalCommit{ClientId: clientID, Slot: sk, Key: key, Checksum: checksum}}}), nil
 }
 
 // lockShards locks the shards of keys a and b (once when they are the

@@ -38,7 +38,9 @@ func TestPutReserveCommit(t *testing.T) {
 		require.False(t, ok, "a slot is no readable object")
 	}
 
+	recs := len(j.recs)
 	require.NoError(t, commit(s, "a", slots[0].Slot, "k0", 11))
+	assert.Len(t, j.recs, recs+1, "a commit is one record")
 	reps, _, sum, n, err := s.GetReplicaList("k0")
 	require.NoError(t, err)
 	assert.EqualValues(t, 11, sum)
@@ -112,4 +114,22 @@ func TestPutReserveLimits(t *testing.T) {
 	require.NoError(t, s.cfg.Tenants.Set("acme", 1<<20))
 	_, err = s.PutReserve(t.Context(), "acme", "a", 100, 1, nil)
 	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
+}
+
+// A commit record without the slot's start, or of another client's slot,
+// does not replay.
+func TestJournalCommitWithoutSlot(t *testing.T) {
+	commitRec := func(client, slot string) *storepb.JournalRecord {
+		return &storepb.JournalRecord{Op: &storepb.JournalRecord_Commit{Commit: &storepb.JournalCommit{
+			ClientId: client, Slot: slot, Key: "k", Checksum: 1}}}
+	}
+	st := newState()
+	require.ErrorIs(t, st.apply(commitRec("a", "s")), ErrBadRecord)
+	require.NoError(t, st.apply(&storepb.JournalRecord{Op: &storepb.JournalRecord_Start{Start: &storepb.JournalStart{
+		ClientId: "a", Key: "s", Size: 10}}}))
+	require.ErrorIs(t, st.apply(commitRec("b", "s")), ErrBadRecord)
+	require.NoError(t, st.apply(commitRec("a", "s")))
+	require.Nil(t, st.objects["s"], "the slot is gone")
+	require.EqualValues(t, 10, st.objects["k"].GetSize())
+	require.Equal(t, "a", st.objects["k"].GetWriter())
 }

@@ -375,6 +375,78 @@ func (x *JournalEnd) GetChecksum() uint32 {
 	return 0
 }
 
+// JournalCommit: the put in flight on slot (a reserved slot's name, as the
+// Service keys it) passed to key and ended there with checksum: the
+// slot's revoke, the key's start with the slot's replicas and its end, in
+// one record.
+type JournalCommit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Slot          string                 `protobuf:"bytes,2,opt,name=slot,proto3" json:"slot,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Checksum      uint32                 `protobuf:"varint,4,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalCommit) Reset() {
+	*x = JournalCommit{}
+	mi := &file_journal_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalCommit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalCommit) ProtoMessage() {}
+
+func (x *JournalCommit) ProtoReflect() protoreflect.Message {
+	mi := &file_journal_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalCommit.ProtoReflect.Descriptor instead.
+func (*JournalCommit) Descriptor() ([]byte, []int) {
+	return file_journal_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *JournalCommit) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *JournalCommit) GetSlot() string {
+	if x != nil {
+		return x.Slot
+	}
+	return ""
+}
+
+func (x *JournalCommit) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *JournalCommit) GetChecksum() uint32 {
+	if x != nil {
+		return x.Checksum
+	}
+	return 0
+}
+
 // JournalRevoke: the put in flight on key was abandoned (revoked,
 // pre-empted or reclaimed).
 type JournalRevoke struct {
@@ -386,7 +458,7 @@ type JournalRevoke struct {
 
 func (x *JournalRevoke) Reset() {
 	*x = JournalRevoke{}
-	mi := &file_journal_proto_msgTypes[6]
+	mi := &file_journal_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +470,7 @@ func (x *JournalRevoke) String() string {
 func (*JournalRevoke) ProtoMessage() {}
 
 func (x *JournalRevoke) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[6]
+	mi := &file_journal_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +483,7 @@ func (x *JournalRevoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalRevoke.ProtoReflect.Descriptor instead.
 func (*JournalRevoke) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{6}
+	return file_journal_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JournalRevoke) GetKey() string {
@@ -435,7 +507,7 @@ type JournalDrop struct {
 
 func (x *JournalDrop) Reset() {
 	*x = JournalDrop{}
-	mi := &file_journal_proto_msgTypes[7]
+	mi := &file_journal_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +519,7 @@ func (x *JournalDrop) String() string {
 func (*JournalDrop) ProtoMessage() {}
 
 func (x *JournalDrop) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[7]
+	mi := &file_journal_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +532,7 @@ func (x *JournalDrop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalDrop.ProtoReflect.Descriptor instead.
 func (*JournalDrop) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{7}
+	return file_journal_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JournalDrop) GetKey() string {
@@ -501,7 +573,7 @@ type JournalMove struct {
 
 func (x *JournalMove) Reset() {
 	*x = JournalMove{}
-	mi := &file_journal_proto_msgTypes[8]
+	mi := &file_journal_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +585,7 @@ func (x *JournalMove) String() string {
 func (*JournalMove) ProtoMessage() {}
 
 func (x *JournalMove) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[8]
+	mi := &file_journal_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +598,7 @@ func (x *JournalMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalMove.ProtoReflect.Descriptor instead.
 func (*JournalMove) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{8}
+	return file_journal_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *JournalMove) GetKey() string {
@@ -576,6 +648,7 @@ type JournalRecord struct {
 	//	*JournalRecord_Revoke
 	//	*JournalRecord_Drop
 	//	*JournalRecord_Move
+	//	*JournalRecord_Commit
 	Op            isJournalRecord_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -583,7 +656,7 @@ type JournalRecord struct {
 
 func (x *JournalRecord) Reset() {
 	*x = JournalRecord{}
-	mi := &file_journal_proto_msgTypes[9]
+	mi := &file_journal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +668,7 @@ func (x *JournalRecord) String() string {
 func (*JournalRecord) ProtoMessage() {}
 
 func (x *JournalRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[9]
+	mi := &file_journal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +681,7 @@ func (x *JournalRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalRecord.ProtoReflect.Descriptor instead.
 func (*JournalRecord) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{9}
+	return file_journal_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JournalRecord) GetOp() isJournalRecord_Op {
@@ -690,6 +763,15 @@ func (x *JournalRecord) GetMove() *JournalMove {
 	return nil
 }
 
+func (x *JournalRecord) GetCommit() *JournalCommit {
+	if x != nil {
+		if x, ok := x.Op.(*JournalRecord_Commit); ok {
+			return x.Commit
+		}
+	}
+	return nil
+}
+
 type isJournalRecord_Op interface {
 	isJournalRecord_Op()
 }
@@ -726,6 +808,10 @@ type JournalRecord_Move struct {
 	Move *JournalMove `protobuf:"bytes,8,opt,name=move,proto3,oneof"`
 }
 
+type JournalRecord_Commit struct {
+	Commit *JournalCommit `protobuf:"bytes,9,opt,name=commit,proto3,oneof"`
+}
+
 func (*JournalRecord_Mount) isJournalRecord_Op() {}
 
 func (*JournalRecord_Unmount) isJournalRecord_Op() {}
@@ -742,6 +828,8 @@ func (*JournalRecord_Drop) isJournalRecord_Op() {}
 
 func (*JournalRecord_Move) isJournalRecord_Op() {}
 
+func (*JournalRecord_Commit) isJournalRecord_Op() {}
+
 // JournalBatch is one etcd value of the log: consecutive records from
 // first_seq on.
 type JournalBatch struct {
@@ -754,7 +842,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_journal_proto_msgTypes[10]
+	mi := &file_journal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +854,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[10]
+	mi := &file_journal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +867,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{10}
+	return file_journal_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *JournalBatch) GetFirstSeq() uint64 {
@@ -812,7 +900,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_journal_proto_msgTypes[11]
+	mi := &file_journal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +912,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[11]
+	mi := &file_journal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +925,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{11}
+	return file_journal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ObjectState) GetKey() string {
@@ -901,7 +989,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_journal_proto_msgTypes[12]
+	mi := &file_journal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +1001,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[12]
+	mi := &file_journal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +1014,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{12}
+	return file_journal_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SnapshotChunk) GetSegments() []*JournalMount {
@@ -972,7 +1060,12 @@ const file_journal_proto_rawDesc = "" +
 	"JournalEnd\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
-	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"!\n" +
+	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"n\n" +
+	"\rJournalCommit\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x12\n" +
+	"\x04slot\x18\x02 \x01(\tR\x04slot\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1a\n" +
+	"\bchecksum\x18\x04 \x01(\rR\bchecksum\"!\n" +
 	"\rJournalRevoke\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"Y\n" +
 	"\vJournalDrop\x12\x10\n" +
@@ -984,7 +1077,7 @@ const file_journal_proto_rawDesc = "" +
 	"\x04from\x18\x02 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x04from\x122\n" +
 	"\x02to\x18\x03 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x02to\x12\x1b\n" +
 	"\tkeep_from\x18\x04 \x01(\bR\bkeepFrom\x12\x1b\n" +
-	"\tonly_from\x18\x05 \x01(\bR\bonlyFrom\"\xdd\x03\n" +
+	"\tonly_from\x18\x05 \x01(\bR\bonlyFrom\"\x99\x04\n" +
 	"\rJournalRecord\x127\n" +
 	"\x05mount\x18\x01 \x01(\v2\x1f.mooncake.store.v1.JournalMountH\x00R\x05mount\x12=\n" +
 	"\aunmount\x18\x02 \x01(\v2!.mooncake.store.v1.JournalUnmountH\x00R\aunmount\x12:\n" +
@@ -993,7 +1086,8 @@ const file_journal_proto_rawDesc = "" +
 	"\x03end\x18\x05 \x01(\v2\x1d.mooncake.store.v1.JournalEndH\x00R\x03end\x12:\n" +
 	"\x06revoke\x18\x06 \x01(\v2 .mooncake.store.v1.JournalRevokeH\x00R\x06revoke\x124\n" +
 	"\x04drop\x18\a \x01(\v2\x1e.mooncake.store.v1.JournalDropH\x00R\x04drop\x124\n" +
-	"\x04move\x18\b \x01(\v2\x1e.mooncake.store.v1.JournalMoveH\x00R\x04moveB\x04\n" +
+	"\x04move\x18\b \x01(\v2\x1e.mooncake.store.v1.JournalMoveH\x00R\x04move\x12:\n" +
+	"\x06commit\x18\t \x01(\v2 .mooncake.store.v1.JournalCommitH\x00R\x06commitB\x04\n" +
 	"\x02op\"g\n" +
 	"\fJournalBatch\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12:\n" +
@@ -1022,7 +1116,7 @@ func file_journal_proto_rawDescGZIP() []byte {
 	return file_journal_proto_rawDescData
 }
 
-var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_journal_proto_goTypes = []any{
 	(*ReplicaLocation)(nil), // 0: mooncake.store.v1.ReplicaLocation
 	(*JournalMount)(nil),    // 1: mooncake.store.v1.JournalMount
@@ -1030,17 +1124,18 @@ var file_journal_proto_goTypes = []any{
 	(*JournalExpire)(nil),   // 3: mooncake.store.v1.JournalExpire
 	(*JournalStart)(nil),    // 4: mooncake.store.v1.JournalStart
 	(*JournalEnd)(nil),      // 5: mooncake.store.v1.JournalEnd
-	(*JournalRevoke)(nil),   // 6: mooncake.store.v1.JournalRevoke
-	(*JournalDrop)(nil),     // 7: mooncake.store.v1.JournalDrop
-	(*JournalMove)(nil),     // 8: mooncake.store.v1.JournalMove
-	(*JournalRecord)(nil),   // 9: mooncake.store.v1.JournalRecord
-	(*JournalBatch)(nil),    // 10: mooncake.store.v1.JournalBatch
-	(*ObjectState)(nil),     // 11: mooncake.store.v1.ObjectState
-	(*SnapshotChunk)(nil),   // 12: mooncake.store.v1.SnapshotChunk
-	(*Segment)(nil),         // 13: mooncake.store.v1.Segment
+	(*JournalCommit)(nil),   // 6: mooncake.store.v1.JournalCommit
+	(*JournalRevoke)(nil),   // 7: mooncake.store.v1.JournalRevoke
+	(*JournalDrop)(nil),     // 8: mooncake.store.v1.JournalDrop
+	(*JournalMove)(nil),     // 9: mooncake.store.v1.JournalMove
+	(*JournalRecord)(nil),   // 10: mooncake.store.v1.JournalRecord
+	(*JournalBatch)(nil),    // 11: mooncake.store.v1.JournalBatch
+	(*ObjectState)(nil),     // 12: mooncake.store.v1.ObjectState
+	(*SnapshotChunk)(nil),   // 13: mooncake.store.v1.SnapshotChunk
+	(*Segment)(nil),         // 14: mooncake.store.v1.Segment
 }
 var file_journal_proto_depIdxs = []int32{
-	13, // 0: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
+	14, // 0: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
 	0,  // 1: mooncake.store.v1.JournalStart.replicas:type_name -> mooncake.store.v1.ReplicaLocation
 	0,  // 2: mooncake.store.v1.JournalMove.from:type_name -> mooncake.store.v1.ReplicaLocation
 	0,  // 3: mooncake.store.v1.JournalMove.to:type_name -> mooncake.store.v1.ReplicaLocation
@@ -1049,19 +1144,20 @@ var file_journal_proto_depIdxs = []int32{
 	3,  // 6: mooncake.store.v1.JournalRecord.expire:type_name -> mooncake.store.v1.JournalExpire
 	4,  // 7: mooncake.store.v1.JournalRecord.start:type_name -> mooncake.store.v1.JournalStart
 	5,  // 8: mooncake.store.v1.JournalRecord.end:type_name -> mooncake.store.v1.JournalEnd
-	6,  // 9: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
-	7,  // 10: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
-	8,  // 11: mooncake.store.v1.JournalRecord.move:type_name -> mooncake.store.v1.JournalMove
-	9,  // 12: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
-	0,  // 13: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
-	4,  // 14: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
-	1,  // 15: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
-	11, // 16: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	7,  // 9: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
+	8,  // 10: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
+	9,  // 11: mooncake.store.v1.JournalRecord.move:type_name -> mooncake.store.v1.JournalMove
+	6,  // 12: mooncake.store.v1.JournalRecord.commit:type_name -> mooncake.store.v1.JournalCommit
+	10, // 13: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
+	0,  // 14: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
+	4,  // 15: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
+	1,  // 16: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
+	12, // 17: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_journal_proto_init() }
@@ -1070,7 +1166,7 @@ func file_journal_proto_init() {
 		return
 	}
 	file_master_proto_init()
-	file_journal_proto_msgTypes[9].OneofWrappers = []any{
+	file_journal_proto_msgTypes[10].OneofWrappers = []any{
 		(*JournalRecord_Mount)(nil),
 		(*JournalRecord_Unmount)(nil),
 		(*JournalRecord_Expire)(nil),
@@ -1079,6 +1175,7 @@ func file_journal_proto_init() {
 		(*JournalRecord_Revoke)(nil),
 		(*JournalRecord_Drop)(nil),
 		(*JournalRecord_Move)(nil),
+		(*JournalRecord_Commit)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1086,7 +1183,7 @@ func file_journal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_journal_proto_rawDesc), len(file_journal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
