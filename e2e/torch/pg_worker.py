@@ -180,6 +180,15 @@ def case_paths(args) -> None:
         every = W * (W - 1) * steps
         assert total.item() <= every * 3 // 4, f"{total.item()} doorbells in {steps} steps ({every} when all ring)"
         log(ev="rings", total=total.item(), every=every)
+        # Steps per all_reduce: up to 4 MiB one (reduced in place from the
+        # mapped slots); 16 MiB one reduce-scatter + all-gather piece (a
+        # slot's payload is a whole 4 MiB per rank).
+        for n, want in ((1 << 18, 1), (1 << 20, 1), (1 << 22, 2)):
+            y = torch.ones(n)
+            s0 = comm.step
+            dist.all_reduce(y)
+            assert comm.step - s0 == want, f"all_reduce of {4 * n} bytes took {comm.step - s0} steps, want {want}"
+            assert y[0].item() == W and y[-1].item() == W, y
     else:
         assert calls, "no engine batch with MOONCAKE_PG_MAP=0"
     log(ev="paths", path=args[0], batches=len(calls), n=n)

@@ -225,13 +225,17 @@ class Comm:
         self.timeout = timeout
         self.on_view = on_view
         self.threads = int(os.environ.get("MOONCAKE_PG_THREADS", 0) or 1)
-        self.slot = slot or int(os.environ.get("MOONCAKE_PG_SLOT_BYTES", 0)) or max(
-            256 << 10, min(DEFAULT_SLOT, (256 << 20) // (2 * max_group)))
-        self.slot = (self.slot + 4095) // 4096 * 4096
         G = max_group
         # Header of a slot: magic, signature (5 words), piece, then bytes
         # sent to and expected from each rank (all_to_all's matrices).
         self.H = (8 * (8 + 2 * G) + 63) // 64 * 64
+        # The default slot holds a power of two of payload after its
+        # header, so power-of-two tensors split into whole pieces (a 16 MiB
+        # all_reduce in one reduce-scatter + all-gather, not two with a
+        # 128-element tail).
+        self.slot = slot or int(os.environ.get("MOONCAKE_PG_SLOT_BYTES", 0)) or self.H + max(
+            256 << 10, min(DEFAULT_SLOT, (256 << 20) // (2 * max_group)))
+        self.slot = (self.slot + 4095) // 4096 * 4096
         self.P = self.slot - self.H
         if self.P < 4096:
             raise ValueError("mooncake-cpu: MOONCAKE_PG_SLOT_BYTES too small for max_group_size")
