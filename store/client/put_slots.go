@@ -75,8 +75,10 @@ func (c *Client) takeSlots(ctx context.Context, items []*putItem) (rest []*putIt
 	var stale []string
 	p.mu.Lock()
 	// Of every length: slots of a length no longer put must not hold the
-	// budget of those that are.
-	for n, free := range p.free {
+	// budget of those that are. A slot given back (giveBack) may sit
+	// behind younger ones: each is checked again when it is taken.
+	dropStale := func(n uint64) {
+		free := p.free[n]
 		for len(free) > 0 && now.Sub(free[0].at) > slotMaxAge {
 			stale = append(stale, free[0].name)
 			p.bytes -= n
@@ -84,8 +86,12 @@ func (c *Client) takeSlots(ctx context.Context, items []*putItem) (rest []*putIt
 		}
 		p.free[n] = free
 	}
+	for n := range p.free {
+		dropStale(n)
+	}
 	for _, it := range items {
 		n := it.size()
+		dropStale(n)
 		free := p.free[n]
 		if it.late || len(free) == 0 {
 			// A late checksum comes from the writes, which a second round

@@ -283,3 +283,31 @@ func TestReservedPutsDropStaleOfOtherLengths(t *testing.T) {
 	assert.Zero(t, w.slotsHeld(big))
 	assert.EqualValues(t, 8, w.slots.used.Load(), "the second small batch went into slots")
 }
+
+// A stale slot behind a younger one (a slot given back goes to the end)
+// takes no value: it is revoked when it comes up.
+func TestReservedPutsSkipStaleBehindYounger(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{})
+	newClient(t, m.Addr(), 16<<20)
+	w := newClient(t, m.Addr(), NoSegment, reservePuts)
+	ctx := ctxT(t)
+	require.NoError(t, w.Put(ctx, "a", value(1, 1000), nil))
+	w.slots.wg.Wait()
+	w.slots.mu.Lock()
+	free := w.slots.free[1000]
+	require.Len(t, free, slotsMin)
+	for i := 1; i < len(free); i++ {
+		free[i].at = time.Now().Add(-2 * slotMaxAge)
+	}
+	w.slots.mu.Unlock()
+	keys, vals, _ := batch("b", 0, 2, 1000)
+	for i, err := range w.BatchPut(ctx, keys, vals, nil) {
+		require.NoError(t, err, keys[i])
+	}
+	assert.EqualValues(t, 1, w.slots.used.Load(), "only the young slot took a value")
+	for i, k := range keys {
+		v, err := w.Get(ctx, k)
+		require.NoError(t, err)
+		assert.Equal(t, vals[i], v)
+	}
+}
