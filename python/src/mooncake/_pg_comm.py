@@ -645,7 +645,6 @@ class Comm:
                 break
             time.sleep(0.002)
         d = _Decision(e, json.loads(st.get(key)))
-        st.set("ft/cur", str(e))
         self.observed.clear()
         self.pending = d
         return d
@@ -692,8 +691,12 @@ class Comm:
             st = self.store
             st.set(f"join/{self.rank}", self.inc)
             while True:
-                cur = int(st.get("ft/cur")) if st.check(["ft/cur"]) else 0
-                for e in range(max(self.epoch + 1, 1), cur + 1):
+                # Views are decided in epoch order, each under its own key:
+                # follow them from the first this rank has not seen. (A
+                # counter of the latest epoch, set by each rank once it
+                # decided, could move back when a slow rank set it late.)
+                e = max(self.epoch + 1, 1)
+                while st.check([f"ft/{e}/view"]):
                     d = _Decision(e, json.loads(st.get(f"ft/{e}/view")))
                     self.epoch = e
                     if self.rank in d.view:
@@ -701,6 +704,7 @@ class Comm:
                         self._apply(d)
                         st.delete_key(f"join/{self.rank}")
                         return
+                    e += 1
                 time.sleep(0.005)
 
     def peer_state(self, ranks: Sequence[int]) -> List[bool]:
