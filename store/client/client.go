@@ -220,6 +220,9 @@ func (c *Client) heartbeat(ctx context.Context) {
 			return r.Result.AsError()
 		})
 		c.unmountSSD(ctx) // a failed tier the master could not be told of
+		if err == nil {
+			c.revokeStale(ctx)
+		}
 		if len(tasks) > 0 {
 			c.runMoves(ctx, tasks)
 			// More may be queued: ask again at once.
@@ -232,6 +235,7 @@ func (c *Client) heartbeat(ctx context.Context) {
 			c.log.Warn("store: ping failed", "err", err)
 		case st == storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT:
 			c.log.Info("store: master asks for a remount")
+			c.forgetSlots()
 			if err := c.remount(ctx); err != nil && ctx.Err() == nil {
 				c.log.Warn("store: remount failed", "err", err)
 			}

@@ -72,8 +72,13 @@ type Config struct {
 	// round trip (one journal wait under HA) instead of two: for clients
 	// that put batch after batch of values of one length (put_slots.go).
 	// The client then holds up to 64 MiB of the pool reserved (counted as
-	// allocated, never evicted) for as long as it puts, and gives it back
-	// at Close. Zero: every put starts on the master when it is put.
+	// allocated, never evicted) for as long as it puts, gives slots back
+	// once they are too old to use (5 s, at the next ping) and all of them
+	// at Close. Experimental: a master that restarts without a journal
+	// knows none of the slots, and the client learns of it at its next
+	// ping (it then drops them); a put within that PingInterval could
+	// still write into space the new master gave to another object. Zero:
+	// every put starts on the master when it is put.
 	ReservePuts bool
 	// ReportExisting makes a put (Put, PutFrom, the batch puts and puts of
 	// parts; not an upsert) of a key that exists fail with

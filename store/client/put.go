@@ -154,12 +154,15 @@ func (c *Client) putItems(ctx context.Context, keys []string, argErr error, item
 			rest := todo
 			if slots && round == 0 {
 				rest = c.takeSlots(ctx, todo)
-				// The next batch's slots are reserved while this one is
-				// written.
-				c.refill(rc.proto(), todo)
 			}
 			if len(rest) > 0 {
 				c.start(ctx, rest, rc.proto(), upsert)
+			}
+			if slots && round == 0 {
+				// The next batch's slots are reserved while this one is
+				// written: after its own space was granted, which a
+				// reserve running beside it could otherwise take.
+				c.refill(rc.proto(), todo)
 			}
 			c.write(ctx, todo)
 			for _, it := range todo {

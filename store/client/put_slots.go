@@ -188,6 +188,45 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	}
 }
 
+// revokeStale gives back the slots past slotMaxAge, of every length: they
+// can take no value, and until revoked they hold space that eviction does
+// not take and drains wait for (the master reclaims them only after
+// PutStartReleaseTimeout). The heartbeat calls it, so a writer that
+// stopped putting does not keep them.
+func (c *Client) revokeStale(ctx context.Context) {
+	p := &c.slots
+	now := time.Now()
+	var stale []string
+	p.mu.Lock()
+	for n, free := range p.free {
+		kept := free[:0]
+		for _, s := range free {
+			if now.Sub(s.at) > slotMaxAge {
+				stale = append(stale, s.name)
+				p.bytes -= n
+			} else {
+				kept = append(kept, s)
+			}
+		}
+		clear(free[len(kept):])
+		p.free[n] = kept
+	}
+	p.mu.Unlock()
+	if len(stale) > 0 {
+		_ = c.revoke(ctx, stale)
+	}
+}
+
+// forgetSlots empties the pool without revoking: the master the slots
+// came from is gone (it restarted or another took over without knowing
+// this client). A new master that has not replayed them may have given
+// their space to other puts, so writing into them could overwrite those.
+func (c *Client) forgetSlots() {
+	if n := len(c.dropSlots()); n > 0 {
+		c.log.Info("store: slots of a previous master dropped", "slots", n)
+	}
+}
+
 // dropSlots empties the pool and returns the names of the slots it held,
 // for the caller to revoke: after a slot failed, the others may sit on the
 // same lost segment.

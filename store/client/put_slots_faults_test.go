@@ -1,0 +1,122 @@
+package client
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/master"
+)
+
+// reserving reports whether a reserve is in flight.
+func (c *Client) reserving() bool {
+	c.slots.mu.Lock()
+	defer c.slots.mu.Unlock()
+	for _, f := range c.slots.filling {
+		if f {
+			return true
+		}
+	}
+	return false
+}
+
+// A master restarted without a journal knows no slot of its predecessor,
+// and gives their space to new puts once the segments are mounted again.
+// A client must not write a value into a slot reserved from the old master:
+// it would overwrite an object put since on the new one.
+func TestReservedSlotsNotWrittenAfterMasterRestart(t *testing.T) {
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() }) // the one running then
+	addr := m.Addr()
+	ping := func(c *Config) { c.PingInterval = 20 * time.Millisecond }
+	newClient(t, addr, 16<<20, ping)
+	w := newClient(t, addr, NoSegment, reservePuts, ping)
+	r := newClient(t, addr, NoSegment, ping)
+	ctx := ctxT(t)
+	const size = 4096
+	require.NoError(t, w.Put(ctx, "a", value(1, size), nil))
+	require.Eventually(t, func() bool { return w.slotsHeld(size) == slotsMin }, 5*time.Second, time.Millisecond)
+
+	// The master restarts, empty, at the same address; the node mounts
+	// its segment again and another client fills it from its start.
+	require.NoError(t, m.Close())
+	m, err = master.Start(master.ServerConfig{Listen: addr})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Service().Stats().Segments == 1 }, 5*time.Second, time.Millisecond)
+	keys, vals, _ := batch("x", 0, slotsMin+1, size)
+	for i, err := range r.BatchPut(ctx, keys, vals, nil) {
+		require.NoError(t, err, keys[i])
+	}
+
+	// The writer puts on, into what it holds as slots.
+	for i := range slotsMin {
+		require.NoError(t, w.Put(ctx, fmt.Sprintf("y%d", i), value(uint64(1000+i), size), nil))
+	}
+	got, errs := r.BatchGet(ctx, keys)
+	for i, k := range keys {
+		require.NoError(t, errs[i], k)
+		require.True(t, bytes.Equal(vals[i], got[i]), "%s was overwritten by a write into a slot of the old master", k)
+	}
+}
+
+// Slots are puts in flight, which a drain waits for. A writer that stops
+// putting must not hold a drain of the segment its slots sit on until the
+// master reclaims them (PutStartReleaseTimeout, 10 minutes): past
+// slotMaxAge the slots can take no value, and should be given back.
+func TestReservedIdleSlotsDoNotBlockDrain(t *testing.T) {
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	a := newClient(t, m.Addr(), 8<<20)
+	w := newClient(t, m.Addr(), NoSegment, reservePuts)
+	ctx := ctxT(t)
+	base := "http://" + m.AdminAddr()
+	require.NoError(t, w.Put(ctx, "x", value(1, 1000), nil))
+	require.Eventually(t, func() bool { return w.slotsHeld(1000) == slotsMin }, 5*time.Second, time.Millisecond)
+	b := newClient(t, m.Addr(), 8<<20)
+
+	code, ans := adminJSON(t, "POST", base+"/api/v1/drain_jobs",
+		fmt.Sprintf(`{"segments":[%q],"target_segments":[%q]}`, a.SegmentName(), b.SegmentName()))
+	require.Equal(t, 200, code, ans)
+	job := waitJob(t, base, ans["job_id"].(string)) // 20 s, four times slotMaxAge
+	assert.Equal(t, "SUCCEEDED", job["status_name"], job)
+}
+
+// Slots held by a writer that stopped putting are space nobody can use:
+// eviction does not take puts in flight. Once they are past slotMaxAge
+// (useless to the writer) the space must come back without waiting for
+// the master's reclaim (PutStartReleaseTimeout, 10 minutes) or for the
+// writer's next put.
+func TestReservedIdleSlotsGiveSpaceBack(t *testing.T) {
+	addr := startMaster(t, master.ServiceConfig{}).Addr()
+	newClient(t, addr, 96<<10)
+	w := newClient(t, addr, NoSegment, reservePuts)
+	r := newClient(t, addr, NoSegment)
+	ctx := ctxT(t)
+	require.NoError(t, w.Put(ctx, "x", value(1, 4096), nil))
+	require.Eventually(t, func() bool { return !w.reserving() && w.slotsHeld(4096) > 0 }, 5*time.Second, time.Millisecond)
+	w.slots.mu.Lock()
+	for i := range w.slots.free[4096] {
+		w.slots.free[4096][i].at = time.Now().Add(-2 * slotMaxAge)
+	}
+	w.slots.mu.Unlock()
+	assert.Eventually(t, func() bool { return r.Put(ctx, "y", value(2, 40<<10), nil) == nil }, 5*time.Second, 50*time.Millisecond,
+		"the segment stays full of slots the writer can no longer use")
+}
+
+// A writer's reserve runs beside its own put: it must not take the space
+// that put needs. On a node with room for the put and a few slots, a put
+// that succeeds without slots succeeds with them.
+func TestReserveDoesNotStarveOwnPut(t *testing.T) {
+	for i := range 20 {
+		addr := startMaster(t, master.ServiceConfig{}).Addr()
+		newClient(t, addr, 64<<10)
+		w := newClient(t, addr, NoSegment, reservePuts)
+		require.NoError(t, w.Put(ctxT(t), "x", value(1, 4096), nil), "round %d", i)
+	}
+}
