@@ -1,11 +1,14 @@
 package master
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-go/mooncake/store/alloc"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -40,6 +43,12 @@ type journalQueue struct {
 	closed    bool
 	sinceSnap int // records committed since the last snapshot
 
+	// The records appended while a snapshot copies the shards (tap), when
+	// tapping: those after tapFrom.
+	tapping bool
+	tapFrom uint64
+	tapped  []tapped
+
 	wake chan struct{} // a record was queued, or the journal closes
 	done chan struct{} // closed when the writer returns
 }
@@ -63,6 +72,9 @@ func (q *journalQueue) append(rec *storepb.JournalRecord, done func()) uint64 {
 	seq := q.next
 	q.next++
 	q.queue = append(q.queue, entry{rec, done})
+	if q.tapping {
+		q.tapped = append(q.tapped, tapped{seq, rec})
+	}
 	q.mu.Unlock()
 	q.signal()
 	return seq
@@ -103,6 +115,50 @@ func (q *journalQueue) wait(ctx context.Context, seq uint64) error {
 		return q.err
 	}
 	return ctx.Err()
+}
+
+// tapper is a journal that hands a snapshot the records appended while it
+// copies the shards one at a time (Service.snapshotShards).
+type tapper interface {
+	// startTap takes every record appended from now on and returns the
+	// last one before them; false when a snapshot taps already.
+	startTap() (uint64, bool)
+	// tapThrough returns the records taken up to seq, in order.
+	tapThrough(seq uint64) []tapped
+	// stopTap stops taking records.
+	stopTap()
+}
+
+var _ tapper = (*journalQueue)(nil)
+
+// tapped is a record a snapshot took, and its sequence number.
+type tapped struct {
+	seq uint64
+	rec *storepb.JournalRecord
+}
+
+func (q *journalQueue) startTap() (uint64, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.tapping {
+		return 0, false
+	}
+	q.tapping, q.tapFrom, q.tapped = true, q.next-1, nil
+	return q.tapFrom, true
+}
+
+func (q *journalQueue) tapThrough(seq uint64) []tapped {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	// Records are appended, and taken, in order.
+	n, _ := slices.BinarySearchFunc(q.tapped, seq+1, func(t tapped, seq uint64) int { return cmp.Compare(t.seq, seq) })
+	return slices.Clone(q.tapped[:n])
+}
+
+func (q *journalQueue) stopTap() {
+	q.mu.Lock()
+	q.tapping, q.tapped = false, nil
+	q.mu.Unlock()
 }
 
 // failure is the journal's error, once it has one.
@@ -255,7 +311,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		st.segs[op.Mount.Segment.Id] = op.Mount
 	case *storepb.JournalRecord_Unmount:
 		delete(st.segs, op.Unmount.SegmentId)
-		st.dropOn(map[string]bool{op.Unmount.SegmentId: true})
+		st.dropOn(map[string]bool{op.Unmount.SegmentId: true}, nil)
 	case *storepb.JournalRecord_Expire:
 		gone := map[string]bool{}
 		for id, m := range st.segs {
@@ -264,7 +320,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 				gone[id] = true
 			}
 		}
-		st.dropOn(gone)
+		st.dropOn(gone, nil)
 	case *storepb.JournalRecord_Start:
 		op.Start.Replicas = slices.DeleteFunc(op.Start.Replicas, st.unmounted)
 		o := st.objects[op.Start.Key]
@@ -349,12 +405,16 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 // client the master expired, back after a long pause) holds none of them.
 // Objects left without replicas stay until restore, as records after this
 // one may still name them (the leader's sweep ran after its record).
-func (st *state) dropOn(gone map[string]bool) {
+// Objects whose keys skip reports true are left alone (nil: none is).
+func (st *state) dropOn(gone map[string]bool, skip func(key string) bool) {
 	if len(gone) == 0 {
 		return
 	}
 	on := func(l *storepb.ReplicaLocation) bool { return gone[l.SegmentId] }
-	for _, o := range st.objects {
+	for key, o := range st.objects {
+		if skip != nil && skip(key) {
+			continue
+		}
 		o.Replicas = slices.DeleteFunc(o.Replicas, on)
 		if o.Pending != nil {
 			o.Pending.Replicas = slices.DeleteFunc(o.Pending.Replicas, on)
@@ -453,11 +513,245 @@ func (s *Service) restore(st *state) error {
 	return nil
 }
 
-// snapshot captures the durable state with every shard and segMu held, so
-// no record is being appended: the state is exactly that of the records up
-// to the returned sequence number. Objects go into chunks of at most
-// perChunk.
+// snapshot captures the durable state as of the returned sequence number
+// (snapshotShards), or, should that fail, with every shard and segMu
+// held. Objects go into chunks of at most perChunk.
 func (s *Service) snapshot(perChunk int) (chunks []*storepb.SnapshotChunk, seq uint64) {
+	if st, seq, err := s.snapshotShards(); err == nil {
+		return st.chunks(perChunk), seq
+	}
+	return s.snapshotLocked(perChunk)
+}
+
+// snapshotShardCopied, when not nil, runs after a snapshot copied shard i
+// and before the next: tests change the state there.
+var snapshotShardCopied func(i int)
+
+// snapshotPasses bounds the rounds of copying keys again that a snapshot
+// makes before it falls back to holding every lock (snapshotShards).
+const snapshotPasses = 16
+
+// snapshotShards captures the durable state as of a sequence number
+// without holding every shard at once, which stalled every request for
+// the whole copy (tens of milliseconds per 100000 objects). The segments
+// are copied at record from, then each shard under its own lock at the
+// record then last (at[i]): a shard's keys change, and their records are
+// appended, only under its lock, so the copy is exactly its keys' state
+// as of at[i]. The records appended meanwhile (the tap) then bring every
+// part up to the last of those, seq: each record is applied to the parts
+// copied before it. A commit moves a reserved slot's value to a key of
+// another shard; one whose slot was copied after it but key before
+// cannot be applied (the slot's start is gone), so that key is copied
+// again, later.
+func (s *Service) snapshotShards() (*state, uint64, error) {
+	st := newState()
+	if s.j == nil {
+		for i := range s.shards {
+			s.copyShard(st, i, nil)
+		}
+		return st, 0, nil
+	}
+	tap, ok := s.j.(tapper)
+	if !ok {
+		return nil, 0, errors.New("master: snapshot: the journal does not hand out its records")
+	}
+	s.segMu.Lock()
+	from, ok := tap.startTap()
+	if !ok {
+		s.segMu.Unlock()
+		return nil, 0, errors.New("master: snapshot: another one is running")
+	}
+	for _, sg := range s.segList {
+		st.segs[sg.id] = mountOf(sg)
+	}
+	s.segMu.Unlock()
+	defer tap.stopTap()
+
+	at := make([]uint64, len(s.shards)) // each shard's copy is as of record at[i]
+	again := map[string]uint64{}        // keys copied again, as of
+	seq := from
+	for i := range s.shards {
+		at[i] = s.copyShard(st, i, nil)
+		seq = max(seq, at[i])
+		if snapshotShardCopied != nil {
+			snapshotShardCopied(i)
+		}
+	}
+	copied := func(key string, rec uint64) bool {
+		n, ok := again[key]
+		if !ok {
+			n = at[s.shardIndex(key)]
+		}
+		return rec <= n
+	}
+	for pass := 0; ; pass++ {
+		recs := tap.tapThrough(seq)
+		var split []string
+		for _, r := range recs {
+			if c := r.rec.GetCommit(); c != nil && c.Slot != c.Key && copied(c.Slot, r.seq) && !copied(c.Key, r.seq) {
+				split = append(split, c.Key)
+			}
+		}
+		if len(split) == 0 {
+			for _, r := range recs {
+				if err := st.applyAfter(proto.Clone(r.rec).(*storepb.JournalRecord), r.seq, copied); err != nil {
+					return nil, 0, fmt.Errorf("master: snapshot: record %d: %w", r.seq, err)
+				}
+			}
+			return st, seq, nil
+		}
+		if pass == snapshotPasses {
+			return nil, 0, fmt.Errorf("master: snapshot: commits across shards still split after %d passes", pass)
+		}
+		for _, key := range split {
+			n := s.copyShard(st, int(s.shardIndex(key)), []string{key})
+			again[key] = n
+			seq = max(seq, n)
+		}
+	}
+}
+
+// copyShard copies shard i's objects (only those of keys, when not nil)
+// into st under the shard's lock, and returns the record they are as of.
+// The record is read under segMu too: every segment unmounted up to it is
+// marked dead, and none after, so the replicas left out as dead (live)
+// are those its unmounts dropped; a segment unmounted during the copy is
+// dropped again by its record.
+func (s *Service) copyShard(st *state, i int, keys []string) uint64 {
+	sh := &s.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	var seq uint64
+	if s.j != nil {
+		s.segMu.Lock()
+		seq = s.j.last()
+		s.segMu.Unlock()
+	}
+	if keys == nil {
+		for key, o := range sh.objects {
+			st.objects[key] = objectState(key, o)
+		}
+		return seq
+	}
+	for _, key := range keys {
+		if o := sh.objects[key]; o != nil {
+			st.objects[key] = objectState(key, o)
+		} else {
+			delete(st.objects, key)
+		}
+	}
+	return seq
+}
+
+// applyAfter applies record seq to the parts of st copied before it:
+// segments always (they were copied first), and objects whose keys were
+// copied as of an earlier record (copied reports false).
+func (st *state) applyAfter(rec *storepb.JournalRecord, seq uint64, copied func(key string, seq uint64) bool) error {
+	skip := func(key string) bool { return copied(key, seq) }
+	switch op := rec.Op.(type) {
+	case *storepb.JournalRecord_Mount:
+		return st.apply(rec)
+	case *storepb.JournalRecord_Unmount:
+		delete(st.segs, op.Unmount.SegmentId)
+		st.dropOn(map[string]bool{op.Unmount.SegmentId: true}, skip)
+		return nil
+	case *storepb.JournalRecord_Expire:
+		gone := map[string]bool{}
+		for id, m := range st.segs {
+			if m.ClientId == op.Expire.ClientId {
+				delete(st.segs, id)
+				gone[id] = true
+			}
+		}
+		st.dropOn(gone, skip)
+		return nil
+	case *storepb.JournalRecord_Commit:
+		c := op.Commit
+		switch slot, key := skip(c.Slot), skip(c.Key); {
+		case slot && key:
+			return nil
+		case key:
+			// The key was copied with the value; the slot still holds it.
+			if so := st.objects[c.Slot]; so != nil {
+				so.Pending = nil
+				if len(so.Replicas) == 0 {
+					delete(st.objects, c.Slot)
+				}
+			}
+			return nil
+		case slot:
+			return fmt.Errorf("%w: commit of slot %q to %q split across the copy", ErrBadRecord, c.Slot, c.Key)
+		}
+		return st.apply(rec)
+	}
+	if key := recordKey(rec); key != "" && skip(key) {
+		return nil
+	}
+	return st.apply(rec)
+}
+
+// recordKey is the key a record of one object changes ("" for others).
+func recordKey(rec *storepb.JournalRecord) string {
+	switch op := rec.Op.(type) {
+	case *storepb.JournalRecord_Start:
+		return op.Start.GetKey()
+	case *storepb.JournalRecord_End:
+		return op.End.GetKey()
+	case *storepb.JournalRecord_Revoke:
+		return op.Revoke.GetKey()
+	case *storepb.JournalRecord_Drop:
+		return op.Drop.GetKey()
+	case *storepb.JournalRecord_Move:
+		return op.Move.GetKey()
+	}
+	return ""
+}
+
+// mountOf is sg's mount record.
+func mountOf(sg *segment) *storepb.JournalMount {
+	return &storepb.JournalMount{ClientId: sg.client, Segment: &storepb.Segment{
+		Id: sg.id, Name: sg.name, Base: sg.base, Size: sg.size, TransportEndpoint: sg.endpoint, HostId: sg.hostID,
+		Protocol: "tcp", Medium: sg.medium,
+	}}
+}
+
+// objectState is o, of key, as a snapshot holds it. Replicas on segments
+// unmounted but not swept yet are left out, as the sweep will drop them:
+// the segment may be mounted again, same id, in the records after.
+func objectState(key string, o *object) *storepb.ObjectState {
+	os := &storepb.ObjectState{Key: key, Size: o.size, Checksum: o.checksum, Replicas: locations(live(o.replicas)),
+		Writer: o.writer, HardPin: o.hardPin}
+	if p := o.pending; p != nil {
+		lp := *p
+		lp.replicas = live(p.replicas)
+		os.Pending = startRecord(p.client, key, &lp).GetStart()
+	}
+	return os
+}
+
+// chunks is st as snapshot chunks: the segments, then the objects, at
+// most perChunk a chunk.
+func (st *state) chunks(perChunk int) []*storepb.SnapshotChunk {
+	first := &storepb.SnapshotChunk{}
+	for _, m := range st.segs {
+		first.Segments = append(first.Segments, m)
+	}
+	chunks := []*storepb.SnapshotChunk{first}
+	cur := first
+	for _, o := range st.objects {
+		if len(cur.Objects) >= perChunk {
+			cur = &storepb.SnapshotChunk{}
+			chunks = append(chunks, cur)
+		}
+		cur.Objects = append(cur.Objects, o)
+	}
+	return chunks
+}
+
+// snapshotLocked captures the durable state with every shard and segMu
+// held, so no record is being appended: the state is exactly that of the
+// records up to the returned sequence number.
+func (s *Service) snapshotLocked(perChunk int) (chunks []*storepb.SnapshotChunk, seq uint64) {
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
 	}
@@ -467,10 +761,7 @@ func (s *Service) snapshot(perChunk int) (chunks []*storepb.SnapshotChunk, seq u
 	}
 	first := &storepb.SnapshotChunk{}
 	for _, sg := range s.segList {
-		first.Segments = append(first.Segments, &storepb.JournalMount{ClientId: sg.client, Segment: &storepb.Segment{
-			Id: sg.id, Name: sg.name, Base: sg.base, Size: sg.size, TransportEndpoint: sg.endpoint, HostId: sg.hostID,
-			Protocol: "tcp", Medium: sg.medium,
-		}})
+		first.Segments = append(first.Segments, mountOf(sg))
 	}
 	s.segMu.Unlock()
 	chunks = append(chunks, first)
@@ -481,17 +772,7 @@ func (s *Service) snapshot(perChunk int) (chunks []*storepb.SnapshotChunk, seq u
 				cur = &storepb.SnapshotChunk{}
 				chunks = append(chunks, cur)
 			}
-			// Replicas on segments unmounted but not swept yet are left
-			// out, as the sweep will drop them: the segment may be
-			// mounted again, same id, in the records after seq.
-			os := &storepb.ObjectState{Key: key, Size: o.size, Checksum: o.checksum, Replicas: locations(live(o.replicas)),
-				Writer: o.writer, HardPin: o.hardPin}
-			if p := o.pending; p != nil {
-				lp := *p
-				lp.replicas = live(p.replicas)
-				os.Pending = startRecord(p.client, key, &lp).GetStart()
-			}
-			cur.Objects = append(cur.Objects, os)
+			cur.Objects = append(cur.Objects, objectState(key, o))
 		}
 		s.shards[i].mu.Unlock()
 	}
