@@ -19,7 +19,9 @@
 //   - Service (service.go, segments.go, objects.go, evict.go, tier.go): the
 //     metadata core with Mooncake's semantics — write-once put and upsert,
 //     leases granted on reads (10 s), soft and hard pins, eviction at 0.90
-//     freeing 0.05 near-LRU, client liveness (1 s pings, 10 s TTL), zombie
+//     freeing 0.05 near-LRU (by lease time, in O(objects evicted): each
+//     shard keeps the objects an eviction may take in heaps by lease,
+//     evict_order.go), client liveness (1 s pings, 10 s TTL), zombie
 //     puts pre-empted (30 s) and reclaimed (10 min), Mooncake's error codes;
 //     and the SSD tier (offload after put, spill on eviction, promotion on
 //     hit), whose copies clients make when their pings hand them moves.

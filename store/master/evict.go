@@ -9,7 +9,7 @@ import (
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
-// candidate is an object eviction may take.
+// candidate is an object an SSD tier's or a tenant's eviction may take.
 type candidate struct {
 	sh    *shard
 	key   string
@@ -25,6 +25,10 @@ type candidate struct {
 // objects or objects with a put in flight; a first pass skips soft-pinned
 // objects whose pin is still running, a second may take them. It returns
 // the bytes freed. It also frees replaced values whose leases have ended.
+//
+// It costs O(shards) plus O(log n) per object it takes, whatever the pool
+// holds: each shard keeps the objects it may take in order of lease
+// (evict_order.go), and the objects it never takes are not in that order.
 func (s *Service) Evict() uint64 {
 	return s.evict(s.needEvict.Swap(false))
 }
@@ -68,12 +72,6 @@ func (s *Service) startEvicting(ctx context.Context, clientID, key string, lengt
 // evictLockedAll is evict with evictMu held.
 func (s *Service) evictLockedAll(force bool) (freed uint64) {
 	now := s.now()
-	if now.Sub(s.evictCacheAt) > evictCacheTTL && s.evictBuf != nil {
-		// Idle (or a put load that slowed down): let go of the front and
-		// of the buffer, which a pool's worth of candidates made large.
-		clear(s.evictCache)
-		s.evictCache, s.evictBuf = nil, nil
-	}
 	s.evictDisk(now)
 	s.segMu.Lock()
 	kept := s.deferred[:0]
@@ -106,39 +104,125 @@ func (s *Service) evictLockedAll(force bool) (freed uint64) {
 	}()
 	ratio := s.cfg.EvictionRatio * float64(capacity)
 	target := max(ratio, float64(used)-high+ratio)
-
-	freed = s.evictFromCache(now, force, target)
-	if float64(freed) >= target {
-		return freed
-	}
-	// The scan reuses the buffer the front lives in; what is left of the
-	// front (pinned objects) it finds again.
-	clear(s.evictCache)
-	s.evictCache = nil
-	order := s.candidates(now, func(o *object) bool { return evictable(o, now, force) }, dramBytes, target,
-		&s.evictBuf, evictFronts)
-	defer order.release()
-	for pass := range 2 {
-		for i := range order.len() {
-			if float64(freed) >= target {
-				if pass == 0 {
-					s.evictCache, s.evictCacheAt = order.keep(i), now
-				}
-				return freed
-			}
-			c := order.at(i)
-			if c.soft != (pass == 1) {
-				continue
-			}
-			c.sh.mu.Lock()
-			// Recheck: a reader may have leased it, or it may be gone.
-			if c.sh.objects[c.key] == c.o && evictable(c.o, now, force) {
-				freed += s.evictLocked(c.sh, c.key, c.o, force)
-			}
-			c.sh.mu.Unlock()
+	// The first pass leaves objects with a soft pin running, the second
+	// takes them.
+	for _, soft := range []bool{false, true} {
+		if freed += s.evictPass(now, force, soft, target-float64(freed)); float64(freed) >= target {
+			break
 		}
 	}
 	return freed
+}
+
+// evictPass evicts the oldest objects of the soft-pinned classes (soft) or
+// of the others until want bytes are freed or none is left that may go:
+// a merge of the shards' heaps (evict_order.go) by lease, each walked from
+// its head until the head is leased. It costs O(shards) to start and
+// O(log n) per object it takes. evictMu is held.
+func (s *Service) evictPass(now time.Time, force, soft bool, want float64) uint64 {
+	classes := []int8{1, 1 + classMoving}[:1+b2i(force)]
+	if soft {
+		classes = []int8{1 + classSoft, 1 + classSoft + classMoving}[:1+b2i(force)]
+	}
+	hs := s.evictHeads[:0]
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		if !soft {
+			s.unpinExpired(sh, now)
+		}
+		for _, c := range classes {
+			if o := sh.order.head(c); o != nil && !o.lease.After(now) {
+				hs = append(hs, orderHead{sh: sh, class: c, lease: o.ev.lease})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	heads := headHeap(hs)
+	heads.init()
+	defer func() {
+		clear(hs)
+		s.evictHeads = hs[:0]
+	}()
+	var freed uint64
+	for float64(freed) < want && len(heads) > 0 {
+		h := &heads[0]
+		sh := h.sh
+		sh.mu.Lock()
+		o := sh.order.head(h.class)
+		switch {
+		case o == nil:
+			heads.pop()
+		case o.ev.lease > h.lease:
+			// Taken, or leased again, since: this heap's turn comes
+			// at its new head's lease.
+			h.lease = o.ev.lease
+			heads.down(0)
+		case o.lease.After(now):
+			s.evictVisited++
+			heads.pop() // leased, and every object behind it too
+		default:
+			s.evictVisited++
+			key := o.ev.key
+			if evictable(o, now, force) && (soft || !o.softPinUntil.After(now)) {
+				freed += s.evictLocked(sh, key, o, force)
+			}
+			// Taking o moved it out of h's heap; one not evictable, a
+			// change that missed its reorder, is put where it belongs.
+			s.reorderLocked(sh, key, o)
+			switch n := sh.order.head(h.class); {
+			case n == nil || n == o: // o staying cannot happen; a walk must end
+				heads.pop()
+			default:
+				h.lease = n.ev.lease
+				heads.down(0)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return freed
+}
+
+// orderHead is a shard's heap of one class in the merge of an eviction
+// pass, at the lease of its head when last looked at.
+type orderHead struct {
+	sh    *shard
+	class int8
+	lease int64
+}
+
+// headHeap is a min-heap of orderHeads by lease.
+type headHeap []orderHead
+
+func (h headHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *headHeap) pop() {
+	last := len(*h) - 1
+	(*h)[0] = (*h)[last]
+	(*h)[last] = orderHead{}
+	*h = (*h)[:last]
+	h.down(0)
+}
+
+func (h headHeap) down(i int) {
+	for {
+		m, l := i, 2*i+1
+		if l < len(h) && h[l].lease < h[m].lease {
+			m = l
+		}
+		if r := l + 1; r < len(h) && h[r].lease < h[m].lease {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
 }
 
 func evictable(o *object, now time.Time, force bool) bool {
@@ -160,78 +244,21 @@ func bytesOn(o *object, disk bool) uint64 {
 	return n
 }
 
-// evictFronts is how many evictions' worth of the oldest objects a scan of
-// the pool sorts; what one eviction leaves of that front serves the next
-// ones for up to evictCacheTTL, so a pool of N objects is scanned once per
-// few evictions, not once per eviction.
-const (
-	evictFronts   = 4
-	evictCacheTTL = time.Second
-)
-
-// evictFromCache takes the oldest objects that the last scan sorted and the
-// evictions since have left, skipping any touched since (its lease moved:
-// it is no longer that old) and soft-pinned ones, until target is freed or
-// the front runs out. Objects outside the front were newer than all in it,
-// so this is the order a fresh scan would give, but for an object with an
-// older lease that became evictable since the scan (an upsert revoked, or
-// for a forced eviction after an unforced scan, a move in flight): it waits
-// for the next scan, within evictCacheTTL. evictMu is held.
-func (s *Service) evictFromCache(now time.Time, force bool, target float64) uint64 {
-	if now.Sub(s.evictCacheAt) > evictCacheTTL {
-		clear(s.evictCache)
-		s.evictCache = nil
-	}
-	var freed uint64
-	var pinned []int // entries passed over for a running soft pin: they stay
-	i := 0
-	for ; i < len(s.evictCache) && float64(freed) < target; i++ {
-		c := &s.evictCache[i]
-		c.sh.mu.Lock()
-		switch {
-		case c.sh.objects[c.key] != c.o || c.o.lease.UnixNano() != c.lease || !evictable(c.o, now, force):
-			// Gone, touched, or not evictable now: a later scan puts it
-			// where it belongs.
-		case c.o.softPinUntil.After(now):
-			pinned = append(pinned, i)
-		default:
-			freed += s.evictLocked(c.sh, c.key, c.o, force)
-		}
-		c.sh.mu.Unlock()
-	}
-	j := keepBefore(s.evictCache, i, pinned)
-	clear(s.evictCache[:j])
-	s.evictCache = s.evictCache[j:]
-	return freed
-}
-
-// keepBefore moves the entries at the indices in ret (increasing, all below
-// i) to just before i, in order, and returns where they start: c[j:] is
-// what a walk that stopped at i leaves, with the entries it kept.
-func keepBefore(c []candidate, i int, ret []int) (j int) {
-	j = i
-	for k := len(ret) - 1; k >= 0; k-- {
-		j--
-		c[j] = c[ret[k]]
-	}
-	return j
-}
-
-// evictOrder is the objects an eviction may take, least recently leased
-// first. Only the front expected to cover a few evictions is sorted up
-// front; the rest is sorted if a walk gets there. An eviction pass over a
-// pool of N objects thus costs a scan and O(N) selection instead of an
-// O(N log N) sort.
-type evictOrder struct {
+// candidateOrder is the objects an SSD tier's eviction may take (evictDisk),
+// least recently leased first. Only the front expected to cover the
+// eviction is sorted up front; the rest is sorted if a walk gets there. A
+// pass over a pool of N objects thus costs a scan and O(N) selection
+// instead of an O(N log N) sort. (DRAM evictions, which a put load runs
+// back to back, walk the shards' eviction order instead: evictPass.)
+type candidateOrder struct {
 	buf    *[]candidate // where the buffer goes back
 	c      []candidate
 	sorted int // c[:sorted] are the smallest leases, in order
-	kept   int // c[kept:sorted] stay as the Service's evictCache; -1: none
 }
 
-func (e *evictOrder) len() int { return len(e.c) }
+func (e *candidateOrder) len() int { return len(e.c) }
 
-func (e *evictOrder) at(i int) *candidate {
+func (e *candidateOrder) at(i int) *candidate {
 	if i >= e.sorted {
 		slices.SortFunc(e.c[e.sorted:], byLease)
 		e.sorted = len(e.c)
@@ -239,40 +266,20 @@ func (e *evictOrder) at(i int) *candidate {
 	return &e.c[i]
 }
 
-// keep returns what a first pass that stopped at i leaves of the sorted
-// front: the soft-pinned objects it passed over (their pins may end first),
-// then the front from i on. release leaves it in place for the next
-// evictions (see evictFromCache).
-func (e *evictOrder) keep(i int) []candidate {
-	var soft []int
-	for k := range i {
-		if e.c[k].soft {
-			soft = append(soft, k)
-		}
-	}
-	e.kept = keepBefore(e.c, i, soft)
-	return e.c[e.kept:e.sorted]
-}
-
 // release hands the candidate buffer back for the next scan (evictMu is
-// held), without the pointers it held except the kept front.
-func (e *evictOrder) release() {
-	if e.kept < 0 {
-		clear(e.c)
-	} else {
-		clear(e.c[:e.kept])
-		clear(e.c[e.sorted:])
-	}
+// held), without the pointers it held.
+func (e *candidateOrder) release() {
+	clear(e.c)
 	*e.buf = e.c[:0]
 }
 
 func byLease(a, b candidate) int { return cmp.Compare(a.lease, b.lease) }
 
-// candidates lists the objects ok accepts in an evictOrder whose sorted
+// candidates lists the objects ok accepts in a candidateOrder whose sorted
 // front is expected to free target bytes fronts times over (bytesOf tells
 // what each frees). evictMu is held: the list reuses *buf.
 func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(*object) uint64, target float64,
-	buf *[]candidate, fronts int) *evictOrder {
+	buf *[]candidate, fronts int) *candidateOrder {
 	cands := (*buf)[:0]
 	var total uint64
 	for i := range s.shards {
@@ -287,7 +294,7 @@ func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(
 		}
 		sh.mu.Unlock()
 	}
-	e := &evictOrder{buf: buf, c: cands, kept: -1}
+	e := &candidateOrder{buf: buf, c: cands}
 	if len(cands) == 0 {
 		return e
 	}

@@ -495,6 +495,7 @@ func (s *Service) restore(st *state) error {
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
 		clear(s.shards[i].objects)
+		s.shards[i].order.clear()
 		s.shards[i].mu.Unlock()
 	}
 	for key, o := range st.objects {
@@ -508,6 +509,7 @@ func (s *Service) restore(st *state) error {
 		sh := s.shardOf(key)
 		sh.mu.Lock()
 		sh.objects[key] = obj
+		s.reorderLocked(sh, key, obj) // the eviction order, rebuilt
 		sh.mu.Unlock()
 	}
 	return nil

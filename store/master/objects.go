@@ -30,6 +30,8 @@ type object struct {
 	lease        time.Time
 	hardPin      bool
 	softPinUntil time.Time
+
+	ev orderNode // its place in the eviction order (evict_order.go)
 }
 
 // pendingPut is a PutStart or UpsertStart awaiting its PutEnd.
@@ -169,6 +171,8 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	if len(reps) == 0 {
 		if o != nil && o.empty() {
 			delete(sh.objects, key)
+		} else if o != nil {
+			s.reorderLocked(sh, key, o) // a zombie pre-empted
 		}
 		return nil, 0, errNoSpace
 	}
@@ -177,6 +181,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 		sh.objects[key] = o
 	}
 	o.pending = &pendingPut{client: clientID, started: now, size: length, replicas: reps, cfg: cfg, upsert: upsert}
+	s.reorderLocked(sh, key, o) // no eviction while a put is in flight
 	seq := s.record(startRecord(clientID, key, o.pending))
 	return describe(live(reps), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), seq, nil
 }
@@ -296,6 +301,7 @@ func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, c
 		o.lease = now
 	}
 	s.offloadLocked(key, o)
+	s.reorderLocked(sh, key, o)
 	s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT, key)
 	s.kvChange(key, s.kvMediaOf(old), s.kvMediaOf(o.replicas), true)
 	if rec == nil {
@@ -348,6 +354,7 @@ func (s *Service) revokeSeq(clientID, key string) (uint64, error) {
 	if o.empty() {
 		delete(sh.objects, key)
 	}
+	s.reorderLocked(sh, key, o) // an upsert's old value may go again
 	return seq, nil
 }
 
@@ -371,6 +378,7 @@ func (s *Service) GetReplicaList(key string) (reps []*storepb.Replica, leaseTTL 
 	}
 	s.grantLease(o)
 	s.promoteLocked(key, o)
+	s.reorderLocked(sh, key, o)
 	return describe(readable, storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE), s.cfg.LeaseTTL, o.checksum, o.size, nil
 }
 
@@ -410,6 +418,7 @@ func (s *Service) ExistKey(key string) (bool, error) {
 		return false, nil
 	}
 	s.grantLease(o)
+	s.reorderLocked(sh, key, o)
 	return true, nil
 }
 
@@ -464,6 +473,7 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 	if o.empty() {
 		delete(sh.objects, key)
 	}
+	s.reorderLocked(sh, key, o)
 	s.emit(kind, key)
 	s.kvChange(key, media, 0, false)
 	return n
@@ -549,6 +559,7 @@ func (s *Service) ReclaimPuts() int {
 				if o.empty() {
 					delete(sh.objects, key)
 				}
+				s.reorderLocked(sh, key, o)
 				n++
 				s.released.Add(1)
 			}

@@ -215,6 +215,7 @@ func (s *Service) sweepDead() {
 				}
 				delete(sh.objects, key)
 			}
+			s.reorderLocked(sh, key, o)
 		}
 		sh.mu.Unlock()
 	}

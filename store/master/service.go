@@ -215,15 +215,14 @@ type Service struct {
 	// needEvict is set by a failed allocation and makes the next Evict run
 	// even below the watermark, as Mooncake's need_mem_eviction_.
 	needEvict atomic.Bool
-	// evictMu serializes evictions. evictBuf and diskEvictBuf are their
-	// candidate lists (DRAM, SSD), kept between them; evictCache is what
-	// the last DRAM scan (at evictCacheAt) sorted and no eviction has taken
-	// yet (see evictFromCache), part of evictBuf.
+	// evictMu serializes evictions. evictHeads is a DRAM eviction's merge
+	// of the shards' eviction orders (evictPass), diskEvictBuf an SSD
+	// tier's candidate list, both kept between evictions; evictVisited
+	// counts the objects DRAM evictions looked at (for tests).
 	evictMu      sync.Mutex
-	evictBuf     []candidate
+	evictHeads   []orderHead
 	diskEvictBuf []candidate
-	evictCache   []candidate
-	evictCacheAt time.Time
+	evictVisited uint64
 
 	// Moves (SSD spills and promotions) in flight, by id; under segMu.
 	tasks     map[uint64]*moveTask
@@ -262,6 +261,8 @@ type shard struct {
 	// gone is the values of the shard's keys removed or replaced, which
 	// SSD tiers mounted again must not bring back (tier_announce.go).
 	gone goneValues
+	// order is the objects DRAM eviction may take (evict_order.go).
+	order evictOrder
 }
 
 // NewService returns a Service with no segments and no objects.

@@ -95,6 +95,7 @@ func (s *Service) evictLocked(sh *shard, key string, o *object, force bool) uint
 		// An SSD copy stays readable: drop only the DRAM replicas.
 		media := s.kvMediaOf(o.replicas)
 		gone := o.take(false)
+		s.reorderLocked(sh, key, o) // only on SSD now
 		s.kvChange(key, media, s.kvMediaOf(o.replicas), false)
 		s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: key, DramOnly: true}}}, gone)
 		s.evictedKeys.Add(1)
@@ -181,6 +182,7 @@ func (s *Service) newTaskLocked(key string, o *object, src, dst replica, spill b
 		client: src.seg.client, created: s.now()}
 	s.tasks[t.id] = t
 	o.moving = t
+	s.reorderLocked(s.shardOf(key), key, o) // only a forced eviction takes it now
 	return t
 }
 
@@ -253,6 +255,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 	o := t.o
 	if o != nil {
 		o.moving = nil
+		s.reorderLocked(sh, t.key, o)
 	}
 	live := o != nil && sh.objects[t.key] == o && !t.dst.seg.dead.Load() &&
 		slices.Contains(o.replicas, t.src)
@@ -292,6 +295,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 		}
 	}
 	dramFirst(o.replicas)
+	s.reorderLocked(sh, t.key, o)
 	s.kvChange(t.key, media, s.kvMediaOf(o.replicas), false)
 	return s.durableUnlocked(ctx, sh, seq)
 }
@@ -324,6 +328,7 @@ func (s *Service) expireTasks() {
 		s.segMu.Lock()
 		if t.o != nil && t.o.moving == t {
 			t.o.moving = nil
+			s.reorderLocked(sh, t.key, t.o)
 		}
 		s.spilling -= min(s.spilling, t.freeing)
 		t.freeing = 0
@@ -367,6 +372,7 @@ func (s *Service) evictDisk(now time.Time) {
 				s.dropLocked(c.sh, c.key, c.o, storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED)
 			} else {
 				s.freeAfter(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: c.key, DiskOnly: true}}}, gone)
+				s.reorderLocked(c.sh, c.key, c.o)
 				s.kvChange(c.key, media, s.kvMediaOf(c.o.replicas), false)
 			}
 			s.evictedKeys.Add(1)
