@@ -183,6 +183,9 @@ func (h *objHeap) remove(i int) {
 	if i != last {
 		h.fix(i)
 	}
+	if cap(h.a) > 256 && len(h.a) < cap(h.a)/4 {
+		h.a = append([]*object(nil), h.a...) // a pool that emptied
+	}
 }
 
 func (h *objHeap) fix(i int) {
