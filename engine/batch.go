@@ -324,7 +324,7 @@ func (e *Engine) cut(t *task, r Request, deadline time.Time) []*transport.Slice 
 		}
 		sl[i] = &transport.Slice{Op: r.Op, Local: r.Local + uintptr(off), Remote: r.Remote + off,
 			Length: l, Deadline: deadline, Done: t.sliceDone,
-			LocalDevice: t.ldev, Checksum: t.crc && t.ldev > 0}
+			LocalDevice: t.ldev, Checksum: t.crc && (t.ldev > 0 || r.Op == Write)}
 		off += l
 	}
 	return sl

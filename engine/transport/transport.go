@@ -65,7 +65,9 @@ type Slice struct {
 	LocalDevice int
 	// Checksum asks for the CRC-32C of the slice's bytes, taken by the
 	// path that holds them in host memory when the engine may not read
-	// them itself (device memory): it sets CRC and Summed.
+	// them itself (device memory): it sets CRC and Summed. For host
+	// memory a path may take it where it reads the bytes anyway (a TCP
+	// send); else the engine sums them once the slice is done.
 	Checksum bool
 	CRC      uint32
 	Summed   bool

@@ -34,7 +34,10 @@
 // the engine slice by slice as the bytes land (engine.WithChecksum), on the
 // goroutines that moved them while later slices are still in flight, and
 // the slices' checksums are combined (internal/crc32c): a verified read
-// makes no second pass over the value. A read that outlives its
+// makes no second pass over the value. A put of a value of 128 KiB or more
+// to another process is summed the same way, by the writes that carry it;
+// smaller values are summed by the caller, so that a batch of them stays
+// free to cross the engine as one request. A read that outlives its
 // lease fails with LEASE_EXPIRED, since the space may hold another object
 // by then. Looked-up replica lists are cached until the last quarter of
 // their lease, so repeated reads skip the master; the master frees no

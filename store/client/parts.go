@@ -57,9 +57,22 @@ func (it *putItem) pieces() [][]byte {
 	return [][]byte{it.value}
 }
 
-// locate finds where the item's memory lives (places). When some of it
-// is on a GPU and the client checksums values, the checksum is left to
-// the transfers (late), with those of the parts in host memory taken now.
+// engineSumMin is the size from which a piece of a value in host memory
+// is checksummed by the writes that carry it, slice by slice on the
+// engine's goroutines, overlapped with the transfer, instead of by the
+// caller before it: the engine's slice size. A smaller piece is one slice,
+// summed by one goroutine either way, and summed here it stays free to be
+// coalesced with its neighbours.
+const engineSumMin = 128 << 10
+
+// summedLater reports whether a piece of n bytes at p is checksummed by
+// the writes that move it: all of GPU memory, which the CPU does not read,
+// and large pieces of host memory.
+func summedLater(p place, n int) bool { return p.onGPU() || n >= engineSumMin }
+
+// locate finds where the item's memory lives (places). When the client
+// checksums values and some piece is summedLater, the checksum is left to
+// the writes (late), with those of the other pieces taken now.
 func (c *Client) locate(it *putItem) error {
 	ps := it.pieces()
 	it.places = make([]place, len(ps))
@@ -68,12 +81,12 @@ func (c *Client) locate(it *putItem) error {
 		if it.places[j], err = c.placeOf(p); err != nil {
 			return err
 		}
-		it.late = it.late || (it.places[j].onGPU() && !c.cfg.NoChecksum)
+		it.late = it.late || (summedLater(it.places[j], len(p)) && !c.cfg.NoChecksum)
 	}
 	if it.late {
 		it.sums = make([]uint32, len(ps))
 		for j, p := range ps {
-			if !it.places[j].onGPU() {
+			if !summedLater(it.places[j], len(p)) {
 				it.sums[j] = crc32c.Checksum(p)
 			}
 		}

@@ -26,9 +26,9 @@ type putItem struct {
 	from  bool     // value must be in registered memory (PutFrom)
 	sum   uint32
 	// places says where the value (places[0]) or each part lives. With
-	// late, some of it is on a GPU and its checksum comes from the
-	// transfers that write it: sums holds the CRC-32C of each part (of
-	// the value, whole), unsummed that a piece went to no replica.
+	// late, some of it (on a GPU, or large: summedLater) has its checksum
+	// taken by the transfers that write it: sums holds the CRC-32C of each
+	// part (of the value, whole), unsummed that a piece went to no replica.
 	places   []place
 	late     bool
 	sums     []uint32
@@ -290,13 +290,20 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 	piece := func(it *putItem, j int, src []byte, off int) {
 		p := it.places[j]
 		var sum *uint32
+		if it.late && summedLater(p, len(src)) {
+			// Folded from zero: a second round writes the piece again.
+			it.sums[j] = 0
+			sum = &it.sums[j]
+		}
 		if !p.onGPU() {
 			add(it, src, off, true, false, nil, 0)
 			if !c.needsEngine(it.reps) {
+				if sum != nil {
+					// Only plain copies here: the caller's pass it is.
+					*sum = crc32c.Checksum(src)
+				}
 				return
 			}
-		} else if it.late {
-			sum = &it.sums[j]
 		}
 		if c.registered(src) {
 			add(it, src, off, p.onGPU(), true, sum, 0)
@@ -327,6 +334,7 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 		if it.err != nil {
 			continue
 		}
+		it.unsummed = false
 		if it.parts == nil {
 			piece(it, 0, it.value, 0)
 			continue

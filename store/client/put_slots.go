@@ -93,9 +93,7 @@ func (c *Client) takeSlots(ctx context.Context, items []*putItem) (rest []*putIt
 		n := it.size()
 		dropStale(n)
 		free := p.free[n]
-		if it.late || len(free) == 0 {
-			// A late checksum comes from the writes, which a second round
-			// (a slot gone) would fold in again.
+		if len(free) == 0 {
 			rest = append(rest, it)
 			continue
 		}

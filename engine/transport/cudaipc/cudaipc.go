@@ -259,7 +259,7 @@ func (t *Transport) run() {
 // can.
 func (t *Transport) gather(j job) (run []job, next *job) {
 	run = []job{j}
-	if j.s.Checksum {
+	if j.s.Checksum && j.s.LocalDevice > 0 {
 		return run, nil
 	}
 	end := j.s
@@ -268,7 +268,7 @@ func (t *Transport) gather(j job) (run []job, next *job) {
 		select {
 		case k := <-t.work:
 			s := k.s
-			if k.p != j.p || s.Op != end.Op || s.Checksum || s.Local != end.Local+uintptr(end.Length) ||
+			if k.p != j.p || s.Op != end.Op || (s.Checksum && s.LocalDevice > 0) || s.Local != end.Local+uintptr(end.Length) ||
 				s.Remote != end.Remote+end.Length || total+s.Length > maxRun {
 				return run, &k
 			}

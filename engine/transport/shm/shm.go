@@ -445,7 +445,8 @@ func (p *Peer) deviceCopy(s *transport.Slice) error {
 	if s.Op == transport.Read {
 		dst, src = src, dst
 	}
-	if !s.Checksum {
+	if !s.Checksum || s.LocalDevice == 0 {
+		// Host bytes here: the engine sums them once copied.
 		return drv.Copy(dev, dst, src, s.Length)
 	}
 	tmp := make([]byte, s.Length)

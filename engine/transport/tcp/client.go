@@ -18,6 +18,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
+	"github.com/mooncake-go/mooncake/internal/crc32c"
 )
 
 // ClientConfig configures the initiating side of the TCP transport.
@@ -821,7 +822,13 @@ func (l *lane) send(lc *laneConn, sl []*transport.Slice) error {
 		PutHeader(l.hdrs[i][:], Header{Size: s.Length, Addr: s.Remote, Op: op, V2: !l.p.c.cfg.V1})
 		l.bufs = append(l.bufs, l.hdrs[i][:])
 		if s.Op == transport.Write {
-			l.bufs = append(l.bufs, transport.Bytes(s.Local, s.Length))
+			b := transport.Bytes(s.Local, s.Length)
+			if s.Checksum && !s.Summed {
+				// Summed here, the bytes are in the cache the
+				// kernel's copy reads them from.
+				s.CRC, s.Summed = crc32c.Checksum(b), true
+			}
+			l.bufs = append(l.bufs, b)
 		}
 		if s.Deadline.Before(deadline) {
 			deadline = s.Deadline
