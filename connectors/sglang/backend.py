@@ -10,7 +10,10 @@ into one value on put and scatters back on get (batch_put_from_parts /
 batch_get_into_parts), with no copy in this process: one object per page
 where SGLang's own backend writes K and V apart. A put needs no existence
 check first, the store being write-once, and an existence check primes
-the read that follows it (batch_exists).
+the read that follows it (batch_exists). A batch's arguments are built as
+flat arrays with no Python work per page (flat.py): where a pool keeps its
+pages is worked out once per pool, the keys of a batch are one C array,
+and those of an existence check are the ones its read reuses.
 
 A read is a hit only if the whole page came back: the store checks each
 value's CRC-32C, and a value of another length than the page (written by
@@ -29,11 +32,13 @@ Keys: keys.py.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import torch
 
 from mooncake_go import Store, errors
@@ -43,6 +48,7 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
                                                   PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
+from .flat import PoolLayout, key_array
 from .keys import key_prefix, page_key
 
 log = logging.getLogger(__name__)
@@ -51,10 +57,13 @@ _ALREADY_EXISTS = -705  # MC_STORE_ERR_OBJECT_ALREADY_EXISTS: the page is there
 _NOT_FOUND = -704  # MC_STORE_ERR_OBJECT_NOT_FOUND: a plain miss
 
 
-def _report(op: str, keys: List[str], codes: List[int], ok: List[bool], quiet) -> None:
+def _report(op: str, keys: List[str], codes, ok, quiet) -> None:
     """Logs a batch's failed pages, one line: how many, and the first one's
-    status (a short read has status 0). Plain misses (quiet) are not failures."""
-    bad = [i for i, good in enumerate(ok) if not good and codes[i] not in quiet]
+    status (a short read has status 0). Plain misses (quiet) are not
+    failures. codes and ok: sequences or numpy arrays, one per page."""
+    codes, ok = np.asarray(codes), np.asarray(ok, dtype=bool)
+    bad = np.flatnonzero(~ok & ~np.isin(codes, quiet)).tolist()
+    codes = codes.tolist()
     if bad:
         i = bad[0]
         what = _code_error(codes[i]) if codes[i] else "short value (another page shape)"
@@ -97,6 +106,11 @@ def _page_lengths(sizes: List[int], counts: List[int]) -> List[int]:
         out.append(sum(sizes[at:at + c]))
         at += c
     return out
+
+
+def _flat_results(cs, got, n: int):
+    """The library's raw codes and lengths of n pages as numpy arrays."""
+    return np.frombuffer(cs, dtype=np.int32, count=n), np.frombuffer(got, dtype=np.uint64, count=n)
 
 
 class Settings:
@@ -153,6 +167,10 @@ class MooncakeGoHiCache(HiCacheStorage):
         self._registered: List[torch.Tensor] = []
         self._spans: List[tuple] = []  # (start, end) of the registered memory
         self._pool_prefix: Dict[Any, str] = {}  # v2 pools: name -> key prefix
+        self._layouts: Dict[int, Optional[PoolLayout]] = {}  # id(pool) -> where its pages lie (flat.py)
+        # The page hashes of the last existence check and their key array,
+        # which the read that follows it takes instead of building its own.
+        self._asked: tuple = ((), None)
 
     # -- the host pool ---------------------------------------------------
 
@@ -161,6 +179,7 @@ class MooncakeGoHiCache(HiCacheStorage):
         key prefix (which depends on the pool's layout)."""
         super().register_mem_pool_host(mem_pool_host)
         self.prefix = self._prefix_of(mem_pool_host, mla=self.config.is_mla_model)
+        self._layouts[id(mem_pool_host)] = PoolLayout.of(mem_pool_host)
         if not self._register(_pool_tensors(mem_pool_host)):
             raise ValueError(f"mooncake-go hicache: {type(mem_pool_host).__name__} has no KV buffer to register")
 
@@ -190,23 +209,37 @@ class MooncakeGoHiCache(HiCacheStorage):
             self._spans.append((lo, hi))
         return given
 
-    def _pages(self, keys: List[str], host_indices: torch.Tensor, pool=None, name=None):
-        """(store keys, piece addresses, piece sizes, pieces per page) of a
-        batch, from the pool's own zero-copy metadata: the KV pool's, or
-        with pool and name a v2 pool's (keys: _component_key). Addresses
-        and sizes stay the flat lists the pool gives, every page's pieces
-        in order, for Store._parts_flat_codes."""
-        if self.mem_pool_host is None:
+    def _pieces(self, n: int, host_indices: torch.Tensor, pool=None):
+        """(piece addresses, piece sizes, pieces per page, page lengths) of
+        n pages at host_indices of the KV pool (or of pool): every page's
+        pieces in order, as 64-bit numpy arrays for
+        Store._parts_uniform_codes. From the pool's layout where flat.py
+        worked it out (no work per page), else from the pool's own
+        zero-copy metadata. Page lengths: one int where the pool's pages
+        are alike, else an array."""
+        pool = pool or self.mem_pool_host
+        if pool is None:
             raise RuntimeError("mooncake-go hicache: register_mem_pool_host was not called")
-        ptrs, sizes = (pool or self.mem_pool_host).get_page_buffer_meta(host_indices)
-        n = len(keys)
+        layout = self._layouts.get(id(pool))
+        got = layout.pieces(host_indices, n) if layout is not None and n else None
+        if got is not None:
+            return got[0], got[1], layout.per, layout.page_bytes
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
         if n == 0 or len(ptrs) % n or len(sizes) != len(ptrs):
             raise ValueError(f"mooncake-go hicache: {len(ptrs)} page pieces for {n} pages")
-        if pool is None:
-            skeys = [page_key(self.prefix, k) for k in keys]
-        else:
-            skeys = [self._component_key(name, k) for k in keys]
-        return skeys, ptrs, sizes, len(ptrs) // n
+        per = len(ptrs) // n
+        ptrs, sizes = np.asarray(ptrs, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64)
+        return ptrs, sizes, per, sizes.reshape(n, per).sum(axis=1)
+
+    def _key_array(self, keys: List[str]):
+        """The KV pages' store keys as one C array (flat.key_array): the last
+        existence check's where keys are its first pages (SGLang reads what
+        it just found), else built."""
+        asked, arr = self._asked  # one read: other threads replace it whole
+        n = len(keys)
+        if arr is not None and n <= len(asked) and keys == asked[:n]:
+            return arr if n == len(arr) else (ctypes.c_char_p * n).from_buffer(arr)
+        return key_array(self.prefix, keys)
 
     # -- hybrid models: SGLang's per-pool interface (v2) -----------------
     # A hybrid model's host memory is a group of pools: the KV pool, which
@@ -229,6 +262,7 @@ class MooncakeGoHiCache(HiCacheStorage):
         self._pool_prefix[str(host_pool_name)] = self._prefix_of(host_pool, mla=shared)
         if host_pool is not self.mem_pool_host:
             self._register(_pool_tensors(host_pool))
+            self._layouts[id(host_pool)] = PoolLayout.of(host_pool)
 
     def _component_key(self, name, page_hash: str) -> str:
         """The key of a side pool's page: ``<prefix>@<id>.<pool>``, whose
@@ -326,12 +360,12 @@ class MooncakeGoHiCache(HiCacheStorage):
                             f"{0 if t.host_indices is None else t.host_indices.numel()} host indices for "
                             f"{len(keys)} pages of {page}")
                 continue
-            k, p, n, per = self._pages(keys, t.host_indices, pool, t.name)
-            spans.append((t.name, len(skeys), len(k)))
-            skeys += k
-            ptrs += p
-            sizes += n
-            counts += [per] * len(k)
+            p, n, per, _ = self._pieces(len(keys), t.host_indices, pool)
+            spans.append((t.name, len(skeys), len(keys)))
+            skeys += [self._component_key(t.name, k) for k in keys]
+            ptrs += p.tolist()
+            sizes += n.tolist()
+            counts += [per] * len(keys)
         if not skeys:
             return out
         try:
@@ -356,17 +390,20 @@ class MooncakeGoHiCache(HiCacheStorage):
         whole and intact."""
         if not keys:
             return []
-        skeys, ptrs, sizes, per = self._pages(keys, host_indices)
+        n = len(keys)
+        ptrs, sizes, per, want = self._pieces(n, host_indices)
         try:
-            # Store's raw-code form of batch_get_into_parts, on the flat
-            # lists the pool's metadata gives: no per-piece work in Python.
-            codes, got = self.store._parts_flat_codes(True, skeys, ptrs, sizes, per)
+            # Store's raw-code form of batch_get_into_parts, on flat arrays:
+            # nothing converted per page or piece in Python.
+            cs, got = self.store._parts_uniform_codes(True, self._key_array(keys), ptrs, sizes, per)
         except errors.MooncakeError as e:
-            log.warning("mooncake-go hicache: get of %d pages failed: %s", len(keys), e)
-            return [False] * len(keys)
-        ok = [c == 0 and g == w for c, g, w in zip(codes, got, _page_lengths(sizes, [per] * len(keys)))]
-        _report("get", keys, codes, ok, (_NOT_FOUND,))
-        return ok
+            log.warning("mooncake-go hicache: get of %d pages failed: %s", n, e)
+            return [False] * n
+        codes, got = _flat_results(cs, got, n)
+        ok = (codes == 0) & (got == want)
+        if not ok.all():
+            _report("get", keys, codes, ok, (_NOT_FOUND,))
+        return ok.tolist()
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
@@ -375,15 +412,18 @@ class MooncakeGoHiCache(HiCacheStorage):
         their content)."""
         if not keys:
             return []
-        skeys, ptrs, sizes, per = self._pages(keys, host_indices)
-        try:
-            codes, _ = self.store._parts_flat_codes(False, skeys, ptrs, sizes, per)  # batch_put_from_parts, raw
+        n = len(keys)
+        ptrs, sizes, per, _ = self._pieces(n, host_indices)
+        try:  # batch_put_from_parts, raw
+            cs, got = self.store._parts_uniform_codes(False, key_array(self.prefix, keys), ptrs, sizes, per)
         except errors.MooncakeError as e:
-            log.warning("mooncake-go hicache: put of %d pages failed: %s", len(keys), e)
-            return [False] * len(keys)
-        ok = [c in (0, _ALREADY_EXISTS) for c in codes]
-        _report("put", keys, codes, ok, ())
-        return ok
+            log.warning("mooncake-go hicache: put of %d pages failed: %s", n, e)
+            return [False] * n
+        codes, _ = _flat_results(cs, got, n)
+        ok = (codes == 0) | (codes == _ALREADY_EXISTS)
+        if not ok.all():
+            _report("put", keys, codes, ok, ())
+        return ok.tolist()
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """How many of keys, from the first, the store holds (SGLang's
@@ -396,18 +436,19 @@ class MooncakeGoHiCache(HiCacheStorage):
         from eviction meanwhile; an unused one lapses on its own)."""
         if not keys:
             return 0
-        skeys = [page_key(self.prefix, k) for k in keys]
+        arr = key_array(self.prefix, keys)
         try:
-            res = self.store.get_session_start(skeys)
+            codes = self.store._session_start_codes(arr)
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: exists of %d pages failed: %s", len(keys), e)
             return 0
-        for i, r in enumerate(res):
-            if r is not None:
-                if not isinstance(r, errors.ObjectNotFound):
-                    log.warning("mooncake-go hicache: exists of page %s failed: %s", keys[i], r)
-                return i
-        return len(keys)
+        self._asked = (list(keys), arr)
+        if not any(codes):
+            return len(keys)
+        i = next(i for i, c in enumerate(codes) if c)
+        if codes[i] != _NOT_FOUND:
+            log.warning("mooncake-go hicache: exists of page %s failed: %s", keys[i], _code_error(codes[i]))
+        return i
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1

@@ -16,6 +16,7 @@ import json
 import time
 import uuid
 
+import numpy as np
 import pytest
 import torch
 
@@ -364,3 +365,127 @@ def test_local_hostname_from_the_environment(sglang_environ, backends):
     b = attach(extra_json(sglang_environ.master), mha_pool())
     backends.append(b)
     assert b.store.name.startswith("127.0.0.1:"), b.store.name
+
+
+# -- a batch's arguments as flat arrays (connectors/sglang/flat.py) -------
+
+
+class _OwnMeta(MHATokenToKVPoolHost):
+    """A pool whose metadata is its own (a subclass that overrides it)."""
+
+    def get_page_buffer_meta(self, indices):
+        return super().get_page_buffer_meta(indices)
+
+
+@pytest.mark.parametrize("pool", list(POOLS))
+def test_pool_layout_matches_the_pools_metadata(pool):
+    """The layout worked out once per pool gives, for any pages, the very
+    addresses and sizes the pool's own get_page_buffer_meta gives: pages
+    in any order, apart or together, int64 or int32 indices, one page or
+    the whole pool."""
+    from mooncake_go.connectors.sglang.flat import PoolLayout
+
+    host = POOLS[pool][0]()
+    layout = PoolLayout.of(host)
+    assert layout is not None, f"{pool}: no layout"
+    pages = host.size // PAGE
+    g = torch.Generator().manual_seed(7)
+    for sel in ([0], [pages - 1], [5, 1, 9], list(range(pages)), torch.randperm(pages, generator=g)[:7].tolist()):
+        for dtype in (torch.int64, torch.int32):
+            idx = tokens(sel).to(dtype)
+            ptrs, sizes = host.get_page_buffer_meta(idx)
+            got = layout.pieces(idx, len(sel))
+            assert got is not None
+            assert got[0].tolist() == ptrs and got[1].tolist() == sizes, f"{pool}: pages {sel} ({dtype})"
+            assert layout.page_bytes * len(sel) == sum(sizes)
+    assert layout.pieces(tokens([0, 1])[:-1], 2) is None, "indices that are not whole pages took the layout"
+
+
+def test_a_pool_with_its_own_metadata_keeps_it(cluster, backends):
+    """A pool class that overrides get_page_buffer_meta gets no layout:
+    its batches go through its own metadata, and still round-trip."""
+    from mooncake_go.connectors.sglang.flat import PoolLayout
+
+    dev = MHATokenToKVPool(128, PAGE, torch.bfloat16, 2, 64, LAYERS, "cpu", False, start_layer=0, end_layer=LAYERS)
+    host = _OwnMeta(dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, "page_first", pin_memory=False,
+                    device="cpu", device_capacity_tokens=dev.size, start_layer=0, end_layer=LAYERS,
+                    write_back_staging=dev.hicache_write_back_staging)
+    assert PoolLayout.of(host) is None
+    b = attach(extra_json(cluster.master), host)
+    backends.append(b)
+    keys = hashes(2)
+    fill(host, [0, 1], seed=60)
+    assert b.batch_set_v1(keys, tokens([0, 1])) == [True, True]
+    zero(host, [4, 5])
+    assert b.batch_get_v1(keys, tokens([4, 5])) == [True, True]
+    assert page_bytes(host, 4) == page_bytes(host, 0) and page_bytes(host, 5) == page_bytes(host, 1)
+
+
+@pytest.mark.parametrize("pool", list(POOLS))
+def test_batches_take_no_metadata_per_batch(cluster, backends, pool):
+    """Once registered, a pool's pages are placed from its layout: sets,
+    existence checks and gets of every layout round-trip with the pool's
+    get_page_buffer_meta made to fail, which the backend used to call, and
+    walk page by page, on every batch."""
+    host = POOLS[pool][0]()
+    b = attach(extra_json(cluster.master), host)
+    backends.append(b)
+
+    def walked(indices):
+        raise AssertionError("get_page_buffer_meta called for a batch")
+
+    host.get_page_buffer_meta = walked
+    keys = hashes(14)  # past flat.key_array's few, so keys are built in one piece too
+    src, dst = list(range(14)), list(range(16, 30))
+    fill(host, src, seed=70)
+    assert b.batch_set_v1(keys, tokens(src)) == [True] * 14
+    assert b.batch_exists(keys) == 14
+    zero(host, dst)
+    assert b.batch_get_v1(keys, tokens(dst)) == [True] * 14
+    for s, d in zip(src, dst):
+        assert page_bytes(host, d) == page_bytes(host, s), f"{pool}: page {s} came back different"
+    # The store's uniform form refuses arrays that do not cover the batch.
+    ptrs = np.zeros(3, dtype=np.uint64)
+    with pytest.raises(ValueError):
+        b.store._parts_uniform_codes(True, ["a", "b"], ptrs, ptrs, 2)
+
+
+def test_read_after_exists_reuses_its_keys(cluster, backends, monkeypatch):
+    """SGLang reads the pages an existence check just found: the read takes
+    the check's key array (or its first keys) instead of building one;
+    other keys are built."""
+    from mooncake_go.connectors.sglang import backend as backend_mod
+
+    host = mha_pool()
+    b = attach(extra_json(cluster.master), host)
+    backends.append(b)
+    keys = hashes(13)
+    fill(host, range(13), seed=80)
+    assert b.batch_set_v1(keys, tokens(range(13))) == [True] * 13
+    built = []
+    real = backend_mod.key_array
+    monkeypatch.setattr(backend_mod, "key_array", lambda prefix, ks: built.append(len(ks)) or real(prefix, ks))
+    assert b.batch_exists(keys) == 13
+    assert built == [13]
+    zero(host, range(16, 29))
+    assert b.batch_get_v1(keys, tokens(range(16, 29))) == [True] * 13
+    assert b.batch_get_v1(keys[:3], tokens([16, 17, 18])) == [True] * 3
+    assert built == [13], "the read built keys the existence check had built"
+    for i in range(13):
+        assert page_bytes(host, 16 + i) == page_bytes(host, i)
+    assert b.batch_get_v1(keys[1:3], tokens([20, 21])) == [True, True]
+    assert built == [13, 2]
+    assert page_bytes(host, 20) == page_bytes(host, 1)
+
+
+@pytest.mark.parametrize("n", [0, 1, 11, 12, 13, 64])
+def test_key_array_is_page_key(n):
+    """flat.key_array builds the keys page_key builds, one by one or in one
+    piece: lower-cased hex ids, and a hashed id for keys that do not start
+    with 16 hex digits (one such key among hex ones included)."""
+    from mooncake_go.connectors.sglang.flat import key_array
+
+    hs = [h.upper() if i % 3 == 0 else h for i, h in enumerate(hashes(n))] if n else []
+    for ks in (hs, hs[:-1] + ["not-a-hash"] if n else [], hs[:-1] + ["0123456789abcdeZ" * 4] if n else []):
+        got = [k.decode() for k in key_array("acme/tiny@tp0", ks)]
+        assert got == [page_key("acme/tiny@tp0", k) for k in ks]

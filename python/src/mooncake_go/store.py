@@ -77,6 +77,8 @@ class Replicate:
 
 
 def _keys(keys: Sequence[str]):
+    if isinstance(keys, ctypes.Array):  # a caller's own (c_char_p * n), built once for its batch
+        return keys
     return (c_char_p * max(len(keys), 1))(*[_lib.cstr(k) for k in keys])
 
 
@@ -471,6 +473,38 @@ class Store(_lib.Owned):
         if rc in _WHOLE_CALL_FAILURES:
             raise _lib.last_error()
         return list(cs), list(got)
+
+    def _parts_uniform_codes(self, get: bool, keys, ptrs, sizes, per: int, replicate=None):
+        """_parts_flat_codes for a batch whose keys have per pieces each,
+        their addresses and sizes given as C-contiguous buffers of 64-bit
+        integers (numpy arrays, array.array) of len(keys) * per elements,
+        which go to the library as they are: nothing is converted per piece
+        or per key. keys: strings or a (c_char_p * n) array of the caller's.
+        Returns the raw (c_int32) codes and (c_uint64) lengths, one per key.
+        Buffers of another size raise ValueError."""
+        m = len(keys)
+        total = m * per
+        views = [memoryview(b) for b in (ptrs, sizes)]
+        if per < 0 or any(v.itemsize != 8 or v.nbytes != 8 * total or not v.c_contiguous for v in views):
+            raise ValueError(f"{m} keys of {per} pieces: {[v.nbytes // max(v.itemsize, 1) for v in views]} addresses "
+                             f"and sizes of 8-byte integers")
+        cs, got = (c_int32 * m)(), (c_uint64 * m)()
+        if m == 0:
+            return cs, got
+        if total == 0:  # from_buffer needs memory: one unused element
+            ptrs = sizes = array.array("Q", [0])
+            total = 1
+        pp = (c_void_p * total).from_buffer(ptrs)
+        lp = (c_uint64 * total).from_buffer(sizes)
+        cp = (c_size_t * m).from_buffer(array.array(_SIZE_T_CODE, [per]) * m)
+        ks = _keys(keys)
+        if get:
+            rc = lib.mc_store_batch_get_into_parts(self.handle, ks, pp, lp, cp, m, got, cs, _lib._err())
+        else:
+            rc = lib.mc_store_batch_put_from_parts(self.handle, ks, pp, lp, cp, m, _rc(replicate), cs, _lib._err())
+        if rc in _WHOLE_CALL_FAILURES:
+            raise _lib.last_error()
+        return cs, got
 
     def batch_put_from_parts(self, keys: Sequence[str], parts: Sequence[Sequence[Buffer]],
                              sizes: Optional[Sequence[Sequence[int]]] = None,
