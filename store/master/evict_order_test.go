@@ -39,14 +39,16 @@ func checkEvictOrder(t *testing.T, s *Service) {
 			want[c-1]++
 			h := &sh.order.byLease[c-1]
 			require.Less(t, int(n.idx), len(h.a), "%q: index", key)
-			require.Same(t, o, h.a[n.idx], "%q: not where its index says", key)
+			require.Same(t, o, h.a[n.idx].o, "%q: not where its index says", key)
+			require.Equal(t, n.lease, h.a[n.idx].key, "%q: heap key", key)
 			require.Equal(t, o.lease.UnixNano(), n.lease, "%q: heap key is not its lease", key)
 			require.Equal(t, key, n.key, "%q: key", key)
 			soft := (c-1)&classSoft != 0
 			require.Equal(t, soft, n.pinned, "%q: in pins", key)
 			if soft {
 				pinned++
-				require.Same(t, o, sh.order.pins.a[n.pinIdx], "%q: not where its pin index says", key)
+				require.Same(t, o, sh.order.pins.a[n.pinIdx].o, "%q: not where its pin index says", key)
+				require.Equal(t, n.pinEnd, sh.order.pins.a[n.pinIdx].key, "%q: pins key", key)
 				require.Equal(t, o.softPinUntil.UnixNano(), n.pinEnd, "%q: pins key", key)
 			}
 		}
@@ -64,7 +66,7 @@ func checkEvictOrder(t *testing.T, s *Service) {
 func checkHeap(t *testing.T, h *objHeap) {
 	t.Helper()
 	for i := 1; i < len(h.a); i++ {
-		require.LessOrEqual(t, h.key((i-1)/2), h.key(i), "heap property at %d", i)
+		require.LessOrEqual(t, h.a[(i-1)/heapArity].key, h.a[i].key, "heap property at %d", i)
 	}
 }
 
