@@ -66,6 +66,7 @@ type options struct {
 	P2PPar   int           `json:"p2p_parallel"` // shards in flight per receiver
 	P2PRuns  int           `json:"p2p_repeat"`
 	P2PWays  []string      `json:"p2p_ways"` // swarm, seed-only
+	P2PTrace bool          `json:"p2p_trace"`
 	MetaCli  int           `json:"meta_clients"`
 	MetaB    int           `json:"meta_batch"` // keys per call
 	MetaKeys int           `json:"meta_keys"`  // objects the calls name
@@ -125,6 +126,7 @@ func main() {
 	flag.IntVar(&o.P2PPar, "p2p-parallel", 0, "p2p: shards in flight per receiver (0: the store's default)")
 	flag.IntVar(&o.P2PRuns, "p2p-repeat", 3, "p2p: runs of each way")
 	ways := flag.String("p2p-ways", "swarm,seed-only", "p2p: the ways to fan out")
+	flag.BoolVar(&o.P2PTrace, "p2p-trace", false, "p2p: every receiver logs each shard read (source, start, duration) to standard error")
 	flag.IntVar(&o.MetaCli, "meta-clients", 64, "master: clients, spread over the hosts")
 	flag.IntVar(&o.MetaB, "meta-batch", 32, "master: keys per call")
 	flag.IntVar(&o.MetaKeys, "meta-keys", 4096, "master: objects the calls name")

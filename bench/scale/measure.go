@@ -55,6 +55,13 @@ type p2pRun struct {
 	// The bytes the seed's link sent, in copies of the object.
 	SeedCopies float64    `json:"seed_copies"`
 	Quarters   [4]float64 `json:"quarters_s"`
+	// Link use over the run, from the lab's counters, in bins of Bin
+	// seconds: the seed's uplink, and the receivers' downlinks and
+	// uplinks on average, each as a fraction of the link rate.
+	Bin      float64   `json:"bin_s"`
+	SeedUp   []float64 `json:"seed_up"`
+	RecvDown []float64 `json:"recv_down"`
+	RecvUp   []float64 `json:"recv_up"`
 }
 
 // masterRun is one timed window of the master benchmark.
@@ -230,6 +237,17 @@ func (c *coord) sent(h *netlab.Host) uint64 {
 	for _, o := range c.lab.Hosts() {
 		if o != h {
 			n += c.lab.Stats(h, o).Bytes
+		}
+	}
+	return n
+}
+
+// received is the bytes the other hosts' links have delivered to h so far.
+func (c *coord) received(h *netlab.Host) uint64 {
+	var n uint64
+	for _, o := range c.lab.Hosts() {
+		if o != h {
+			n += c.lab.Stats(o, h).Bytes
 		}
 	}
 	return n
@@ -435,7 +453,7 @@ func (c *coord) p2pPhase(ctx context.Context) error {
 	c.seed.SetRate(c.o.Rate)
 	for _, h := range append([]*netlab.Host{c.seed}, c.hosts[:c.o.P2PRecv]...) {
 		p, err := startWorker(h, workerArgs{Role: roleP2P, IP: h.IP.String(), Etcd: c.etcd.Addr(),
-			Buffer: c.o.P2PSize, Parallel: c.o.P2PPar, Lanes: c.o.Lanes})
+			Buffer: c.o.P2PSize, Parallel: c.o.P2PPar, Lanes: c.o.Lanes, Trace: c.o.P2PTrace})
 		if err != nil {
 			return err
 		}
@@ -451,6 +469,8 @@ func (c *coord) p2pPhase(ctx context.Context) error {
 			c.res.P2P = append(c.res.P2P, run)
 			c.logf("p2p %s, run %d: %.2f s (ideal %.2f s), %d packets dropped, seed sent %.2f copies; every shard out of the seed at %.2f s, quarters of the copies at %.2f %.2f %.2f %.2f s",
 				way, r+1, run.Seconds, c.ideal(), run.Dropped, run.SeedCopies, run.Seeded, run.Quarters[0], run.Quarters[1], run.Quarters[2], run.Quarters[3])
+			c.logf("p2p %s, run %d, link use per %.1f s (tenths of the rate; + full): seed up %s, receivers down %s, up %s",
+				way, r+1, run.Bin, tenths(run.SeedUp), tenths(run.RecvDown), tenths(run.RecvUp))
 		}
 	}
 	return nil
@@ -490,9 +510,11 @@ func (c *coord) p2pRun(way string, r int) (p2pRun, error) {
 		<-watched
 	}
 	land.start = time.Now()
+	use := c.linkUse(wctx, land.start)
 	reps, err := callAll(recv, func(i int) request { return request{Cmd: "fetch", Name: name(i)} })
 	stop()
 	followed.Wait()
+	u := <-use
 	if err != nil {
 		return p2pRun{}, err
 	}
@@ -501,6 +523,7 @@ func (c *coord) p2pRun(way string, r int) (p2pRun, error) {
 	}
 	run := p2pRun{Way: way, Repeat: r, Dropped: c.dropped() - drop0,
 		SeedCopies: float64(c.sent(c.seed)-sent0) / float64(c.o.P2PSize)}
+	run.Bin, run.SeedUp, run.RecvDown, run.RecvUp = useBin.Seconds(), u.seedUp, u.recvDown, u.recvUp
 	first, last := reps[0].StartNs, reps[0].EndNs
 	for i, rp := range reps {
 		if rp.Sum != s.Sum {
@@ -517,6 +540,69 @@ func (c *coord) p2pRun(way string, r int) (p2pRun, error) {
 		}
 	}
 	return run, nil
+}
+
+// useBin is the width of the bins of a P2P run's link use.
+const useBin = 500 * time.Millisecond
+
+// linkUse is the use of the P2P hosts' links over time, each a fraction
+// of the rate per bin.
+type linkUse struct{ seedUp, recvDown, recvUp []float64 }
+
+// linkUse samples the lab's counters every useBin from start until ctx
+// ends, then sends what the P2P hosts' links carried.
+func (c *coord) linkUse(ctx context.Context, start time.Time) <-chan linkUse {
+	out := make(chan linkUse, 1)
+	recv := c.hosts[:c.o.P2PRecv]
+	received := func() (n uint64) {
+		for _, h := range recv {
+			n += c.received(h)
+		}
+		return n
+	}
+	sent := func() (n uint64) {
+		for _, h := range recv {
+			n += c.sent(h)
+		}
+		return n
+	}
+	go func() {
+		var u linkUse
+		full := float64(c.o.Rate) / 8 * useBin.Seconds()
+		seed0, down0, up0 := c.sent(c.seed), received(), sent()
+		t := time.NewTicker(useBin)
+		defer t.Stop()
+		for done := false; !done; {
+			select {
+			case <-ctx.Done():
+				done = true
+			case <-t.C:
+			}
+			seed1, down1, up1 := c.sent(c.seed), received(), sent()
+			n := float64(len(recv))
+			u.seedUp = append(u.seedUp, float64(seed1-seed0)/full)
+			u.recvDown = append(u.recvDown, float64(down1-down0)/full/n)
+			u.recvUp = append(u.recvUp, float64(up1-up0)/full/n)
+			seed0, down0, up0 = seed1, down1, up1
+		}
+		out <- u
+	}()
+	return out
+}
+
+// tenths writes fractions as one digit each, in tenths (rounded down), +
+// for 0.95 and more.
+func tenths(fs []float64) string {
+	var b strings.Builder
+	for _, f := range fs {
+		switch {
+		case f >= 0.95:
+			b.WriteByte('+')
+		default:
+			b.WriteByte('0' + byte(max(0, min(9, int(f*10)))))
+		}
+	}
+	return b.String()
 }
 
 func size(n int64) string {

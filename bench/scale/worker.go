@@ -53,6 +53,7 @@ type workerArgs struct {
 	Etcd     string `json:"etcd,omitempty"`     // p2p: the metadata
 	Parallel int    `json:"parallel,omitempty"` // p2p: shards in flight per receiver
 	Lanes    int    `json:"lanes,omitempty"`    // the engine's TCP connections per peer
+	Trace    bool   `json:"trace,omitempty"`    // p2p: log every shard read to standard error
 }
 
 // request is one thing the coordinator asks a worker to do.
@@ -458,7 +459,13 @@ type p2pWorker struct {
 }
 
 func newP2PWorker(ctx context.Context, a workerArgs) (*p2pWorker, error) {
-	s, err := p2p.New(ctx, p2p.Config{Metadata: a.Etcd, Timeout: time.Minute, Concurrency: a.Parallel, Logger: quiet,
+	log := quiet
+	if a.Trace {
+		// The store logs each shard read (source, start, duration) at
+		// debug level; the engine stays quiet.
+		log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("host", a.IP)
+	}
+	s, err := p2p.New(ctx, p2p.Config{Metadata: a.Etcd, Timeout: time.Minute, Concurrency: a.Parallel, Logger: log,
 		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Lanes: a.Lanes, Logger: quiet}})
 	if err != nil {
 		return nil, err

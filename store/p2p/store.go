@@ -46,6 +46,9 @@ type Store struct {
 	// afterPublish, when set by a test, runs after a GetReplica has
 	// published itself as a source of the shards in batch.
 	afterPublish func(batch []int)
+	// onSeedRead, when set by a test, runs as a GetReplica starts reading
+	// shard i from a seed.
+	onSeedRead func(i int)
 }
 
 // entry is an object this Store holds. An entry exists from the start of

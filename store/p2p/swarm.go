@@ -3,13 +3,16 @@ package p2p
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -36,11 +39,20 @@ const (
 	landed                   // here, published or about to be
 )
 
+// how is where a picked shard is read from.
+type how uint8
+
+const (
+	fromPeers how = iota // a replica holder (a seed if all of them fail)
+	claimSeed            // a seed, once this pass has claimed it
+	fromSeed             // a seed, unclaimed: stolen, or nobody else fetches
+)
+
 // swarm is one pass of a GetReplica over one version of an object: the
-// receiver's schedule of shards, its view of who serves what, and the
-// shards it holds but has not published yet. Workers take shards from it;
-// one goroutine follows the record in etcd (a watch), another publishes
-// landed shards in batches.
+// receiver's schedule of shards, its view of who serves what and of who
+// reads what from the seeds, and the shards it holds but has not published
+// yet. Workers take shards from it; goroutines follow the record and the
+// claims in etcd (watches), another publishes landed shards in batches.
 type swarm struct {
 	s      *Store
 	base   *record     // the object as the pass began
@@ -48,24 +60,34 @@ type swarm struct {
 	starts []uint64    // object offset of each shard
 	mine   []*location // this node's copy of each shard; nil where it is split
 	order  []int       // the shards by this node's weight for them, heaviest first
+	cl     *claims     // this pass's fetcher entry and seed claims
 
-	mu          sync.Mutex
-	view        *record         // the newest record seen, this node left out; never modified
-	state       []shardState    // per shard
-	live        []int           // per shard: replica holders in view not in bad
-	owned       []bool          // per shard: this receiver reads it from a seed
-	peers       map[string]bool // other receivers in view, not in bad
-	informed    time.Time       // when the view first showed this node's own publication; zero: not yet
-	probed      bool            // a seed read of a shard it can publish began before informed
-	seedBusy    int             // reads from a seed in flight
-	bad         map[string]bool // segments that failed a read in this pass
-	starved     time.Time       // since when only others' shards are left; zero: not
-	slowRead    time.Duration   // the longest shard read so far
-	slowPublish time.Duration   // the longest publish so far
-	unpub       []int           // landed shards not yet published, in landing order
-	wake        chan struct{}   // closed, and replaced, when a worker may pick anew
+	mu        sync.Mutex
+	rec       *record                   // the newest record seen, this node left out
+	holds     map[string]map[int]uint64 // other receivers' announced shards (shard to address)
+	view      *record                   // rec with holds added; never modified
+	state     []shardState              // per shard
+	live      []int                     // per shard: replica holders in view not in bad
+	claimed   []string                  // per shard: who reads it from a seed ("": nobody; this node's name: this pass)
+	fetchers  map[string]bool           // the other receivers in a pass over this object
+	claimRev  int64                     // the claim directory's revision claimed and fetchers are as of
+	seeded    bool                      // a read of this pass from a seed has landed
+	seedBusy  int                       // reads from a seed in flight or about to start
+	reading   map[string]int            // reads in flight per source segment
+	best      map[string]int            // pickLocked's scratch: per replica holder, the rarest shard it has that is todo
+	bad       map[string]bool           // segments that failed a read in this pass
+	claimedAt []time.Time               // per shard: when this node learnt of another's claim
+	readTime  time.Duration             // the shard reads of this pass so far, together
+	reads     int                       // how many
+	annTime   time.Duration             // the announcements of this pass so far, together
+	anns      int                       // how many
+	unpub     []int                     // landed shards not yet published, in landing order
+	held      map[int]uint64            // landed shards this node can serve, and where
+	announced int                       // len(held) as last announced
+	wake      chan struct{}             // closed, and replaced, when a worker may pick anew
 
-	kick chan struct{} // a shard landed: wakes publishLoop
+	kick     chan struct{} // a shard landed: wakes publishLoop
+	kickHeld chan struct{} // a shard landed: wakes announceLoop
 }
 
 func newSwarm(s *Store, r *record, lay *layout) *swarm {
@@ -73,13 +95,14 @@ func newSwarm(s *Store, r *record, lay *layout) *swarm {
 	w := &swarm{
 		s: s, base: r, lay: lay,
 		starts: make([]uint64, n), mine: make([]*location, n), order: make([]int, n),
-		state: make([]shardState, n), live: make([]int, n), owned: make([]bool, n),
-		peers: map[string]bool{}, bad: map[string]bool{},
-		wake: make(chan struct{}), kick: make(chan struct{}, 1),
+		state: make([]shardState, n), live: make([]int, n), claimed: make([]string, n), claimedAt: make([]time.Time, n),
+		fetchers: map[string]bool{}, bad: map[string]bool{}, reading: map[string]int{}, best: map[string]int{},
+		holds: map[string]map[int]uint64{}, held: map[int]uint64{},
+		wake: make(chan struct{}), kick: make(chan struct{}, 1), kickHeld: make(chan struct{}, 1),
 	}
 	// Weights differ from node to node: so do the orders in which they
-	// read the shards, and each reads first the shards it is likeliest to
-	// own (see recountLocked), whoever else turns up.
+	// claim shards, and receivers that start together rarely ask for the
+	// same one (a lost claim costs a round trip to etcd).
 	weight := make([]uint64, n)
 	for i := range n {
 		w.order[i], weight[i] = i, ownerHash(s.name, i)
@@ -96,10 +119,11 @@ func newSwarm(s *Store, r *record, lay *layout) *swarm {
 		}
 		at += sh.Size
 	}
-	// A receiver that can serve nothing learns nothing from its
-	// publications: it goes by what it sees.
-	if !slices.ContainsFunc(w.mine, func(l *location) bool { return l != nil }) {
-		w.informed = time.Now()
+	// A shard nobody claimed counts as claimed when the pass began, for
+	// patience: one this node cannot serve (so does not claim) is left
+	// to the other fetchers that long, at least.
+	for i := range w.claimedAt {
+		w.claimedAt[i] = time.Now()
 	}
 	w.install(r)
 	return w
@@ -112,10 +136,26 @@ func (s *Store) pass(ctx context.Context, r *record, lay *layout) error {
 	w := newSwarm(s, r, lay)
 	ctx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
+	// Enter the claim directory first: the others fetching now learn of
+	// this receiver before it asks a seed for anything, and it of them.
+	mctx, cancel := s.metaCtx(ctx)
+	cl, kvs, rev, err := s.meta.join(mctx, r, s.name, s.cfg.Timeout)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer cl.leave(ctx)
+	w.cl = cl
+	w.mu.Lock()
+	w.resetClaimsLocked(kvs, rev)
+	w.mu.Unlock()
 	sctx, stopSync := context.WithCancel(ctx)
 	var syncer, workers sync.WaitGroup
+	syncer.Go(func() { cl.keepAlive(sctx) })
 	syncer.Go(func() { w.follow(sctx, abort) })
+	syncer.Go(func() { w.followClaims(sctx, rev) })
 	syncer.Go(func() { w.publishLoop(sctx, abort) })
+	syncer.Go(func() { w.announceLoop(sctx) })
 	for range min(s.cfg.Concurrency, len(r.p.Shards)) {
 		workers.Go(func() {
 			if err := w.work(ctx); err != nil {
@@ -138,34 +178,75 @@ func (s *Store) pass(ctx context.Context, r *record, lay *layout) error {
 func (w *swarm) work(ctx context.Context) error {
 	var wk worker
 	for {
-		i, err := w.next(ctx)
-		if err != nil || i < 0 {
+		pk, err := w.next(ctx)
+		if err != nil || pk.i < 0 {
 			return err
 		}
-		wk.pieces = w.lay.pieces(wk.pieces[:0], w.starts[i], w.base.p.Shards[i].Size)
-		if err := w.pullShard(ctx, i, &wk); err != nil {
+		if pk.how == claimSeed {
+			if won, err := w.claim(ctx, pk.i); err != nil || !won {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		wk.pieces = w.lay.pieces(wk.pieces[:0], w.starts[pk.i], w.base.p.Shards[pk.i].Size)
+		if err := w.pullShard(ctx, pk, &wk); err != nil {
 			return err
 		}
-		w.land(i)
+		w.land(pk.i)
 		if w.s.afterShard != nil {
-			w.s.afterShard(i)
+			w.s.afterShard(pk.i)
 		}
 	}
 }
 
-// next claims the next shard to fetch, waiting while none may be started
-// yet; -1 when every shard has been started.
-func (w *swarm) next(ctx context.Context) (int, error) {
+// claim claims shard i, picked to be read from a seed, for this pass; a
+// shard someone else claimed first goes back to be picked again, and the
+// seed slot taken for it is freed.
+func (w *swarm) claim(ctx context.Context, i int) (bool, error) {
+	mctx, cancel := w.s.metaCtx(ctx)
+	won, holder, err := w.cl.claim(mctx, i)
+	cancel()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err == nil && won {
+		w.claimed[i] = w.s.name
+		return true, nil
+	}
+	w.state[i] = todo
+	w.seedBusy--
+	if err == nil && holder != "" && w.claimed[i] == "" {
+		w.claimed[i], w.claimedAt[i] = holder, time.Now()
+	}
+	w.wakeLocked()
+	return false, err
+}
+
+// pick is what pickLocked chose: shard i (-1: none now), read how, from
+// from if it is a replica holder's.
+type pick struct {
+	i    int
+	how  how
+	from string
+}
+
+// next picks the next shard to fetch and how, waiting while none may be
+// started yet; i is -1 when every shard has been started.
+func (w *swarm) next(ctx context.Context) (pick, error) {
 	for {
 		w.mu.Lock()
-		i, wait, stealAt := w.pickLocked(time.Now())
-		if i >= 0 {
-			w.state[i] = busy
+		pk, wait, stealAt := w.pickLocked(time.Now())
+		if pk.i >= 0 {
+			w.state[pk.i] = busy
+			if pk.how != fromPeers {
+				w.seedBusy++ // until the read's first attempt ends
+			}
 		}
 		wake := w.wake
 		w.mu.Unlock()
 		if !wait {
-			return i, nil
+			return pk, nil
 		}
 		var steal <-chan time.Time
 		var t *time.Timer
@@ -182,98 +263,132 @@ func (w *swarm) next(ctx context.Context) (int, error) {
 			t.Stop()
 		}
 		if ctx.Err() != nil {
-			return -1, context.Cause(ctx)
+			return pick{i: -1}, context.Cause(ctx)
 		}
 	}
 }
 
-// pickLocked chooses the next shard, in this order:
+// pickLocked chooses the next shard and where to read it from, in this
+// order:
 //
-//   - one that another receiver serves, the rarest such, so what receivers
-//     hold spreads among them and costs the seed nothing;
-//   - one only a seed serves and that this receiver owns (see
-//     recountLocked), if seedFree;
-//   - one only a seed serves that another receiver owns, once this one has
-//     had nothing else to do for patience: the owner may have died, or
-//     be unable to serve it; again if seedFree.
+//   - while a seed read slot is free (seedFree), a shard that nobody holds
+//     or has claimed, to claim and read from a seed: the seeds send every
+//     shard once before any twice, and are kept busy while shards remain
+//     that no receiver has;
+//   - a shard other receivers serve, read from the holder this receiver
+//     reads least from now (a random one of those), the rarest shard that
+//     holder has: receivers that see the same rare shard do not all queue
+//     at its one holder while others' links idle, and what receivers hold
+//     still spreads rarest first;
+//   - while a seed slot is free, a shard that nobody holds and that no
+//     other receiver fetches, this one cannot serve (it is split here) so
+//     does not claim;
+//   - a shard another receiver claimed, once this one has had nothing
+//     else to do for patience (the endgame): the claimant may be slow, or
+//     dead (its claims go when its lease does, claimTTL); again if a seed
+//     slot is free.
 //
 // wait is whether shards remain that may be picked later; stealAt, if not
 // zero, is when the last kind may be.
-func (w *swarm) pickLocked(now time.Time) (i int, wait bool, stealAt time.Time) {
-	shared, mine, theirs := -1, -1, -1
+func (w *swarm) pickLocked(now time.Time) (pk pick, wait bool, stealAt time.Time) {
+	fresh, lone, theirs := -1, -1, -1
+	clear(w.best)
 	for _, i := range w.order {
 		switch {
 		case w.state[i] != todo:
 		case w.live[i] > 0:
-			if shared < 0 || w.live[i] < w.live[shared] {
-				shared = i
+			for _, l := range w.view.p.Shards[i].ReplicaList {
+				if b, ok := w.best[l.SegmentName]; !w.bad[l.SegmentName] && (!ok || w.live[i] < w.live[b]) {
+					w.best[l.SegmentName] = i
+				}
 			}
-		case w.owned[i]:
-			// Before its first publication a receiver probes with a
-			// shard it can publish, if it has one.
-			if mine < 0 || w.informed.IsZero() && w.mine[mine] == nil && w.mine[i] != nil {
-				mine = i
+		case w.claimed[i] == w.s.name || w.claimed[i] == "" && w.mine[i] != nil:
+			if fresh < 0 {
+				fresh = i
 			}
-		case theirs < 0:
+		case w.claimed[i] == "" && len(w.fetchers) == 0:
+			if lone < 0 {
+				lone = i
+			}
+		case theirs < 0 || w.claimedAt[i].Before(w.claimedAt[theirs]):
 			theirs = i
 		}
 	}
+	free := w.seedFree()
+	pk.i = -1
 	switch {
-	case shared >= 0:
-		w.starved = time.Time{}
-		return shared, false, time.Time{}
-	case mine >= 0:
-		w.starved = time.Time{}
-		if w.seedFree(now) {
-			w.probed = w.probed || w.informed.IsZero() && w.mine[mine] != nil
-			return mine, false, time.Time{}
+	case fresh >= 0 && free:
+		pk.i, pk.how = fresh, claimSeed
+	case len(w.best) > 0:
+		pk.i, pk.from = w.leastReadLocked()
+	case lone >= 0 && free:
+		pk.i, pk.how = lone, fromSeed
+	case fresh >= 0 || lone >= 0:
+		// Waits for a seed slot.
+		wait = true
+	case theirs >= 0:
+		stealAt = w.claimedAt[theirs].Add(w.patience())
+		switch {
+		case now.Before(stealAt):
+			return pk, true, stealAt
+		case free:
+			return pick{i: theirs, how: fromSeed}, false, time.Time{}
 		}
-		return -1, true, time.Time{}
-	case theirs < 0:
-		return -1, false, time.Time{}
+		return pk, true, time.Time{}
 	}
-	if w.starved.IsZero() {
-		w.starved = now
+	return pk, wait, time.Time{}
+}
+
+// leastReadLocked chooses among the holders in best (each with the rarest
+// shard it holds that this receiver still needs) one it reads least from
+// now, at random among those.
+func (w *swarm) leastReadLocked() (int, string) {
+	var from string
+	n, least := 0, 0
+	for seg := range w.best {
+		switch r := w.reading[seg]; {
+		case n == 0 || r < least:
+			from, n, least = seg, 1, r
+		case r == least:
+			// Reservoir sampling, as pickFrom.
+			if n++; rand.IntN(n) == 0 {
+				from = seg
+			}
+		}
 	}
-	stealAt = w.starved.Add(w.patience())
-	switch {
-	case now.Before(stealAt):
-		return -1, true, stealAt
-	case w.seedFree(now):
-		w.probed = w.probed || w.informed.IsZero() && w.mine[theirs] != nil
-		return theirs, false, time.Time{}
-	}
-	return -1, true, time.Time{}
+	return w.best[from], from
 }
 
 // seedFree reports whether this receiver may start another read at the
-// seeds now.
-//
-// Until it has published and seen the record as of its publication, it
-// cannot know who else fetches, nor they it: it reads one shard it can
-// publish from the seeds (and any it cannot, one at a time), and takes
-// from its peers meanwhile. Receivers that start together would otherwise
-// each read much of the object from the seed before hearing of one
-// another. For patience after that, it reads one shard at a time from the
-// seeds still: those that started with it may not have published yet, and
-// it would take their shards (it may believe itself alone). After that it
-// keeps its part of Concurrency among the receivers it knows of, at least
-// one, in flight: the seeds serve about Concurrency reads at a time however
-// many receivers fetch.
-func (w *swarm) seedFree(now time.Time) bool {
-	switch {
-	case w.informed.IsZero():
-		return !w.probed && w.seedBusy == 0
-	case now.Before(w.informed.Add(w.patience())):
+// seeds now: it keeps its part of Concurrency among the receivers
+// fetching, at least one, in flight there, so the seeds serve about
+// Concurrency reads at a time however many receivers fetch; one alone
+// keeps Concurrency of them in flight, enough to fill its link. Until its
+// first read from a seed lands, one: receivers that start together enter
+// the claim directory within moments of each other, and the first in
+// would otherwise take a share meant for several.
+func (w *swarm) seedFree() bool {
+	if !w.seeded {
 		return w.seedBusy == 0
 	}
-	return w.seedBusy < max(1, w.s.cfg.Concurrency/(len(w.peers)+1))
+	return w.seedBusy < max(1, w.s.cfg.Concurrency/(len(w.fetchers)+1))
 }
 
-// patience is how long a receiver allows its peers to publish what they
-// are fetching: about two of the slowest reads and publishes it has seen.
+// patience is how long a receiver with nothing else to do allows a peer
+// to read a shard it claimed from a seed and announce it: two of this
+// pass's shard reads and announcements, on average, and the wait before
+// an announcement. Not the slowest: one read stuck behind TCP's
+// retransmission backoff (seconds on a lossy link) would make every
+// receiver wait for it while the seeds idle.
 func (w *swarm) patience() time.Duration {
-	return 2*(w.slowRead+w.slowPublish) + publishDelay
+	p := publishDelay
+	if w.reads > 0 {
+		p += 2 * w.readTime / time.Duration(w.reads)
+	}
+	if w.anns > 0 {
+		p += 2 * w.annTime / time.Duration(w.anns)
+	}
+	return p
 }
 
 // wakeLocked tells the waiting workers that what they may pick changed.
@@ -282,53 +397,159 @@ func (w *swarm) wakeLocked() {
 	w.wake = make(chan struct{})
 }
 
-// install makes r, a record of the object at least as new as the view,
-// the view. It owns r: this node is struck from its lists (a node never
-// reads from itself, whatever stale entries say).
+// install makes r, a record of the object at least as new as the last,
+// the record of the view. It owns r: this node is struck from its lists (a
+// node never reads from itself, whatever stale entries say).
 func (w *swarm) install(r *record) {
 	for i := range r.p.Shards {
 		sh := &r.p.Shards[i]
-		n := len(sh.ReplicaList)
 		sh.Gold = withoutSegment(sh.Gold, w.s.name)
 		sh.ReplicaList = withoutSegment(sh.ReplicaList, w.s.name)
-		if w.informed.IsZero() && len(sh.ReplicaList) != n {
-			w.informed = time.Now()
-		}
 	}
-	w.view = r
+	w.rec = r
+	w.mergeLocked()
+}
+
+// mergeLocked makes the view: the record, and as replica holders the
+// receivers that announced shards the record does not list them for yet.
+func (w *swarm) mergeLocked() {
+	v := &record{p: w.rec.p, rev: w.rec.rev, created: w.rec.created}
+	if len(w.holds) > 0 {
+		p := *w.rec.p
+		p.Shards = slices.Clone(p.Shards)
+		for seg, hs := range w.holds {
+			for i, addr := range hs {
+				if i < 0 || i >= len(p.Shards) {
+					continue
+				}
+				sh := &p.Shards[i]
+				if !slices.ContainsFunc(sh.ReplicaList, func(l location) bool { return l.SegmentName == seg }) {
+					sh.ReplicaList = append(slices.Clip(sh.ReplicaList), location{SegmentName: seg, Offset: addr})
+				}
+			}
+		}
+		v.p = &p
+	}
+	w.view = v
 	w.recountLocked()
 }
 
 // recountLocked derives from the view and the failed segments the live
-// replica holders of each shard, the other receivers, and which shards
-// this receiver owns.
-//
-// Receivers that start together would each read much of the object from
-// the seed before their publications reach one another. So the shards only
-// a seed serves are split among the receivers by rendezvous hashing on
-// (segment, shard): each receiver reads the shards it owns from the seed
-// and takes the others' from their owners once published. Receivers that
-// see the same peers agree on the split without a word; while they do not,
-// the few reads seedFree allows may be duplicated.
+// replica holders of each shard.
 func (w *swarm) recountLocked() {
-	clear(w.peers)
 	for i, sh := range w.view.p.Shards {
 		n := 0
 		for _, l := range sh.ReplicaList {
 			if !w.bad[l.SegmentName] {
-				w.peers[l.SegmentName] = true
 				n++
 			}
 		}
 		w.live[i] = n
 	}
-	for i := range w.owned {
-		me := ownerHash(w.s.name, i)
-		w.owned[i] = true
-		for p := range w.peers {
-			if h := ownerHash(p, i); h > me || h == me && p > w.s.name {
-				w.owned[i] = false
+}
+
+// resetClaimsLocked makes the claim directory as read at rev (kvs) the
+// swarm's view of it, unless it knows a newer one.
+func (w *swarm) resetClaimsLocked(kvs []*mvccpb.KeyValue, rev int64) {
+	if rev <= w.claimRev {
+		return
+	}
+	clear(w.fetchers)
+	clear(w.holds)
+	for i, c := range w.claimed {
+		if c != w.s.name {
+			w.claimed[i] = ""
+		}
+	}
+	for _, kv := range kvs {
+		w.applyClaimLocked(string(kv.Key), string(kv.Value), true)
+	}
+	w.claimRev = rev
+	w.mergeLocked()
+	w.wakeLocked()
+}
+
+// applyClaimLocked applies one change to the claim directory: key was put
+// with value, or deleted. It returns whether the view must be merged again.
+func (w *swarm) applyClaimLocked(key, value string, put bool) (remerge bool) {
+	kind, seg, i, ok := claimKey(w.cl.dir, key)
+	switch {
+	case !ok || seg == w.s.name || i >= len(w.claimed):
+	case kind == fetcherKey && put:
+		w.fetchers[seg] = true
+	case kind == fetcherKey:
+		delete(w.fetchers, seg)
+	case kind == claimedKey && put:
+		if w.claimed[i] != value {
+			w.claimed[i], w.claimedAt[i] = value, time.Now()
+		}
+	case kind == claimedKey:
+		// The claimant left (its shards are published or its pass failed)
+		// or its lease ran out: the shard may be claimed again.
+		w.claimed[i] = ""
+	case kind == holdsKey && put:
+		var hs map[int]uint64
+		if err := json.Unmarshal([]byte(value), &hs); err != nil {
+			w.s.log.Warn("skipping invalid holdings", "key", key, "err", err)
+			return false
+		}
+		w.holds[seg] = hs
+		return true
+	case kind == holdsKey:
+		// Gone with its pass: what it published is in the record.
+		delete(w.holds, seg)
+		return true
+	}
+	return false
+}
+
+// followClaims applies each change of the claim directory from revision
+// rev on until ctx ends. A broken watch is set up again from a fresh read.
+func (w *swarm) followClaims(ctx context.Context, rev int64) {
+	watch := w.cl.watch(ctx, rev+1)
+	for {
+		var resp clientv3.WatchResponse
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return
+		case resp, ok = <-watch:
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if ok && resp.Err() == nil {
+			w.mu.Lock()
+			remerge := false
+			for _, ev := range resp.Events {
+				if w.applyClaimLocked(string(ev.Kv.Key), string(ev.Kv.Value), ev.Type == clientv3.EventTypePut) {
+					remerge = true
+				}
+			}
+			if remerge {
+				w.mergeLocked()
+			}
+			w.claimRev = max(w.claimRev, resp.Header.Revision)
+			w.wakeLocked()
+			w.mu.Unlock()
+			continue
+		}
+		for {
+			mctx, cancel := w.s.metaCtx(ctx)
+			kvs, at, err := w.cl.read(mctx)
+			cancel()
+			if err == nil {
+				w.mu.Lock()
+				w.resetClaimsLocked(kvs, at)
+				w.mu.Unlock()
+				watch = w.cl.watch(ctx, at+1)
 				break
+			}
+			w.s.log.Debug("re-reading claims for the watch", "name", w.base.p.Name, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(publishDelay):
 			}
 		}
 	}
@@ -357,7 +578,7 @@ func (w *swarm) see(r *record) bool {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if r.rev > w.view.rev {
+	if r.rev > w.rec.rev {
 		w.install(r)
 		w.wakeLocked()
 	}
@@ -370,18 +591,32 @@ func (w *swarm) land(i int) {
 	w.state[i] = landed
 	if w.mine[i] != nil {
 		w.unpub = append(w.unpub, i)
+		w.held[i] = w.mine[i].Offset
 	}
 	w.mu.Unlock()
-	select {
-	case w.kick <- struct{}{}:
-	default:
+	for _, k := range []chan struct{}{w.kick, w.kickHeld} {
+		select {
+		case k <- struct{}{}:
+		default:
+		}
 	}
 }
 
 // pullShard reads shard i, trying another source after each failure, at
 // least Config.Retries times and once per source. The sources are those
-// of the current view, which may change between attempts.
-func (w *swarm) pullShard(ctx context.Context, i int, wk *worker) error {
+// of the current view, which may change between attempts. held is whether
+// next took a seed slot for the shard: it is given back once the first
+// attempt ends, wherever that attempt read from.
+func (w *swarm) pullShard(ctx context.Context, pk pick, wk *worker) error {
+	i, held := pk.i, pk.how != fromPeers
+	defer func() {
+		if held {
+			w.mu.Lock()
+			w.seedBusy--
+			w.wakeLocked()
+			w.mu.Unlock()
+		}
+	}()
 	name := w.base.p.Name
 	wk.tried = wk.tried[:0]
 	var last error
@@ -393,9 +628,16 @@ func (w *swarm) pullShard(ctx context.Context, i int, wk *worker) error {
 		var seed bool
 		if n > 0 && k < tries {
 			loc, seed = source(sh, wk.tried, w.bad)
-			if seed {
-				w.seedBusy++
+			if k == 0 && pk.from != "" {
+				if j := slices.IndexFunc(sh.ReplicaList, func(l location) bool { return l.SegmentName == pk.from }); j >= 0 {
+					loc, seed = sh.ReplicaList[j], false
+				}
 			}
+			if seed && !held {
+				w.seedBusy++
+				held = true
+			}
+			w.reading[loc.SegmentName]++
 		}
 		w.mu.Unlock()
 		switch {
@@ -406,14 +648,24 @@ func (w *swarm) pullShard(ctx context.Context, i int, wk *worker) error {
 		case k >= tries:
 			return fmt.Errorf("%w: shard %d of %q failed %d times, last: %w", ErrTooManyRetries, i, name, k, last)
 		}
+		if seed && w.s.onSeedRead != nil {
+			w.s.onSeedRead(i)
+		}
 		start := time.Now()
 		err := w.s.read(ctx, loc, wk)
+		took := time.Since(start)
 		w.mu.Lock()
-		if err == nil {
-			w.slowRead = max(w.slowRead, time.Since(start))
+		if w.reading[loc.SegmentName]--; w.reading[loc.SegmentName] == 0 {
+			delete(w.reading, loc.SegmentName)
 		}
-		if seed {
+		if err == nil {
+			w.readTime += took
+			w.reads++
+			w.seeded = w.seeded || seed
+		}
+		if held {
 			w.seedBusy--
+			held = false
 			w.wakeLocked()
 		}
 		if err != nil && ctx.Err() == nil && !w.bad[loc.SegmentName] {
@@ -423,6 +675,8 @@ func (w *swarm) pullShard(ctx context.Context, i int, wk *worker) error {
 		}
 		w.mu.Unlock()
 		if err == nil {
+			w.s.log.Debug("shard read", "name", name, "shard", i, "source", loc.SegmentName, "seed", seed,
+				"at", start, "took", took)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -548,6 +802,52 @@ func (w *swarm) publishLoop(ctx context.Context, abort context.CancelCauseFunc) 
 	}
 }
 
+// announceLoop announces the shards this pass holds (claims.announce)
+// until ctx ends, once publishBatch of them wait or the oldest has waited
+// publishDelay. A failed announcement is logged and made again with the
+// next: the shards are published in the record meanwhile.
+func (w *swarm) announceLoop(ctx context.Context) {
+	var due <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.kickHeld:
+			if due == nil {
+				due = time.After(publishDelay)
+			}
+			w.mu.Lock()
+			now := len(w.held)-w.announced >= publishBatch
+			w.mu.Unlock()
+			if !now {
+				continue
+			}
+		case <-due:
+		}
+		due = nil
+		w.mu.Lock()
+		held := maps.Clone(w.held)
+		w.mu.Unlock()
+		mctx, cancel := w.s.metaCtx(ctx)
+		start := time.Now()
+		err := w.cl.announce(mctx, held)
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.s.log.Debug("announcing shards failed", "name", w.base.p.Name, "err", err)
+			}
+			due = time.After(publishDelay)
+			continue
+		}
+		w.mu.Lock()
+		w.announced = len(held)
+		w.annTime += took
+		w.anns++
+		w.mu.Unlock()
+	}
+}
+
 // rewatch reads the record and watches it from there; same is false when
 // it is no longer the object this pass fetches. A failed read is retried
 // after a pause; once ctx ends the watch is nil.
@@ -579,12 +879,13 @@ func (w *swarm) publish(ctx context.Context) error {
 	w.mu.Lock()
 	batch := slices.Clone(w.unpub)
 	w.mu.Unlock()
-	replaced, seen := false, false
+	replaced, seen, tries := false, false, 0
 	mctx, cancel := w.s.metaCtx(ctx)
 	defer cancel()
 	start := time.Now()
 	written, err := w.s.meta.edit(mctx, w.base.p.Name, func(cur *record) (bool, error) {
 		seen = true
+		tries++
 		if replaced = !sameObject(w.base, cur); replaced {
 			return false, nil
 		}
@@ -603,14 +904,14 @@ func (w *swarm) publish(ctx context.Context) error {
 	case !seen || replaced:
 		return errReplaced
 	}
+	took := time.Since(start)
+	if len(batch) > 0 {
+		w.s.log.Debug("shards published", "name", w.base.p.Name, "shards", batch, "at", start, "took", took, "tries", tries)
+	}
 	w.mu.Lock()
 	// land only appends, so the batch is still the front of unpub.
 	w.unpub = slices.Delete(w.unpub, 0, len(batch))
-	w.slowPublish = max(w.slowPublish, time.Since(start))
-	if len(batch) > 0 && w.informed.IsZero() {
-		w.informed = time.Now()
-	}
-	if written != nil && written.rev > w.view.rev {
+	if written != nil && written.rev > w.rec.rev {
 		w.install(written)
 	}
 	w.wakeLocked()

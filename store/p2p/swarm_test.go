@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -61,7 +62,7 @@ func TestSource(t *testing.T) {
 
 // testSwarm is a pass over an object of n one-byte shards, with the given
 // replica holders per shard, as receiver "me" with 4 workers sees it;
-// nothing is read.
+// nothing is read and etcd is not asked.
 func testSwarm(n int, replicas map[int][]string) *swarm {
 	p := &payload{Name: "obj", Size: uint64(n), SizeList: []uint64{uint64(n)}, MaxShardSize: 1}
 	for i := range n {
@@ -71,130 +72,244 @@ func testSwarm(n int, replicas map[int][]string) *swarm {
 		}
 		p.Shards = append(p.Shards, sh)
 	}
-	s := &Store{cfg: Config{Concurrency: 4}, name: "me"}
-	return newSwarm(s, &record{p: p, rev: 1, created: 1}, newLayout([]span{{0x1000, uint64(n)}}))
+	s := &Store{cfg: Config{Concurrency: 4}, name: "me", log: quiet}
+	r := &record{p: p, rev: 1, created: 1}
+	w := newSwarm(s, r, newLayout([]span{{0x1000, uint64(n)}}))
+	w.cl = &claims{dir: claimDir(r), me: "me"}
+	return w
+}
+
+// enter applies claim directory entries to w, as the watch would.
+func (w *swarm) enter(kvs ...string) {
+	for i := 0; i < len(kvs); i += 2 {
+		if w.applyClaimLocked(w.cl.dir+kvs[i], kvs[i+1], true) {
+			w.mergeLocked()
+		}
+	}
+}
+
+// take picks shards now, as workers would, and starts reading each, until
+// none may be picked; it returns the picks and what the last pick said.
+func take(w *swarm, now time.Time) (got []pick, wait bool, stealAt time.Time) {
+	for {
+		pk, wait, stealAt := w.pickLocked(now)
+		if pk.i < 0 {
+			return got, wait, stealAt
+		}
+		w.state[pk.i] = busy
+		if pk.how != fromPeers {
+			w.seedBusy++
+		} else {
+			w.reading[pk.from]++
+		}
+		got = append(got, pk)
+	}
 }
 
 func TestPick(t *testing.T) {
-	// Take every shard that may be picked now, as workers would, and
-	// start reading it.
-	drain := func(w *swarm, now time.Time) (got []int, wait bool, stealAt time.Time) {
-		for {
-			i, wait, stealAt := w.pickLocked(now)
-			if i < 0 {
-				return got, wait, stealAt
-			}
-			w.state[i] = busy
-			if w.live[i] == 0 {
-				w.seedBusy++
-			}
-			got = append(got, i)
+	t.Run("a seed read first, then peers, rarest first", func(t *testing.T) {
+		w := testSwarm(6, map[int][]string{1: {"a", "b"}, 2: {"a"}, 3: {"a", "b", "c"}})
+		w.enter("f/a", "", "f/b", "", "f/c", "")
+		got, wait, _ := take(w, time.Now())
+		// One shard nobody has, claimed for the seed; then one from each
+		// holder, each holder's rarest; then the seed slot is full and the
+		// rest wait for it.
+		if len(got) != 4 || got[0].how != claimSeed || w.live[got[0].i] != 0 || !wait {
+			t.Fatalf("picked %+v (wait %v), want a claim then three peer reads, then wait", got, wait)
 		}
-	}
-	t.Run("shared first, rarest first", func(t *testing.T) {
-		w := testSwarm(4, map[int][]string{1: {"a", "b"}, 2: {"a"}, 3: {"a", "b", "c"}})
-		w.informed = time.Now().Add(-time.Hour)
-		w.recountLocked()
-		got, _, _ := drain(w, time.Now())
-		// Shared ones by rarity, then what this receiver owns of the
-		// rest, one seed read at a time (three peers, four workers).
-		if !slices.Equal(got[:3], []int{2, 1, 3}) {
-			t.Fatalf("picked %v, want 2, 1, 3 first", got)
+		byHolder := map[string]int{}
+		for _, pk := range got[1:] {
+			byHolder[pk.from] = pk.i
+		}
+		if want := map[string]int{"a": 2, "b": 1, "c": 3}; !maps.Equal(byHolder, want) {
+			t.Fatalf("read %v from the holders, want %v", byHolder, want)
 		}
 	})
-	t.Run("one probe before informed", func(t *testing.T) {
-		w := testSwarm(8, nil)
-		if got, wait, _ := drain(w, time.Now()); len(got) != 1 || !wait {
-			t.Fatalf("picked %v (wait %v), want one shard and wait", got, wait)
-		}
-		// Landed, but not yet seen published: still one.
-		w.seedBusy = 0
-		if got, _, _ := drain(w, time.Now()); len(got) != 0 {
-			t.Fatalf("picked %v before the probe was published", got)
-		}
-		// Published and alone: the whole seed share, four at once.
-		w.informed = time.Now().Add(-time.Hour)
-		if got, _, _ := drain(w, time.Now()); len(got) != 4 {
-			t.Fatalf("picked %v once informed and alone, want 4", got)
+	t.Run("seed slots shared among fetchers", func(t *testing.T) {
+		for _, tc := range []struct {
+			fetchers []string
+			seeded   bool
+			want     int
+		}{
+			{nil, false, 1},          // until a seed read lands: one
+			{nil, true, 4},           // alone: Concurrency
+			{[]string{"a"}, true, 2}, // two receivers: half each
+			{[]string{"a", "b", "c", "d", "e"}, true, 1}, // at least one
+		} {
+			w := testSwarm(16, nil)
+			for _, f := range tc.fetchers {
+				w.enter("f/"+f, "")
+			}
+			w.seeded = tc.seeded
+			got, _, _ := take(w, time.Now())
+			if len(got) != tc.want {
+				t.Errorf("%d other fetchers (seeded %v): %d seed reads at once, want %d", len(tc.fetchers), tc.seeded, len(got), tc.want)
+			}
+			for _, pk := range got {
+				if pk.how != claimSeed {
+					t.Errorf("picked %+v, want a claim", pk)
+				}
+			}
 		}
 	})
-	t.Run("owned, then steal", func(t *testing.T) {
-		w := testSwarm(64, map[int][]string{})
-		w.informed = time.Now().Add(-time.Hour)
-		w.peers = map[string]bool{"a": true, "b": true, "c": true}
-		w.view.p.Shards[0].ReplicaList = []location{{"a", 0}, {"b", 0}, {"c", 0}}
-		w.recountLocked()
-		w.state[0] = landed
+	t.Run("no claim on what another claimed", func(t *testing.T) {
+		w := testSwarm(4, nil)
+		w.enter("f/a", "", "s/0", "a", "s/2", "a")
+		w.seeded = true
+		got, _, _ := take(w, time.Now())
+		if len(got) != 2 || got[0].i == 0 || got[0].i == 2 || got[1].i == 0 || got[1].i == 2 {
+			t.Fatalf("picked %+v, want shards 1 and 3 (0 and 2 are a's)", got)
+		}
+	})
+	t.Run("others' claims stolen after patience", func(t *testing.T) {
+		w := testSwarm(2, nil)
+		w.enter("f/a", "", "s/0", "a", "s/1", "a")
+		w.readTime, w.reads = 30*time.Millisecond, 3 // 10 ms a read
 		now := time.Now()
-		var mine []int
-		for {
-			got, wait, stealAt := drain(w, now)
-			mine = append(mine, got...)
-			if !stealAt.IsZero() || !wait {
-				break
-			}
-			w.seedBusy = 0 // each read lands before the next pick
+		got, wait, stealAt := take(w, now)
+		if want := w.claimedAt[0].Add(20*time.Millisecond + publishDelay); len(got) != 0 || !wait || !stealAt.Equal(want) {
+			t.Fatalf("picked %+v (wait %v until %v), want to wait until %v", got, wait, stealAt, want)
 		}
-		for _, i := range mine {
-			if !w.owned[i] {
-				t.Fatalf("read shard %d from the seed, owned by another", i)
-			}
+		// Announced meanwhile: read from the holder.
+		w.enter("h/a", `{"1":1}`)
+		if got, _, _ = take(w, now); len(got) != 1 || got[0] != (pick{i: 1, from: "a"}) {
+			t.Fatalf("picked %+v, want shard 1 from a", got)
 		}
-		if n := len(mine); n == 0 || n > 40 {
-			t.Fatalf("owns %d of 63 shards among 4 receivers", n)
+		// The other is taken from the seed once patience has passed.
+		got, _, _ = take(w, stealAt)
+		if len(got) != 1 || got[0] != (pick{i: 0, how: fromSeed}) {
+			t.Fatalf("picked %+v at %v, want shard 0 from the seed", got, stealAt)
 		}
-		// Nothing but the others' shards left: they are taken once this
-		// receiver has waited, one at a time.
-		w.seedBusy = 0
-		w.slowRead, w.slowPublish = 10*time.Millisecond, 20*time.Millisecond
-		_, wait, stealAt := w.pickLocked(now)
-		if want := now.Add(60*time.Millisecond + publishDelay); !wait || !stealAt.Equal(want) {
-			t.Fatalf("starving: wait %v until %v, want until %v", wait, stealAt, want)
+	})
+	t.Run("a shard this node cannot serve is not claimed", func(t *testing.T) {
+		w := testSwarm(2, nil)
+		w.mine[0] = nil
+		w.seeded = true
+		got, _, _ := take(w, time.Now())
+		// Alone: both from the seed, shard 0 without a claim.
+		if len(got) != 2 || got[0] != (pick{i: 1, how: claimSeed}) && got[1] != (pick{i: 1, how: claimSeed}) {
+			t.Fatalf("picked %+v, want shard 1 claimed", got)
 		}
-		got, _, _ := drain(w, stealAt)
-		if len(got) != 1 || w.owned[got[0]] {
-			t.Fatalf("stole %v, want one of the others' shards", got)
+		w = testSwarm(2, nil)
+		w.mine[0] = nil
+		w.seeded = true
+		w.enter("f/a", "")
+		got, wait, stealAt := take(w, w.claimedAt[0])
+		// With another fetcher, shard 0 is left to it for a while.
+		if len(got) != 1 || got[0].i != 1 || !wait || stealAt.IsZero() {
+			t.Fatalf("picked %+v (wait %v until %v), want shard 1 and to wait for 0", got, wait, stealAt)
 		}
 	})
 }
 
-// TestOwnersAgree: receivers that see the same peers split the shards
-// among themselves, each shard to exactly one.
-func TestOwnersAgree(t *testing.T) {
-	names := []string{"10.0.0.1:15001", "10.0.0.2:15001", "10.0.0.3:15001", "10.0.0.4:15001"}
-	const n = 64
-	owners := make([]int, n)
-	for _, me := range names {
-		w := testSwarm(n, nil)
-		w.s.name = me
-		for _, p := range names {
-			if p != me {
-				w.peers[p] = true
-			}
-		}
-		// recountLocked rebuilds peers from the view: give it the peers
-		// as holders of a shard nobody reads here.
-		for _, p := range names {
-			if p != me {
-				w.view.p.Shards[0].ReplicaList = append(w.view.p.Shards[0].ReplicaList, location{p, 0})
-			}
-		}
-		w.recountLocked()
-		k := 0
-		for i, o := range w.owned {
-			if o {
-				owners[i]++
-				k++
-			}
-		}
-		if k < n/8 {
-			t.Errorf("%s owns %d of %d shards", me, k, n)
+// TestHoldsJoinTheView: shards another receiver announced are read from
+// it before the record lists it, and forgotten once it leaves.
+func TestHoldsJoinTheView(t *testing.T) {
+	w := testSwarm(3, map[int][]string{0: {"b"}})
+	w.enter("h/a", `{"0":100,"2":102}`, "h/me", `{"1":0}`)
+	want := [][]location{{{"b", 0}, {"a", 100}}, nil, {{"a", 102}}}
+	for i, sh := range w.view.p.Shards {
+		if !slices.Equal(sh.ReplicaList, want[i]) {
+			t.Errorf("shard %d: replicas %v, want %v", i, sh.ReplicaList, want[i])
 		}
 	}
-	for i, c := range owners {
-		if c != 1 {
-			t.Errorf("shard %d has %d owners", i, c)
+	if len(w.rec.p.Shards[0].ReplicaList) != 1 {
+		t.Errorf("the record was changed: %v", w.rec.p.Shards[0].ReplicaList)
+	}
+	if w.applyClaimLocked(w.cl.dir+"h/a", "", false) {
+		w.mergeLocked()
+	}
+	if !slices.Equal(w.live, []int{1, 0, 0}) {
+		t.Errorf("live %v once a left, want [1 0 0]", w.live)
+	}
+}
+
+func TestClaimKey(t *testing.T) {
+	dir := claimDir(&record{p: &payload{Name: "a/b"}, created: 7})
+	if dir != "mooncake/p2p-claims/7/a/b/" {
+		t.Fatalf("dir %q", dir)
+	}
+	for _, tc := range []struct {
+		key   string
+		kind  byte
+		seg   string
+		shard int
+		ok    bool
+	}{
+		{dir + "f/10.0.0.1:15001", fetcherKey, "10.0.0.1:15001", 0, true},
+		{dir + "h/10.0.0.1:15001", holdsKey, "10.0.0.1:15001", 0, true},
+		{dir + "s/12", claimedKey, "", 12, true},
+		{dir + "s/-1", 0, "", 0, false},
+		{dir + "s/x", 0, "", 0, false},
+		{dir + "f/", 0, "", 0, false},
+		{dir + "x/y", 0, "", 0, false},
+		{"mooncake/p2p-claims/7/a/f/x", 0, "", 0, false},
+	} {
+		kind, seg, shard, ok := claimKey(dir, tc.key)
+		if ok != tc.ok || ok && (kind != tc.kind || seg != tc.seg || shard != tc.shard) {
+			t.Errorf("claimKey(%q) = %c %q %d %v, want %c %q %d %v", tc.key, kind, seg, shard, ok, tc.kind, tc.seg, tc.shard, tc.ok)
 		}
+	}
+}
+
+// TestSeedSendsEachShardOnceFirst: eight receivers fetch a 32-shard object
+// together from one seed. No shard is read from the seed a second time
+// before every shard was read from it once, and (no receiver failing) the
+// seed serves about one copy.
+func TestSeedSendsEachShardOnceFirst(t *testing.T) {
+	etcd := startEtcd(t)
+	ctx := testCtx(t)
+	seed := newNode(t, etcd, nil)
+	const n, shard = 32, 256 << 10
+	data := newBuffers(t, n*shard)
+	data.fill(11)
+	if err := seed.Register(ctx, "obj", data.addrs, data.sizes, shard, "", false); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []int // shards in the order their seed reads started
+	const receivers = 8
+	nodes := make([]*node, receivers)
+	got := make([]*buffers, receivers)
+	for i := range nodes {
+		nodes[i] = newNode(t, etcd, nil)
+		nodes[i].onSeedRead = func(i int) {
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+		}
+		got[i] = newBuffers(t, n*shard)
+	}
+	errs := make([]error, receivers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, r := range nodes {
+		wg.Go(func() {
+			<-start
+			errs[i] = r.GetReplica(ctx, "obj", got[i].addrs, got[i].sizes)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range nodes {
+		if errs[i] != nil {
+			t.Fatalf("receiver %d: %v", i, errs[i])
+		}
+		if !got[i].equal(data) {
+			t.Fatalf("receiver %d: bytes differ from the seed's", i)
+		}
+	}
+	seen := map[int]bool{}
+	for k, i := range order {
+		if seen[i] && len(seen) < n {
+			t.Fatalf("shard %d read from the seed again (read %d) when %d of %d shards had been read from it once; order %v",
+				i, k, len(seen), n, order)
+		}
+		seen[i] = true
+	}
+	t.Logf("%d seed reads for %d shards: %v", len(order), n, order)
+	if len(seen) != n {
+		t.Fatalf("%d shards read from the seed, want %d", len(seen), n)
 	}
 }
 
