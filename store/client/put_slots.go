@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,9 +158,13 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uint64, k int) {
 	p := &c.slots
 	defer p.wg.Done()
+	// The nonce is the same on every retry of the call: one whose answer
+	// was lost gets the slots it made rather than more.
+	req := &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc,
+		Nonce: strconv.FormatUint(rand.Uint64(), 36)}
 	var resp *storepb.PutReserveResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
-		resp, err = rpc.PutReserve(ctx, &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc})
+		resp, err = rpc.PutReserve(ctx, req)
 		if status.Code(err) == codes.Unimplemented {
 			c.slots.off.Store(true) // a master older than slots
 		}

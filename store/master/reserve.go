@@ -51,6 +51,28 @@ func isSlot(key string) bool { return strings.HasPrefix(key, slotPrefix) }
 // reserves as many as fit and a batch put may start, at least one, else
 // answers as PutStart would.
 func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
+	return s.reserve(ctx, t, clientID, "", length, count, cfg)
+}
+
+// reserve is PutReserve with the slots named after nonce, when it is set:
+// a reserve whose answer was lost, asked again with the same nonce (a
+// retry, maybe to the next leader, which has the slots from the journal),
+// answers the slots it made, still in flight, instead of making more that
+// nobody would use until the master reclaims them.
+func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
+	name := func(int) string { return s.slots.next() }
+	if len(nonce) > maxNonce {
+		return nil, storeErr(storepb.InvalidParams, "reserve nonce of %d bytes (max %d)", len(nonce), maxNonce)
+	}
+	if nonce != "" {
+		stem := slotPrefix + "n/" + nonce + "/"
+		name = func(i int) string { return stem + strconv.Itoa(i) }
+		if made := s.reserved(t, clientID, name, length, count); len(made) > 0 {
+			// Durable before they were first answered: the first
+			// reserve waited, or failed before it could answer.
+			return made, s.durable(ctx, s.lastSeq())
+		}
+	}
 	if count <= 0 {
 		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots", count)
 	}
@@ -67,8 +89,8 @@ func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uin
 		out  []*storepb.PutSlot
 		last uint64
 	)
-	for range count {
-		name := s.slots.next()
+	for i := range count {
+		name := name(i)
 		reps, seq, err := s.startSeq(ctx, clientID, scopeKey(t, name), length, cfg, false)
 		if err != nil {
 			if len(out) == 0 {
@@ -83,6 +105,28 @@ func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uin
 		return nil, err
 	}
 	return out, nil
+}
+
+// maxNonce bounds the nonce of a reserve, which is part of its slots' names.
+const maxNonce = 64
+
+// reserved returns the slots name(0), name(1), ... of length bytes that
+// clientID has in flight: those an earlier reserve under the same names
+// made, as it answered them.
+func (s *Service) reserved(t, clientID string, name func(int) string, length uint64, count int) []*storepb.PutSlot {
+	var out []*storepb.PutSlot
+	for i := range count {
+		key := scopeKey(t, name(i))
+		sh := s.shardOf(key)
+		sh.mu.Lock()
+		o := sh.objects[key]
+		if o != nil && o.pending != nil && o.pending.client == clientID && o.pending.size == length {
+			out = append(out, &storepb.PutSlot{Slot: name(i),
+				Replicas: describe(live(o.pending.replicas), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING)})
+		}
+		sh.mu.Unlock()
+	}
+	return out
 }
 
 // commitSeq puts clientID's value, written into slot, under key with
@@ -177,7 +221,7 @@ func (g *GRPCServer) PutReserve(ctx context.Context, req *storepb.PutReserveRequ
 	if err != nil {
 		return nil, err
 	}
-	slots, err := g.svc.Load().PutReserve(ctx, t, req.ClientId, req.ValueLength, int(req.Count), req.Config)
+	slots, err := g.svc.Load().reserve(ctx, t, req.ClientId, req.Nonce, req.ValueLength, int(req.Count), req.Config)
 	return &storepb.PutReserveResponse{Result: storepb.NewResult(err), Slots: slots}, nil
 }
 

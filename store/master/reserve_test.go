@@ -133,3 +133,53 @@ func TestJournalCommitWithoutSlot(t *testing.T) {
 	require.EqualValues(t, 10, st.objects["k"].GetSize())
 	require.Equal(t, "a", st.objects["k"].GetWriter())
 }
+
+// A reserve asked again with its nonce (a retry, its first answer lost)
+// answers the slots the first made, on this master and on one restored
+// from the journal, and reserves no more; slots committed or revoked
+// meanwhile are not answered again; another client's nonce, or another
+// length, makes slots of its own.
+func TestPutReserveRetryByNonce(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	j := &memJournal{}
+	s.j = j
+	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
+	ctx := t.Context()
+	first, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	require.NoError(t, err)
+	require.Len(t, first, 4)
+	used := s.Stats().Used
+	again, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	require.NoError(t, err)
+	assert.Equal(t, first, again, "the same slots, where they were")
+	assert.Equal(t, used, s.Stats().Used, "no space taken twice")
+
+	require.NoError(t, commit(s, "a", first[0].Slot, "k0", 1))
+	require.NoError(t, s.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[1].Slot)))
+	again, err = s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	require.NoError(t, err)
+	assert.Equal(t, first[2:], again, "only the slots still in flight")
+
+	st := newState()
+	for i, r := range j.recs {
+		require.NoError(t, st.apply(r), "record %d %v", i+1, r)
+	}
+	s2, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s2.restore(st))
+	used = s2.Stats().Used
+	again, err = s2.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	require.NoError(t, err)
+	assert.Equal(t, first[2:], again, "the next leader answers them too")
+	assert.Equal(t, used, s2.Stats().Used)
+
+	other, err := s.reserve(ctx, DefaultTenant, "b", "x1", 4096, 2, nil)
+	require.NoError(t, err, "b's nonce names b's slots")
+	require.Len(t, other, 2)
+	assert.NotEqual(t, first[2].Slot, other[0].Slot)
+	longer, err := s.reserve(ctx, DefaultTenant, "a", "x2", 8192, 1, nil)
+	require.NoError(t, err)
+	assert.NotContains(t, []string{first[2].Slot, first[3].Slot}, longer[0].Slot)
+
+	_, err = s.reserve(ctx, DefaultTenant, "a", string(make([]byte, maxNonce+1)), 4096, 1, nil)
+	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
+}

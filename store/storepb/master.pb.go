@@ -978,11 +978,15 @@ func (x *BatchPutEndRequest) GetItems() []*PutEndRequest {
 }
 
 type PutReserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	ValueLength   uint64                 `protobuf:"varint,2,opt,name=value_length,json=valueLength,proto3" json:"value_length,omitempty"`
-	Count         uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
-	Config        *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ClientId    string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	ValueLength uint64                 `protobuf:"varint,2,opt,name=value_length,json=valueLength,proto3" json:"value_length,omitempty"`
+	Count       uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Config      *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	// nonce, unique per reserve and the same on its retries, names the
+	// slots: a retry whose first answer was lost gets the slots the first
+	// reserved instead of new ones (empty: names of the master's).
+	Nonce         string `protobuf:"bytes,5,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1043,6 +1047,13 @@ func (x *PutReserveRequest) GetConfig() *ReplicateConfig {
 		return x.Config
 	}
 	return nil
+}
+
+func (x *PutReserveRequest) GetNonce() string {
+	if x != nil {
+		return x.Nonce
+	}
+	return ""
 }
 
 // PutSlot is a put started under a name of the master's, and where to
@@ -2474,12 +2485,13 @@ const file_master_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"L\n" +
 	"\x12BatchPutEndRequest\x126\n" +
-	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\"\xa5\x01\n" +
+	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\"\xbb\x01\n" +
 	"\x11PutReserveRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12!\n" +
 	"\fvalue_length\x18\x02 \x01(\x04R\vvalueLength\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12:\n" +
-	"\x06config\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicateConfigR\x06config\"U\n" +
+	"\x06config\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicateConfigR\x06config\x12\x14\n" +
+	"\x05nonce\x18\x05 \x01(\tR\x05nonce\"U\n" +
 	"\aPutSlot\x12\x12\n" +
 	"\x04slot\x18\x01 \x01(\tR\x04slot\x126\n" +
 	"\breplicas\x18\x02 \x03(\v2\x1a.mooncake.store.v1.ReplicaR\breplicas\"y\n" +
