@@ -57,13 +57,10 @@ _ALREADY_EXISTS = -705  # MC_STORE_ERR_OBJECT_ALREADY_EXISTS: the page is there
 _NOT_FOUND = -704  # MC_STORE_ERR_OBJECT_NOT_FOUND: a plain miss
 
 
-def _report(op: str, keys: List[str], codes, ok, quiet) -> None:
+def _report(op: str, keys: List[str], codes: List[int], ok: List[bool], quiet) -> None:
     """Logs a batch's failed pages, one line: how many, and the first one's
-    status (a short read has status 0). Plain misses (quiet) are not
-    failures. codes and ok: sequences or numpy arrays, one per page."""
-    codes, ok = np.asarray(codes), np.asarray(ok, dtype=bool)
-    bad = np.flatnonzero(~ok & ~np.isin(codes, quiet)).tolist()
-    codes = codes.tolist()
+    status (a short read has status 0). Plain misses (quiet) are not failures."""
+    bad = [i for i, good in enumerate(ok) if not good and codes[i] not in quiet]
     if bad:
         i = bad[0]
         what = _code_error(codes[i]) if codes[i] else "short value (another page shape)"
@@ -106,11 +103,6 @@ def _page_lengths(sizes: List[int], counts: List[int]) -> List[int]:
         out.append(sum(sizes[at:at + c]))
         at += c
     return out
-
-
-def _flat_results(cs, got, n: int):
-    """The library's raw codes and lengths of n pages as numpy arrays."""
-    return np.frombuffer(cs, dtype=np.int32, count=n), np.frombuffer(got, dtype=np.uint64, count=n)
 
 
 class Settings:
@@ -216,7 +208,7 @@ class MooncakeGoHiCache(HiCacheStorage):
         Store._parts_uniform_codes. From the pool's layout where flat.py
         worked it out (no work per page), else from the pool's own
         zero-copy metadata. Page lengths: one int where the pool's pages
-        are alike, else an array."""
+        are alike, else a list."""
         pool = pool or self.mem_pool_host
         if pool is None:
             raise RuntimeError("mooncake-go hicache: register_mem_pool_host was not called")
@@ -229,7 +221,7 @@ class MooncakeGoHiCache(HiCacheStorage):
             raise ValueError(f"mooncake-go hicache: {len(ptrs)} page pieces for {n} pages")
         per = len(ptrs) // n
         ptrs, sizes = np.asarray(ptrs, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64)
-        return ptrs, sizes, per, sizes.reshape(n, per).sum(axis=1)
+        return ptrs, sizes, per, sizes.reshape(n, per).sum(axis=1).tolist()
 
     def _key_array(self, keys: List[str]):
         """The KV pages' store keys as one C array (flat.key_array): the last
@@ -399,11 +391,14 @@ class MooncakeGoHiCache(HiCacheStorage):
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: get of %d pages failed: %s", n, e)
             return [False] * n
-        codes, got = _flat_results(cs, got, n)
-        ok = (codes == 0) & (got == want)
-        if not ok.all():
-            _report("get", keys, codes, ok, (_NOT_FOUND,))
-        return ok.tolist()
+        codes, lens = cs[:], got[:]
+        if isinstance(want, int):
+            if not any(codes) and lens.count(want) == n:
+                return [True] * n  # the usual answer, without a step per page
+            want = [want] * n
+        ok = [c == 0 and g == w for c, g, w in zip(codes, lens, want)]
+        _report("get", keys, codes, ok, (_NOT_FOUND,))
+        return ok
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
@@ -419,11 +414,12 @@ class MooncakeGoHiCache(HiCacheStorage):
         except errors.MooncakeError as e:
             log.warning("mooncake-go hicache: put of %d pages failed: %s", n, e)
             return [False] * n
-        codes, _ = _flat_results(cs, got, n)
-        ok = (codes == 0) | (codes == _ALREADY_EXISTS)
-        if not ok.all():
-            _report("put", keys, codes, ok, ())
-        return ok.tolist()
+        codes = cs[:]
+        if not any(codes):
+            return [True] * n
+        ok = [c in (0, _ALREADY_EXISTS) for c in codes]
+        _report("put", keys, codes, ok, ())
+        return ok
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """How many of keys, from the first, the store holds (SGLang's
