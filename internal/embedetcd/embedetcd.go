@@ -8,7 +8,9 @@ import (
 	"net/url"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 	"go.uber.org/zap"
 )
 
@@ -85,6 +87,12 @@ func Start(dir, clientAddr string, opts ...Option) (*Etcd, error) {
 
 // Addr is the client address, "host:port".
 func (x *Etcd) Addr() string { return x.e.Clients[0].Addr().String() }
+
+// Client is a client of this etcd that calls the server in process, with
+// no gRPC or socket between: a master in the same process waits for each
+// journal write on etcd itself, not on the loopback round trip. The caller
+// closes it (before Close).
+func (x *Etcd) Client() *clientv3.Client { return v3client.New(x.e.Server) }
 
 // Close stops etcd.
 func (x *Etcd) Close() { x.e.Close() }

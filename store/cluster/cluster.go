@@ -205,7 +205,9 @@ func (c *Cluster) startMaster(i int) error {
 		sc.Admin = "127.0.0.1:0"
 	}
 	if !c.cfg.NoHA {
-		sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}}
+		// The masters call the etcd of this process in process: a put's
+		// journal write skips gRPC over loopback TCP.
+		sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}, Client: c.etcd.Client()}
 	}
 	if kv := c.cfg.KVEvents; kv != nil {
 		kv := *kv

@@ -77,9 +77,18 @@ func (j *etcdJournal) close() {
 }
 
 // journalDepth bounds the etcd transactions in flight at once: commits
-// overlap, and a record waits for about one transaction, not for the one
-// before it too.
-const journalDepth = 4
+// overlap, and a large batch waits for about one transaction, not for the
+// one before it too. A batch of fewer than journalOverlap records waits
+// for the transaction in flight instead, and takes the records queued
+// meanwhile with it: a transaction costs etcd ~100-150 µs of CPU however
+// few records it holds, and small ones side by side cost more than they
+// save (16 goroutines appending one record at a time: 2.8 records a
+// transaction and ~60 µs a record with 4 in flight; 7.1 and ~30 µs with
+// one at a time).
+const (
+	journalDepth   = 4
+	journalOverlap = 64
+)
 
 // written is a batch whose transaction returned.
 type written struct {
@@ -89,7 +98,7 @@ type written struct {
 }
 
 // run dispatches queued records to up to journalDepth concurrent writes
-// and advances the committed sequence number through the batches that
+// (one, unless the batch is large) and advances the committed sequence number through the batches that
 // have landed with no gap before them, running their callbacks in order.
 // Batches may land out of order; a failed one fails the journal, and the
 // records after it, though in etcd, are never acknowledged (a new leader
@@ -105,7 +114,7 @@ func (j *etcdJournal) run() {
 		j.mu.Lock()
 		closed, failed := j.closed, j.err != nil
 		var batch []entry
-		if !closed && !failed && inflight < journalDepth {
+		if !closed && !failed && (inflight == 0 || inflight < journalDepth && len(j.queue) >= journalOverlap) {
 			batch, j.queue = j.queue, nil
 		}
 		j.mu.Unlock()

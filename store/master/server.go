@@ -120,6 +120,11 @@ type HAConfig struct {
 	SnapshotEvery int
 	// EtcdTLS is how the master dials etcd over TLS. Zero: plaintext.
 	EtcdTLS secure.TLS
+	// Client, when not nil, is the etcd client to use instead of dialling
+	// Etcd: an etcd in the same process (mooncake up's) is called in
+	// process (embedetcd.Etcd.Client), so a put's journal write skips
+	// gRPC over loopback TCP. The Server closes it.
+	Client *clientv3.Client
 	// ColdStandby makes a standby wait without following the journal: it
 	// holds no copy of the state, and loads the snapshot and the whole log
 	// after it when it wins (seconds for a large state, where a warm
@@ -216,20 +221,20 @@ func Start(cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	if h := cfg.HA; h != nil {
-		if len(h.Etcd) == 0 {
+		if len(h.Etcd) == 0 && h.Client == nil {
 			return nil, errors.New("master: HA needs etcd endpoints")
 		}
 		h.ClusterID = cmp.Or(h.ClusterID, "mooncake_cluster")
 		h.SnapshotEvery = cmp.Or(h.SnapshotEvery, 100000)
-		ecfg, err := etcdopt.ConfigTLS(h.Etcd, 5*time.Second, h.EtcdTLS)
-		if err != nil {
-			return nil, fmt.Errorf("master: %w", err)
+		if s.etcd = h.Client; s.etcd == nil {
+			ecfg, err := etcdopt.ConfigTLS(h.Etcd, 5*time.Second, h.EtcdTLS)
+			if err != nil {
+				return nil, fmt.Errorf("master: %w", err)
+			}
+			if s.etcd, err = clientv3.New(ecfg); err != nil {
+				return nil, fmt.Errorf("master: etcd %v: %w", h.Etcd, err)
+			}
 		}
-		cli, err := clientv3.New(ecfg)
-		if err != nil {
-			return nil, fmt.Errorf("master: etcd %v: %w", h.Etcd, err)
-		}
-		s.etcd = cli
 	}
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
