@@ -1,6 +1,7 @@
 // Package store benchmarks a KV store's puts and gets, and measures the
-// yardsticks ours is compared with in the same run: Redis and the official
-// Mooncake Store.
+// yardsticks ours is compared with in the same run: Redis, the official
+// Mooncake Store, and two floors, what the same calls cost at best over
+// loopback TCP and in shared memory.
 //
 // A run (Options) is one operation, put or get, of objects of one size,
 // BatchSize of them per call, from Clients concurrent clients calling in a
@@ -15,7 +16,11 @@
 // keys not counted) and the 50th and 99th percentiles of the latency of one
 // call, whole batch included, kept in a log-linear histogram (1.6%
 // resolution). One run is noisy: repeat it and take the Median; WriteTable
-// prints results with their ratio to a yardstick at the same point.
+// prints results with their ratio to a yardstick at the same point, and to
+// each floor measured: "x tcp" is the ratio to read for the rows whose
+// bytes cross loopback TCP (remote, redis), "x memcpy" for the same-host
+// and local ones. FloorRatios sets the same ratios in the results (XTCP,
+// XMemcpy; x_tcp and x_memcpy in JSON).
 //
 // The systems:
 //
@@ -37,6 +42,24 @@
 //     loopback TCP between processes, as Redis's do; and Local, every
 //     client holding its own segment and objects, so the official client
 //     copies in memory.
+//   - the tcp floor (RunTCP, topology Remote): a server child process
+//     (TCPServer, "mooncake bench store tcp-server") holding the working
+//     set in one mapped buffer, one loopback connection per client, one
+//     request per call. A get names the batch's objects and the server
+//     writes their bytes back from its buffer in one writev, which the
+//     client reads into its memory; a put is the request and the values in
+//     one writev, read by the server straight into its buffer, then one
+//     ack byte. Sockets keep the kernel's default buffer sizes with Nagle
+//     off, as the engine's TCP transport does. No store over loopback TCP
+//     can move the same bytes in fewer copies or round trips.
+//   - the memcpy floor (RunMemcpy, topology SameHost): the working set in a
+//     memfd mapping, and each client, on its own goroutine, copying a
+//     batch's values between it and its own memory per call. No server:
+//     what a same-host read or write costs at best.
+//
+// The floors keep a minimal index (which key is in which slot, behind one
+// lock; puts evict the oldest objects once the working set is full), so
+// that their calls fail on a missing key as a store's do.
 //
 // Lifecycle: each Run function starts a fresh server (and, for the official
 // store, its processes), measures once and stops them all, waiting for

@@ -18,6 +18,11 @@ const (
 	Ours     = "mooncake-go"
 	Redis    = "redis"
 	Official = "official"
+	// The floors: what the same calls cost at best over loopback TCP
+	// (RunTCP, topology Remote) and in shared memory (RunMemcpy, topology
+	// SameHost).
+	TCP    = "tcp"
+	Memcpy = "memcpy"
 )
 
 // Topologies of the official yardstick (see OfficialConfig.Topology).
@@ -49,6 +54,14 @@ type Result struct {
 	// batch), in microseconds.
 	P50us float64 `json:"p50_us"`
 	P99us float64 `json:"p99_us"`
+	// XTCP and XMemcpy are GB/s over that of the tcp and memcpy floors at
+	// the same op, value size, batch size and clients, set by FloorRatios
+	// where that floor was measured (zero, and left out of JSON, where it
+	// was not). They read against a row of the floor's topology: XTCP for
+	// the systems whose bytes cross loopback TCP (remote, redis), XMemcpy
+	// for same-host and local ones.
+	XTCP    float64 `json:"x_tcp,omitempty"`
+	XMemcpy float64 `json:"x_memcpy,omitempty"`
 }
 
 // fill sets the derived figures from Calls, Seconds and the options.
@@ -83,31 +96,77 @@ func Median(runs []Result) Result {
 	return s[(len(s)-1)/2]
 }
 
-// WriteTable prints rs as an aligned table, one row each in the order
-// given, with the ratio of each row's GB/s to that of the first row of
-// system base at the same op, value size, batch size and clients ("-"
-// where there is none).
-func WriteTable(out io.Writer, rs []Result, base string) error {
+// refs maps each point to the first row of system name there.
+func refs(rs []Result, name string) map[point]Result {
 	ref := map[point]Result{}
 	for _, r := range rs {
-		if _, ok := ref[r.point()]; !ok && r.Name == base {
+		if _, ok := ref[r.point()]; !ok && r.Name == name {
 			ref[r.point()] = r
 		}
 	}
+	return ref
+}
+
+// ratio is r's GB/s over that of ref's row at r's point; ok is false where
+// there is none.
+func ratio(ref map[point]Result, r Result) (x float64, ok bool) {
+	b, ok := ref[r.point()]
+	if !ok || b.GBPerS <= 0 {
+		return 0, false
+	}
+	return r.GBPerS / b.GBPerS, true
+}
+
+// FloorRatios sets XTCP and XMemcpy of every result in rs from the first
+// TCP and Memcpy rows at its point, where there is one.
+func FloorRatios(rs []Result) {
+	tcp, mem := refs(rs, TCP), refs(rs, Memcpy)
+	for i := range rs {
+		rs[i].XTCP, _ = ratio(tcp, rs[i])
+		rs[i].XMemcpy, _ = ratio(mem, rs[i])
+	}
+}
+
+// WriteTable prints rs as an aligned table, one row each in the order
+// given, with the ratio of each row's GB/s to that of the first row of
+// system base at the same op, value size, batch size and clients ("-"
+// where there is none). Where rs holds rows of the floors (TCP, Memcpy),
+// a column for each gives the ratio to it the same way: "x tcp" is the one
+// to read for rows whose bytes cross loopback TCP (remote, redis),
+// "x memcpy" for same-host and local rows.
+func WriteTable(out io.Writer, rs []Result, base string) error {
+	cols := []string{base}
+	for _, f := range []string{TCP, Memcpy} {
+		if f != base && slices.ContainsFunc(rs, func(r Result) bool { return r.Name == f }) {
+			cols = append(cols, f)
+		}
+	}
+	ref := make([]map[point]Result, len(cols))
+	for i, c := range cols {
+		ref[i] = refs(rs, c)
+	}
 	fmt.Fprintf(out, "Store benchmark: GB = 1e9 bytes of values; latency per call (one batch); ratio = GB/s / %s GB/s\n", base)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "system\ttopology\top\tvalue\tbatch\tclients\tseconds\tops/s\tGB/s\tp50 µs\tp99 µs\tx %s\t\n", base)
+	fmt.Fprint(tw, "system\ttopology\top\tvalue\tbatch\tclients\tseconds\tops/s\tGB/s\tp50 µs\tp99 µs\t")
+	for _, c := range cols {
+		fmt.Fprintf(tw, "x %s\t", c)
+	}
+	fmt.Fprintln(tw)
 	for _, r := range rs {
-		ratio := "-"
-		if b, ok := ref[r.point()]; ok && b.GBPerS > 0 {
-			ratio = fmt.Sprintf("%.2f", r.GBPerS/b.GBPerS)
-		}
 		topo := r.Topology
 		if topo == "" {
 			topo = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%.0f\t%.0f\t%s\t\n", r.Name, topo, r.Op,
-			te.Size(r.ValueSize), r.BatchSize, r.Clients, r.Seconds, r.OpsPerS, r.GBPerS, r.P50us, r.P99us, ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%.0f\t%.0f\t", r.Name, topo, r.Op,
+			te.Size(r.ValueSize), r.BatchSize, r.Clients, r.Seconds, r.OpsPerS, r.GBPerS, r.P50us, r.P99us)
+		for i := range cols {
+			if x, ok := ratio(ref[i], r); ok {
+				fmt.Fprintf(tw, "%.2f\t", x)
+			} else {
+				fmt.Fprint(tw, "-\t")
+			}
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

@@ -29,18 +29,27 @@ func newBenchStoreCmd() *cobra.Command {
 	)
 	c := &cobra.Command{
 		Use:   "store",
-		Short: "Benchmark the store against Redis and the official Mooncake Store, in one run",
+		Short: "Benchmark the store against Redis, the official Mooncake Store and the TCP and memcpy floors, in one run",
 		Long: `Measures --op put or get of --value-size objects in batches of --batch-size
 from --clients clients for --duration, on our store in each --topology (local:
 clients hold the objects in their own segments; same-host: a storage node
 process, shared memory; remote: a storage node process, TCP), on Redis
 (redis-server, same value size, batch and concurrency; MSET/MGET) and on the
 official Mooncake Store (mooncake_master and its Python client from the
-wheel in .venv-official). Systems take turns, --repeat times; the table shows
-medians and each row's GB/s over Redis's. Puts always write fresh keys. Our
-store is started for each run unless --master points at one.`,
+wheel in .venv-official), and on two floors, what the same calls cost at best:
+tcp (topology remote), a server child process holding the working set that
+answers a get with one writev of the values from its memory and reads a put's
+values straight into it, one loopback connection per client; and memcpy
+(topology same-host), each client copying values between its memory and a
+shared memory mapping of the working set. Systems take turns, --repeat times;
+the table shows medians and each row's GB/s over Redis's ("x redis"), and,
+where the floors ran, over theirs: read "x tcp" for remote and redis rows,
+"x memcpy" for same-host and local ones. --json prints the same ratios as
+x_tcp and x_memcpy. Puts always write fresh keys. Our store is started for
+each run unless --master points at one.`,
 		Example: `  mooncake bench store --op get --value-size 1MiB --clients 2
-  mooncake bench store --op put --value-size 4KiB --batch-size 128 --systems ours --json`,
+  mooncake bench store --op put --value-size 4KiB --batch-size 128 --systems ours --json
+  mooncake bench store --op get --value-size 1MiB --systems ours,tcp,memcpy --topology same-host,remote`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			n, err := parseSize(valueSize)
@@ -72,6 +81,15 @@ store is started for each run unless --master points at one.`,
 							return store.RunOurs(ctx, o, cfg)
 						}})
 					}
+				case store.TCP:
+					cfg := store.TCPConfig{Command: append([]string{self}, benchStoreTCPServerArgs...)}
+					runs = append(runs, system{store.TCP, store.Remote, func(o store.Options) (store.Result, error) {
+						return store.RunTCP(ctx, o, cfg)
+					}})
+				case store.Memcpy:
+					runs = append(runs, system{store.Memcpy, store.SameHost, func(o store.Options) (store.Result, error) {
+						return store.RunMemcpy(ctx, o)
+					}})
 				case store.Redis:
 					runs = append(runs, system{store.Redis, "", func(o store.Options) (store.Result, error) {
 						return store.RunRedis(ctx, o, store.RedisConfig{})
@@ -87,7 +105,7 @@ store is started for each run unless --master points at one.`,
 						}})
 					}
 				default:
-					return fmt.Errorf("--systems: %q is not one of ours, redis, official", s)
+					return fmt.Errorf("--systems: %q is not one of ours, tcp, memcpy, redis, official", s)
 				}
 			}
 			results := make([][]store.Result, len(runs))
@@ -113,6 +131,7 @@ store is started for each run unless --master points at one.`,
 					med = append(med, store.Median(rs))
 				}
 			}
+			store.FloorRatios(med)
 			out := cmd.OutOrStdout()
 			if asJSON {
 				return writeJSON(out, med)
@@ -130,12 +149,34 @@ store is started for each run unless --master points at one.`,
 	f.IntVar(&o.Clients, "clients", 1, "concurrent clients")
 	f.DurationVar(&o.Duration, "duration", 5*time.Second, "measured time per run")
 	f.DurationVar(&o.Warmup, "warmup", time.Second, "unmeasured time before each run")
-	f.StringVar(&systems, "systems", "ours,redis,official", "systems to run: ours, redis, official")
+	f.StringVar(&systems, "systems", "ours,tcp,memcpy,redis,official", "systems to run: ours, tcp, memcpy, redis, official")
 	f.StringVar(&topologies, "topology", "same-host,remote", "ours: local, same-host, remote; official: local, remote")
 	f.IntVar(&repeat, "repeat", 3, "runs per system; the table shows medians")
 	f.BoolVar(&asJSON, "json", false, "print the medians as JSON")
 	f.StringVar(&master, "master", "", "use this store for ours (host:port or etcd://...)")
 	f.BoolVar(&ha, "ha", false, "start our master with the etcd journal, as mooncake up does")
 	f.BoolVar(&reserve, "reserve-puts", false, "our clients put into space reserved ahead (client.Config.ReservePuts)")
+	c.AddCommand(newBenchStoreTCPServerCmd())
+	return c
+}
+
+// benchStoreTCPServerArgs select the hidden command the tcp floor's server
+// child runs.
+var benchStoreTCPServerArgs = []string{"bench", "store", "tcp-server"}
+
+func newBenchStoreTCPServerCmd() *cobra.Command {
+	var cfg store.TCPServerConfig
+	c := &cobra.Command{
+		Use:    "tcp-server",
+		Short:  "Server of the benchmark's tcp floor, until stdin closes",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := childContext(cmd)
+			defer stop()
+			return store.ServeTCPServer(ctx, cfg, cmd.OutOrStdout())
+		},
+	}
+	cfg.BindFlags(c.Flags())
 	return c
 }
