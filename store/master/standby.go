@@ -265,12 +265,33 @@ func padSeq(seq uint64) string {
 	return strings.Repeat("0", max(0, 20-len(s))) + s
 }
 
-// refresh gives every client of a service prepared ahead of its election
-// a fresh TTL, as restore does: they could not ping it before it led.
+// refresh readies a service prepared ahead of its election to lead now:
+// every client gets a fresh TTL (they could not ping it before it led),
+// every object a lease and every put in flight a start from now.
 func (s *Service) refresh() {
 	s.segMu.Lock()
-	defer s.segMu.Unlock()
 	for id := range s.clients {
 		s.touchLocked(id)
+	}
+	s.segMu.Unlock()
+	// As restore does, leases and puts in flight count from the takeover,
+	// not from the prepare, which may be long before: readers of the old
+	// leader may still be copying, and writers still ending their puts.
+	// The eviction order follows the new leases.
+	now := s.now()
+	lease := now.Add(s.cfg.LeaseTTL)
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for key, o := range sh.objects {
+			if lease.After(o.lease) {
+				o.lease = lease
+			}
+			if o.pending != nil {
+				o.pending.started = now
+			}
+			s.reorderLocked(sh, key, o)
+		}
+		sh.mu.Unlock()
 	}
 }
