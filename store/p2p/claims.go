@@ -2,8 +2,10 @@ package p2p
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -24,10 +26,21 @@ const claimTTL = 10 * time.Second
 
 // claimDir holds the fetchers, seed claims and holdings of one version of
 // an object (see claimKey), each under the lease of the pass that wrote
-// it. The create revision comes first: it is unique to the key's creation, so the directories of two
-// objects (or of an object deleted and made anew) never nest.
+// it. A version is what sameObject calls one: the key's create revision
+// and the seeds' copies, so a receiver never takes holdings of another
+// version's bytes (an object registered anew at other addresses gets a
+// directory of its own). They come first: the create revision is unique to
+// the key's creation, so the directories of two objects never nest.
 func claimDir(r *record) string {
-	return claimPrefix + strconv.FormatInt(r.created, 10) + "/" + r.p.Name + "/"
+	h := fnv.New64a()
+	for _, sh := range r.p.Shards {
+		for _, l := range sh.Gold {
+			h.Write([]byte(l.SegmentName))
+			h.Write(binary.LittleEndian.AppendUint64(nil, l.Offset))
+		}
+		h.Write([]byte{0})
+	}
+	return fmt.Sprintf("%s%d-%016x/%s/", claimPrefix, r.created, h.Sum64(), r.p.Name)
 }
 
 // Kinds of keys in a claim directory.

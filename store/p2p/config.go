@@ -40,7 +40,7 @@ type Config struct {
 	Timeout time.Duration
 	// Concurrency is the number of shards GetReplica fetches at once; of
 	// those, it reads about Concurrency divided by the number of receivers
-	// it knows of from the seeds (see the package doc). Zero: 4.
+	// fetching (at least one) from the seeds (see the package doc). Zero: 4.
 	Concurrency int
 	// Logger receives structured logs. Zero: slog.Default().
 	Logger *slog.Logger

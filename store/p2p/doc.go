@@ -6,7 +6,7 @@
 // the Store only writes the object's description to etcd. A receiver
 // fetches it into its own buffers with the Transfer Engine, shard by shard,
 // and publishes itself as a source of each shard soon after it lands.
-// Receivers read from replica holders before the seed, and split among
+// Receivers read from replica holders before the seed, and claim among
 // themselves the shards only the seed has, so the seed's upload stays near
 // one copy however many nodes fetch, together or one after another.
 //
@@ -53,40 +53,65 @@
 // # Fetching
 //
 // GetReplica runs Config.Concurrency workers, one engine READ per piece of
-// a shard that falls in one local buffer, and beside them a watch on the
-// object's key, so the receiver always knows who serves what. Each worker
-// takes, in order of preference:
+// a shard that falls in one local buffer, and beside them watches on the
+// object's key and on its claim directory, so the receiver always knows
+// who serves what and who fetches it now. The claim directory,
+// mooncake/p2p-claims/<create revision>/<name>/, is this project's own
+// (Mooncake's record is left as Mooncake writes it); each receiver's
+// entries there live under an etcd lease of its pass (claimTTL, 10 s,
+// kept alive while it runs, revoked when it ends):
 //
-//   - a shard some other receiver already serves, the rarest first, read
-//     from a random one of them: it costs the seed nothing, and spreads
-//     what receivers hold among them;
-//   - a shard only a seed serves that this receiver owns. The receivers a
-//     node knows of (from the replica lists) split those shards by
-//     rendezvous hashing on segment name and shard, so receivers that
-//     started together ask the seed for different shards and take the
-//     rest from one another; each tries its heaviest shards first, those
-//     it is likeliest to keep whoever else turns up;
-//   - a shard another receiver owns, once this one has waited for it
-//     about two of its slowest reads and publishes: the owner may be dead
-//     or unable to serve it.
+//   - f/<segment>: the receiver is fetching; written before it asks a
+//     seed for anything;
+//   - s/<shard>: the receiver that reads this shard from a seed, written
+//     by a transaction on the key not existing, so exactly one receiver
+//     claims each shard;
+//   - h/<segment>: the shards the receiver holds and their addresses, a
+//     plain put of its own key after each landing (batched as below):
+//     others read from it a round trip after a shard lands, where a
+//     publication in the record, which every receiver edits by
+//     compare-and-swap, took seconds of retries with eight receivers on
+//     lossy links.
 //
-// A receiver cannot know who else fetches before it has published once
-// and seen the record as of then. Until then it reads a single shard from
-// the seeds, and for as long again as it would wait for an owner it reads
-// one at a time (those that started with it may not have published yet);
-// later it keeps its part of Concurrency among the receivers it knows of
-// in flight there, so the seeds serve about Concurrency reads at a time.
-// With four receivers starting together on a 16-shard object the seed
-// uploads 1.0 to 1.5 copies (TestSeedUploadUnderTwice), where reading
-// replicas first alone left it near four.
+// Each worker takes, in order of preference:
 //
-// Landed shards are published in batches (four of them, or what landed
-// within 20 ms), each one compare-and-swap that also brings the receiver's
-// view up to date; a failed swap returns the current record, so a retry
-// costs one round trip. A shard read from a source that fails (it died, or
-// withdrew) is tried from the others, untried replica holders first, then
-// seeds, at least Config.Retries times and once per source; a failed
-// segment is avoided for the rest of the fetch. Before returning, the
+//   - while a seed slot is free, a shard that nobody holds or has claimed,
+//     which it claims and reads from a seed: the seed sends every shard
+//     once before it sends any twice, and stays busy while shards remain
+//     that no receiver has. A receiver keeps its part of Concurrency among
+//     the receivers fetching (at least one) in flight at the seeds, one
+//     alone Concurrency, enough to fill its link; until its first seed
+//     read lands, one, since those that start with it may not have entered
+//     the directory yet;
+//   - a shard other receivers serve, from the holder it reads least from
+//     now (at random among those), the rarest shard that holder has: the
+//     rarest shards spread first, without every receiver queueing at the
+//     one holder of the newest shard while other links idle;
+//   - a shard nobody holds that it cannot serve (split over its buffers),
+//     so does not claim: from a seed when no other receiver fetches, else
+//     as the next kind;
+//   - a shard another receiver claimed, once it has had nothing else to do
+//     and the claim is older than two of its average reads and
+//     announcements (the endgame): the claimant may be slow (one TCP flow
+//     stuck in retransmission backoff held a whole swarm for seconds) or
+//     dead. A dead receiver's claims also go with its lease.
+//
+// With eight receivers starting together on a 32-shard object, no shard is
+// read from the seed twice before every shard was read from it once
+// (TestSeedSendsEachShardOnceFirst), and four receivers of a 16-shard
+// object have the seed upload about one copy (TestSeedUploadUnderTwice).
+//
+// Landed shards are announced and published in batches (four of them, or
+// what landed within 20 ms): announced on the receiver's h/ key, and
+// published in the record, each batch one compare-and-swap that also
+// brings the receiver's view up to date (a failed swap returns the
+// current record, so a retry costs one round trip). The record keeps the
+// receiver as a source after its pass, when its claim-directory entries
+// are gone; the pass publishes what is left before it leaves. A shard read
+// from a source that fails (it died, or withdrew) is tried from the
+// others, untried replica holders first, then seeds, at least
+// Config.Retries times and once per source; a failed segment is avoided
+// for the rest of the fetch. Before returning, the
 // receiver checks that the object was not replaced meanwhile, and fetches
 // it again if it was; a GetReplica that fails withdraws what it published.
 // A receiver only becomes a source of the shards that landed whole inside

@@ -18,12 +18,12 @@ import (
 // that fails withdraws what it published and leaves the buffers to the
 // caller.
 //
-// Shards are fetched Config.Concurrency at a time: first those some other
-// receiver already serves, read from a random one of them; then those only
-// a seed has, of which this receiver reads its own share and waits for the
-// others' (see the package doc). When a source fails (it died, or
-// withdrew) the shard is tried from the others, at least Config.Retries
-// times and once per source.
+// Shards are fetched Config.Concurrency at a time: those nobody has yet
+// from a seed, each claimed in etcd so that one receiver reads it, while a
+// seed slot is free; otherwise those other receivers already serve, the
+// rarest first; shards others claimed are waited for (see the package
+// doc). When a source fails (it died, or withdrew) the shard is tried from
+// the others, at least Config.Retries times and once per source.
 func (s *Store) GetReplica(ctx context.Context, name string, addrs []uintptr, sizes []uint64) error {
 	ctx, done, err := s.enter(ctx)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,9 +226,15 @@ func TestHoldsJoinTheView(t *testing.T) {
 }
 
 func TestClaimKey(t *testing.T) {
-	dir := claimDir(&record{p: &payload{Name: "a/b"}, created: 7})
-	if dir != "mooncake/p2p-claims/7/a/b/" {
+	r := &record{p: &payload{Name: "a/b", Shards: []shard{{Gold: []location{{"s1", 64}}}}}, created: 7}
+	dir := claimDir(r)
+	if !strings.HasPrefix(dir, "mooncake/p2p-claims/7-") || !strings.HasSuffix(dir, "/a/b/") {
 		t.Fatalf("dir %q", dir)
+	}
+	// Registered anew elsewhere: another version, another directory.
+	r.p.Shards[0].Gold[0].Offset = 128
+	if claimDir(r) == dir {
+		t.Fatalf("the same directory %q for seeds' copies at other addresses", dir)
 	}
 	for _, tc := range []struct {
 		key   string
@@ -243,7 +250,7 @@ func TestClaimKey(t *testing.T) {
 		{dir + "s/x", 0, "", 0, false},
 		{dir + "f/", 0, "", 0, false},
 		{dir + "x/y", 0, "", 0, false},
-		{"mooncake/p2p-claims/7/a/f/x", 0, "", 0, false},
+		{"mooncake/p2p-claims/7-0/a/f/x", 0, "", 0, false},
 	} {
 		kind, seg, shard, ok := claimKey(dir, tc.key)
 		if ok != tc.ok || ok && (kind != tc.kind || seg != tc.seg || shard != tc.shard) {
