@@ -50,9 +50,10 @@ const (
 
 // swarm is one pass of a GetReplica over one version of an object: the
 // receiver's schedule of shards, its view of who serves what and of who
-// reads what from the seeds, and the shards it holds but has not published
-// yet. Workers take shards from it; goroutines follow the record and the
-// claims in etcd (watches), another publishes landed shards in batches.
+// reads what from the seeds, and the shards it holds but has not announced
+// or published yet. Workers take shards from it; goroutines follow the
+// record and the claim directory in etcd (watches), keep the pass's lease
+// alive, and announce and publish landed shards in batches.
 type swarm struct {
 	s      *Store
 	base   *record     // the object as the pass began
@@ -76,7 +77,7 @@ type swarm struct {
 	reading   map[string]int            // reads in flight per source segment
 	best      map[string]int            // pickLocked's scratch: per replica holder, the rarest shard it has that is todo
 	bad       map[string]bool           // segments that failed a read in this pass
-	claimedAt []time.Time               // per shard: when this node learnt of another's claim
+	claimedAt []time.Time               // per shard: when this node learnt of another's claim, or the pass began
 	readTime  time.Duration             // the shard reads of this pass so far, together
 	reads     int                       // how many
 	annTime   time.Duration             // the announcements of this pass so far, together
