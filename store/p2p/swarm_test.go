@@ -391,3 +391,54 @@ func TestPeerDiesMidFetch(t *testing.T) {
 	}
 	t.Logf("%d shards listed the dead receiver", stale)
 }
+
+// TestStuckClaimant: a receiver claims a shard for a seed read and never
+// finishes it (its read hangs; it stays alive, its claim with it). The
+// others take that shard from the seed once they have nothing else to do,
+// and get every byte.
+func TestStuckClaimant(t *testing.T) {
+	etcd := startEtcd(t)
+	ctx := testCtx(t)
+	seed := newNode(t, etcd, nil)
+	const size = 8 * mib
+	data := newBuffers(t, size)
+	data.fill(12)
+	if err := seed.Register(ctx, "obj", data.addrs, data.sizes, mib, "", false); err != nil {
+		t.Fatal(err)
+	}
+	stuck, release := make(chan int, 1), make(chan struct{})
+	slow := newNode(t, etcd, func(c *Config) { c.Concurrency = 1 })
+	slow.onSeedRead = func(i int) {
+		select {
+		case stuck <- i:
+			<-release // the first seed read hangs until the test ends
+		default:
+		}
+	}
+	slowErr := make(chan error, 1)
+	go func() {
+		b := newBuffers(t, size)
+		slowErr <- slow.GetReplica(ctx, "obj", b.addrs, b.sizes)
+	}()
+	i := <-stuck
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	got := []*buffers{newBuffers(t, size), newBuffers(t, size)}
+	for k := range got {
+		n := newNode(t, etcd, nil)
+		wg.Go(func() { errs[k] = n.GetReplica(ctx, "obj", got[k].addrs, got[k].sizes) })
+	}
+	wg.Wait()
+	close(release)
+	for k := range got {
+		if errs[k] != nil {
+			t.Fatalf("receiver %d (shard %d claimed by a stuck one): %v", k, i, errs[k])
+		}
+		if !got[k].equal(data) {
+			t.Fatalf("receiver %d: bytes differ from the seed's", k)
+		}
+	}
+	if err := <-slowErr; err != nil {
+		t.Fatalf("the stuck receiver, released: %v", err)
+	}
+}
