@@ -58,7 +58,7 @@ func TestSelectSmallest(t *testing.T) {
 }
 
 // In a pool of many objects put in shuffled order, eviction takes exactly
-// the least recently leased ones, however far the sorted front reaches.
+// the least recently leased ones, across shards.
 func TestEvictionOrderAtScale(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
 	const n, size = 20000, 1024
