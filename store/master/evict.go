@@ -14,7 +14,7 @@ type candidate struct {
 	sh    *shard
 	key   string
 	o     *object
-	lease int64 // o.lease in Unix nanoseconds: the eviction order
+	lease int64 // stamp(o.lease): the eviction order
 	soft  bool
 }
 
@@ -288,7 +288,7 @@ func (s *Service) candidates(now time.Time, ok func(*object) bool, bytesOf func(
 		for key, o := range sh.objects {
 			if ok(o) {
 				total += bytesOf(o)
-				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: o.lease.UnixNano(),
+				cands = append(cands, candidate{sh: sh, key: key, o: o, lease: stamp(o.lease),
 					soft: o.softPinUntil.After(now)})
 			}
 		}

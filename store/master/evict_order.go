@@ -31,7 +31,7 @@ const (
 // orderNode is an object's place in its shard's eviction order.
 type orderNode struct {
 	key    string // the object's key, for the eviction that takes it
-	lease  int64  // o.lease when placed, in Unix nanoseconds: the heap key
+	lease  int64  // stamp(o.lease) when placed: the heap key
 	pinEnd int64  // o.softPinUntil when placed in pins
 	class  int8   // 1 + the index of the heap it is in; classNone: none
 	idx    int32  // where in that heap
@@ -62,6 +62,18 @@ func classOf(o *object, now func() time.Time) int8 {
 	return c + 1
 }
 
+// clockEpoch is the origin of stamp.
+var clockEpoch = time.Now()
+
+// stamp is t as a heap key, in nanoseconds from clockEpoch. Leases are
+// compared with time.Time.After, which uses the monotonic clock when both
+// times have its reading (those of time.Now), else the wall clock; Sub
+// does the same, so a key orders as After does. A wall-clock key
+// (UnixNano) would not: after a step of the wall clock back, a lease
+// granted since would sort before older ones that have ended, and head a
+// heap while still running, which ends an eviction's walk of that heap.
+func stamp(t time.Time) int64 { return int64(t.Sub(clockEpoch)) }
+
 // reorderLocked puts o, key's object, where it now belongs in sh's eviction
 // order, or takes it out when no eviction may take it; an object taken out
 // of sh's map has no replicas, so it leaves the order too. Every change to
@@ -76,7 +88,7 @@ func (s *Service) reorderLocked(sh *shard, key string, o *object) {
 func (e *evictOrder) place(o *object, key string, c int8) {
 	n := &o.ev
 	e.pins.pin = true
-	lease := o.lease.UnixNano()
+	lease := stamp(o.lease)
 	switch {
 	case n.class == c && (c == classNone || n.lease == lease):
 	case n.class == c:
@@ -94,7 +106,7 @@ func (e *evictOrder) place(o *object, key string, c int8) {
 		}
 	}
 	pinned := c != classNone && (c-1)&classSoft != 0
-	switch pinEnd := o.softPinUntil.UnixNano(); {
+	switch pinEnd := stamp(o.softPinUntil); {
 	case pinned && !n.pinned:
 		n.pinned, n.pinEnd = true, pinEnd
 		e.pins.push(o, pinEnd)

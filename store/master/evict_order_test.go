@@ -41,7 +41,7 @@ func checkEvictOrder(t *testing.T, s *Service) {
 			require.Less(t, int(n.idx), len(h.a), "%q: index", key)
 			require.Same(t, o, h.a[n.idx].o, "%q: not where its index says", key)
 			require.Equal(t, n.lease, h.a[n.idx].key, "%q: heap key", key)
-			require.Equal(t, o.lease.UnixNano(), n.lease, "%q: heap key is not its lease", key)
+			require.Equal(t, stamp(o.lease), n.lease, "%q: heap key is not its lease", key)
 			require.Equal(t, key, n.key, "%q: key", key)
 			soft := (c-1)&classSoft != 0
 			require.Equal(t, soft, n.pinned, "%q: in pins", key)
@@ -49,7 +49,7 @@ func checkEvictOrder(t *testing.T, s *Service) {
 				pinned++
 				require.Same(t, o, sh.order.pins.a[n.pinIdx].o, "%q: not where its pin index says", key)
 				require.Equal(t, n.pinEnd, sh.order.pins.a[n.pinIdx].key, "%q: pins key", key)
-				require.Equal(t, o.softPinUntil.UnixNano(), n.pinEnd, "%q: pins key", key)
+				require.Equal(t, stamp(o.softPinUntil), n.pinEnd, "%q: pins key", key)
 			}
 		}
 		for c := range numClasses {
@@ -83,7 +83,7 @@ func scanOrder(s *Service) []string {
 	for i := range s.shards {
 		for key, o := range s.shards[i].objects {
 			if evictable(o, now, true) {
-				cands = append(cands, cand{key, o.softPinUntil.After(now), o.lease.UnixNano()})
+				cands = append(cands, cand{key, o.softPinUntil.After(now), stamp(o.lease)})
 			}
 		}
 	}

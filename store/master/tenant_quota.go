@@ -350,7 +350,7 @@ func (s *Service) evictTenant(t string, want uint64) uint64 {
 		sh.mu.Lock()
 		for sk, o := range sh.objects {
 			if ownedBy(sk, t) && evictable(o, now, false) {
-				cands = append(cands, candidate{sh: sh, key: sk, o: o, lease: o.lease.UnixNano(),
+				cands = append(cands, candidate{sh: sh, key: sk, o: o, lease: stamp(o.lease),
 					soft: o.softPinUntil.After(now)})
 			}
 		}
