@@ -32,7 +32,7 @@ const (
 type orderNode struct {
 	key    string // the object's key, for the eviction that takes it
 	lease  int64  // stamp(o.lease) when placed: the heap key
-	pinEnd int64  // o.softPinUntil when placed in pins
+	pinEnd int64  // stamp(o.softPinUntil) when placed in pins
 	class  int8   // 1 + the index of the heap it is in; classNone: none
 	idx    int32  // where in that heap
 	pinIdx int32  // where in pins; -1 or pinned false: not there
