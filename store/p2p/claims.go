@@ -77,13 +77,14 @@ type claims struct {
 	timeout time.Duration // of the revoke on leaving
 }
 
-// join enters me as a fetcher of r under a new lease, and returns the
-// directory as it was then and the revision it was read at.
-func (m *meta) join(ctx context.Context, r *record, me string, timeout time.Duration) (*claims, []*mvccpb.KeyValue, int64, error) {
-	c := &claims{m: m, dir: claimDir(r), me: me, timeout: timeout}
+// join enters me as a fetcher in the claim directory dir of object name
+// under a new lease, and returns the directory as it was then and the
+// revision it was read at.
+func (m *meta) join(ctx context.Context, name, dir, me string, timeout time.Duration) (*claims, []*mvccpb.KeyValue, int64, error) {
+	c := &claims{m: m, dir: dir, me: me, timeout: timeout}
 	g, err := m.cli.Grant(ctx, int64(claimTTL/time.Second))
 	if err != nil {
-		return nil, nil, 0, metaErr("grant claim lease", r.p.Name, err)
+		return nil, nil, 0, metaErr("grant claim lease", name, err)
 	}
 	c.lease = g.ID
 	resp, err := m.cli.Txn(ctx).Then(
@@ -92,7 +93,7 @@ func (m *meta) join(ctx context.Context, r *record, me string, timeout time.Dura
 	).Commit()
 	if err != nil {
 		c.leave(ctx)
-		return nil, nil, 0, metaErr("join", r.p.Name, err)
+		return nil, nil, 0, metaErr("join", name, err)
 	}
 	return c, resp.Responses[1].GetResponseRange().GetKvs(), resp.Header.Revision, nil
 }

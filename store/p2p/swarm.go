@@ -134,13 +134,14 @@ func newSwarm(s *Store, r *record, lay *layout) *swarm {
 // publishing them as they land; the first failure stops the others. It
 // returns errReplaced when r stopped being the object on the way.
 func (s *Store) pass(ctx context.Context, r *record, lay *layout) error {
+	dir := claimDir(r) // before newSwarm strikes this node from r's lists
 	w := newSwarm(s, r, lay)
 	ctx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
 	// Enter the claim directory first: the others fetching now learn of
 	// this receiver before it asks a seed for anything, and it of them.
 	mctx, cancel := s.metaCtx(ctx)
-	cl, kvs, rev, err := s.meta.join(mctx, r, s.name, s.cfg.Timeout)
+	cl, kvs, rev, err := s.meta.join(mctx, r.p.Name, dir, s.name, s.cfg.Timeout)
 	cancel()
 	if err != nil {
 		return err
