@@ -54,26 +54,18 @@ func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uin
 	return s.reserve(ctx, t, clientID, "", length, count, cfg)
 }
 
-// reserve is PutReserve with the slots named after nonce, when it is set:
-// a reserve whose answer was lost, asked again with the same nonce (a
-// retry, maybe to the next leader, which has the slots from the journal),
-// answers the slots it made, still in flight, instead of making more that
-// nobody would use until the master reclaims them.
+// reserve is PutReserve with the slots named after clientID and nonce,
+// when nonce is set: a reserve whose answer was lost, asked again with the
+// same nonce (a retry, maybe to the next leader, which has the slots from
+// the journal), answers the slots it made, still in flight, instead of
+// making more that nobody would use until the master reclaims them. A
+// retry that overtook the first call (its connection dropped while the
+// handler ran on) waits for it, so as to answer every slot it made.
 func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
-	name := func(int) string { return s.slots.next() }
-	if len(nonce) > maxNonce {
+	switch {
+	case len(nonce) > maxNonce:
 		return nil, storeErr(storepb.InvalidParams, "reserve nonce of %d bytes (max %d)", len(nonce), maxNonce)
-	}
-	if nonce != "" {
-		stem := slotPrefix + "n/" + nonce + "/"
-		name = func(i int) string { return stem + strconv.Itoa(i) }
-		if made := s.reserved(t, clientID, name, length, count); len(made) > 0 {
-			// Durable before they were first answered: the first
-			// reserve waited, or failed before it could answer.
-			return made, s.durable(ctx, s.lastSeq())
-		}
-	}
-	if count <= 0 {
+	case count <= 0:
 		return nil, storeErr(storepb.InvalidParams, "reserve of %d slots", count)
 	}
 	if _, _, ok := s.cfg.Tenants.quota(t); ok {
@@ -85,6 +77,30 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		return nil, storeErr(storepb.InvalidParams, "reserve of slots of %d bytes (max_batch_value_size %d)", length, s.cfg.MaxBatchValueBytes)
 	}
 	count = min(count, s.cfg.MaxBatch, int(min(s.cfg.MaxBatchValueBytes/length, uint64(s.cfg.MaxBatch))))
+	name := func(int) string { return s.slots.next() }
+	if nonce != "" {
+		stem := slotPrefix + "n/" + clientID + "/" + nonce + "/"
+		name = func(i int) string { return stem + strconv.Itoa(i) }
+		id := t + "\x00" + stem
+		done := make(chan struct{})
+		if prev, busy := s.reserving.LoadOrStore(id, done); busy {
+			select {
+			case <-prev.(chan struct{}):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		} else {
+			defer func() {
+				s.reserving.Delete(id)
+				close(done)
+			}()
+		}
+		if made := s.reserved(t, clientID, name, length, count); len(made) > 0 {
+			// Durable before they were first answered: the first
+			// reserve waited, or failed before it could answer.
+			return made, s.durable(ctx, s.lastSeq())
+		}
+	}
 	var (
 		out  []*storepb.PutSlot
 		last uint64

@@ -197,10 +197,13 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 // PutStart allocates with its key's shard locked and an unmount marks its
 // segment dead before it sweeps the shards.
 type Service struct {
-	cfg    ServiceConfig
-	seed   maphash.Seed
-	slots  *slotNames // names of reserved slots (reserve.go)
-	shards []shard
+	cfg   ServiceConfig
+	seed  maphash.Seed
+	slots *slotNames // names of reserved slots (reserve.go)
+	// reserving holds, for each reserve with a nonce that is running, a
+	// channel closed when it ends (reserve.go).
+	reserving sync.Map
+	shards    []shard
 
 	segMu    sync.Mutex
 	segs     map[string]*segment // by id

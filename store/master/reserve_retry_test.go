@@ -1,0 +1,96 @@
+package master
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// gateJournal is a memJournal whose first wait blocks until release is
+// closed (it says so on held); later waits return at once.
+type gateJournal struct {
+	memJournal
+	once    sync.Once
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (j *gateJournal) wait(ctx context.Context, seq uint64) error {
+	first := false
+	j.once.Do(func() { first = true })
+	if first {
+		close(j.held)
+		<-j.release
+	}
+	return nil
+}
+
+// A retry of a reserve (same nonce) that arrives while the first call is
+// still in its loop waits for it and answers every slot it made: none is
+// left in flight that no answer names, holding pool space until the
+// master reclaims it 10 minutes later.
+func TestPutReserveRetryWaitsForFirst(t *testing.T) {
+	const L = 64 << 10
+	s, _ := newTestService(t, ServiceConfig{EvictionRatio: 1})
+	j := &gateJournal{held: make(chan struct{}), release: make(chan struct{})}
+	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 4*L)))
+	put(t, s, "other", "old0", L, nil) // evictable: the first call evicts
+	put(t, s, "other", "old1", L, nil) // them for its slots 2 and 3
+	s.j = j
+
+	type answer struct {
+		n   int
+		err error
+	}
+	firstDone := make(chan answer, 1)
+	go func() {
+		sl, err := s.reserve(context.Background(), DefaultTenant, "a", "nonce1", L, 4, nil)
+		firstDone <- answer{len(sl), err}
+	}()
+	<-j.held // the first call made slots 0 and 1 and waits in startEvicting
+
+	retryDone := make(chan answer, 1)
+	go func() {
+		sl, err := s.reserve(context.Background(), DefaultTenant, "a", "nonce1", L, 4, nil)
+		retryDone <- answer{len(sl), err}
+	}()
+	var retry answer
+	select {
+	case retry = <-retryDone:
+		close(j.release)
+	case <-time.After(5 * time.Second):
+		// A fix that makes the retry wait for the first call: let it go.
+		close(j.release)
+		retry = <-retryDone
+	}
+	first := <-firstDone
+	require.NoError(t, first.err)
+	require.NoError(t, retry.err)
+	held := s.reserved(DefaultTenant, "a", func(i int) string { return slotPrefix + "n/a/nonce1/" + strconv.Itoa(i) }, L, 4)
+	t.Logf("first answered %d, retry answered %d, slots in flight under the nonce %d", first.n, retry.n, len(held))
+	assert.Equal(t, len(held), retry.n, "every slot in flight under the nonce is in the answer the client got")
+}
+
+// A reserve with a nonce asking for 2^32-1 slots (PutReserveRequest.count
+// is a uint32) is bounded before its slots are looked up, not after 4
+// billion names, a shard lock each.
+func TestPutReserveNonceCountBounded(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
+	done := make(chan int, 1)
+	go func() {
+		sl, _ := s.reserve(context.Background(), DefaultTenant, "a", "big", 4096, int(^uint32(0)), nil)
+		done <- len(sl)
+	}()
+	select {
+	case n := <-done:
+		assert.LessOrEqual(t, n, s.cfg.MaxBatch)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a reserve of 2^32-1 slots with a nonce still runs after 10 s (bounded to max_batch_size, it takes microseconds)")
+	}
+}
