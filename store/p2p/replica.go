@@ -12,9 +12,10 @@ import (
 // GetReplica fetches the object name into the local buffers (addrs[i],
 // sizes[i]), whose sizes must add up to the object's (their split may
 // differ from the seed's). Each shard that lands inside one of the buffers
-// is published within milliseconds, so receivers fetching at the same time
-// read it from here rather than from the seed. The buffers are registered with the
-// engine and must stay valid until DeleteReplica or Close. A GetReplica
+// is announced to the receivers fetching at the same time within a round
+// trip to etcd, so they read it from here rather than from the seed, and
+// published in the object's record soon after. The buffers are registered
+// with the engine and must stay valid until DeleteReplica or Close. A GetReplica
 // that fails withdraws what it published and leaves the buffers to the
 // caller.
 //
