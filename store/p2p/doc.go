@@ -97,8 +97,8 @@
 //     dead. A dead receiver's claims also go with its lease.
 //
 // With eight receivers starting together on a 32-shard object, no shard is
-// read from the seed twice before every shard was read from it once
-// (TestSeedSendsEachShardOnceFirst), and four receivers of a 16-shard
+// read from the seed twice before every shard was read from it once, or
+// claimed for that read (TestSeedSendsEachShardOnceFirst), and four receivers of a 16-shard
 // object have the seed upload about one copy (TestSeedUploadUnderTwice).
 //
 // Landed shards are announced and published in batches (four of them, or

@@ -47,8 +47,8 @@ type Store struct {
 	// published itself as a source of the shards in batch.
 	afterPublish func(batch []int)
 	// onSeedRead, when set by a test, runs as a GetReplica starts reading
-	// shard i from a seed.
-	onSeedRead func(i int)
+	// shard i from a seed; beforeClaim as it is about to claim shard i.
+	onSeedRead, beforeClaim func(i int)
 }
 
 // entry is an object this Store holds. An entry exists from the start of

@@ -185,6 +185,9 @@ func (w *swarm) work(ctx context.Context) error {
 			return err
 		}
 		if pk.how == claimSeed {
+			if w.s.beforeClaim != nil {
+				w.s.beforeClaim(pk.i)
+			}
 			if won, err := w.claim(ctx, pk.i); err != nil || !won {
 				if err != nil {
 					return err

@@ -261,8 +261,9 @@ func TestClaimKey(t *testing.T) {
 
 // TestSeedSendsEachShardOnceFirst: eight receivers fetch a 32-shard object
 // together from one seed. No shard is read from the seed a second time
-// before every shard was read from it once, and (no receiver failing) the
-// seed serves about one copy.
+// before every shard was read from it once, or claimed for that first
+// read: a claim comes a round trip to etcd before its read, and others act
+// on it as soon as they see it.
 func TestSeedSendsEachShardOnceFirst(t *testing.T) {
 	etcd := startEtcd(t)
 	ctx := testCtx(t)
@@ -274,7 +275,9 @@ func TestSeedSendsEachShardOnceFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var order []int // shards in the order their seed reads started
+	// Shards in the order their seed reads started, or were about to be
+	// claimed (negative: -1-i).
+	var order []int
 	const receivers = 8
 	nodes := make([]*node, receivers)
 	got := make([]*buffers, receivers)
@@ -283,6 +286,11 @@ func TestSeedSendsEachShardOnceFirst(t *testing.T) {
 		nodes[i].onSeedRead = func(i int) {
 			mu.Lock()
 			order = append(order, i)
+			mu.Unlock()
+		}
+		nodes[i].beforeClaim = func(i int) {
+			mu.Lock()
+			order = append(order, -1-i)
 			mu.Unlock()
 		}
 		got[i] = newBuffers(t, n*shard)
@@ -306,17 +314,24 @@ func TestSeedSendsEachShardOnceFirst(t *testing.T) {
 			t.Fatalf("receiver %d: bytes differ from the seed's", i)
 		}
 	}
-	seen := map[int]bool{}
+	started := map[int]bool{} // read from the seed, or about to be claimed for it
+	read := map[int]bool{}
+	reads := 0
 	for k, i := range order {
-		if seen[i] && len(seen) < n {
-			t.Fatalf("shard %d read from the seed again (read %d) when %d of %d shards had been read from it once; order %v",
-				i, k, len(seen), n, order)
+		if i < 0 {
+			started[-1-i] = true
+			continue
 		}
-		seen[i] = true
+		if read[i] && len(started) < n {
+			t.Fatalf("shard %d read from the seed again (event %d) when %d of %d shards had been read or claimed once; order %v",
+				i, k, len(started), n, order)
+		}
+		read[i], started[i] = true, true
+		reads++
 	}
-	t.Logf("%d seed reads for %d shards: %v", len(order), n, order)
-	if len(seen) != n {
-		t.Fatalf("%d shards read from the seed, want %d", len(seen), n)
+	t.Logf("%d seed reads for %d shards; reads and claims (-1-shard): %v", reads, n, order)
+	if len(read) != n {
+		t.Fatalf("%d shards read from the seed, want %d", len(read), n)
 	}
 }
 
