@@ -313,14 +313,7 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		delete(st.segs, op.Unmount.SegmentId)
 		st.dropOn(map[string]bool{op.Unmount.SegmentId: true}, nil)
 	case *storepb.JournalRecord_Expire:
-		gone := map[string]bool{}
-		for id, m := range st.segs {
-			if m.ClientId == op.Expire.ClientId {
-				delete(st.segs, id)
-				gone[id] = true
-			}
-		}
-		st.dropOn(gone, nil)
+		st.dropOn(st.unmountClient(op.Expire.ClientId), nil)
 	case *storepb.JournalRecord_Start:
 		op.Start.Replicas = slices.DeleteFunc(op.Start.Replicas, st.unmounted)
 		o := st.objects[op.Start.Key]
@@ -406,6 +399,19 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 // Objects left without replicas stay until restore, as records after this
 // one may still name them (the leader's sweep ran after its record).
 // Objects whose keys skip reports true are left alone (nil: none is).
+// unmountClient takes the segments of clientID, expired, out of the state
+// and returns their ids.
+func (st *state) unmountClient(clientID string) map[string]bool {
+	gone := map[string]bool{}
+	for id, m := range st.segs {
+		if m.ClientId == clientID {
+			delete(st.segs, id)
+			gone[id] = true
+		}
+	}
+	return gone
+}
+
 func (st *state) dropOn(gone map[string]bool, skip func(key string) bool) {
 	if len(gone) == 0 {
 		return
@@ -658,14 +664,7 @@ func (st *state) applyAfter(rec *storepb.JournalRecord, seq uint64, copied func(
 		st.dropOn(map[string]bool{op.Unmount.SegmentId: true}, skip)
 		return nil
 	case *storepb.JournalRecord_Expire:
-		gone := map[string]bool{}
-		for id, m := range st.segs {
-			if m.ClientId == op.Expire.ClientId {
-				delete(st.segs, id)
-				gone[id] = true
-			}
-		}
-		st.dropOn(gone, skip)
+		st.dropOn(st.unmountClient(op.Expire.ClientId), skip)
 		return nil
 	case *storepb.JournalRecord_Commit:
 		c := op.Commit
