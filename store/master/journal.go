@@ -393,12 +393,6 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 	return nil
 }
 
-// dropOn drops the replicas on the segments gone, as the leader's sweep
-// of the dead segments did: a segment mounted again with the same id (a
-// client the master expired, back after a long pause) holds none of them.
-// Objects left without replicas stay until restore, as records after this
-// one may still name them (the leader's sweep ran after its record).
-// Objects whose keys skip reports true are left alone (nil: none is).
 // unmountClient takes the segments of clientID, expired, out of the state
 // and returns their ids.
 func (st *state) unmountClient(clientID string) map[string]bool {
@@ -412,6 +406,12 @@ func (st *state) unmountClient(clientID string) map[string]bool {
 	return gone
 }
 
+// dropOn drops the replicas on the segments gone, as the leader's sweep
+// of the dead segments did: a segment mounted again with the same id (a
+// client the master expired, back after a long pause) holds none of them.
+// Objects left without replicas stay until restore, as records after this
+// one may still name them (the leader's sweep ran after its record).
+// Objects whose keys skip reports true are left alone (nil: none is).
 func (st *state) dropOn(gone map[string]bool, skip func(key string) bool) {
 	if len(gone) == 0 {
 		return
