@@ -216,8 +216,17 @@ func (m *meta) create(ctx context.Context, p *payload) (bool, error) {
 	return resp.Succeeded, nil
 }
 
-// put writes p whatever was there.
+// put writes p whatever was there, as a new version: the key is deleted
+// first, so its create revision changes even when the seeds' addresses do
+// not (bytes re-registered in place). A receiver of the old version sees
+// the deletion and starts over, rather than taking the new bytes for the
+// old (sameObject and claimDir go by the create revision). etcd refuses a
+// delete and a put of one key in one transaction; between the two a reader
+// finds no object.
 func (m *meta) put(ctx context.Context, p *payload) error {
+	if _, err := m.cli.Delete(ctx, keyPrefix+p.Name); err != nil {
+		return metaErr("put", p.Name, err)
+	}
 	if _, err := m.cli.Put(ctx, keyPrefix+p.Name, p.encode()); err != nil {
 		return metaErr("put", p.Name, err)
 	}
