@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -68,13 +71,63 @@ func claimKey(dir, key string) (kind byte, segment string, shard int, ok bool) {
 }
 
 // claims is a pass's presence in a claim directory: its lease, which holds
-// its keys and is kept alive while the pass runs.
+// its keys and is kept alive while the pass runs. A lease etcd no longer
+// knows (it ran out while the pass could not reach etcd, or stalled) is
+// replaced by a new one (renew): the pass goes on, its keys of the old one
+// gone.
 type claims struct {
 	m       *meta
 	dir     string
 	me      string
-	lease   clientv3.LeaseID
 	timeout time.Duration // of the revoke on leaving
+
+	mu    sync.Mutex
+	lease clientv3.LeaseID
+	gen   int // how many times the lease was renewed
+}
+
+// current is the pass's lease now, and its generation.
+func (c *claims) current() (clientv3.LeaseID, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lease, c.gen
+}
+
+// renew replaces the lease gone, which etcd no longer knows, by a new one,
+// and enters the fetcher key again under it. Another caller may have done
+// so already: then there is nothing to do.
+func (c *claims) renew(ctx context.Context, gone clientv3.LeaseID) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lease != gone {
+		return nil
+	}
+	g, err := c.m.cli.Grant(ctx, int64(claimTTL/time.Second))
+	if err != nil {
+		return fmt.Errorf("%w: renew claim lease: %w", ErrMetadata, err)
+	}
+	if _, err := c.m.cli.Put(ctx, c.dir+string(fetcherKey)+"/"+c.me, "", clientv3.WithLease(g.ID)); err != nil {
+		_, _ = c.m.cli.Revoke(ctx, g.ID)
+		return fmt.Errorf("%w: renew claim lease: %w", ErrMetadata, err)
+	}
+	c.lease = g.ID
+	c.gen++
+	return nil
+}
+
+// withLease runs op under the pass's lease; if etcd no longer knows the
+// lease, under a new one (renew), once.
+func (c *claims) withLease(ctx context.Context, op func(clientv3.LeaseID) error) error {
+	l, _ := c.current()
+	err := op(l)
+	if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return err
+	}
+	if err := c.renew(ctx, l); err != nil {
+		return err
+	}
+	l, _ = c.current()
+	return op(l)
 }
 
 // join enters me as a fetcher in the claim directory dir of object name
@@ -102,11 +155,15 @@ func (m *meta) join(ctx context.Context, name, dir, me string, timeout time.Dura
 // if not, holder is who does.
 func (c *claims) claim(ctx context.Context, i int) (won bool, holder string, err error) {
 	key := c.dir + string(claimedKey) + "/" + strconv.Itoa(i)
-	resp, err := c.m.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, c.me, clientv3.WithLease(c.lease))).
-		Else(clientv3.OpGet(key)).
-		Commit()
+	var resp *clientv3.TxnResponse
+	err = c.withLease(ctx, func(l clientv3.LeaseID) (err error) {
+		resp, err = c.m.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, c.me, clientv3.WithLease(l))).
+			Else(clientv3.OpGet(key)).
+			Commit()
+		return err
+	})
 	if err != nil {
 		return false, "", fmt.Errorf("%w: claim shard %d: %w", ErrMetadata, i, err)
 	}
@@ -131,19 +188,36 @@ func (c *claims) announce(ctx context.Context, held map[int]uint64) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.m.cli.Put(ctx, c.dir+string(holdsKey)+"/"+c.me, string(b), clientv3.WithLease(c.lease)); err != nil {
+	err = c.withLease(ctx, func(l clientv3.LeaseID) error {
+		_, err := c.m.cli.Put(ctx, c.dir+string(holdsKey)+"/"+c.me, string(b), clientv3.WithLease(l))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("%w: announce: %w", ErrMetadata, err)
 	}
 	return nil
 }
 
-// keepAlive renews the lease until ctx ends.
+// keepAlive keeps the lease alive until ctx ends. A lease that ran out
+// anyway (etcd was out of reach longer than claimTTL) is renewed, every
+// second until etcd answers: meanwhile others read the shards it claimed
+// from a seed.
 func (c *claims) keepAlive(ctx context.Context) {
-	ch, err := c.m.cli.KeepAlive(ctx, c.lease)
-	if err != nil {
-		return // the lease runs out: others read these shards from a seed
-	}
-	for range ch {
+	for ctx.Err() == nil {
+		l, _ := c.current()
+		if ch, err := c.m.cli.KeepAlive(ctx, l); err == nil {
+			for range ch {
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err := c.renew(ctx, l); err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
 	}
 }
 
@@ -153,7 +227,8 @@ func (c *claims) keepAlive(ctx context.Context) {
 func (c *claims) leave(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
-	_, _ = c.m.cli.Revoke(rctx, c.lease)
+	l, _ := c.current()
+	_, _ = c.m.cli.Revoke(rctx, l)
 }
 
 // watch streams the changes to the directory from revision rev on.
