@@ -132,7 +132,10 @@ func (c *claims) withLease(ctx context.Context, op func(clientv3.LeaseID) error)
 
 // join enters me as a fetcher in the claim directory dir of object name
 // under a new lease, and returns the directory as it was then and the
-// revision it was read at.
+// revision it was read at. Holdings of me already there are of a pass
+// before, whose lease still runs (its revoke failed; or this is a process
+// restarted under the same segment name): they go, or others would read
+// those shards from buffers they have not reached yet.
 func (m *meta) join(ctx context.Context, name, dir, me string, timeout time.Duration) (*claims, []*mvccpb.KeyValue, int64, error) {
 	c := &claims{m: m, dir: dir, me: me, timeout: timeout}
 	g, err := m.cli.Grant(ctx, int64(claimTTL/time.Second))
@@ -142,13 +145,36 @@ func (m *meta) join(ctx context.Context, name, dir, me string, timeout time.Dura
 	c.lease = g.ID
 	resp, err := m.cli.Txn(ctx).Then(
 		clientv3.OpPut(c.dir+string(fetcherKey)+"/"+me, "", clientv3.WithLease(c.lease)),
+		clientv3.OpDelete(c.dir+string(holdsKey)+"/"+me),
 		clientv3.OpGet(c.dir, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		c.leave(ctx)
 		return nil, nil, 0, metaErr("join", name, err)
 	}
-	return c, resp.Responses[1].GetResponseRange().GetKvs(), resp.Header.Revision, nil
+	return c, resp.Responses[2].GetResponseRange().GetKvs(), resp.Header.Revision, nil
+}
+
+// forget deletes the fetcher and holdings keys of me in every claim
+// directory: a Store starting under the segment name of a previous life
+// (a process restarted on the same host and port within claimTTL) must
+// not be read from for shards that life held, at addresses its new
+// buffers may reuse.
+func (m *meta) forget(ctx context.Context, me string) error {
+	resp, err := m.cli.Get(ctx, claimPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return fmt.Errorf("%w: read claims: %w", ErrMetadata, err)
+	}
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if !strings.HasSuffix(k, "/"+string(fetcherKey)+"/"+me) && !strings.HasSuffix(k, "/"+string(holdsKey)+"/"+me) {
+			continue
+		}
+		if _, err := m.cli.Delete(ctx, k); err != nil {
+			return fmt.Errorf("%w: forget %s: %w", ErrMetadata, k, err)
+		}
+	}
+	return nil
 }
 
 // claim asks for shard i: won is whether this pass reads it from a seed;

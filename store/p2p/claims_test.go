@@ -1,8 +1,14 @@
 package p2p
 
 import (
+	"slices"
 	"sync"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/mooncake-go/mooncake/engine"
 )
 
 // TestReregisterInPlaceRestartsFetch: a seed re-registers an object
@@ -92,5 +98,101 @@ func TestLostClaimLeaseIsRenewed(t *testing.T) {
 	}
 	if !got.equal(data) {
 		t.Fatal("bytes differ from the seed's")
+	}
+}
+
+// TestStaleHoldingsOfPreviousLifeIgnored: a receiver crashed mid-fetch and was
+// restarted under the same segment name (host and a fixed RPC port)
+// within claimTTL; its holdings key of the previous life, under that
+// life's lease, still says it holds every shard. It registers its new
+// buffers (here at the addresses the old holdings name, as a process
+// rerun with the same allocation would) and starts fetching. A third
+// receiver reads those shards from it before they arrived: it gets the
+// new buffers' contents (zeros) unless joining the directory withdrew
+// the restarted receiver's holdings of before.
+func TestStaleHoldingsOfPreviousLifeIgnored(t *testing.T) {
+	etcd := startEtcd(t)
+	ctx := testCtx(t)
+	seed := newNode(t, etcd, nil)
+	const n, shard = 4, 256 << 10
+	data := newBuffers(t, n*shard)
+	data.fill(5)
+	if err := seed.Register(ctx, "obj", data.addrs, data.sizes, shard, "", false); err != nil {
+		t.Fatal(err)
+	}
+	restarted := newNode(t, etcd, func(c *Config) { c.Concurrency = 1 })
+	rb := newBuffers(t, n*shard)
+	// The previous life's announcement, its lease still running.
+	held := map[int]uint64{}
+	for i := range n {
+		held[i] = uint64(rb.addrs[0]) + uint64(i*shard)
+	}
+	g, err := seed.meta.cli.Grant(ctx, int64(claimTTL.Seconds()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &claims{m: seed.meta, dir: claimDir(seed.record(t, "obj")), me: restarted.LocalServerName(), lease: g.ID}
+	if err := c.announce(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	blocked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	restarted.onSeedRead = func(int) {
+		once.Do(func() {
+			close(blocked)
+			<-release
+		})
+	}
+	restartedErr := make(chan error, 1)
+	go func() { restartedErr <- restarted.GetReplica(ctx, "obj", rb.addrs, rb.sizes) }()
+	<-blocked
+	other := newNode(t, etcd, nil)
+	got := newBuffers(t, n*shard)
+	err = other.GetReplica(ctx, "obj", got.addrs, got.sizes)
+	close(release)
+	if rerr := <-restartedErr; rerr != nil {
+		t.Errorf("restarted receiver: %v", rerr)
+	}
+	if err == nil && !got.equal(data) {
+		t.Fatal("GetReplica succeeded with bytes that are not the seed's (read from a restarted receiver's stale holdings)")
+	}
+}
+
+// TestNewForgetsPreviousLife: a Store starting under a segment name that
+// a previous life left fetcher and holdings keys under (their lease still
+// running) deletes them, before any of its buffers can be read: others
+// would read shards from the new buffers that never arrived there.
+func TestNewForgetsPreviousLife(t *testing.T) {
+	etcd := startEtcd(t)
+	ctx := testCtx(t)
+	e, err := engine.New(ctx, engine.Config{Host: "127.0.0.1", Transport: "tcp", Registerer: prometheus.NewRegistry(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	other := newNode(t, etcd, nil)
+	g, err := other.meta.cli.Grant(ctx, int64(claimTTL.Seconds()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := claimPrefix + "7-0000000000000001/obj/"
+	mine := []string{dir + "f/" + e.Name(), dir + "h/" + e.Name()}
+	theirs := dir + "h/" + other.LocalServerName()
+	for _, k := range append(mine, theirs) {
+		if _, err := other.meta.cli.Put(ctx, k, "{}", clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newNode(t, etcd, func(c *Config) { c.Engine, c.EngineConfig = e, engine.Config{} })
+	resp, err := other.meta.cli.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, kv := range resp.Kvs {
+		left = append(left, string(kv.Key))
+	}
+	if !slices.Equal(left, []string{theirs}) {
+		t.Fatalf("claim keys after New: %q, want only %q", left, theirs)
 	}
 }

@@ -110,6 +110,10 @@ func New(ctx context.Context, cfg Config) (s *Store, err error) {
 		return nil, fmt.Errorf("%w: connect %s: %w", ErrMetadata, cfg.Metadata, err)
 	}
 	s.meta = &meta{cli: cli}
+	if err := s.meta.forget(mctx, s.name); err != nil {
+		cli.Close()
+		return nil, err
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.log.Info("p2p store started", "segment", s.name, "metadata", cfg.Metadata)
 	return s, nil
