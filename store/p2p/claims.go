@@ -177,30 +177,45 @@ func (m *meta) forget(ctx context.Context, me string) error {
 	return nil
 }
 
-// claim asks for shard i: won is whether this pass reads it from a seed;
-// if not, holder is who does.
-func (c *claims) claim(ctx context.Context, i int) (won bool, holder string, err error) {
-	key := c.dir + string(claimedKey) + "/" + strconv.Itoa(i)
+// claim asks for the shards is, in one transaction (a nested one per
+// shard): won[k] is whether this pass reads shard is[k] from a seed; if
+// not, holders[k] is who does.
+func (c *claims) claim(ctx context.Context, is []int) (won []bool, holders []string, err error) {
 	var resp *clientv3.TxnResponse
 	err = c.withLease(ctx, func(l clientv3.LeaseID) (err error) {
-		resp, err = c.m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, c.me, clientv3.WithLease(l))).
-			Else(clientv3.OpGet(key)).
-			Commit()
+		ops := make([]clientv3.Op, len(is))
+		for k, i := range is {
+			key := c.dir + string(claimedKey) + "/" + strconv.Itoa(i)
+			ops[k] = clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+				[]clientv3.Op{clientv3.OpPut(key, c.me, clientv3.WithLease(l))},
+				[]clientv3.Op{clientv3.OpGet(key)})
+		}
+		resp, err = c.m.cli.Txn(ctx).Then(ops...).Commit()
 		return err
 	})
 	if err != nil {
-		return false, "", fmt.Errorf("%w: claim shard %d: %w", ErrMetadata, i, err)
+		return nil, nil, fmt.Errorf("%w: claim shards %v: %w", ErrMetadata, is, err)
 	}
-	if resp.Succeeded {
-		return true, c.me, nil
+	won, holders = make([]bool, len(is)), make([]string, len(is))
+	for k, r := range resp.Responses {
+		t := r.GetResponseTxn()
+		if t == nil || k >= len(is) {
+			continue
+		}
+		if t.Succeeded {
+			won[k], holders[k] = true, c.me
+			continue
+		}
+		if len(t.Responses) > 0 {
+			if kvs := t.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+				holders[k] = string(kvs[0].Value)
+			}
+		}
+		// A claim of this pass's own that it lost track of is still its own.
+		won[k] = holders[k] == c.me
 	}
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
-		holder = string(kvs[0].Value)
-	}
-	// A claim of this pass's own that it lost track of is still its own.
-	return holder == c.me, holder, nil
+	return won, holders, nil
 }
 
 // announce tells the receivers in the directory which shards this pass

@@ -26,7 +26,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // testTimeout bounds every call a test makes.
 const testTimeout = time.Minute
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
 	t.Cleanup(cancel)
 	return ctx
@@ -41,7 +41,7 @@ type node struct {
 // newNode starts a Store on loopback with its own engine, speaking TCP as
 // nodes on different hosts would. edit adjusts the config; it runs before
 // New. The Store closes when the test ends.
-func newNode(t *testing.T, etcd string, edit func(*Config)) *node {
+func newNode(t testing.TB, etcd string, edit func(*Config)) *node {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := Config{
@@ -92,7 +92,7 @@ type buffers struct {
 	sizes []uint64
 }
 
-func newBuffers(t *testing.T, sizes ...uint64) *buffers {
+func newBuffers(t testing.TB, sizes ...uint64) *buffers {
 	t.Helper()
 	const gap = 4096
 	var total uint64
@@ -156,7 +156,7 @@ func (n *node) record(t *testing.T, name string) *record {
 	return r
 }
 
-func startEtcd(t *testing.T) string {
+func startEtcd(t testing.TB) string {
 	t.Helper()
 	return etcdtest.Start(t)
 }

@@ -28,6 +28,9 @@ const (
 	publishDelay = 20 * time.Millisecond
 	// publishBatch unpublished shards are published without waiting.
 	publishBatch = 4
+	// maxClaimBatch is the most shards a receiver claims in one
+	// transaction (see claimAheadLocked).
+	maxClaimBatch = 32
 )
 
 // shardState is where a shard stands in a pass.
@@ -45,7 +48,7 @@ type how uint8
 const (
 	fromPeers how = iota // a replica holder (a seed if all of them fail)
 	claimSeed            // a seed, once this pass has claimed it
-	fromSeed             // a seed, unclaimed: stolen, or nobody else fetches
+	fromSeed             // a seed: claimed ahead by this pass, stolen, or nobody else fetches
 )
 
 // swarm is one pass of a GetReplica over one version of an object: the
@@ -72,6 +75,8 @@ type swarm struct {
 	claimed   []string                  // per shard: who reads it from a seed ("": nobody; this node's name: this pass)
 	fetchers  map[string]bool           // the other receivers in a pass over this object
 	claimRev  int64                     // the claim directory's revision claimed and fetchers are as of
+	claimN    int                       // how many shards the next claim may ask for (claimAheadLocked)
+	claiming  int                       // shards claimed ahead in a transaction in flight (state busy meanwhile)
 	seeded    bool                      // a read of this pass from a seed has landed
 	seedBusy  int                       // reads from a seed in flight or about to start
 	reading   map[string]int            // reads in flight per source segment
@@ -97,7 +102,7 @@ func newSwarm(s *Store, r *record, lay *layout) *swarm {
 		s: s, base: r, lay: lay,
 		starts: make([]uint64, n), mine: make([]*location, n), order: make([]int, n),
 		state: make([]shardState, n), live: make([]int, n), claimed: make([]string, n), claimedAt: make([]time.Time, n),
-		fetchers: map[string]bool{}, bad: map[string]bool{}, reading: map[string]int{}, best: map[string]int{},
+		claimN: 1, fetchers: map[string]bool{}, bad: map[string]bool{}, reading: map[string]int{}, best: map[string]int{},
 		holds: map[string]map[int]uint64{}, held: map[int]uint64{},
 		wake: make(chan struct{}), kick: make(chan struct{}, 1), kickHeld: make(chan struct{}, 1),
 	}
@@ -185,9 +190,6 @@ func (w *swarm) work(ctx context.Context) error {
 			return err
 		}
 		if pk.how == claimSeed {
-			if w.s.beforeClaim != nil {
-				w.s.beforeClaim(pk.i)
-			}
 			if won, err := w.claim(ctx, pk.i); err != nil || !won {
 				if err != nil {
 					return err
@@ -206,26 +208,82 @@ func (w *swarm) work(ctx context.Context) error {
 	}
 }
 
-// claim claims shard i, picked to be read from a seed, for this pass; a
-// shard someone else claimed first goes back to be picked again, and the
-// seed slot taken for it is freed.
+// claim claims shard i, picked to be read from a seed, for this pass,
+// with the shards claimAheadLocked adds in the same transaction; a shard
+// someone else claimed first goes back to be picked again, and the seed
+// slot taken for i is freed.
 func (w *swarm) claim(ctx context.Context, i int) (bool, error) {
+	w.mu.Lock()
+	batch := w.claimAheadLocked(i)
+	w.mu.Unlock()
+	if w.s.beforeClaim != nil {
+		for _, j := range batch {
+			w.s.beforeClaim(j)
+		}
+	}
 	mctx, cancel := w.s.metaCtx(ctx)
-	won, holder, err := w.cl.claim(mctx, i)
+	won, holders, err := w.cl.claim(mctx, batch)
 	cancel()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if err == nil && won {
-		w.claimed[i] = w.s.name
+	all := err == nil
+	for k, j := range batch {
+		if k > 0 {
+			w.state[j] = todo
+		}
+		switch {
+		case err != nil:
+		case won[k]:
+			w.claimed[j] = w.s.name
+		default:
+			all = false
+			if holders[k] != "" && w.claimed[j] == "" {
+				w.claimed[j], w.claimedAt[j] = holders[k], time.Now()
+			}
+		}
+	}
+	w.claiming -= len(batch) - 1
+	// Slow start: a receiver alone claims twice as many at a time after
+	// each batch it won whole, so one that fetches many small shards
+	// spends few round trips on claims; any other receiver fetching, or a
+	// claim lost, brings it back to one at a time (claimAheadLocked).
+	if all && len(w.fetchers) == 0 {
+		w.claimN = min(2*w.claimN, maxClaimBatch)
+	} else {
+		w.claimN = 1
+	}
+	w.wakeLocked()
+	if err == nil && won[0] {
 		return true, nil
 	}
 	w.state[i] = todo
 	w.seedBusy--
-	if err == nil && holder != "" && w.claimed[i] == "" {
-		w.claimed[i], w.claimedAt[i] = holder, time.Now()
-	}
-	w.wakeLocked()
 	return false, err
+}
+
+// claimAheadLocked returns i and the shards to claim with it: up to
+// claimN-1 more that this pass would claim next (nobody holds or claimed
+// them, and it can serve them), marked busy until the claim is answered.
+// Only while no other receiver fetches (nor has, in this pass, since the
+// last claim) and a read from a seed has landed: the shards a receiver
+// claimed ahead wait for its reads, and others would wait for them.
+func (w *swarm) claimAheadLocked(i int) []int {
+	batch := []int{i}
+	if len(w.fetchers) > 0 || !w.seeded {
+		w.claimN = 1
+		return batch
+	}
+	for _, j := range w.order {
+		if len(batch) >= w.claimN {
+			break
+		}
+		if j != i && w.state[j] == todo && w.live[j] == 0 && w.claimed[j] == "" && w.mine[j] != nil {
+			w.state[j] = busy
+			batch = append(batch, j)
+		}
+	}
+	w.claiming += len(batch) - 1
+	return batch
 }
 
 // pick is what pickLocked chose: shard i (-1: none now), read how, from
@@ -276,8 +334,9 @@ func (w *swarm) next(ctx context.Context) (pick, error) {
 // pickLocked chooses the next shard and where to read it from, in this
 // order:
 //
-//   - while a seed read slot is free (seedFree), a shard that nobody holds
-//     or has claimed, to claim and read from a seed: the seeds send every
+//   - while a seed read slot is free (seedFree), a shard this pass claimed
+//     ahead (claimAheadLocked) and nobody holds yet, or else one that
+//     nobody holds or has claimed, to claim and read from a seed: the seeds send every
 //     shard once before any twice, and are kept busy while shards remain
 //     that no receiver has;
 //   - a shard other receivers serve, read from the holder this receiver
@@ -296,7 +355,7 @@ func (w *swarm) next(ctx context.Context) (pick, error) {
 // wait is whether shards remain that may be picked later; stealAt, if not
 // zero, is when the last kind may be.
 func (w *swarm) pickLocked(now time.Time) (pk pick, wait bool, stealAt time.Time) {
-	fresh, lone, theirs := -1, -1, -1
+	own, fresh, lone, theirs := -1, -1, -1, -1
 	clear(w.best)
 	for _, i := range w.order {
 		switch {
@@ -307,7 +366,11 @@ func (w *swarm) pickLocked(now time.Time) (pk pick, wait bool, stealAt time.Time
 					w.best[l.SegmentName] = i
 				}
 			}
-		case w.claimed[i] == w.s.name || w.claimed[i] == "" && w.mine[i] != nil:
+		case w.claimed[i] == w.s.name:
+			if own < 0 {
+				own = i
+			}
+		case w.claimed[i] == "" && w.mine[i] != nil:
 			if fresh < 0 {
 				fresh = i
 			}
@@ -322,13 +385,15 @@ func (w *swarm) pickLocked(now time.Time) (pk pick, wait bool, stealAt time.Time
 	free := w.seedFree()
 	pk.i = -1
 	switch {
+	case own >= 0 && free:
+		pk.i, pk.how = own, fromSeed
 	case fresh >= 0 && free:
 		pk.i, pk.how = fresh, claimSeed
 	case len(w.best) > 0:
 		pk.i, pk.from = w.leastReadLocked()
 	case lone >= 0 && free:
 		pk.i, pk.how = lone, fromSeed
-	case fresh >= 0 || lone >= 0:
+	case own >= 0 || fresh >= 0 || lone >= 0:
 		// Waits for a seed slot.
 		wait = true
 	case theirs >= 0:
@@ -341,6 +406,9 @@ func (w *swarm) pickLocked(now time.Time) (pk pick, wait bool, stealAt time.Time
 		}
 		return pk, true, time.Time{}
 	}
+	// Shards claimed ahead in a transaction still in flight are busy
+	// meanwhile; those it loses are todo again.
+	wait = wait || pk.i < 0 && w.claiming > 0
 	return pk, wait, time.Time{}
 }
 
