@@ -50,7 +50,7 @@ func claimDir(r *record) string {
 const (
 	fetcherKey = 'f' // f/<segment>: a receiver in a pass
 	claimedKey = 's' // s/<shard>: the segment reading that shard from a seed
-	holdsKey   = 'h' // h/<segment>: the shards that receiver holds, and where
+	holdsKey   = 'h' // h/<segment>/<n>: shards that receiver holds, and where (its nth announcement)
 )
 
 // claimKey is what a key below dir stands for: its kind and the segment
@@ -61,7 +61,13 @@ func claimKey(dir, key string) (kind byte, segment string, shard int, ok bool) {
 		return 0, "", 0, false
 	}
 	switch kind, name := rest[0], rest[2:]; kind {
-	case fetcherKey, holdsKey:
+	case fetcherKey:
+		return kind, name, 0, true
+	case holdsKey:
+		// The segment name may hold slashes; the sequence number does not.
+		if j := strings.LastIndexByte(name, '/'); j > 0 {
+			name = name[:j]
+		}
 		return kind, name, 0, true
 	case claimedKey:
 		i, err := strconv.Atoi(name)
@@ -84,7 +90,13 @@ type claims struct {
 	mu    sync.Mutex
 	lease clientv3.LeaseID
 	gen   int // how many times the lease was renewed
+	seq   int // announcements made
+
+	renewed chan struct{} // the lease was renewed: what was announced went with the old one
 }
+
+// holdsPrefix is where a receiver's announcements go in a directory.
+func holdsPrefix(dir, me string) string { return dir + string(holdsKey) + "/" + me + "/" }
 
 // current is the pass's lease now, and its generation.
 func (c *claims) current() (clientv3.LeaseID, int) {
@@ -112,22 +124,27 @@ func (c *claims) renew(ctx context.Context, gone clientv3.LeaseID) error {
 	}
 	c.lease = g.ID
 	c.gen++
+	select {
+	case c.renewed <- struct{}{}:
+	default:
+	}
 	return nil
 }
 
 // withLease runs op under the pass's lease; if etcd no longer knows the
-// lease, under a new one (renew), once.
-func (c *claims) withLease(ctx context.Context, op func(clientv3.LeaseID) error) error {
-	l, _ := c.current()
-	err := op(l)
+// lease, under a new one (renew), once. gen is the generation of the lease
+// op last ran under.
+func (c *claims) withLease(ctx context.Context, op func(clientv3.LeaseID) error) (gen int, err error) {
+	l, gen := c.current()
+	err = op(l)
 	if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return err
+		return gen, err
 	}
 	if err := c.renew(ctx, l); err != nil {
-		return err
+		return gen, err
 	}
-	l, _ = c.current()
-	return op(l)
+	l, gen = c.current()
+	return gen, op(l)
 }
 
 // join enters me as a fetcher in the claim directory dir of object name
@@ -137,7 +154,7 @@ func (c *claims) withLease(ctx context.Context, op func(clientv3.LeaseID) error)
 // restarted under the same segment name): they go, or others would read
 // those shards from buffers they have not reached yet.
 func (m *meta) join(ctx context.Context, name, dir, me string, timeout time.Duration) (*claims, []*mvccpb.KeyValue, int64, error) {
-	c := &claims{m: m, dir: dir, me: me, timeout: timeout}
+	c := &claims{m: m, dir: dir, me: me, timeout: timeout, renewed: make(chan struct{}, 1)}
 	g, err := m.cli.Grant(ctx, int64(claimTTL/time.Second))
 	if err != nil {
 		return nil, nil, 0, metaErr("grant claim lease", name, err)
@@ -145,7 +162,7 @@ func (m *meta) join(ctx context.Context, name, dir, me string, timeout time.Dura
 	c.lease = g.ID
 	resp, err := m.cli.Txn(ctx).Then(
 		clientv3.OpPut(c.dir+string(fetcherKey)+"/"+me, "", clientv3.WithLease(c.lease)),
-		clientv3.OpDelete(c.dir+string(holdsKey)+"/"+me),
+		clientv3.OpDelete(holdsPrefix(c.dir, me), clientv3.WithPrefix()),
 		clientv3.OpGet(c.dir, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
@@ -167,7 +184,8 @@ func (m *meta) forget(ctx context.Context, me string) error {
 	}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
-		if !strings.HasSuffix(k, "/"+string(fetcherKey)+"/"+me) && !strings.HasSuffix(k, "/"+string(holdsKey)+"/"+me) {
+		j := strings.LastIndexByte(k, '/')
+		if !strings.HasSuffix(k, "/"+string(fetcherKey)+"/"+me) && (j < 0 || !strings.HasSuffix(k[:j], "/"+string(holdsKey)+"/"+me)) {
 			continue
 		}
 		if _, err := m.cli.Delete(ctx, k); err != nil {
@@ -182,7 +200,7 @@ func (m *meta) forget(ctx context.Context, me string) error {
 // not, holders[k] is who does.
 func (c *claims) claim(ctx context.Context, is []int) (won []bool, holders []string, err error) {
 	var resp *clientv3.TxnResponse
-	err = c.withLease(ctx, func(l clientv3.LeaseID) (err error) {
+	_, err = c.withLease(ctx, func(l clientv3.LeaseID) (err error) {
 		ops := make([]clientv3.Op, len(is))
 		for k, i := range is {
 			key := c.dir + string(claimedKey) + "/" + strconv.Itoa(i)
@@ -218,25 +236,34 @@ func (c *claims) claim(ctx context.Context, is []int) (won []bool, holders []str
 	return won, holders, nil
 }
 
-// announce tells the receivers in the directory which shards this pass
-// holds, and at which addresses (shard index to address). It is a plain
-// put of this receiver's own key: unlike a publication in the record,
-// which every receiver edits, it never waits on another's, so the others
-// learn of a landed shard within one round trip to etcd. The record gets
-// the same entries soon after (publish), and keeps them after the pass.
-func (c *claims) announce(ctx context.Context, held map[int]uint64) error {
-	b, err := json.Marshal(held)
+// announce tells the receivers in the directory that this pass holds the
+// shards of batch, and at which addresses (shard index to address). Each
+// announcement is a key of its own, put once (holdsPrefix and a sequence
+// number): what a receiver announces, and each other receiver is sent,
+// grows with the shards it holds, not with their square. Unlike a
+// publication in the record, which every receiver edits, it never waits
+// on another's, so the others learn of a landed shard within one round
+// trip to etcd. The record gets the same entries soon after (publish), and
+// keeps them after the pass. gen is the generation of the lease the
+// announcement went under: once the lease is renewed, the announcements
+// of the generations before are gone.
+func (c *claims) announce(ctx context.Context, batch map[int]uint64) (gen int, err error) {
+	b, err := json.Marshal(batch)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	err = c.withLease(ctx, func(l clientv3.LeaseID) error {
-		_, err := c.m.cli.Put(ctx, c.dir+string(holdsKey)+"/"+c.me, string(b), clientv3.WithLease(l))
+	c.mu.Lock()
+	key := holdsPrefix(c.dir, c.me) + strconv.Itoa(c.seq)
+	c.seq++
+	c.mu.Unlock()
+	gen, err = c.withLease(ctx, func(l clientv3.LeaseID) error {
+		_, err := c.m.cli.Put(ctx, key, string(b), clientv3.WithLease(l))
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("%w: announce: %w", ErrMetadata, err)
+		return 0, fmt.Errorf("%w: announce: %w", ErrMetadata, err)
 	}
-	return nil
+	return gen, nil
 }
 
 // keepAlive keeps the lease alive until ctx ends. A lease that ran out

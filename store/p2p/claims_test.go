@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
@@ -134,7 +135,7 @@ func TestStaleHoldingsOfPreviousLifeIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := &claims{m: seed.meta, dir: claimDir(seed.record(t, "obj")), me: restarted.LocalServerName(), lease: g.ID}
-	if err := c.announce(ctx, held); err != nil {
+	if _, err := c.announce(ctx, held); err != nil {
 		t.Fatal(err)
 	}
 	blocked, release := make(chan struct{}), make(chan struct{})
@@ -178,8 +179,8 @@ func TestNewForgetsPreviousLife(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := claimPrefix + "7-0000000000000001/obj/"
-	mine := []string{dir + "f/" + e.Name(), dir + "h/" + e.Name()}
-	theirs := dir + "h/" + other.LocalServerName()
+	mine := []string{dir + "f/" + e.Name(), dir + "h/" + e.Name() + "/0", dir + "h/" + e.Name() + "/1"}
+	theirs := dir + "h/" + other.LocalServerName() + "/0"
 	for _, k := range append(mine, theirs) {
 		if _, err := other.meta.cli.Put(ctx, k, "{}", clientv3.WithLease(g.ID)); err != nil {
 			t.Fatal(err)
@@ -269,5 +270,52 @@ func TestLoneReceiverClaimsInBatches(t *testing.T) {
 	}
 	if len(txns) > n/8 {
 		t.Fatalf("%d shards claimed in %d transactions, want at most %d", n, len(txns), n/8)
+	}
+}
+
+// TestAnnouncementsGrowLinearly: a receiver announces each batch of the
+// shards it landed once, not all it holds each time: rewriting the whole
+// holdings put about S/4 values of up to S entries for an S-shard object,
+// O(S²) bytes, which etcd sent on to every other receiver watching.
+func TestAnnouncementsGrowLinearly(t *testing.T) {
+	etcd := startEtcd(t)
+	ctx := testCtx(t)
+	seed := newNode(t, etcd, nil)
+	const n, shard = 512, 4 << 10
+	data := newBuffers(t, n*shard)
+	data.fill(6)
+	if err := seed.Register(ctx, "obj", data.addrs, data.sizes, shard, "", false); err != nil {
+		t.Fatal(err)
+	}
+	start := revision(t, seed.meta.cli)
+	r := newNode(t, etcd, nil)
+	got := newBuffers(t, n*shard)
+	if err := r.GetReplica(ctx, "obj", got.addrs, got.sizes); err != nil {
+		t.Fatal(err)
+	}
+	var bytes, puts int
+	announced := map[string]bool{}
+	for _, ev := range claimEvents(t, seed.meta.cli, start, revision(t, seed.meta.cli)) {
+		if ev.Type != clientv3.EventTypePut || !strings.Contains(string(ev.Kv.Key), "/h/") {
+			continue
+		}
+		bytes += len(ev.Kv.Value)
+		puts++
+		var at map[string]uint64
+		if err := json.Unmarshal(ev.Kv.Value, &at); err != nil {
+			t.Fatal(err)
+		}
+		for i := range at {
+			announced[i] = true
+		}
+	}
+	// A holdings entry is about 20 bytes; each shard announced once is n·20.
+	t.Logf("%d announcements, %d bytes for %d shards", puts, bytes, n)
+	// The last few may land as the pass ends, published but never announced.
+	if len(announced) < n/2 {
+		t.Fatalf("%d shards announced, want most of %d", len(announced), n)
+	}
+	if limit := 4 * 20 * n; bytes > limit {
+		t.Fatalf("announcements of %d shards put %d bytes (%d puts), over %d: each rewrites every shard held", n, bytes, puts, limit)
 	}
 }

@@ -59,15 +59,23 @@
 // mooncake/p2p-claims/<create revision>/<name>/, is this project's own
 // (Mooncake's record is left as Mooncake writes it); each receiver's
 // entries there live under an etcd lease of its pass (claimTTL, 10 s,
-// kept alive while it runs, revoked when it ends):
+// kept alive while it runs, renewed if it ran out anyway, revoked when it
+// ends; a Store deletes the f/ and h/ entries of its segment name when it
+// starts, and a receiver its h/ entries when it joins, since a previous
+// life's would name buffers that hold nothing yet):
 //
 //   - f/<segment>: the receiver is fetching; written before it asks a
 //     seed for anything;
 //   - s/<shard>: the receiver that reads this shard from a seed, written
 //     by a transaction on the key not existing, so exactly one receiver
-//     claims each shard;
-//   - h/<segment>: the shards the receiver holds and their addresses, a
-//     plain put of its own key after each landing (batched as below):
+//     claims each shard; a receiver alone claims several at once, twice as
+//     many after each batch it won whole, up to 32, so that small shards
+//     do not each wait a round trip; one at a time as soon as another
+//     receiver fetches;
+//   - h/<segment>/<n>: shards the receiver landed and their addresses,
+//     its nth announcement, a plain put of a key of its own per batch
+//     (batched as below; what is announced grows with the shards, not
+//     their square):
 //     others read from it a round trip after a shard lands, where a
 //     publication in the record, which every receiver edits by
 //     compare-and-swap, took seconds of retries with eight receivers on
@@ -102,7 +110,7 @@
 // object have the seed upload about one copy (TestSeedUploadUnderTwice).
 //
 // Landed shards are announced and published in batches (four of them, or
-// what landed within 20 ms): announced on the receiver's h/ key, and
+// what landed within 20 ms): announced on a new h/ key, and
 // published in the record, each batch one compare-and-swap that also
 // brings the receiver's view up to date (a failed swap returns the
 // current record, so a retry costs one round trip). The record keeps the

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -67,33 +66,42 @@ type swarm struct {
 	cl     *claims     // this pass's fetcher entry and seed claims
 
 	mu        sync.Mutex
-	rec       *record                   // the newest record seen, this node left out
-	holds     map[string]map[int]uint64 // other receivers' announced shards (shard to address)
-	view      *record                   // rec with holds added; never modified
-	state     []shardState              // per shard
-	live      []int                     // per shard: replica holders in view not in bad
-	claimed   []string                  // per shard: who reads it from a seed ("": nobody; this node's name: this pass)
-	fetchers  map[string]bool           // the other receivers in a pass over this object
-	claimRev  int64                     // the claim directory's revision claimed and fetchers are as of
-	claimN    int                       // how many shards the next claim may ask for (claimAheadLocked)
-	claiming  int                       // shards claimed ahead in a transaction in flight (state busy meanwhile)
-	seeded    bool                      // a read of this pass from a seed has landed
-	seedBusy  int                       // reads from a seed in flight or about to start
-	reading   map[string]int            // reads in flight per source segment
-	best      map[string]int            // pickLocked's scratch: per replica holder, the rarest shard it has that is todo
-	bad       map[string]bool           // segments that failed a read in this pass
-	claimedAt []time.Time               // per shard: when this node learnt of another's claim, or the pass began
-	readTime  time.Duration             // the shard reads of this pass so far, together
-	reads     int                       // how many
-	annTime   time.Duration             // the announcements of this pass so far, together
-	anns      int                       // how many
-	unpub     []int                     // landed shards not yet published, in landing order
-	held      map[int]uint64            // landed shards this node can serve, and where
-	announced int                       // len(held) as last announced
-	wake      chan struct{}             // closed, and replaced, when a worker may pick anew
+	rec       *record            // the newest record seen, this node left out
+	holds     map[string]holding // other receivers' announcements, by key
+	view      *record            // rec with holds added
+	ownView   bool               // view's shards are its own, not rec's: holdLocked may add to them
+	state     []shardState       // per shard
+	live      []int              // per shard: replica holders in view not in bad
+	claimed   []string           // per shard: who reads it from a seed ("": nobody; this node's name: this pass)
+	fetchers  map[string]bool    // the other receivers in a pass over this object
+	claimRev  int64              // the claim directory's revision claimed and fetchers are as of
+	claimN    int                // how many shards the next claim may ask for (claimAheadLocked)
+	claiming  int                // shards claimed ahead in a transaction in flight (state busy meanwhile)
+	seeded    bool               // a read of this pass from a seed has landed
+	seedBusy  int                // reads from a seed in flight or about to start
+	reading   map[string]int     // reads in flight per source segment
+	best      map[string]int     // pickLocked's scratch: per replica holder, the rarest shard it has that is todo
+	bad       map[string]bool    // segments that failed a read in this pass
+	claimedAt []time.Time        // per shard: when this node learnt of another's claim, or the pass began
+	readTime  time.Duration      // the shard reads of this pass so far, together
+	reads     int                // how many
+	annTime   time.Duration      // the announcements of this pass so far, together
+	anns      int                // how many
+	unpub     []int              // landed shards not yet published, in landing order
+	held      []int              // landed shards this node can serve, in landing order
+	announced int                // how many of held were announced under the lease of generation annGen
+	annGen    int                // claims.gen of the announcements
+	wake      chan struct{}      // closed, and replaced, when a worker may pick anew
 
 	kick     chan struct{} // a shard landed: wakes publishLoop
 	kickHeld chan struct{} // a shard landed: wakes announceLoop
+}
+
+// holding is one announcement of another receiver: its segment, and the
+// shards it landed (shard to address).
+type holding struct {
+	seg string
+	at  map[int]uint64
 }
 
 func newSwarm(s *Store, r *record, lay *layout) *swarm {
@@ -103,8 +111,8 @@ func newSwarm(s *Store, r *record, lay *layout) *swarm {
 		starts: make([]uint64, n), mine: make([]*location, n), order: make([]int, n),
 		state: make([]shardState, n), live: make([]int, n), claimed: make([]string, n), claimedAt: make([]time.Time, n),
 		claimN: 1, fetchers: map[string]bool{}, bad: map[string]bool{}, reading: map[string]int{}, best: map[string]int{},
-		holds: map[string]map[int]uint64{}, held: map[int]uint64{},
-		wake: make(chan struct{}), kick: make(chan struct{}, 1), kickHeld: make(chan struct{}, 1),
+		holds: map[string]holding{},
+		wake:  make(chan struct{}), kick: make(chan struct{}, 1), kickHeld: make(chan struct{}, 1),
 	}
 	// Weights differ from node to node: so do the orders in which they
 	// claim shards, and receivers that start together rarely ask for the
@@ -485,40 +493,52 @@ func (w *swarm) install(r *record) {
 
 // mergeLocked makes the view: the record, and as replica holders the
 // receivers that announced shards the record does not list them for yet.
+// It walks every announcement: for a new record, or one withdrawn; a new
+// announcement is added alone (holdLocked).
 func (w *swarm) mergeLocked() {
-	v := &record{p: w.rec.p, rev: w.rec.rev, created: w.rec.created}
-	if len(w.holds) > 0 {
-		p := *w.rec.p
-		p.Shards = slices.Clone(p.Shards)
-		for seg, hs := range w.holds {
-			for i, addr := range hs {
-				if i < 0 || i >= len(p.Shards) {
-					continue
-				}
-				sh := &p.Shards[i]
-				if !slices.ContainsFunc(sh.ReplicaList, func(l location) bool { return l.SegmentName == seg }) {
-					sh.ReplicaList = append(slices.Clip(sh.ReplicaList), location{SegmentName: seg, Offset: addr})
-				}
-			}
+	w.view, w.ownView = &record{p: w.rec.p, rev: w.rec.rev, created: w.rec.created}, false
+	for _, h := range w.holds {
+		for i, addr := range h.at {
+			w.holdLocked(h.seg, i, addr)
 		}
-		v.p = &p
 	}
-	w.view = v
 	w.recountLocked()
+}
+
+// holdLocked adds seg as a holder of shard i at addr to the view, unless
+// the view lists it already; the view's shards become its own first, so
+// the record's stay as read. It does not recount.
+func (w *swarm) holdLocked(seg string, i int, addr uint64) {
+	if i < 0 || i >= len(w.view.p.Shards) ||
+		slices.ContainsFunc(w.view.p.Shards[i].ReplicaList, func(l location) bool { return l.SegmentName == seg }) {
+		return
+	}
+	if !w.ownView {
+		p := *w.view.p
+		p.Shards = slices.Clone(p.Shards)
+		w.view.p, w.ownView = &p, true
+	}
+	sh := &w.view.p.Shards[i]
+	sh.ReplicaList = append(slices.Clip(sh.ReplicaList), location{SegmentName: seg, Offset: addr})
 }
 
 // recountLocked derives from the view and the failed segments the live
 // replica holders of each shard.
 func (w *swarm) recountLocked() {
-	for i, sh := range w.view.p.Shards {
-		n := 0
-		for _, l := range sh.ReplicaList {
-			if !w.bad[l.SegmentName] {
-				n++
-			}
-		}
-		w.live[i] = n
+	for i := range w.view.p.Shards {
+		w.recountShardLocked(i)
 	}
+}
+
+// recountShardLocked does as recountLocked for shard i alone.
+func (w *swarm) recountShardLocked(i int) {
+	n := 0
+	for _, l := range w.view.p.Shards[i].ReplicaList {
+		if !w.bad[l.SegmentName] {
+			n++
+		}
+	}
+	w.live[i] = n
 }
 
 // resetClaimsLocked makes the claim directory as read at rev (kvs) the
@@ -561,16 +581,21 @@ func (w *swarm) applyClaimLocked(key, value string, put bool) (remerge bool) {
 		// or its lease ran out: the shard may be claimed again.
 		w.claimed[i] = ""
 	case kind == holdsKey && put:
-		var hs map[int]uint64
-		if err := json.Unmarshal([]byte(value), &hs); err != nil {
+		var at map[int]uint64
+		if err := json.Unmarshal([]byte(value), &at); err != nil {
 			w.s.log.Warn("skipping invalid holdings", "key", key, "err", err)
 			return false
 		}
-		w.holds[seg] = hs
-		return true
+		w.holds[key] = holding{seg: seg, at: at}
+		for i, addr := range at {
+			w.holdLocked(seg, i, addr)
+			if i >= 0 && i < len(w.live) {
+				w.recountShardLocked(i)
+			}
+		}
 	case kind == holdsKey:
 		// Gone with its pass: what it published is in the record.
-		delete(w.holds, seg)
+		delete(w.holds, key)
 		return true
 	}
 	return false
@@ -664,7 +689,7 @@ func (w *swarm) land(i int) {
 	w.state[i] = landed
 	if w.mine[i] != nil {
 		w.unpub = append(w.unpub, i)
-		w.held[i] = w.mine[i].Offset
+		w.held = append(w.held, i)
 	}
 	w.mu.Unlock()
 	for _, k := range []chan struct{}{w.kick, w.kickHeld} {
@@ -875,10 +900,12 @@ func (w *swarm) publishLoop(ctx context.Context, abort context.CancelCauseFunc) 
 	}
 }
 
-// announceLoop announces the shards this pass holds (claims.announce)
-// until ctx ends, once publishBatch of them wait or the oldest has waited
-// publishDelay. A failed announcement is logged and made again with the
-// next: the shards are published in the record meanwhile.
+// announceLoop announces the shards this pass holds (claims.announce),
+// those not announced yet, until ctx ends: once publishBatch of them wait
+// or the oldest has waited publishDelay. A failed announcement is logged
+// and made again with the next: the shards are published in the record
+// meanwhile. Once the lease is renewed, every shard held is announced
+// anew: the announcements went with the old lease.
 func (w *swarm) announceLoop(ctx context.Context) {
 	var due <-chan time.Time
 	for {
@@ -895,15 +922,26 @@ func (w *swarm) announceLoop(ctx context.Context) {
 			if !now {
 				continue
 			}
+		case <-w.cl.renewed:
 		case <-due:
 		}
 		due = nil
 		w.mu.Lock()
-		held := maps.Clone(w.held)
+		if _, gen := w.cl.current(); gen != w.annGen {
+			w.announced, w.annGen = 0, gen
+		}
+		from, n, gen := w.announced, len(w.held), w.annGen
+		batch := make(map[int]uint64, n-from)
+		for _, i := range w.held[from:n] {
+			batch[i] = w.mine[i].Offset
+		}
 		w.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
 		mctx, cancel := w.s.metaCtx(ctx)
 		start := time.Now()
-		err := w.cl.announce(mctx, held)
+		got, err := w.cl.announce(mctx, batch)
 		took := time.Since(start)
 		cancel()
 		if err != nil {
@@ -914,7 +952,15 @@ func (w *swarm) announceLoop(ctx context.Context) {
 			continue
 		}
 		w.mu.Lock()
-		w.announced = len(held)
+		switch {
+		case got == gen || from == 0:
+			w.announced, w.annGen = n, got
+		default:
+			// The lease was renewed on the way: the announcements before
+			// this one went with the old one.
+			w.announced, w.annGen = 0, got
+			due = time.After(0)
+		}
 		w.annTime += took
 		w.anns++
 		w.mu.Unlock()

@@ -207,18 +207,23 @@ func TestPick(t *testing.T) {
 // it before the record lists it, and forgotten once it leaves.
 func TestHoldsJoinTheView(t *testing.T) {
 	w := testSwarm(3, map[int][]string{0: {"b"}})
-	w.enter("h/a", `{"0":100,"2":102}`, "h/me", `{"1":0}`)
+	w.enter("h/a/0", `{"0":100}`, "h/me/0", `{"1":0}`, "h/a/1", `{"2":102}`)
 	want := [][]location{{{"b", 0}, {"a", 100}}, nil, {{"a", 102}}}
 	for i, sh := range w.view.p.Shards {
 		if !slices.Equal(sh.ReplicaList, want[i]) {
 			t.Errorf("shard %d: replicas %v, want %v", i, sh.ReplicaList, want[i])
 		}
 	}
+	if !slices.Equal(w.live, []int{2, 0, 1}) {
+		t.Errorf("live %v, want [2 0 1]", w.live)
+	}
 	if len(w.rec.p.Shards[0].ReplicaList) != 1 {
 		t.Errorf("the record was changed: %v", w.rec.p.Shards[0].ReplicaList)
 	}
-	if w.applyClaimLocked(w.cl.dir+"h/a", "", false) {
-		w.mergeLocked()
+	for _, k := range []string{"h/a/0", "h/a/1"} {
+		if w.applyClaimLocked(w.cl.dir+k, "", false) {
+			w.mergeLocked()
+		}
 	}
 	if !slices.Equal(w.live, []int{1, 0, 0}) {
 		t.Errorf("live %v once a left, want [1 0 0]", w.live)
@@ -244,7 +249,8 @@ func TestClaimKey(t *testing.T) {
 		ok    bool
 	}{
 		{dir + "f/10.0.0.1:15001", fetcherKey, "10.0.0.1:15001", 0, true},
-		{dir + "h/10.0.0.1:15001", holdsKey, "10.0.0.1:15001", 0, true},
+		{dir + "h/10.0.0.1:15001/3", holdsKey, "10.0.0.1:15001", 0, true},
+		{dir + "h/a/b/3", holdsKey, "a/b", 0, true},
 		{dir + "s/12", claimedKey, "", 12, true},
 		{dir + "s/-1", 0, "", 0, false},
 		{dir + "s/x", 0, "", 0, false},
