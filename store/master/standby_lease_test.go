@@ -7,10 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Review: a service a standby prepared ahead of its election gives every
-// object a lease of LeaseTTL from the takeover, as restore does (readers of
-// the old leader may still be copying), not from the prepare, which may be
-// long before; and the eviction order follows that lease.
 // A service prepared by a follower long before it takes over gives its
 // objects leases, and its puts in flight start times, from the takeover:
 // eviction and the reclaim take nothing readers or writers of the old
