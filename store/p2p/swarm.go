@@ -488,6 +488,21 @@ func (w *swarm) install(r *record) {
 		sh.ReplicaList = withoutSegment(sh.ReplicaList, w.s.name)
 	}
 	w.rec = r
+	// Announcements the record now carries are dropped: merging walks
+	// only the shards landed and not yet published, not every shard
+	// every receiver announced, on each record change (each publication
+	// of each receiver).
+	for key, h := range w.holds {
+		for i := range h.at {
+			if i < 0 || i >= len(r.p.Shards) ||
+				slices.ContainsFunc(r.p.Shards[i].ReplicaList, func(l location) bool { return l.SegmentName == h.seg }) {
+				delete(h.at, i)
+			}
+		}
+		if len(h.at) == 0 {
+			delete(w.holds, key)
+		}
+	}
 	w.mergeLocked()
 }
 

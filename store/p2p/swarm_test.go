@@ -230,6 +230,27 @@ func TestHoldsJoinTheView(t *testing.T) {
 	}
 }
 
+// TestPublishedHoldsAreDropped: an announcement the record has caught up
+// with is dropped, so the view's merge on each record change walks only
+// what is announced and not yet published.
+func TestPublishedHoldsAreDropped(t *testing.T) {
+	w := testSwarm(3, nil)
+	w.enter("h/a/0", `{"0":100,"1":101}`, "h/b/0", `{"2":202}`)
+	r := &record{p: w.base.p, rev: 2, created: 1}
+	p := *r.p
+	p.Shards = slices.Clone(p.Shards)
+	p.Shards[0].ReplicaList = []location{{"a", 100}}
+	p.Shards[2].ReplicaList = []location{{"b", 202}}
+	r.p = &p
+	w.install(r)
+	if len(w.holds) != 1 || len(w.holds[w.cl.dir+"h/a/0"].at) != 1 {
+		t.Errorf("holds %v after the record listed a for shard 0 and b for 2, want a's shard 1 alone", w.holds)
+	}
+	if !slices.Equal(w.live, []int{1, 1, 1}) {
+		t.Errorf("live %v, want [1 1 1]", w.live)
+	}
+}
+
 func TestClaimKey(t *testing.T) {
 	r := &record{p: &payload{Name: "a/b", Shards: []shard{{Gold: []location{{"s1", 64}}}}}, created: 7}
 	dir := claimDir(r)
