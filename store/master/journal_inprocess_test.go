@@ -2,6 +2,7 @@ package master
 
 import (
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -39,4 +40,26 @@ func TestHAWithInProcessEtcdClient(t *testing.T) {
 	ok, err := b.Service().ExistKey(fmt.Sprintf("obj-%d", n-1))
 	require.NoError(t, err)
 	assert.True(t, ok)
+}
+
+// A Start that fails closes the in-process client it was given, as the
+// Server would have: whether it fails before dialling etcd (bad limits) or
+// after (the address is taken).
+func TestFailedStartClosesInProcessClient(t *testing.T) {
+	e, err := embedetcd.Start(t.TempDir(), "127.0.0.1:0", embedetcd.NoFsync())
+	require.NoError(t, err)
+	defer e.Close()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	for _, cfg := range []ServerConfig{
+		{Listen: "127.0.0.1:0", MaxConns: -1},
+		{Listen: taken.Addr().String()},
+	} {
+		cli := e.Client()
+		cfg.HA = &HAConfig{Client: cli, ClusterID: "inproc"}
+		_, err := Start(cfg)
+		require.Error(t, err)
+		assert.Error(t, cli.Ctx().Err(), "the client was left open")
+	}
 }

@@ -123,7 +123,8 @@ type HAConfig struct {
 	// Client, when not nil, is the etcd client to use instead of dialling
 	// Etcd: an etcd in the same process (mooncake up's) is called in
 	// process (embedetcd.Etcd.Client), so a put's journal write skips
-	// gRPC over loopback TCP. The Server closes it.
+	// gRPC over loopback TCP. The Server closes it, and so does a Start
+	// that fails.
 	Client *clientv3.Client
 	// ColdStandby makes a standby wait without following the journal: it
 	// holds no copy of the state, and loads the snapshot and the whole log
@@ -177,8 +178,16 @@ func (e *ListenError) Error() string {
 
 func (e *ListenError) Unwrap() error { return e.Err }
 
-// Start starts a master serving on cfg.Listen.
-func Start(cfg ServerConfig) (*Server, error) {
+// Start starts a master serving on cfg.Listen. An HAConfig.Client is the
+// Server's from the call on: a Start that fails closes it too.
+func Start(cfg ServerConfig) (_ *Server, err error) {
+	if h := cfg.HA; h != nil && h.Client != nil {
+		defer func() {
+			if err != nil {
+				_ = h.Client.Close() // a no-op once closeEtcd closed it
+			}
+		}()
+	}
 	if err := cfg.Service.Validate(); err != nil {
 		return nil, err
 	}
