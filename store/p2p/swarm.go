@@ -621,14 +621,8 @@ func (w *swarm) applyClaimLocked(key, value string, put bool) (remerge bool) {
 func (w *swarm) followClaims(ctx context.Context, rev int64) {
 	watch := w.cl.watch(ctx, rev+1)
 	for {
-		var resp clientv3.WatchResponse
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return
-		case resp, ok = <-watch:
-		}
-		if ctx.Err() != nil {
+		resp, ok, done := nextWatch(ctx, watch)
+		if done {
 			return
 		}
 		if ok && resp.Err() == nil {
@@ -841,20 +835,25 @@ func pickFrom(ls []location, ok func(location) bool) (location, bool) {
 	return pick, n > 0
 }
 
+// nextWatch is the next response of watch (ok false: the watch closed);
+// done once ctx has ended.
+func nextWatch(ctx context.Context, watch clientv3.WatchChan) (resp clientv3.WatchResponse, ok, done bool) {
+	select {
+	case <-ctx.Done():
+		return resp, false, true
+	case resp, ok = <-watch:
+	}
+	return resp, ok, ctx.Err() != nil
+}
+
 // follow applies each change of the record to the view until ctx ends; a
 // replaced object aborts the pass.
 func (w *swarm) follow(ctx context.Context, abort context.CancelCauseFunc) {
 	name := w.base.p.Name
 	watch := w.s.meta.watch(ctx, name, w.base.rev+1)
 	for {
-		var resp clientv3.WatchResponse
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return
-		case resp, ok = <-watch:
-		}
-		if ctx.Err() != nil {
+		resp, ok, done := nextWatch(ctx, watch)
+		if done {
 			return
 		}
 		if !ok || resp.Err() != nil {
