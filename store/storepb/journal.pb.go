@@ -31,10 +31,14 @@ const (
 
 // ReplicaLocation is a replica by segment id and offset in it.
 type ReplicaLocation struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SegmentId     string                 `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
-	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SegmentId string                 `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
+	Offset    uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Size      uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// A striped replica: its pieces in order (each without stripes); the
+	// fields above are then the first piece's segment and offset, and the
+	// whole length.
+	Stripes       []*ReplicaLocation `protobuf:"bytes,4,rep,name=stripes,proto3" json:"stripes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -88,6 +92,13 @@ func (x *ReplicaLocation) GetSize() uint64 {
 		return x.Size
 	}
 	return 0
+}
+
+func (x *ReplicaLocation) GetStripes() []*ReplicaLocation {
+	if x != nil {
+		return x.Stripes
+	}
+	return nil
 }
 
 type JournalMount struct {
@@ -1035,12 +1046,13 @@ var File_journal_proto protoreflect.FileDescriptor
 
 const file_journal_proto_rawDesc = "" +
 	"\n" +
-	"\rjournal.proto\x12\x11mooncake.store.v1\x1a\fmaster.proto\"\\\n" +
+	"\rjournal.proto\x12\x11mooncake.store.v1\x1a\fmaster.proto\"\x9a\x01\n" +
 	"\x0fReplicaLocation\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x04R\x04size\"a\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12<\n" +
+	"\astripes\x18\x04 \x03(\v2\".mooncake.store.v1.ReplicaLocationR\astripes\"a\n" +
 	"\fJournalMount\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
 	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\"/\n" +
@@ -1135,29 +1147,30 @@ var file_journal_proto_goTypes = []any{
 	(*Segment)(nil),         // 14: mooncake.store.v1.Segment
 }
 var file_journal_proto_depIdxs = []int32{
-	14, // 0: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
-	0,  // 1: mooncake.store.v1.JournalStart.replicas:type_name -> mooncake.store.v1.ReplicaLocation
-	0,  // 2: mooncake.store.v1.JournalMove.from:type_name -> mooncake.store.v1.ReplicaLocation
-	0,  // 3: mooncake.store.v1.JournalMove.to:type_name -> mooncake.store.v1.ReplicaLocation
-	1,  // 4: mooncake.store.v1.JournalRecord.mount:type_name -> mooncake.store.v1.JournalMount
-	2,  // 5: mooncake.store.v1.JournalRecord.unmount:type_name -> mooncake.store.v1.JournalUnmount
-	3,  // 6: mooncake.store.v1.JournalRecord.expire:type_name -> mooncake.store.v1.JournalExpire
-	4,  // 7: mooncake.store.v1.JournalRecord.start:type_name -> mooncake.store.v1.JournalStart
-	5,  // 8: mooncake.store.v1.JournalRecord.end:type_name -> mooncake.store.v1.JournalEnd
-	7,  // 9: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
-	8,  // 10: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
-	9,  // 11: mooncake.store.v1.JournalRecord.move:type_name -> mooncake.store.v1.JournalMove
-	6,  // 12: mooncake.store.v1.JournalRecord.commit:type_name -> mooncake.store.v1.JournalCommit
-	10, // 13: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
-	0,  // 14: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
-	4,  // 15: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
-	1,  // 16: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
-	12, // 17: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	0,  // 0: mooncake.store.v1.ReplicaLocation.stripes:type_name -> mooncake.store.v1.ReplicaLocation
+	14, // 1: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
+	0,  // 2: mooncake.store.v1.JournalStart.replicas:type_name -> mooncake.store.v1.ReplicaLocation
+	0,  // 3: mooncake.store.v1.JournalMove.from:type_name -> mooncake.store.v1.ReplicaLocation
+	0,  // 4: mooncake.store.v1.JournalMove.to:type_name -> mooncake.store.v1.ReplicaLocation
+	1,  // 5: mooncake.store.v1.JournalRecord.mount:type_name -> mooncake.store.v1.JournalMount
+	2,  // 6: mooncake.store.v1.JournalRecord.unmount:type_name -> mooncake.store.v1.JournalUnmount
+	3,  // 7: mooncake.store.v1.JournalRecord.expire:type_name -> mooncake.store.v1.JournalExpire
+	4,  // 8: mooncake.store.v1.JournalRecord.start:type_name -> mooncake.store.v1.JournalStart
+	5,  // 9: mooncake.store.v1.JournalRecord.end:type_name -> mooncake.store.v1.JournalEnd
+	7,  // 10: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
+	8,  // 11: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
+	9,  // 12: mooncake.store.v1.JournalRecord.move:type_name -> mooncake.store.v1.JournalMove
+	6,  // 13: mooncake.store.v1.JournalRecord.commit:type_name -> mooncake.store.v1.JournalCommit
+	10, // 14: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
+	0,  // 15: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
+	4,  // 16: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
+	1,  // 17: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
+	12, // 18: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_journal_proto_init() }

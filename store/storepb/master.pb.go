@@ -348,7 +348,13 @@ type ReplicateConfig struct {
 	// Segments (by name) to place replicas on first.
 	PreferredSegments []string `protobuf:"bytes,5,rep,name=preferred_segments,json=preferredSegments,proto3" json:"preferred_segments,omitempty"`
 	// Place on segments of the caller's host first.
-	PreferLocal   bool `protobuf:"varint,6,opt,name=prefer_local,json=preferLocal,proto3" json:"prefer_local,omitempty"`
+	PreferLocal bool `protobuf:"varint,6,opt,name=prefer_local,json=preferLocal,proto3" json:"prefer_local,omitempty"`
+	// Stripes per replica: its bytes cut into this many pieces of (nearly)
+	// equal length, each on a distinct segment, of a distinct host where
+	// there are enough, written and read in parallel. 0: the master's
+	// policy (ServiceConfig.StripeMinSize, StripeCount); 1: one piece.
+	// Placement is best effort: fewer pieces where fewer segments fit.
+	StripeCount   int32 `protobuf:"varint,7,opt,name=stripe_count,json=stripeCount,proto3" json:"stripe_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -425,6 +431,13 @@ func (x *ReplicateConfig) GetPreferLocal() bool {
 	return false
 }
 
+func (x *ReplicateConfig) GetStripeCount() int32 {
+	if x != nil {
+		return x.StripeCount
+	}
+	return 0
+}
+
 // MemoryReplica is a replica in a mounted DRAM segment.
 type MemoryReplica struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -434,7 +447,12 @@ type MemoryReplica struct {
 	Size              uint64                 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
 	// MEDIUM_DISK: the replica is in a node's SSD tier, a file mapped into
 	// the node's memory and read through the engine like DRAM.
-	Medium        Medium `protobuf:"varint,5,opt,name=medium,proto3,enum=mooncake.store.v1.Medium" json:"medium,omitempty"`
+	Medium Medium `protobuf:"varint,5,opt,name=medium,proto3,enum=mooncake.store.v1.Medium" json:"medium,omitempty"`
+	// A striped replica: its pieces in order, each one allocation in one
+	// segment (no stripes of their own); the value is their concatenation.
+	// The fields above then name the first piece's segment and address, and
+	// size is the whole length.
+	Stripes       []*MemoryReplica `protobuf:"bytes,6,rep,name=stripes,proto3" json:"stripes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -502,6 +520,13 @@ func (x *MemoryReplica) GetMedium() Medium {
 		return x.Medium
 	}
 	return Medium_MEDIUM_DRAM
+}
+
+func (x *MemoryReplica) GetStripes() []*MemoryReplica {
+	if x != nil {
+		return x.Stripes
+	}
+	return nil
 }
 
 // DiskReplica is a replica in a file of a shared file system (reserved:
@@ -2442,7 +2467,7 @@ const file_master_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"B\n" +
 	"\vBatchResult\x123\n" +
-	"\aresults\x18\x01 \x03(\v2\x19.mooncake.store.v1.ResultR\aresults\"\xf3\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.mooncake.store.v1.ResultR\aresults\"\x96\x02\n" +
 	"\x0fReplicateConfig\x12\x1f\n" +
 	"\vreplica_num\x18\x01 \x01(\x05R\n" +
 	"replicaNum\x12\"\n" +
@@ -2450,13 +2475,15 @@ const file_master_proto_rawDesc = "" +
 	"\rwith_hard_pin\x18\x03 \x01(\bR\vwithHardPin\x12%\n" +
 	"\x0fsoft_pin_ttl_ms\x18\x04 \x01(\x03R\fsoftPinTtlMs\x12-\n" +
 	"\x12preferred_segments\x18\x05 \x03(\tR\x11preferredSegments\x12!\n" +
-	"\fprefer_local\x18\x06 \x01(\bR\vpreferLocal\"\xcf\x01\n" +
+	"\fprefer_local\x18\x06 \x01(\bR\vpreferLocal\x12!\n" +
+	"\fstripe_count\x18\a \x01(\x05R\vstripeCount\"\x8b\x02\n" +
 	"\rMemoryReplica\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12-\n" +
 	"\x12transport_endpoint\x18\x02 \x01(\tR\x11transportEndpoint\x12%\n" +
 	"\x0ebuffer_address\x18\x03 \x01(\x04R\rbufferAddress\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x121\n" +
-	"\x06medium\x18\x05 \x01(\x0e2\x19.mooncake.store.v1.MediumR\x06medium\"\x87\x01\n" +
+	"\x06medium\x18\x05 \x01(\x0e2\x19.mooncake.store.v1.MediumR\x06medium\x12:\n" +
+	"\astripes\x18\x06 \x03(\v2 .mooncake.store.v1.MemoryReplicaR\astripes\"\x87\x01\n" +
 	"\vDiskReplica\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12-\n" +
 	"\x12transport_endpoint\x18\x02 \x01(\tR\x11transportEndpoint\x12\x12\n" +
@@ -2687,87 +2714,88 @@ var file_master_proto_goTypes = []any{
 var file_master_proto_depIdxs = []int32{
 	4,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
 	0,  // 1: mooncake.store.v1.MemoryReplica.medium:type_name -> mooncake.store.v1.Medium
-	1,  // 2: mooncake.store.v1.Replica.status:type_name -> mooncake.store.v1.ReplicaStatus
-	7,  // 3: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
-	8,  // 4: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
-	6,  // 5: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
-	4,  // 6: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
-	9,  // 7: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
-	10, // 8: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
-	11, // 9: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
-	14, // 10: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
-	6,  // 11: mooncake.store.v1.PutReserveRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
-	9,  // 12: mooncake.store.v1.PutSlot.replicas:type_name -> mooncake.store.v1.Replica
-	4,  // 13: mooncake.store.v1.PutReserveResponse.result:type_name -> mooncake.store.v1.Result
-	17, // 14: mooncake.store.v1.PutReserveResponse.slots:type_name -> mooncake.store.v1.PutSlot
-	19, // 15: mooncake.store.v1.BatchPutCommitRequest.items:type_name -> mooncake.store.v1.PutCommitItem
-	4,  // 16: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
-	9,  // 17: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
-	23, // 18: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
-	4,  // 19: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
-	0,  // 20: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
-	30, // 21: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
-	30, // 22: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
-	4,  // 23: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
-	2,  // 24: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
-	36, // 25: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
-	7,  // 26: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
-	7,  // 27: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
-	3,  // 28: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
-	39, // 29: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
-	10, // 30: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
-	14, // 31: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
-	21, // 32: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
-	12, // 33: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	15, // 34: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
-	22, // 35: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
-	16, // 36: mooncake.store.v1.Master.PutReserve:input_type -> mooncake.store.v1.PutReserveRequest
-	20, // 37: mooncake.store.v1.Master.BatchPutCommit:input_type -> mooncake.store.v1.BatchPutCommitRequest
-	10, // 38: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
-	12, // 39: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	21, // 40: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
-	22, // 41: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
-	21, // 42: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
-	22, // 43: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
-	25, // 44: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
-	26, // 45: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
-	27, // 46: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
-	28, // 47: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
-	31, // 48: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
-	32, // 49: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
-	33, // 50: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
-	34, // 51: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
-	37, // 52: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
-	38, // 53: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
-	11, // 54: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
-	4,  // 55: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
-	4,  // 56: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
-	13, // 57: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	5,  // 58: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
-	5,  // 59: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
-	18, // 60: mooncake.store.v1.Master.PutReserve:output_type -> mooncake.store.v1.PutReserveResponse
-	5,  // 61: mooncake.store.v1.Master.BatchPutCommit:output_type -> mooncake.store.v1.BatchResult
-	11, // 62: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
-	13, // 63: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	23, // 64: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
-	24, // 65: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
-	4,  // 66: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
-	5,  // 67: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
-	4,  // 68: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
-	5,  // 69: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
-	29, // 70: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
-	29, // 71: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
-	4,  // 72: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 73: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 74: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
-	35, // 75: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
-	4,  // 76: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
-	40, // 77: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
-	54, // [54:78] is the sub-list for method output_type
-	30, // [30:54] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	7,  // 2: mooncake.store.v1.MemoryReplica.stripes:type_name -> mooncake.store.v1.MemoryReplica
+	1,  // 3: mooncake.store.v1.Replica.status:type_name -> mooncake.store.v1.ReplicaStatus
+	7,  // 4: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
+	8,  // 5: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
+	6,  // 6: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
+	4,  // 7: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
+	9,  // 8: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
+	10, // 9: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
+	11, // 10: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
+	14, // 11: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
+	6,  // 12: mooncake.store.v1.PutReserveRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
+	9,  // 13: mooncake.store.v1.PutSlot.replicas:type_name -> mooncake.store.v1.Replica
+	4,  // 14: mooncake.store.v1.PutReserveResponse.result:type_name -> mooncake.store.v1.Result
+	17, // 15: mooncake.store.v1.PutReserveResponse.slots:type_name -> mooncake.store.v1.PutSlot
+	19, // 16: mooncake.store.v1.BatchPutCommitRequest.items:type_name -> mooncake.store.v1.PutCommitItem
+	4,  // 17: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
+	9,  // 18: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
+	23, // 19: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
+	4,  // 20: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
+	0,  // 21: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
+	30, // 22: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
+	30, // 23: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
+	4,  // 24: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
+	2,  // 25: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
+	36, // 26: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
+	7,  // 27: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
+	7,  // 28: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
+	3,  // 29: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
+	39, // 30: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
+	10, // 31: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
+	14, // 32: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
+	21, // 33: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
+	12, // 34: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	15, // 35: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
+	22, // 36: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
+	16, // 37: mooncake.store.v1.Master.PutReserve:input_type -> mooncake.store.v1.PutReserveRequest
+	20, // 38: mooncake.store.v1.Master.BatchPutCommit:input_type -> mooncake.store.v1.BatchPutCommitRequest
+	10, // 39: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
+	12, // 40: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	21, // 41: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
+	22, // 42: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
+	21, // 43: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
+	22, // 44: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
+	25, // 45: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
+	26, // 46: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
+	27, // 47: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
+	28, // 48: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
+	31, // 49: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
+	32, // 50: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
+	33, // 51: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
+	34, // 52: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
+	37, // 53: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
+	38, // 54: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
+	11, // 55: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
+	4,  // 56: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
+	4,  // 57: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
+	13, // 58: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	5,  // 59: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
+	5,  // 60: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
+	18, // 61: mooncake.store.v1.Master.PutReserve:output_type -> mooncake.store.v1.PutReserveResponse
+	5,  // 62: mooncake.store.v1.Master.BatchPutCommit:output_type -> mooncake.store.v1.BatchResult
+	11, // 63: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
+	13, // 64: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	23, // 65: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
+	24, // 66: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
+	4,  // 67: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
+	5,  // 68: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
+	4,  // 69: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
+	5,  // 70: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
+	29, // 71: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
+	29, // 72: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
+	4,  // 73: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 74: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
+	4,  // 75: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
+	35, // 76: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
+	4,  // 77: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
+	40, // 78: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
+	55, // [55:79] is the sub-list for method output_type
+	31, // [31:55] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
