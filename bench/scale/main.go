@@ -19,6 +19,11 @@
 //     BatchExistKey and BatchGetReplicaList in a loop: calls per second,
 //     the master's CPU per call (it runs alone in its process), and a CPU
 //     profile of the master summarised by go tool pprof.
+//   - stripes (not in the default -phases: a 1 GiB object at 100 Mbit/s
+//     takes minutes): one object striped over storage hosts, got by a
+//     reader whose link is faster than theirs together, against the same
+//     object in one piece on one of them and the ideal, the size over
+//     their links' rates summed.
 //
 // Creating namespaces needs root: without it the command says so and
 // exits 0. It re-runs itself in a network namespace of its own first, so
@@ -71,6 +76,8 @@ type options struct {
 	MetaB    int           `json:"meta_batch"` // keys per call
 	MetaKeys int           `json:"meta_keys"`  // objects the calls name
 	MetaDur  time.Duration `json:"meta_duration"`
+	StripeN  int           `json:"stripe_hosts"` // stripes: storage hosts, one piece each
+	StripeSz int64         `json:"stripe_size"`  // stripes: the object
 }
 
 func (o *options) has(phase string) bool { return slices.Contains(o.Phases, phase) }
@@ -87,6 +94,8 @@ func (o *options) validate() error {
 		return errors.New("-p2p-receivers, -p2p-size and -p2p-shard must be positive")
 	case o.MetaCli < 1 || o.MetaB < 1 || o.MetaKeys < o.MetaB:
 		return errors.New("-meta-clients and -meta-batch must be positive and -meta-keys at least -meta-batch")
+	case o.has("stripes") && (o.StripeN < 1 || o.StripeSz < int64(o.StripeN) || o.Rate <= 0):
+		return errors.New("-stripe-hosts and -rate must be positive and -stripe-size at least -stripe-hosts")
 	}
 	for _, w := range o.P2PWays {
 		if w != "swarm" && w != "seed-only" {
@@ -94,7 +103,7 @@ func (o *options) validate() error {
 		}
 	}
 	for _, p := range o.Phases {
-		if p != "store" && p != "p2p" && p != "master" {
+		if p != "store" && p != "p2p" && p != "master" && p != "stripes" {
 			return fmt.Errorf("-phases: unknown phase %q", p)
 		}
 	}
@@ -118,8 +127,8 @@ func main() {
 	flag.Int64Var(&o.Segment, "segment", 0, "store: each node's segment, bytes (0: what a put window at the link rate needs, at least 256 MiB)")
 	flag.DurationVar(&o.Warmup, "warmup", time.Second, "untimed, before each timed window")
 	flag.DurationVar(&o.Duration, "duration", 4*time.Second, "each timed window")
-	flag.IntVar(&o.Repeat, "repeat", 3, "store: runs per point (the median is reported)")
-	phases := flag.String("phases", "store,p2p,master", "what to measure")
+	flag.IntVar(&o.Repeat, "repeat", 3, "store, master and stripes: runs per point (the median is reported)")
+	phases := flag.String("phases", "store,p2p,master", "what to measure: store, p2p, master, stripes")
 	flag.Int64Var(&o.P2PSize, "p2p-size", 64<<20, "p2p: the object's size, bytes")
 	flag.Uint64Var(&o.P2PShard, "p2p-shard", 4<<20, "p2p: its shard size, bytes")
 	flag.IntVar(&o.P2PRecv, "p2p-receivers", 8, "p2p: receiver hosts")
@@ -131,6 +140,8 @@ func main() {
 	flag.IntVar(&o.MetaB, "meta-batch", 32, "master: keys per call")
 	flag.IntVar(&o.MetaKeys, "meta-keys", 4096, "master: objects the calls name")
 	flag.DurationVar(&o.MetaDur, "meta-duration", 4*time.Second, "master: each timed window")
+	flag.IntVar(&o.StripeN, "stripe-hosts", 4, "stripes: storage hosts the object is striped over")
+	flag.Int64Var(&o.StripeSz, "stripe-size", 1<<30, "stripes: the object's size, bytes")
 	out := flag.String("out", "build/bench/scale", "output path without extension (.json, .parquet, .png, .pprof)")
 	plotOnly := flag.String("plot", "", "only turn this JSON (path without .json) into Parquet and PNG")
 	flag.Parse()

@@ -27,7 +27,10 @@ type results struct {
 	Store   []storeRun  `json:"store,omitempty"`
 	P2P     []p2pRun    `json:"p2p,omitempty"`
 	Master  []masterRun `json:"master,omitempty"`
-	Summary []row       `json:"summary"`
+	// The stripes phase: how its two objects were put, and its gets.
+	StripePuts []stripePut `json:"stripe_puts,omitempty"`
+	Stripes    []stripeRun `json:"stripes,omitempty"`
+	Summary    []row       `json:"summary"`
 }
 
 // storeRun is one timed window of the store benchmark.
@@ -170,6 +173,13 @@ func (c *coord) run(ctx context.Context) error {
 	if c.o.has("p2p") {
 		if err := c.p2pPhase(ctx); err != nil {
 			return fmt.Errorf("p2p: %w", err)
+		}
+	}
+	// Last, on hosts and with a master of its own: no other segment for
+	// the master to place pieces in, no other store traffic.
+	if c.o.has("stripes") {
+		if err := c.stripePhase(ctx); err != nil {
+			return fmt.Errorf("stripes: %w", err)
 		}
 	}
 	return nil
@@ -620,22 +630,31 @@ func size(n int64) string {
 // sample measures the CPU used between begin and end, sent once end has
 // passed.
 func (c *coord) sample(begin, end time.Time) <-chan cpuUse {
+	out := make(chan cpuUse, 1)
+	go func() {
+		time.Sleep(time.Until(begin))
+		stop := c.meter()
+		time.Sleep(time.Until(end))
+		out <- stop()
+	}()
+	return out
+}
+
+// meter starts measuring the CPU used; the function it returns says how
+// much was used since.
+func (c *coord) meter() func() cpuUse {
 	pids := []int{os.Getpid()}
 	for _, p := range append(append([]*proc{c.master}, c.stores...), c.peers...) {
 		if p != nil {
 			pids = append(pids, p.pid())
 		}
 	}
-	out := make(chan cpuUse, 1)
-	go func() {
-		time.Sleep(time.Until(begin))
-		m0, l0, t0 := machineBusy(), procsCPU(pids), time.Now()
-		time.Sleep(time.Until(end))
+	m0, l0, t0 := machineBusy(), procsCPU(pids), time.Now()
+	return func() cpuUse {
 		m1, l1, t1 := machineBusy(), procsCPU(pids), time.Now()
 		secs := t1.Sub(t0).Seconds()
-		out <- cpuUse{MachineBusy: (m1 - m0) / secs, Lab: (l1 - l0) / secs}
-	}()
-	return out
+		return cpuUse{MachineBusy: (m1 - m0) / secs, Lab: (l1 - l0) / secs}
+	}
 }
 
 // clockTick is USER_HZ, the unit of /proc's CPU times (100 on Linux).

@@ -21,6 +21,10 @@ func numCPU() int { return runtime.NumCPU() }
 //     size over link rate; Ratio seed-only's time over this one's.
 //   - master: Op exists or replicas, Hosts clients; Median calls per
 //     second; CPUus the master's CPU per call.
+//   - stripes: Op striped or unstriped, Hosts the pieces (each on a host
+//     of its own); Median the get's MB/s; Ideal those hosts' links
+//     summed; Ratio Median over Ideal. Op striped/unstriped: Median the
+//     one's median over the other's, unit x.
 type row struct {
 	Phase  string  `json:"phase"`
 	Op     string  `json:"op"`
@@ -128,6 +132,36 @@ func summarise(res *results) []row {
 		p.CPUus = median(cpu)
 		out = append(out, p)
 	}
+	return append(out, stripeRows(res)...)
+}
+
+// stripeRows are the stripes phase's medians, and striped over unstriped.
+func stripeRows(res *results) []row {
+	var out []row
+	link := float64(res.Options.Rate) / 8 / 1e6 // MB/s
+	med := map[string]float64{}
+	for _, way := range []string{"striped", "unstriped"} {
+		var xs []float64
+		pieces := 0
+		for _, r := range res.Stripes {
+			if r.Way == way {
+				xs, pieces = append(xs, r.MBps), r.Pieces
+			}
+		}
+		if len(xs) == 0 {
+			continue
+		}
+		p := point("stripes", way, pieces, "MB/s", xs)
+		p.Ideal = float64(pieces) * link
+		p.Ratio = p.Median / p.Ideal
+		med[way] = p.Median
+		out = append(out, p)
+	}
+	if med["striped"] > 0 && med["unstriped"] > 0 {
+		x := med["striped"] / med["unstriped"]
+		out = append(out, row{Phase: "stripes", Op: "striped/unstriped", Hosts: res.Options.StripeN,
+			Runs: len(res.Stripes) / 2, Median: x, Min: x, Max: x, Unit: "x", Ideal: float64(res.Options.StripeN), Ratio: x / float64(res.Options.StripeN)})
+	}
 	return out
 }
 
@@ -152,6 +186,9 @@ func plotFiles(out string) error {
 		panels = append(panels, p, efficiencyPanel(&res))
 	}
 	if p := p2pPanel(&res); p != nil {
+		panels = append(panels, p)
+	}
+	if p := stripesPanel(&res); p != nil {
 		panels = append(panels, p)
 	}
 	if len(panels) == 0 {
@@ -239,6 +276,27 @@ func p2pPanel(res *results) *plot.Panel {
 	vals = append(vals, float64(res.Options.P2PSize)*8/float64(res.Options.Rate))
 	p := plot.New(fmt.Sprintf("P2P store: %s from one seed to %d hosts", size(res.Options.P2PSize), res.Options.P2PRecv), "", "seconds")
 	if err := plot.Bars(p, cats, [][]float64{vals}, []string{"time"}, func(v float64) string { return fmt.Sprintf("%.1f s", v) }); err != nil {
+		return nil
+	}
+	return p
+}
+
+// stripesPanel: the get's MB/s striped, unstriped, and the ideal.
+func stripesPanel(res *results) *plot.Panel {
+	var vals []float64
+	var cats []string
+	for _, r := range res.Summary {
+		if r.Phase == "stripes" && r.Unit == "MB/s" {
+			cats, vals = append(cats, fmt.Sprintf("%s (%d hosts)", r.Op, r.Hosts)), append(vals, r.Median)
+		}
+	}
+	if len(vals) == 0 {
+		return nil
+	}
+	cats = append(cats, "ideal")
+	vals = append(vals, float64(res.Options.StripeN)*float64(res.Options.Rate)/8/1e6)
+	p := plot.New(fmt.Sprintf("store: one get of %s from stripes on %d hosts, links of %s", size(res.Options.StripeSz), res.Options.StripeN, rate(res.Options.Rate)), "", "MB/s")
+	if err := plot.Bars(p, cats, [][]float64{vals}, []string{"get"}, func(v float64) string { return fmt.Sprintf("%.1f", v) }); err != nil {
 		return nil
 	}
 	return p

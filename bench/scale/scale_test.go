@@ -97,3 +97,57 @@ func TestPutsMustCrossLinks(t *testing.T) {
 	_, err := measure(ctx, lab, o, filepath.Join(t.TempDir(), "scale"), t.Output())
 	require.ErrorContains(t, err, "segment full?")
 }
+
+// stripeSmokeHosts is how many hosts TestStripesSmoke stripes over: 1
+// until the client can ask for stripes.
+const stripeSmokeHosts = 1
+
+// TestStripesSmoke runs the stripes phase at a tiny size: the object must
+// be striped over every storage host (the phase fails otherwise) and
+// every get must return the bytes put. Never timed.
+func TestStripesSmoke(t *testing.T) {
+	lab := labtest.New(t, netlab.Config{Seed: 1})
+	o := options{Hosts: []int{1}, Rate: 200e6, Value: 1, Batch: 1, Conc: 1, GetKeys: 1, Repeat: 2,
+		Phases: []string{"stripes"}, P2PSize: 1, P2PShard: 1, P2PRecv: 1, P2PRuns: 1,
+		MetaCli: 1, MetaB: 1, MetaKeys: 1, StripeN: stripeSmokeHosts, StripeSz: 3<<20 + 5}
+	require.NoError(t, o.validate())
+	out := filepath.Join(t.TempDir(), "scale")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := measure(ctx, lab, o, out, t.Output())
+	require.NoError(t, err)
+	require.Len(t, res.StripePuts, 2)
+	require.Len(t, res.StripePuts[0].Hosts, o.StripeN)
+	require.Len(t, res.Stripes, 4) // striped and unstriped, twice
+	for _, r := range res.Stripes {
+		require.Positive(t, r.MBps)
+		if r.Way == "striped" {
+			require.Equal(t, o.StripeN, r.Pieces)
+			// Every storage host's link carried its piece to the reader.
+			for i, mb := range r.PerHost {
+				require.Greater(t, mb, float64(o.StripeSz)/float64(o.StripeN)/1e6*0.99, "host %d", i+1)
+			}
+		}
+	}
+	require.Len(t, stripeRows(res), 3)
+	require.NoError(t, save(res, out))
+}
+
+// TestCheckPieces: a replica the stripes phase did not ask for fails the
+// run: too few pieces, two on one host, one elsewhere, or bytes missing.
+func TestCheckPieces(t *testing.T) {
+	on := []string{"a", "b", "c"}
+	hosts, err := checkPieces([]piece{{"b", 4}, {"a", 4}, {"c", 2}}, 3, 10, on)
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 0, 2}, hosts)
+	for _, ps := range [][]piece{
+		{{"a", 10}},                    // not striped
+		{{"a", 4}, {"a", 4}, {"c", 2}}, // two pieces on one host
+		{{"a", 4}, {"b", 4}, {"d", 2}}, // a piece off the storage hosts
+		{{"a", 4}, {"b", 4}, {"c", 1}}, // short
+		{{"a", 5}, {"b", 5}, {"c", 0}}, // an empty piece
+	} {
+		_, err := checkPieces(ps, 3, 10, on)
+		require.Error(t, err, "%v", ps)
+	}
+}

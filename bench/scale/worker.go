@@ -73,6 +73,7 @@ type request struct {
 	Names     []string `json:"names,omitempty"`
 	Name      string   `json:"name,omitempty"`
 	Shard     uint64   `json:"shard,omitempty"`
+	Stripes   int      `json:"stripes,omitempty"` // sput: pieces per replica
 }
 
 // reply is a worker's answer; Err set means the request failed.
@@ -88,6 +89,7 @@ type reply struct {
 	CPUNs   int64   `json:"cpu_ns,omitempty"`
 	Sum     uint32  `json:"sum,omitempty"`
 	Seconds float64 `json:"seconds,omitempty"`
+	Pieces  []piece `json:"pieces,omitempty"` // stripes: the replica's pieces
 }
 
 // workerMain runs a worker until its standard input closes.
@@ -266,6 +268,8 @@ func (w *storeWorker) do(ctx context.Context, req request) (reply, error) {
 	case "clear":
 		_, err := w.c.RemoveAll(ctx, true)
 		return reply{}, err
+	case "sput", "sclear", "sget", "ssum":
+		return w.stripeDo(ctx, req)
 	}
 	return reply{}, fmt.Errorf("unknown command")
 }
