@@ -2,6 +2,7 @@ package client
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -158,6 +159,11 @@ type ReplicateConfig struct {
 	PreferredSegments []string
 	// PreferLocal places replicas on this client's host first.
 	PreferLocal bool
+	// Stripes cuts each replica into this many pieces on distinct
+	// segments (distinct hosts where possible), which a get reads in
+	// parallel: 1 for none. Best effort: fewer where fewer segments fit.
+	// Zero: the master's policy (its StripeMinSize and StripeCount).
+	Stripes int
 }
 
 func (r *ReplicateConfig) validate() error {
@@ -166,6 +172,10 @@ func (r *ReplicateConfig) validate() error {
 		return fmt.Errorf("client: ReplicateConfig.Replicas %d is negative", r.Replicas)
 	case r.SoftPinTTL < 0:
 		return fmt.Errorf("client: ReplicateConfig.SoftPinTTL %v is negative", r.SoftPinTTL)
+	case r.Stripes < 0:
+		return fmt.Errorf("client: ReplicateConfig.Stripes %d is negative", r.Stripes)
+	case r.Stripes > math.MaxInt32:
+		return fmt.Errorf("client: ReplicateConfig.Stripes %d is too large", r.Stripes)
 	}
 	return nil
 }
@@ -178,5 +188,6 @@ func (r *ReplicateConfig) proto() *storepb.ReplicateConfig {
 		SoftPinTtlMs:      r.SoftPinTTL.Milliseconds(),
 		PreferredSegments: r.PreferredSegments,
 		PreferLocal:       r.PreferLocal,
+		StripeCount:       int32(r.Stripes),
 	}
 }

@@ -130,7 +130,7 @@ func (c *Client) lookup(ctx context.Context, items []*getItem) {
 		}
 		it.length, it.sum, it.start, it.ttlMs = r.ValueLength, r.Checksum, start, r.LeaseTtlMs
 		for _, rep := range r.Replicas {
-			if m := rep.GetMemory(); m != nil && rep.Status == storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE && m.Size >= it.length {
+			if m := rep.GetMemory(); m != nil && rep.Status == storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE && replicaLen(m) >= it.length {
 				it.reps = append(it.reps, m)
 			}
 		}
@@ -144,16 +144,16 @@ func (c *Client) lookup(ctx context.Context, items []*getItem) {
 }
 
 // distance ranks replicas: DRAM before SSD, then this process, this host,
-// elsewhere.
+// elsewhere. A striped replica is as near as its farthest piece.
 func (c *Client) distance(m *storepb.MemoryReplica) int {
 	d := 0
 	if m.Medium == storepb.Medium_MEDIUM_DISK {
 		d = 3
 	}
 	switch {
-	case m.SegmentName == c.name:
+	case inProcess(m, c.name):
 		return d
-	case c.sameHost(m.TransportEndpoint):
+	case c.onHost(m):
 		return d + 1
 	}
 	return d + 2
@@ -317,11 +317,12 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		}
 		xs, pieces = xs[:0], pieces[:0]
 	}
-	// read adds the read of len(dst) bytes at remote: straight into dst
-	// where the engine can reach it (or a plain copy reach it, from a
-	// replica in this process into host memory), else through the
-	// staging buffer, which the driver copies out of into GPU memory.
-	read := func(it *getItem, m *storepb.MemoryReplica, dst []byte, remote uint64, off int, verify bool) {
+	// readPiece adds the read of len(dst) bytes at remote in piece m of
+	// a replica, at off in the value: straight into dst where the engine
+	// can reach it (or a plain copy reach it, from a piece in this
+	// process into host memory), else through the staging buffer, which
+	// the driver copies out of into GPU memory.
+	readPiece := func(it *getItem, m *storepb.MemoryReplica, dst []byte, remote uint64, off int, verify bool) {
 		at, err := c.placeOf(dst)
 		if err != nil {
 			it.err = err
@@ -348,6 +349,13 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			o += n
 		}
 	}
+	// read adds the read of bytes [off, off+len(dst)) of the value from
+	// replica m into dst: one read per piece of m they overlap.
+	read := func(it *getItem, m *storepb.MemoryReplica, dst []byte, off uint64, verify bool) {
+		spans(m, off, uint64(len(dst)), func(p *storepb.MemoryReplica, remote, at, n uint64) {
+			readPiece(it, p, dst[at-off:at-off+n], remote, int(at), verify)
+		})
+	}
 	for _, it := range round {
 		it.err, it.got = nil, 0
 		m := it.reps[k]
@@ -357,7 +365,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			// of the whole.
 			for _, r := range it.ranges {
 				if len(r.Dst) > 0 {
-					read(it, m, r.Dst, m.BufferAddress+r.Src, 0, false)
+					read(it, m, r.Dst, r.Src, false)
 				}
 			}
 			continue
@@ -368,7 +376,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 			}
 			continue
 		}
-		read(it, m, it.dst[:it.length], m.BufferAddress, 0, verify)
+		read(it, m, it.dst[:it.length], 0, verify)
 	}
 	flush()
 	now := time.Now()

@@ -215,7 +215,8 @@ type partXfer struct {
 }
 
 // partReads splits the item's value over its parts: one read from replica
-// m per part the value reaches into.
+// m per part the value reaches into, and per piece of a striped replica
+// that part overlaps.
 func (it *getItem) partReads(m *storepb.MemoryReplica, verify bool) []partXfer {
 	var out []partXfer
 	off := uint64(0)
@@ -227,8 +228,10 @@ func (it *getItem) partReads(m *storepb.MemoryReplica, verify bool) []partXfer {
 		if n == 0 {
 			continue
 		}
-		x := &xfer{op: engine.Read, local: p[:n], seg: m.SegmentName, remote: m.BufferAddress + off, crc: verify}
-		out = append(out, partXfer{x: x, off: off})
+		spans(m, off, n, func(piece *storepb.MemoryReplica, remote, at, k uint64) {
+			x := &xfer{op: engine.Read, local: p[at-off : at-off+k], seg: piece.SegmentName, remote: remote, crc: verify}
+			out = append(out, partXfer{x: x, off: at})
+		})
 		off += n
 	}
 	return out

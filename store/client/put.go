@@ -261,19 +261,25 @@ func (c *Client) write(ctx context.Context, items []*putItem) {
 		xs, owners, staged = xs[:0], owners[:0], staged[:0]
 	}
 	// add writes src at off in the item's value to its replicas in this
-	// process (here) and elsewhere (there). With sum, the first write
-	// checksums src for it.
+	// process (here) and elsewhere (there); a striped replica is here
+	// only when all its pieces are, and each piece it overlaps takes its
+	// own write. With sum, the writes to the first replica checksum src
+	// for it, each its own stretch, folded by the bytes of the part
+	// after it.
 	add := func(it *putItem, src []byte, off int, here, there bool, sum *uint32, after uint64) {
 		for _, r := range it.reps {
 			m := r.GetMemory()
 			if m == nil {
 				continue
 			}
-			if local := m.SegmentName == c.name; (local && !here) || (!local && !there) {
+			if local := inProcess(m, c.name); (local && !here) || (!local && !there) {
 				continue
 			}
-			x := &xfer{op: engine.Write, local: src, seg: m.SegmentName, remote: m.BufferAddress + uint64(off), crc: sum != nil}
-			xs, owners = append(xs, x), append(owners, owner{it: it, sum: sum, after: after})
+			end := uint64(off + len(src))
+			spans(m, uint64(off), uint64(len(src)), func(p *storepb.MemoryReplica, remote, at, n uint64) {
+				x := &xfer{op: engine.Write, local: src[at-uint64(off) : at-uint64(off)+n], seg: p.SegmentName, remote: remote, crc: sum != nil}
+				xs, owners = append(xs, x), append(owners, owner{it: it, sum: sum, after: after + end - (at + n)})
+			})
 			c.met.writeBytes.Add(float64(len(src)))
 			sum = nil
 		}
@@ -394,10 +400,11 @@ func continues(a, b *xfer) bool {
 		cap(a.local) >= n+len(b.local) && &a.local[:n+1][n] == &b.local[0]
 }
 
-// needsEngine reports whether some replica lives outside this process.
+// needsEngine reports whether some replica, or some piece of one, lives
+// outside this process.
 func (c *Client) needsEngine(reps []*storepb.Replica) bool {
 	for _, r := range reps {
-		if m := r.GetMemory(); m != nil && m.SegmentName != c.name {
+		if m := r.GetMemory(); m != nil && !inProcess(m, c.name) {
 			return true
 		}
 	}
