@@ -77,6 +77,8 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	f.String("put_start_discard_timeout_sec", "30", "age after which another client may pre-empt an unfinished put")
 	f.String("put_start_release_timeout_sec", "600", "age after which an unfinished put's space is reclaimed")
 	f.String("allocation_strategy", master.StrategyRandom, "random, free_ratio_first or local_first")
+	f.String("stripe_min_size", "0", "puts of at least this size (bytes, or 64MiB) are striped over --stripe_count segments unless they say otherwise; 0: never")
+	f.Int("stripe_count", master.DefaultStripeCount, "pieces of a striped replica, each on its own segment (of its own host where there are enough)")
 	f.Bool("enable_ha", false, "campaign for leadership in etcd and journal there")
 	f.String("etcd_endpoints", "", "etcd endpoints for HA, ';' or ',' separated (also --ha_backend_connstring)")
 	f.String("ha_backend_connstring", "", "alias of --etcd_endpoints, as Mooncake's")
@@ -299,13 +301,18 @@ func masterLimits(s *settings, cfg *master.ServerConfig) error {
 		return fmt.Errorf("--max_concurrent_streams %d is negative", streams)
 	}
 	cfg.MaxConcurrentStreams = uint32(streams)
-	var value, batch, request int64
+	svc.StripeCount = s.integer("stripe_count")
+	if svc.StripeCount < 1 {
+		return fmt.Errorf("--stripe_count %d: want at least 1", svc.StripeCount)
+	}
+	var value, batch, request, stripeMin int64
 	sizes := []struct {
 		key string
 		dst *int64
 	}{
 		{"max_value_size", &value}, {"max_batch_value_size", &batch},
 		{"max_request_size", &request}, {"max_admin_body", &cfg.MaxAdminBody},
+		{"stripe_min_size", &stripeMin},
 	}
 	for _, sz := range sizes {
 		n, err := s.size(sz.key)
@@ -317,7 +324,7 @@ func masterLimits(s *settings, cfg *master.ServerConfig) error {
 		}
 		*sz.dst = n
 	}
-	svc.MaxValueLen, svc.MaxBatchValueBytes = uint64(value), uint64(batch)
+	svc.MaxValueLen, svc.MaxBatchValueBytes, svc.StripeMinSize = uint64(value), uint64(batch), uint64(stripeMin)
 	cfg.MaxRecvMsgSize = int(request)
 	return nil
 }

@@ -368,17 +368,20 @@ type bufferDescriptor struct {
 	TransportEndpoint string `json:"transport_endpoint_"`
 }
 
-// replicasOf describes key's DRAM replicas; the error is a store error
-// (INVALID_PARAMS, OBJECT_NOT_FOUND).
+// replicasOf describes key's DRAM replicas, a striped one as its pieces in
+// order (as Mooncake describes a replica cut into slices); the error is a
+// store error (INVALID_PARAMS, OBJECT_NOT_FOUND).
 func replicasOf(svc *Service, key string) ([]bufferDescriptor, error) {
 	reps, err := svc.peek(key)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]bufferDescriptor, len(reps))
-	for i, r := range reps {
-		out[i] = bufferDescriptor{Size: r.size, BufferAddress: r.seg.base + r.off,
-			Protocol: r.seg.protocol, TransportEndpoint: r.seg.endpoint}
+	out := make([]bufferDescriptor, 0, len(reps))
+	for _, r := range reps {
+		r.pieces(func(p replica) {
+			out = append(out, bufferDescriptor{Size: p.size, BufferAddress: p.seg.base + p.off,
+				Protocol: p.seg.protocol, TransportEndpoint: p.seg.endpoint})
+		})
 	}
 	return out, nil
 }

@@ -236,7 +236,7 @@ func (s *Service) stepDrain(j *drainJob) {
 				continue
 			}
 			s.segMu.Lock()
-			dst, placed := s.drainTargetLocked(o, segs, targets)
+			dst, placed := s.drainTargetLocked(o, src, segs, targets)
 			if placed {
 				t := s.newTaskLocked(key, o, src, dst, false)
 				t.drain = j
@@ -288,20 +288,26 @@ func (s *Service) setDrainState(names []string, to, from uint8) {
 	}
 }
 
-// drainedReplica returns o's replica on a segment named in segs, if any.
+// drainedReplica returns o's replica on a segment named in segs, if any:
+// of a striped replica, the piece there (a drain moves a piece at a time).
 func drainedReplica(o *object, segs []string) (replica, bool) {
+	var found replica
+	ok := false
 	for _, r := range o.replicas {
-		if r.seg.medium == storepb.Medium_MEDIUM_DRAM && !r.seg.dead.Load() && slices.Contains(segs, r.seg.name) {
-			return r, true
-		}
+		r.pieces(func(p replica) {
+			if !ok && p.seg.medium == storepb.Medium_MEDIUM_DRAM && !p.seg.dead.Load() && slices.Contains(segs, p.seg.name) {
+				found, ok = p, true
+			}
+		})
 	}
-	return replica{}, false
+	return found, ok
 }
 
-// drainTargetLocked allocates o's new replica on a target: a DRAM segment
-// named in targets (any not drained when there are none), holding no
-// replica of o, most free space first. segMu is held.
-func (s *Service) drainTargetLocked(o *object, segs, targets []string) (replica, bool) {
+// drainTargetLocked allocates the new place of src, o's replica or piece,
+// on a target: a DRAM segment named in targets (any not drained when
+// there are none), holding no piece of o, most free space first. segMu is
+// held.
+func (s *Service) drainTargetLocked(o *object, src replica, segs, targets []string) (replica, bool) {
 	var cands []*segment
 	for _, sg := range s.segList {
 		if sg.medium != storepb.Medium_MEDIUM_DRAM || sg.dead.Load() || sg.drain != 0 || slices.Contains(segs, sg.name) {
@@ -310,7 +316,7 @@ func (s *Service) drainTargetLocked(o *object, segs, targets []string) (replica,
 		if len(targets) > 0 && !slices.Contains(targets, sg.name) {
 			continue
 		}
-		if slices.ContainsFunc(o.replicas, func(r replica) bool { return r.seg == sg }) {
+		if slices.ContainsFunc(o.replicas, func(r replica) bool { return r.on(sg) }) {
 			continue
 		}
 		cands = append(cands, sg)
@@ -319,11 +325,33 @@ func (s *Service) drainTargetLocked(o *object, segs, targets []string) (replica,
 		return -cmpU64(a.alloc.FreeBytes(), b.alloc.FreeBytes())
 	})
 	for _, sg := range cands {
-		if off, ok := sg.alloc.Alloc(o.size); ok {
-			return replica{seg: sg, off: off, size: o.size}, true
+		if off, ok := sg.alloc.Alloc(src.size); ok {
+			return replica{seg: sg, off: off, size: src.size}, true
 		}
 	}
 	return replica{}, false
+}
+
+// movePiece is reps with piece from (a replica, or a striped replica's
+// piece) replaced by to: a moved replica goes to the end, as a new one
+// does; a moved piece keeps its replica's place.
+func movePiece(reps []replica, from, to replica) []replica {
+	out := make([]replica, 0, len(reps))
+	moved := false
+	for _, r := range reps {
+		switch {
+		case r.is(from):
+			moved = true
+		case r.holds(from):
+			out = append(out, r.withPiece(from, to))
+		default:
+			out = append(out, r)
+		}
+	}
+	if moved {
+		out = append(out, to)
+	}
+	return out
 }
 
 func cmpU64(a, b uint64) int {
@@ -336,15 +364,15 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// drainMovedLocked ends a drain move that succeeded: t.dst joins o and
-// t.src leaves it, its space freed once the record is durable and no
-// reader holds a lease on it. sh.mu is held. The record is a move that
-// drops its source only (OnlyFrom): the object's other replicas stay.
+// drainMovedLocked ends a drain move that succeeded: t.dst takes the place
+// of t.src, a replica or a striped replica's piece, whose space is freed
+// once the record is durable and no reader holds a lease on it. sh.mu is
+// held. The record is a move that drops its source only (OnlyFrom): the
+// object's other replicas (and pieces) stay.
 func (s *Service) drainMovedLocked(t *moveTask, o *object) uint64 {
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
 		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], OnlyFrom: true}}}
-	o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool { return r == t.src })
-	o.replicas = append(o.replicas, t.dst)
+	o.replicas = movePiece(o.replicas, t.src, t.dst)
 	now := s.now()
 	leased, until := o.lease.After(now), o.lease
 	src := t.src

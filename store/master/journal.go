@@ -263,6 +263,54 @@ func locations(reps []replica) []*storepb.ReplicaLocation {
 	out := make([]*storepb.ReplicaLocation, len(reps))
 	for i, r := range reps {
 		out[i] = &storepb.ReplicaLocation{SegmentId: r.seg.id, Offset: r.off, Size: r.size}
+		if r.striped() {
+			out[i].Stripes = locations(r.stripes)
+		}
+	}
+	return out
+}
+
+// pieceLocs is l's pieces: its stripes, or l itself.
+func pieceLocs(l *storepb.ReplicaLocation) []*storepb.ReplicaLocation {
+	if len(l.Stripes) > 0 {
+		return l.Stripes
+	}
+	return []*storepb.ReplicaLocation{l}
+}
+
+// samePiece reports whether a and b are one allocation.
+func samePiece(a, b *storepb.ReplicaLocation) bool {
+	return a.SegmentId == b.SegmentId && a.Offset == b.Offset
+}
+
+// moveLoc is locs after a drain's move of piece from (a replica, or a
+// striped replica's piece) to to: a replica moved goes to the end, a
+// piece keeps its replica's place, in a new location.
+func moveLoc(locs []*storepb.ReplicaLocation, from, to *storepb.ReplicaLocation, toLive bool) []*storepb.ReplicaLocation {
+	out := make([]*storepb.ReplicaLocation, 0, len(locs)+1)
+	moved := false
+	for _, l := range locs {
+		switch {
+		case len(l.Stripes) == 0 && samePiece(l, from):
+			moved = true
+		case len(l.Stripes) > 0 && slices.ContainsFunc(l.Stripes, func(p *storepb.ReplicaLocation) bool { return samePiece(p, from) }):
+			if !toLive {
+				continue // the piece's new place is gone: so is the replica
+			}
+			nl := &storepb.ReplicaLocation{Size: l.Size, Stripes: slices.Clone(l.Stripes)}
+			for i, p := range nl.Stripes {
+				if samePiece(p, from) {
+					nl.Stripes[i] = to
+				}
+			}
+			nl.SegmentId, nl.Offset = nl.Stripes[0].SegmentId, nl.Stripes[0].Offset
+			out = append(out, nl)
+		default:
+			out = append(out, l)
+		}
+	}
+	if moved && toLive {
+		out = append(out, to)
 	}
 	return out
 }
@@ -376,10 +424,10 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		switch {
 		case mv.KeepFrom:
 		case mv.OnlyFrom:
-			// A drain's move: the source left, the other replicas stay.
-			o.Replicas = slices.DeleteFunc(o.Replicas, func(l *storepb.ReplicaLocation) bool {
-				return l.SegmentId == mv.From.SegmentId && l.Offset == mv.From.Offset
-			})
+			// A drain's move: the source, a replica or a piece, left for
+			// the target; the other replicas stay.
+			o.Replicas = moveLoc(o.Replicas, mv.From, mv.To, !st.unmounted(mv.To))
+			return nil
 		default:
 			// A spill: the object left DRAM.
 			o.Replicas = slices.DeleteFunc(o.Replicas, func(l *storepb.ReplicaLocation) bool { return !st.onDisk(l) })
@@ -416,7 +464,9 @@ func (st *state) dropOn(gone map[string]bool, skip func(key string) bool) {
 	if len(gone) == 0 {
 		return
 	}
-	on := func(l *storepb.ReplicaLocation) bool { return gone[l.SegmentId] }
+	on := func(l *storepb.ReplicaLocation) bool {
+		return slices.ContainsFunc(pieceLocs(l), func(p *storepb.ReplicaLocation) bool { return gone[p.SegmentId] })
+	}
 	for key, o := range st.objects {
 		if skip != nil && skip(key) {
 			continue
@@ -431,7 +481,9 @@ func (st *state) dropOn(gone map[string]bool, skip func(key string) bool) {
 // unmounted reports whether l's segment is not mounted at this point of
 // the journal: its unmount was recorded after the space was taken, before
 // the record naming it, and the leader's sweep dropped it (dropOn).
-func (st *state) unmounted(l *storepb.ReplicaLocation) bool { return st.segs[l.SegmentId] == nil }
+func (st *state) unmounted(l *storepb.ReplicaLocation) bool {
+	return slices.ContainsFunc(pieceLocs(l), func(p *storepb.ReplicaLocation) bool { return st.segs[p.SegmentId] == nil })
+}
 
 // onDisk reports whether l is on an SSD tier; replicas on segments
 // unmounted meanwhile count as DRAM (they are dropped on restore anyway).
@@ -451,9 +503,11 @@ func (s *Service) restore(st *state) error {
 	keep := func(locs []*storepb.ReplicaLocation) []*storepb.ReplicaLocation {
 		out := locs[:0:0]
 		for _, l := range locs {
-			if _, ok := st.segs[l.SegmentId]; ok {
+			if !st.unmounted(l) {
 				out = append(out, l)
-				used[l.SegmentId] = append(used[l.SegmentId], alloc.Span{Off: l.Offset, Size: l.Size})
+				for _, p := range pieceLocs(l) {
+					used[p.SegmentId] = append(used[p.SegmentId], alloc.Span{Off: p.Offset, Size: p.Size})
+				}
 			}
 		}
 		return out
@@ -491,10 +545,14 @@ func (s *Service) restore(st *state) error {
 			c.hostID = sg.hostID
 		}
 	}
-	reps := func(locs []*storepb.ReplicaLocation) []replica {
+	var reps func(locs []*storepb.ReplicaLocation) []replica
+	reps = func(locs []*storepb.ReplicaLocation) []replica {
 		out := make([]replica, len(locs))
 		for i, l := range locs {
 			out[i] = replica{seg: s.segs[l.SegmentId], off: l.Offset, size: l.Size}
+			if len(l.Stripes) > 0 {
+				out[i].stripes = reps(l.Stripes)
+			}
 		}
 		return out
 	}

@@ -50,7 +50,11 @@ func view(s *Service) []string {
 		for key, o := range s.shards[i].objects {
 			var reps []string
 			for _, r := range o.replicas {
-				reps = append(reps, fmt.Sprintf("%s@%d+%d/%v", r.seg.id, r.off, r.size, r.seg.medium))
+				rep := fmt.Sprintf("%s@%d+%d/%v", r.seg.id, r.off, r.size, r.seg.medium)
+				if r.striped() {
+					r.pieces(func(p replica) { rep += fmt.Sprintf("|%s@%d+%d", p.seg.id, p.off, p.size) })
+				}
+				reps = append(reps, rep)
 			}
 			p := ""
 			if o.pending != nil {

@@ -9,10 +9,94 @@ import (
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
-// replica is one contiguous allocation of an object's full length.
+// replica is one copy of an object's full length: one allocation, or,
+// striped, several on distinct segments (stripes, in order), which a
+// reader moves in parallel. A striped replica's seg and off are its first
+// piece's; size is always the whole length. Pieces are DRAM and have no
+// stripes of their own. A replica's stripes are never changed in place
+// (copies of it are handed out): a drain that moves a piece gives the
+// replica a new list (withPiece).
 type replica struct {
 	seg       *segment
 	off, size uint64
+	stripes   []replica
+}
+
+// striped reports whether r is cut into pieces.
+func (r replica) striped() bool { return len(r.stripes) > 0 }
+
+// pieces calls f with each allocation of r, in order.
+func (r replica) pieces(f func(p replica)) {
+	if !r.striped() {
+		f(r)
+		return
+	}
+	for _, p := range r.stripes {
+		f(p)
+	}
+}
+
+// dead reports whether some piece of r is on an unmounted segment: the
+// replica is lost.
+func (r replica) dead() bool {
+	if !r.striped() {
+		return r.seg.dead.Load()
+	}
+	return slices.ContainsFunc(r.stripes, replica.dead)
+}
+
+// allDead reports whether every piece of r is on an unmounted segment:
+// nothing of it is left to free.
+func (r replica) allDead() bool {
+	if !r.striped() {
+		return r.seg.dead.Load()
+	}
+	for _, p := range r.stripes {
+		if !p.seg.dead.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// on reports whether some piece of r is on segment sg.
+func (r replica) on(sg *segment) bool {
+	if !r.striped() {
+		return r.seg == sg
+	}
+	return slices.ContainsFunc(r.stripes, func(p replica) bool { return p.seg == sg })
+}
+
+// is reports whether r and q are the same allocations.
+func (r replica) is(q replica) bool {
+	return r.seg == q.seg && r.off == q.off && r.size == q.size &&
+		slices.EqualFunc(r.stripes, q.stripes, replica.is)
+}
+
+// holds reports whether piece p (one allocation) is r or one of its
+// stripes.
+func (r replica) holds(p replica) bool {
+	if !r.striped() {
+		return r.is(p)
+	}
+	return slices.ContainsFunc(r.stripes, p.is)
+}
+
+// withPiece is r with its piece from replaced by to (r itself when r is
+// from): a drain's move of one piece. The stripes are copied.
+func (r replica) withPiece(from, to replica) replica {
+	if !r.striped() {
+		return to
+	}
+	out := r
+	out.stripes = slices.Clone(r.stripes)
+	for i, p := range out.stripes {
+		if p.is(from) {
+			out.stripes[i] = to
+		}
+	}
+	out.seg, out.off = out.stripes[0].seg, out.stripes[0].off
+	return out
 }
 
 // object is the metadata of one key: its readable replicas, and the put or
@@ -110,6 +194,8 @@ func (s *Service) startSeq(ctx context.Context, clientID, key string, length uin
 		return nil, 0, storeErr(storepb.InvalidParams, "negative replica_num %d", cfg.GetReplicaNum())
 	case cfg.GetSoftPinTtlMs() < 0:
 		return nil, 0, storeErr(storepb.InvalidParams, "negative soft_pin_ttl_ms %d", cfg.GetSoftPinTtlMs())
+	case cfg.GetStripeCount() < 0 || cfg.GetStripeCount() > MaxStripes:
+		return nil, 0, storeErr(storepb.InvalidParams, "stripe_count %d is outside [0, %d]", cfg.GetStripeCount(), MaxStripes)
 	}
 	n := max(int(cfg.GetReplicaNum()), 1)
 	admitted, err := s.admitTenant(ctx, key, length*uint64(n))
@@ -121,7 +207,7 @@ func (s *Service) startSeq(ctx context.Context, clientID, key string, length uin
 	if err != errNoSpace {
 		return reps, seq, err
 	}
-	if s.fitsAnywhere(length) {
+	if s.fitsAnywhere(length, s.stripesFor(length, cfg)) {
 		if reps, seq, err = s.startEvicting(ctx, clientID, key, length, n, cfg, upsert); err != errNoSpace {
 			return reps, seq, err
 		}
@@ -187,13 +273,20 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 }
 
 func (r replica) memory() *storepb.MemoryReplica {
-	return &storepb.MemoryReplica{
+	m := &storepb.MemoryReplica{
 		SegmentName:       r.seg.name,
 		TransportEndpoint: r.seg.endpoint,
 		BufferAddress:     r.seg.base + r.off,
 		Size:              r.size,
 		Medium:            r.seg.medium,
 	}
+	if r.striped() {
+		m.Stripes = make([]*storepb.MemoryReplica, len(r.stripes))
+		for i, p := range r.stripes {
+			m.Stripes[i] = p.memory()
+		}
+	}
+	return m
 }
 
 func (r replica) onDisk() bool { return r.seg.medium == storepb.Medium_MEDIUM_DISK }
@@ -203,7 +296,7 @@ func (r replica) onDisk() bool { return r.seg.medium == storepb.Medium_MEDIUM_DI
 func live(reps []replica) []replica {
 	out := make([]replica, 0, len(reps))
 	for _, r := range reps {
-		if !r.seg.dead.Load() {
+		if !r.dead() {
 			out = append(out, r)
 		}
 	}
@@ -315,9 +408,9 @@ func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, c
 		}
 		s.segMu.Lock()
 		defer s.segMu.Unlock()
-		// Replicas on a segment unmounted meanwhile have nothing to free;
+		// Replicas on segments unmounted meanwhile have nothing to free;
 		// under segMu none can die unseen (removeSegLocked prunes the rest).
-		old = slices.DeleteFunc(old, func(r replica) bool { return r.seg.dead.Load() })
+		old = slices.DeleteFunc(old, replica.allDead)
 		if len(old) > 0 {
 			s.deferred = append(s.deferred, deferredFree{at: until, reps: old})
 		}

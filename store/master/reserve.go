@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
+	"google.golang.org/protobuf/proto"
 )
 
 // Puts into space reserved ahead. A client that puts batch after batch
@@ -77,6 +78,14 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		return nil, storeErr(storepb.InvalidParams, "reserve of slots of %d bytes (max_batch_value_size %d)", length, s.cfg.MaxBatchValueBytes)
 	}
 	count = min(count, s.cfg.MaxBatch, int(min(s.cfg.MaxBatchValueBytes/length, uint64(s.cfg.MaxBatch))))
+	// A slot is one allocation, which the client fills with values end
+	// to end: never striped.
+	one := &storepb.ReplicateConfig{}
+	if cfg != nil {
+		one = proto.CloneOf(cfg)
+	}
+	one.StripeCount = 1
+	cfg = one
 	name := func(int) string { return s.slots.next() }
 	if nonce != "" {
 		stem := slotPrefix + "n/" + clientID + "/" + nonce + "/"

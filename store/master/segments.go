@@ -1,6 +1,7 @@
 package master
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync/atomic"
@@ -170,7 +171,7 @@ func (s *Service) removeSegLocked(sg *segment) {
 	// Replaced values waiting for a lease to end lose their replicas here.
 	kept := s.deferred[:0]
 	for _, d := range s.deferred {
-		d.reps = slices.DeleteFunc(d.reps, func(r replica) bool { return r.seg == sg })
+		d.reps = slices.DeleteFunc(d.reps, replica.allDead)
 		if len(d.reps) > 0 {
 			kept = append(kept, d)
 		}
@@ -198,13 +199,17 @@ func (s *Service) sweepDead() {
 		sh.mu.Lock()
 		for key, o := range sh.objects {
 			was, media := o.complete(), s.kvMediaOf(o.replicas)
-			o.replicas = slices.DeleteFunc(o.replicas, func(r replica) bool { return r.seg.dead.Load() })
+			// A striped replica that lost a piece is lost; its other
+			// pieces are freed once no reader may be copying them (the
+			// lease) or, for a put in flight, once its writer is presumed
+			// gone (as a zombie put is pre-empted).
+			o.replicas = s.dropDead(o.replicas, o.lease)
 			if was && !o.complete() {
 				s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED, key)
 			}
 			s.kvChange(key, media, s.kvMediaOf(o.replicas), false)
 			if p := o.pending; p != nil {
-				p.replicas = slices.DeleteFunc(p.replicas, func(r replica) bool { return r.seg.dead.Load() })
+				p.replicas = s.dropDead(p.replicas, p.started.Add(s.cfg.PutStartDiscardTimeout))
 				if len(p.replicas) == 0 {
 					o.pending = nil
 				}
@@ -219,6 +224,33 @@ func (s *Service) sweepDead() {
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// dropDead returns reps without the replicas a piece of which is on an
+// unmounted segment; the pieces of those still mounted (striped replicas)
+// are freed at until, or now if that has passed.
+func (s *Service) dropDead(reps []replica, until time.Time) []replica {
+	var lost []replica
+	reps = slices.DeleteFunc(reps, func(r replica) bool {
+		if !r.dead() {
+			return false
+		}
+		if !r.allDead() {
+			lost = append(lost, r)
+		}
+		return true
+	})
+	if len(lost) == 0 {
+		return reps
+	}
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	if until.After(s.now()) {
+		s.deferred = append(s.deferred, deferredFree{at: until, reps: lost})
+	} else {
+		s.freeLocked(lost)
+	}
+	return reps
 }
 
 // Ping records that clientID is alive. It answers NEED_REMOUNT for a
@@ -280,30 +312,60 @@ func (s *Service) usageLocked(m storepb.Medium) (capacity, used uint64) {
 	return capacity, used
 }
 
-// fitsAnywhere reports whether some segment could ever hold n bytes.
-func (s *Service) fitsAnywhere(n uint64) bool {
+// fitsAnywhere reports whether some segment could ever hold n bytes, or,
+// cut into k pieces, enough segments each their piece.
+func (s *Service) fitsAnywhere(n uint64, k int) bool {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
+	piece, fit := pieceSize(n, k), 0
 	for _, sg := range s.segList {
-		if sg.medium == storepb.Medium_MEDIUM_DRAM && sg.alloc.Size() >= n {
+		if sg.medium != storepb.Medium_MEDIUM_DRAM {
+			continue
+		}
+		if sz := sg.alloc.Size(); sz >= n {
 			return true
+		} else if sz >= piece {
+			fit++
 		}
 	}
-	return false
+	return k > 1 && fit >= int((n+piece-1)/piece)
+}
+
+// stripesFor is the pieces each replica of a put of size bytes is cut
+// into: what the put asks for, else the master's policy; at most one per
+// minPiece of the value.
+func (s *Service) stripesFor(size uint64, cfg *storepb.ReplicateConfig) int {
+	k := int(cfg.GetStripeCount())
+	if k == 0 && s.cfg.StripeMinSize > 0 && size >= s.cfg.StripeMinSize {
+		k = s.cfg.StripeCount
+	}
+	return int(min(uint64(max(k, 1)), max(size/minPiece, 1)))
+}
+
+// pieceSize is the length of every piece but the last when size bytes
+// are cut into k: equal, page-aligned (pieceAlign). The value then takes
+// ceil(size / pieceSize) pieces, k or fewer.
+func pieceSize(size uint64, k int) uint64 {
+	p := (size + uint64(k) - 1) / uint64(k)
+	return (p + pieceAlign - 1) / pieceAlign * pieceAlign
 }
 
 // allocate places up to n replicas of size bytes on distinct segments,
-// best effort, in the order the strategy gives.
+// best effort, in the order the strategy gives; replicas of a value
+// stripesFor cuts are striped (allocStripedLocked).
 func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.ReplicateConfig) []replica {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
+	if k := s.stripesFor(size, cfg); k > 1 {
+		return s.allocStripedLocked(clientID, size, n, k, cfg)
+	}
 	out := make([]replica, 0, n)
-	try := func(sg *segment) bool {
+	s.placeLocked(clientID, cfg, func(sg *segment) bool {
 		if len(out) == n {
 			return true
 		}
-		if sg.medium != storepb.Medium_MEDIUM_DRAM || sg.drain != 0 {
-			return false // puts go to DRAM, not being drained; SSD tiers take spills
+		if !placeable(sg) {
+			return false
 		}
 		for _, r := range out {
 			if r.seg == sg {
@@ -314,24 +376,34 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 			out = append(out, replica{seg: sg, off: off, size: size})
 		}
 		return len(out) == n
-	}
+	})
+	return out
+}
+
+// placeable reports whether puts may go to sg: DRAM, not being drained
+// (SSD tiers take spills).
+func placeable(sg *segment) bool { return sg.medium == storepb.Medium_MEDIUM_DRAM && sg.drain == 0 }
+
+// placeLocked calls visit with the segments in placement order until it
+// returns true: the preferred segments (by name; a client may mount
+// several under one name) first, then the caller's host, then the
+// strategy's order. A segment may come more than once. segMu is held.
+func (s *Service) placeLocked(clientID string, cfg *storepb.ReplicateConfig, visit func(sg *segment) bool) {
 	if len(s.segList) == 0 {
-		return out
+		return
 	}
-	// Preferred segments (by name; a client may mount several under one
-	// name) come first, then the caller's host, then the strategy's order.
 	for _, name := range cfg.GetPreferredSegments() {
 		for _, sg := range s.segList {
-			if sg.name == name && try(sg) {
-				return out
+			if sg.name == name && visit(sg) {
+				return
 			}
 		}
 	}
 	if cfg.GetPreferLocal() || s.cfg.Strategy == StrategyLocalFirst {
 		if c := s.clients[clientID]; c != nil && c.hostID != "" {
 			for _, sg := range s.segList {
-				if sg.hostID == c.hostID && try(sg) {
-					return out
+				if sg.hostID == c.hostID && visit(sg) {
+					return
 				}
 			}
 		}
@@ -352,20 +424,93 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 			return 0
 		})
 		for _, sg := range order {
-			if try(sg) {
-				return out
+			if visit(sg) {
+				return
 			}
 		}
-		return out
+		return
 	}
 	// Random: consecutive segments from a random start.
 	start := s.rng.IntN(len(s.segList))
 	for i := range s.segList {
-		if try(s.segList[(start+i)%len(s.segList)]) {
-			return out
+		if visit(s.segList[(start+i)%len(s.segList)]) {
+			return
 		}
 	}
+}
+
+// allocStripedLocked places up to n replicas of size bytes, each cut into
+// k pieces (stripeLocked), no two pieces of the value on one segment, the
+// segments taken in placement order. segMu is held.
+func (s *Service) allocStripedLocked(clientID string, size uint64, n, k int, cfg *storepb.ReplicateConfig) []replica {
+	var cands []*segment
+	seen := make(map[*segment]bool)
+	s.placeLocked(clientID, cfg, func(sg *segment) bool {
+		if placeable(sg) && !seen[sg] {
+			seen[sg] = true
+			cands = append(cands, sg)
+		}
+		return false
+	})
+	taken := make(map[*segment]bool, n*k)
+	out := make([]replica, 0, n)
+	for range n {
+		r, ok := stripeLocked(size, k, cands, taken)
+		if !ok {
+			break
+		}
+		out = append(out, r)
+	}
 	return out
+}
+
+// stripeLocked places one replica of size bytes cut into k pieces on
+// candidate segments not taken, a piece per host first (a host's link is
+// what striping spreads over), then any; with too few places, into fewer
+// pieces, down to one allocation. It marks the segments it used taken.
+func stripeLocked(size uint64, k int, cands []*segment, taken map[*segment]bool) (replica, bool) {
+	k = min(k, len(cands))
+	for ; k >= 1; k-- {
+		piece := pieceSize(size, k)
+		want := int((size + piece - 1) / piece)
+		pieces := make([]replica, 0, want)
+		hosts := make(map[string]bool, want)
+		pick := func(shareHost bool) {
+			for _, sg := range cands {
+				if len(pieces) == want {
+					return
+				}
+				host := cmp.Or(sg.hostID, "client "+sg.client)
+				if taken[sg] || (hosts[host] && !shareHost) || slices.ContainsFunc(pieces, func(p replica) bool { return p.seg == sg }) {
+					continue
+				}
+				n := piece
+				if len(pieces) == want-1 {
+					n = size - piece*uint64(want-1)
+				}
+				if off, ok := sg.alloc.Alloc(n); ok {
+					pieces = append(pieces, replica{seg: sg, off: off, size: n})
+					hosts[host] = true
+				}
+			}
+		}
+		pick(false)
+		pick(true)
+		if len(pieces) < want {
+			for _, p := range pieces {
+				_ = p.seg.alloc.Free(p.off)
+			}
+			continue
+		}
+		for _, p := range pieces {
+			taken[p.seg] = true
+		}
+		if want == 1 {
+			return pieces[0], true
+		}
+		return replica{seg: pieces[0].seg, off: pieces[0].off, size: size, stripes: pieces}, true
+	}
+	return replica{}, false
 }
 
 // freeReplicas returns replicas' space to their segments; replicas on
@@ -381,10 +526,13 @@ func (s *Service) freeReplicas(reps []replica) {
 
 func (s *Service) freeLocked(reps []replica) {
 	for _, r := range reps {
-		if !r.seg.dead.Load() {
-			// Free fails only for an offset not allocated, which would be
-			// a bookkeeping bug here; there is nothing better to do.
-			_ = r.seg.alloc.Free(r.off)
-		}
+		r.pieces(func(p replica) {
+			if !p.seg.dead.Load() {
+				// Free fails only for an offset not allocated, which
+				// would be a bookkeeping bug here; there is nothing
+				// better to do.
+				_ = p.seg.alloc.Free(p.off)
+			}
+		})
 	}
 }

@@ -45,6 +45,17 @@ const (
 	// DefaultMaxWatchers is the default most WatchObjects streams served
 	// at once; each holds a buffer of DefaultWatchBuffer events.
 	DefaultMaxWatchers = 256
+	// DefaultStripeCount is the default pieces of a striped replica.
+	DefaultStripeCount = 4
+	// MaxStripes is the most pieces one replica may be cut into.
+	MaxStripes = 64
+	// minPiece is the smallest piece a replica is cut into: smaller
+	// values get fewer pieces. An engine slice (64 KiB) or more keeps a
+	// piece's transfer worth its request.
+	minPiece = 64 << 10
+	// pieceAlign aligns every piece but the last to a page, so pieces
+	// start page-aligned in the value as in their segments.
+	pieceAlign = 4096
 )
 
 // Mooncake's defaults (mooncake-internals §2.5-2.6).
@@ -122,6 +133,15 @@ type ServiceConfig struct {
 	// (256).
 	MaxWatchers int
 
+	// StripeMinSize: a put of at least this many bytes that does not say
+	// how to stripe (ReplicateConfig.stripe_count 0) has each replica cut
+	// into StripeCount pieces on distinct segments, which a reader moves
+	// in parallel. Zero means never.
+	StripeMinSize uint64
+	// StripeCount is the pieces of a striped replica when the put does
+	// not name them. Zero means DefaultStripeCount (4).
+	StripeCount int
+
 	// Tenants holds the tenants' quotas (tenant_quota.go), shared by the
 	// Services of successive terms. Nil means none.
 	Tenants *TenantQuotas
@@ -151,11 +171,15 @@ func (c ServiceConfig) Validate() error {
 	ints := []struct {
 		name string
 		n    int
-	}{{"Shards", c.Shards}, {"MaxKeyLen", c.MaxKeyLen}, {"MaxBatch", c.MaxBatch}, {"MaxWatchers", c.MaxWatchers}}
+	}{{"Shards", c.Shards}, {"MaxKeyLen", c.MaxKeyLen}, {"MaxBatch", c.MaxBatch}, {"MaxWatchers", c.MaxWatchers},
+		{"StripeCount", c.StripeCount}}
 	for _, n := range ints {
 		if n.n < 0 {
 			return fmt.Errorf("master: ServiceConfig.%s is negative (%d)", n.name, n.n)
 		}
+	}
+	if c.StripeCount > MaxStripes {
+		return fmt.Errorf("master: ServiceConfig.StripeCount %d is over %d", c.StripeCount, MaxStripes)
 	}
 	switch c.Strategy {
 	case "", StrategyRandom, StrategyFreeRatioFirst, StrategyLocalFirst:
@@ -180,6 +204,7 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
 	c.MaxBatchValueBytes = cmp.Or(c.MaxBatchValueBytes, DefaultMaxBatchValueBytes)
 	c.MaxWatchers = cmp.Or(c.MaxWatchers, DefaultMaxWatchers)
+	c.StripeCount = cmp.Or(c.StripeCount, DefaultStripeCount)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -547,7 +547,7 @@ func checkNoOverlap(t *testing.T, s *Service) {
 				reps = append(reps[:len(reps):len(reps)], o.pending.replicas...)
 			}
 			for _, r := range reps {
-				bySeg[r.seg] = append(bySeg[r.seg], span{r.off, r.off + r.size})
+				r.pieces(func(p replica) { bySeg[p.seg] = append(bySeg[p.seg], span{p.off, p.off + p.size}) })
 			}
 		}
 		sh.mu.Unlock()
@@ -556,7 +556,11 @@ func checkNoOverlap(t *testing.T, s *Service) {
 	defer s.segMu.Unlock()
 	for _, d := range s.deferred {
 		for _, r := range d.reps {
-			bySeg[r.seg] = append(bySeg[r.seg], span{r.off, r.off + r.size})
+			r.pieces(func(p replica) {
+				if !p.seg.dead.Load() {
+					bySeg[p.seg] = append(bySeg[p.seg], span{p.off, p.off + p.size})
+				}
+			})
 		}
 	}
 	for sg, spans := range bySeg {

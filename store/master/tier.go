@@ -118,6 +118,9 @@ func (s *Service) evictLocked(sh *shard, key string, o *object, force bool) uint
 // machine). It reports whether a spill was queued. sh.mu is held.
 func (s *Service) startSpillLocked(key string, o *object) bool {
 	src := o.replicas[0]
+	if src.striped() {
+		return false // striped values live in DRAM only: it evicts them
+	}
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	if src.seg.dead.Load() {
@@ -139,7 +142,7 @@ func (s *Service) startSpillLocked(key string, o *object) bool {
 // offloadLocked queues the background copy of a new object's DRAM replica
 // to an SSD tier, if there is one with room. sh.mu is held.
 func (s *Service) offloadLocked(key string, o *object) {
-	if o.moving != nil || len(o.replicas) == 0 || o.replicas[0].onDisk() {
+	if o.moving != nil || len(o.replicas) == 0 || o.replicas[0].onDisk() || o.replicas[0].striped() {
 		return
 	}
 	src := o.replicas[0]
@@ -258,7 +261,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 		s.reorderLocked(sh, t.key, o)
 	}
 	live := o != nil && sh.objects[t.key] == o && !t.dst.seg.dead.Load() &&
-		slices.Contains(o.replicas, t.src)
+		slices.ContainsFunc(o.replicas, func(r replica) bool { return r.holds(t.src) })
 	if !ok || !live {
 		s.freeLocked([]replica{t.dst})
 		s.segMu.Unlock()

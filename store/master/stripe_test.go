@@ -1,0 +1,351 @@
+package master
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// mountN mounts n segments of size bytes, one per client and host (c1 on
+// host-1 holds node-1, and so on).
+func mountN(t *testing.T, s *Service, n int, size uint64) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		id := string(rune('0' + i))
+		require.NoError(t, s.MountSegment(t.Context(), "c"+id, seg(id, uint64(i)<<32, size)))
+	}
+}
+
+// stripesOf checks that m is striped as the protocol says (the top-level
+// fields name the first piece, the size is the whole) and returns the
+// pieces' segments.
+func stripesOf(t *testing.T, m *storepb.MemoryReplica, length uint64) []string {
+	t.Helper()
+	require.Equal(t, length, m.Size, "a striped replica's size is the whole value's")
+	if len(m.Stripes) == 0 {
+		return []string{m.SegmentName}
+	}
+	var names []string
+	var sum uint64
+	for i, p := range m.Stripes {
+		assert.Empty(t, p.Stripes, "a piece has no stripes of its own")
+		assert.NotZero(t, p.Size)
+		if i < len(m.Stripes)-1 {
+			assert.Zero(t, p.Size%pieceAlign, "every piece but the last is page-aligned in length")
+		}
+		names = append(names, p.SegmentName)
+		sum += p.Size
+	}
+	assert.Equal(t, length, sum, "the pieces make up the value")
+	assert.Equal(t, m.Stripes[0].SegmentName, m.SegmentName)
+	assert.Equal(t, m.Stripes[0].BufferAddress, m.BufferAddress)
+	return names
+}
+
+func TestStripedPlacement(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	mountN(t, s, 6, 64<<20)
+	const n = 10<<20 + 12345
+	reps := put(t, s, "c1", "k", n, &storepb.ReplicateConfig{StripeCount: 4})
+	require.Len(t, reps, 1)
+	names := stripesOf(t, mem(reps[0]), n)
+	require.Len(t, names, 4)
+	assert.ElementsMatch(t, names, unique(names), "pieces on distinct segments")
+	got, _, _, length, err := s.GetReplicaList("k")
+	require.NoError(t, err)
+	require.Equal(t, uint64(n), length)
+	assert.Equal(t, names, stripesOf(t, mem(got[0]), n), "the reader sees the pieces in order")
+	checkNoOverlap(t, s)
+	assert.Equal(t, uint64(n), s.Stats().ValueBytes)
+
+	// Removing the object frees every piece.
+	require.NoError(t, s.Remove(t.Context(), "k", true))
+	for _, sg := range s.segList {
+		assert.Zero(t, sg.alloc.Used(), "segment %s", sg.id)
+	}
+}
+
+func unique(xs []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range xs {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func TestStripePolicy(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{StripeMinSize: 2 << 20, StripeCount: 3})
+	mountN(t, s, 5, 64<<20)
+	pieces := func(key string, n uint64, cfg *storepb.ReplicateConfig) int {
+		reps := put(t, s, "c1", key, n, cfg)
+		require.Len(t, reps, 1)
+		return len(stripesOf(t, mem(reps[0]), n))
+	}
+	assert.Equal(t, 3, pieces("big", 2<<20, nil), "the master's policy from StripeMinSize")
+	assert.Equal(t, 1, pieces("small", 2<<20-1, nil), "below StripeMinSize")
+	assert.Equal(t, 1, pieces("one", 4<<20, &storepb.ReplicateConfig{StripeCount: 1}), "a put that asks for one piece")
+	assert.Equal(t, 5, pieces("five", 4<<20, &storepb.ReplicateConfig{StripeCount: 5}), "a put that asks for more")
+	assert.Equal(t, 2, pieces("tiny", 2*minPiece+1, &storepb.ReplicateConfig{StripeCount: 4}), "pieces of at least minPiece")
+	assert.Equal(t, 1, pieces("tinier", minPiece, &storepb.ReplicateConfig{StripeCount: 4}))
+	assert.Equal(t, 5, pieces("fewer", 8<<20, &storepb.ReplicateConfig{StripeCount: 9}), "no more pieces than segments")
+
+	for _, bad := range []int32{-1, MaxStripes + 1} {
+		_, err := s.PutStart(t.Context(), "c1", "bad", 4<<20, &storepb.ReplicateConfig{StripeCount: bad})
+		require.ErrorIs(t, err, storepb.ErrInvalidParams, "stripe_count %d", bad)
+	}
+	require.ErrorContains(t, ServiceConfig{StripeCount: -1}.Validate(), "StripeCount")
+	require.ErrorContains(t, ServiceConfig{StripeCount: MaxStripes + 1}.Validate(), "StripeCount")
+	checkNoOverlap(t, s)
+}
+
+// Pieces go to distinct hosts while there are enough: striping spreads a
+// value over links, and two pieces behind one link gain nothing. Replicas
+// of one value share no segment.
+func TestStripesSpreadOverHosts(t *testing.T) {
+	for seed := uint64(1); seed <= 20; seed++ {
+		s, _ := newTestService(t, ServiceConfig{Seed: seed})
+		// Two hosts with three segments each.
+		for i := 1; i <= 6; i++ {
+			id := string(rune('0' + i))
+			sg := seg(id, uint64(i)<<32, 64<<20)
+			sg.HostId = "host-" + string(rune('a'+(i-1)/3)) // node-1..3 on host-a
+			require.NoError(t, s.MountSegment(t.Context(), "c"+id, sg))
+		}
+		reps := put(t, s, "c1", "k", 8<<20, &storepb.ReplicateConfig{StripeCount: 2, ReplicaNum: 3})
+		require.Len(t, reps, 3)
+		var all []string
+		for _, r := range reps {
+			names := stripesOf(t, mem(r), 8<<20)
+			require.Len(t, names, 2)
+			hosts := map[string]bool{}
+			for _, name := range names {
+				hosts[s.segByName(name).hostID] = true
+			}
+			assert.Len(t, hosts, 2, "seed %d: a replica's two pieces on the two hosts", seed)
+			all = append(all, names...)
+		}
+		assert.Len(t, unique(all), 6, "seed %d: no segment holds two pieces of the value", seed)
+		checkNoOverlap(t, s)
+	}
+}
+
+// segByName is the mounted segment named name (tests mount one per name).
+func (s *Service) segByName(name string) *segment {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	for _, sg := range s.segList {
+		if sg.name == name {
+			return sg
+		}
+	}
+	return nil
+}
+
+// With room for fewer pieces than asked, a put takes fewer, down to one
+// allocation; without room for any, it fails as an unstriped put does.
+func TestStripesBestEffort(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	mountN(t, s, 3, 4<<20)
+	// 6 MiB cannot lie in one 4 MiB segment, nor in two 3 MiB pieces
+	// beside a 2 MiB object on each of two segments; it takes three.
+	put(t, s, "c1", "a", 2<<20, &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}})
+	put(t, s, "c1", "b", 2<<20, &storepb.ReplicateConfig{PreferredSegments: []string{"node-2"}})
+	reps := put(t, s, "c1", "k", 6<<20, &storepb.ReplicateConfig{StripeCount: 4})
+	assert.Len(t, stripesOf(t, mem(reps[0]), 6<<20), 3)
+	checkNoOverlap(t, s)
+
+	_, err := s.PutStart(t.Context(), "c1", "huge", 13<<20, &storepb.ReplicateConfig{StripeCount: 4})
+	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
+	checkNoOverlap(t, s)
+}
+
+// A value larger than any segment fits in pieces, evicting for them as an
+// unstriped put evicts for its replica (into fewer pieces once those fit),
+// and evicting a striped value frees every piece.
+func TestStripedPutEvicts(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	mountN(t, s, 4, 4<<20)
+	for i := range 4 {
+		put(t, s, "c1", "old"+string(rune('0'+i)), 3<<20, &storepb.ReplicateConfig{PreferredSegments: []string{"node-" + string(rune('1'+i))}})
+	}
+	clk.Advance(time.Minute) // their leases end
+	reps := put(t, s, "c1", "k", 12<<20, &storepb.ReplicateConfig{StripeCount: 4})
+	assert.GreaterOrEqual(t, len(stripesOf(t, mem(reps[0]), 12<<20)), 3)
+	checkNoOverlap(t, s)
+
+	clk.Advance(time.Minute)
+	for range 20 {
+		if _, _, _, _, err := s.GetReplicaList("k"); err != nil {
+			break
+		}
+		clk.Advance(time.Minute)
+		s.evict(true)
+	}
+	_, _, _, _, err := s.GetReplicaList("k")
+	require.ErrorIs(t, err, storepb.ErrObjectNotFound)
+	checkNoOverlap(t, s)
+}
+
+// A striped replica that loses a piece (its segment unmounted) is lost;
+// its other pieces are freed once the reader's lease ends, and those of a
+// put in flight once its writer is presumed gone. A replica elsewhere
+// still serves.
+func TestStripedReplicaLosesPiece(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	mountN(t, s, 5, 64<<20)
+	reps := put(t, s, "c1", "k", 8<<20, &storepb.ReplicateConfig{StripeCount: 4, PreferredSegments: []string{"node-1"}})
+	require.Equal(t, "node-1", mem(reps[0]).SegmentName)
+	_, _, _, _, err := s.GetReplicaList("k") // a reader's lease
+	require.NoError(t, err)
+	_, err = s.PutStart(t.Context(), "c2", "pending", 8<<20, &storepb.ReplicateConfig{StripeCount: 4, PreferredSegments: []string{"node-1"}})
+	require.NoError(t, err)
+	both := put(t, s, "c1", "two", 4<<20, &storepb.ReplicateConfig{StripeCount: 2, ReplicaNum: 2, PreferredSegments: []string{"node-1"}})
+	require.Len(t, both, 2)
+
+	require.NoError(t, s.UnmountSegment(t.Context(), "c1", "1"))
+	_, _, _, _, err = s.GetReplicaList("k")
+	require.ErrorIs(t, err, storepb.ErrObjectNotFound, "a replica without one of its pieces is lost")
+	require.ErrorIs(t, s.PutEnd(t.Context(), "c2", "pending", 7), storepb.ErrObjectNotFound)
+	got, _, _, _, err := s.GetReplicaList("two")
+	require.NoError(t, err)
+	require.Len(t, got, 1, "the other replica serves")
+	assert.NotContains(t, stripesOf(t, mem(got[0]), 4<<20), "node-1")
+	checkNoOverlap(t, s)
+
+	used := func() (n uint64) {
+		for _, sg := range s.segList {
+			n += sg.alloc.Used()
+		}
+		return n
+	}
+	live := uint64(4 << 20) // "two"'s surviving replica
+	require.Greater(t, used(), live, "the lost pieces wait for the reader and the writer")
+	clk.Advance(s.cfg.LeaseTTL + time.Second)
+	s.evict(false)
+	require.Greater(t, used(), live, "the put's pieces wait for its writer")
+	clk.Advance(s.cfg.PutStartDiscardTimeout)
+	s.evict(false)
+	assert.Equal(t, live, used(), "every lost piece freed")
+	checkNoOverlap(t, s)
+}
+
+// A drain moves a striped replica's piece off the drained segment; the
+// replica keeps its other pieces and its order, and a replay of the
+// journal (a new leader) agrees.
+func TestDrainMovesAPiece(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	j := &memJournal{}
+	s.j = j
+	ctx := t.Context()
+	mountN(t, s, 5, 64<<20)
+	reps := put(t, s, "c1", "k", 8<<20, &storepb.ReplicateConfig{StripeCount: 4})
+	before := stripesOf(t, mem(reps[0]), 8<<20)
+	require.Len(t, before, 4)
+	drained := before[1]
+	_, err := s.startDrain([]string{drained}, nil, 0)
+	require.NoError(t, err)
+	owner := "c" + drained[len("node-"):]
+	tasks := s.takeTasks(owner)
+	require.Len(t, tasks, 1, "the drain's move of the piece")
+	assert.Empty(t, tasks[0].Source.Stripes, "a move is of one piece")
+	assert.Equal(t, uint64(2<<20), tasks[0].Source.Size)
+	require.NoError(t, s.MoveEnd(ctx, owner, tasks[0].Id, true))
+
+	got, _, _, _, err := s.GetReplicaList("k")
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	after := stripesOf(t, mem(got[0]), 8<<20)
+	require.Len(t, after, 4)
+	assert.Equal(t, before[0], after[0])
+	assert.Equal(t, tasks[0].Target.SegmentName, after[1], "the piece's new place, in its place")
+	assert.Equal(t, before[2:], after[2:])
+	assert.NotContains(t, after, drained)
+	want := view(s)
+	checkNoOverlap(t, s)
+
+	st := newState()
+	for _, r := range j.recs {
+		require.NoError(t, st.apply(r))
+	}
+	s2, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s2.restore(st))
+	assert.Equal(t, want, view(s2))
+	checkNoOverlap(t, s2)
+}
+
+// Striped values are not spilled to an SSD tier (pieces are DRAM only):
+// eviction drops them, and a new one is not offloaded either.
+func TestStripedNotSpilled(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	mountN(t, s, 3, 4<<20)
+	disk := seg("9", 9<<32, 64<<20)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	require.NoError(t, s.MountSegment(t.Context(), "c1", disk))
+	put(t, s, "c1", "k", 12<<20, &storepb.ReplicateConfig{StripeCount: 3})
+	tasks := func() (n int) {
+		for _, c := range []string{"c1", "c2", "c3"} {
+			n += len(s.takeTasks(c))
+		}
+		return n
+	}
+	assert.Zero(t, tasks(), "no offload of a striped value")
+	clk.Advance(time.Minute)
+	s.evict(false) // above the watermark: an eviction that spills what it can
+	assert.Zero(t, tasks(), "no spill of a striped value")
+	_, _, _, _, err := s.GetReplicaList("k")
+	require.ErrorIs(t, err, storepb.ErrObjectNotFound, "evicted, not spilled")
+	checkNoOverlap(t, s)
+}
+
+// A journal replay and a snapshot of striped values rebuild them exactly,
+// their pieces' space included; an unmount replayed drops a replica that
+// lost a piece and frees the rest.
+func TestStripedJournalReplay(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{StripeMinSize: 1 << 20})
+	j := &memJournal{}
+	s.j = j
+	mountN(t, s, 6, 64<<20)
+	put(t, s, "c1", "a", 8<<20, nil)
+	put(t, s, "c1", "b", 3<<20+5, &storepb.ReplicateConfig{StripeCount: 3, ReplicaNum: 2})
+	put(t, s, "c1", "c", 100, nil)
+	_, err := s.PutStart(t.Context(), "c1", "pending", 4<<20, nil)
+	require.NoError(t, err)
+	check := func() {
+		t.Helper()
+		st := newState()
+		for _, r := range j.recs {
+			require.NoError(t, st.apply(r))
+		}
+		s2, _ := newTestService(t, ServiceConfig{})
+		require.NoError(t, s2.restore(st))
+		assert.Equal(t, view(s), view(s2))
+		checkNoOverlap(t, s2)
+
+		snap, _ := s.snapshot(2)
+		st3 := newState()
+		for _, c := range snap {
+			st3.loadChunk(c)
+		}
+		s3, _ := newTestService(t, ServiceConfig{})
+		require.NoError(t, s3.restore(st3))
+		assert.Equal(t, view(s), view(s3))
+	}
+	check()
+	a, _, _, _, err := s.GetReplicaList("a")
+	require.NoError(t, err)
+	lost := mem(a[0]).Stripes[2].SegmentName
+	require.NoError(t, s.UnmountSegment(t.Context(), "c"+lost[len("node-"):], lost[len("node-"):]))
+	// The leader frees the lost pieces when the lease ends; the replay,
+	// with no reader to wait for, at once: compare after the lease.
+	s.cfg.Now = func() time.Time { return time.Now().Add(time.Hour) }
+	s.evict(false)
+	check()
+}
