@@ -122,7 +122,7 @@ func (c *coord) stripeIdeal(pieces int) float64 {
 }
 
 // startStripes starts a master and the phase's hosts. Each storage node's
-// segment holds its piece and some slack for the allocator; the first
+// segment holds its piece and some slack; the first
 // node's also holds the unstriped object. The reader's link is a quarter
 // faster than the storage hosts' together, so that it is never the
 // bottleneck yet is still a link (queue, drops) like theirs.
@@ -132,12 +132,18 @@ func (c *coord) startStripes() (*stripeSetup, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.master, err = startWorker(mh, workerArgs{Role: roleMaster, IP: mh.IP.String()})
+	// A get holds the object's lease while it reads, and one that
+	// outlives it fails: the lease is four times what the unstriped get
+	// takes at the link's rate.
+	lease := max(10*time.Second, time.Duration(4*float64(total)*8/float64(c.o.Rate)*float64(time.Second)))
+	c.master, err = startWorker(mh, workerArgs{Role: roleMaster, IP: mh.IP.String(), LeaseTTL: lease})
 	if err != nil {
 		return nil, err
 	}
+	// Half a piece of slack keeps the pool at 80% full once both objects
+	// are in, under the master's eviction watermark (90%).
 	piece := (total + int64(n) - 1) / int64(n)
-	slack := max(piece/8, 4<<20)
+	slack := max(piece/2, 4<<20)
 	mib := func(b int64) int64 { return (b + 1<<20 - 1) >> 20 << 20 }
 	s := &stripeSetup{sums: map[string]uint32{}}
 	for i := range n {
@@ -291,7 +297,8 @@ func (w *storeWorker) stripeDo(ctx context.Context, req request) (reply, error) 
 	case "sput":
 		stripeValue(v, req.Name)
 		sum := crc32.Checksum(v, castagnoli)
-		rc := &client.ReplicateConfig{Replicas: 1, PreferredSegments: req.Names}
+		// Hard pinned: the objects are got again and again, never evicted.
+		rc := &client.ReplicateConfig{Replicas: 1, PreferredSegments: req.Names, HardPin: true}
 		setStripes(rc, req.Stripes)
 		start := time.Now()
 		if err := w.c.Put(ctx, req.Name, v, rc); err != nil {

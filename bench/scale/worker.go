@@ -54,6 +54,9 @@ type workerArgs struct {
 	Parallel int    `json:"parallel,omitempty"` // p2p: shards in flight per receiver
 	Lanes    int    `json:"lanes,omitempty"`    // the engine's TCP connections per peer
 	Trace    bool   `json:"trace,omitempty"`    // p2p: log every shard read to standard error
+	// master: how long a replica list protects an object (0: the
+	// master's default): a get that outlives it fails.
+	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
 }
 
 // request is one thing the coordinator asks a worker to do.
@@ -163,7 +166,8 @@ type masterWorker struct {
 }
 
 func newMasterWorker(a workerArgs) (*masterWorker, error) {
-	m, err := master.Start(master.ServerConfig{Listen: a.IP + ":0", Logger: quiet})
+	m, err := master.Start(master.ServerConfig{Listen: a.IP + ":0", Logger: quiet,
+		Service: master.ServiceConfig{LeaseTTL: a.LeaseTTL}})
 	if err != nil {
 		return nil, err
 	}
