@@ -270,6 +270,26 @@ func locations(reps []replica) []*storepb.ReplicaLocation {
 	return out
 }
 
+// checkLoc refuses a striped location that is not what the leader writes
+// (locations): pieces without stripes of their own that add up to the
+// whole, the first where the location says it starts.
+func checkLoc(l *storepb.ReplicaLocation) error {
+	if len(l.Stripes) == 0 {
+		return nil
+	}
+	var sum uint64
+	for _, p := range l.Stripes {
+		if len(p.Stripes) > 0 || p.Size == 0 {
+			return fmt.Errorf("%w: a piece of a striped replica with stripes of its own, or empty", ErrBadRecord)
+		}
+		sum += p.Size
+	}
+	if sum != l.Size || !samePiece(l, l.Stripes[0]) {
+		return fmt.Errorf("%w: a striped replica whose pieces are not the whole", ErrBadRecord)
+	}
+	return nil
+}
+
 // pieceLocs is l's pieces: its stripes, or l itself.
 func pieceLocs(l *storepb.ReplicaLocation) []*storepb.ReplicaLocation {
 	if len(l.Stripes) > 0 {
@@ -500,9 +520,13 @@ func (st *state) onDisk(l *storepb.ReplicaLocation) bool {
 func (s *Service) restore(st *state) error {
 	now := s.now()
 	used := make(map[string][]alloc.Span)
+	var bad error
 	keep := func(locs []*storepb.ReplicaLocation) []*storepb.ReplicaLocation {
 		out := locs[:0:0]
 		for _, l := range locs {
+			if err := checkLoc(l); err != nil {
+				bad = err
+			}
 			if !st.unmounted(l) {
 				out = append(out, l)
 				for _, p := range pieceLocs(l) {
@@ -522,6 +546,9 @@ func (s *Service) restore(st *state) error {
 		if len(o.Replicas) == 0 && o.Pending == nil {
 			delete(st.objects, key)
 		}
+	}
+	if bad != nil {
+		return bad
 	}
 
 	s.segMu.Lock()

@@ -168,6 +168,22 @@ func TestJournalApplyRejectsNonsense(t *testing.T) {
 	for _, c := range cases {
 		assert.ErrorIs(t, newState().apply(c.rec), ErrBadRecord, c.name)
 	}
+	// A striped replica must be what a leader writes: pieces that make up
+	// the whole, without stripes of their own.
+	mount := &storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{ClientId: "a", Segment: seg("1", 0, 1<<20)}}}
+	for name, l := range map[string]*storepb.ReplicaLocation{
+		"short": {SegmentId: "1", Size: 100, Stripes: []*storepb.ReplicaLocation{{SegmentId: "1", Size: 60}}},
+		"nested": {SegmentId: "1", Size: 100, Stripes: []*storepb.ReplicaLocation{{SegmentId: "1", Size: 100,
+			Stripes: []*storepb.ReplicaLocation{{SegmentId: "1", Size: 100}}}}},
+		"elsewhere": {SegmentId: "1", Offset: 4096, Size: 100, Stripes: []*storepb.ReplicaLocation{{SegmentId: "1", Size: 100}}},
+	} {
+		st := newState()
+		require.NoError(t, st.apply(mount))
+		require.NoError(t, st.apply(&storepb.JournalRecord{Op: &storepb.JournalRecord_Start{Start: &storepb.JournalStart{
+			ClientId: "a", Key: "k", Size: 100, Replicas: []*storepb.ReplicaLocation{l}}}}))
+		s, _ := newTestService(t, ServiceConfig{})
+		assert.ErrorIs(t, s.restore(st), ErrBadRecord, name)
+	}
 }
 
 // FuzzJournal feeds arbitrary bytes where a new leader reads the journal
@@ -180,6 +196,11 @@ func FuzzJournal(f *testing.F) {
 			Replicas: []*storepb.ReplicaLocation{{SegmentId: "1", Offset: 0, Size: 100}}}}},
 		{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{ClientId: "a", Key: "k", Checksum: 1}}},
 		{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: "k"}}},
+		{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{ClientId: "b", Segment: seg("2", 1<<30, 1<<20)}}},
+		{Op: &storepb.JournalRecord_Start{Start: &storepb.JournalStart{ClientId: "a", Key: "s", Size: 200,
+			Replicas: []*storepb.ReplicaLocation{{SegmentId: "1", Offset: 4096, Size: 200, Stripes: []*storepb.ReplicaLocation{
+				{SegmentId: "1", Offset: 4096, Size: 120}, {SegmentId: "2", Offset: 0, Size: 80}}}}}}},
+		{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{ClientId: "a", Key: "s", Checksum: 2}}},
 	}
 	b, _ := proto.Marshal(&storepb.JournalBatch{FirstSeq: 1, Records: seedRecs})
 	f.Add(b)
@@ -208,9 +229,11 @@ func FuzzJournal(f *testing.F) {
 			for i := range s.shards {
 				for _, o := range s.shards[i].objects {
 					for _, r := range o.replicas {
-						if r.seg == sg {
-							used = append(used, alloc.Span{Off: r.off, Size: r.size})
-						}
+						r.pieces(func(p replica) {
+							if p.seg == sg {
+								used = append(used, alloc.Span{Off: p.off, Size: p.size})
+							}
+						})
 					}
 				}
 			}
