@@ -98,10 +98,6 @@ func TestPutsMustCrossLinks(t *testing.T) {
 	require.ErrorContains(t, err, "segment full?")
 }
 
-// stripeSmokeHosts is how many hosts TestStripesSmoke stripes over: 1
-// until the client can ask for stripes.
-const stripeSmokeHosts = 1
-
 // TestStripesSmoke runs the stripes phase at a tiny size: the object must
 // be striped over every storage host (the phase fails otherwise) and
 // every get must return the bytes put. Never timed.
@@ -109,7 +105,7 @@ func TestStripesSmoke(t *testing.T) {
 	lab := labtest.New(t, netlab.Config{Seed: 1})
 	o := options{Hosts: []int{1}, Rate: 200e6, Value: 1, Batch: 1, Conc: 1, GetKeys: 1, Repeat: 2,
 		Phases: []string{"stripes"}, P2PSize: 1, P2PShard: 1, P2PRecv: 1, P2PRuns: 1,
-		MetaCli: 1, MetaB: 1, MetaKeys: 1, StripeN: stripeSmokeHosts, StripeSz: 3<<20 + 5}
+		MetaCli: 1, MetaB: 1, MetaKeys: 1, StripeN: 3, StripeSz: 3<<20 + 5}
 	require.NoError(t, o.validate())
 	out := filepath.Join(t.TempDir(), "scale")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
