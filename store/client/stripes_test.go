@@ -2,11 +2,14 @@ package client
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/master"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -120,11 +123,11 @@ func TestStripedDataPath(t *testing.T) {
 	m := startMaster(t, master.ServiceConfig{})
 	small := func(c *Config) { c.LocalBufferSize = 1 << 20 }
 	a, b, d := newClient(t, m.Addr(), 8<<20), newClient(t, m.Addr(), 8<<20), newClient(t, m.Addr(), 8<<20)
-	w := newClient(t, m.Addr(), 8<<20, small)         // holds piece 1
+	w := newClient(t, m.Addr(), 8<<20, small)         // holds piece 0
 	r := newClient(t, m.Addr(), NoSegment, small)     // holds none
 	const piece = 160 << 10                           // not a multiple of a staging slice
 	sizes := []uint64{piece, piece, piece, 120 << 10} // 600 KiB
-	owners := []*Client{a, w, b, d}
+	owners := []*Client{w, a, b, d}
 	rep := stripedOver(t, m, w, owners, sizes)
 	n := int(replicaLen(rep))
 	ctx := ctxT(t)
@@ -288,4 +291,253 @@ func TestStripedAllHere(t *testing.T) {
 	assert.Equal(t, 1, w.distance(rep), "a piece in another process of this host")
 	rep.Stripes[2].TransportEndpoint = "192.0.2.1:1"
 	assert.Equal(t, 2, w.distance(rep), "a piece on another host: elsewhere")
+}
+
+// stripedCluster is a master and storage nodes, each a client with a
+// segment of its own, reached over TCP.
+type stripedCluster struct {
+	m     *master.Server
+	nodes []*Client
+}
+
+func tcpEngine(c *Config) { c.EngineConfig = engine.Config{Host: "127.0.0.1", Transport: "tcp"} }
+
+func newStripedCluster(t *testing.T, cfg master.ServiceConfig, nodes int) *stripedCluster {
+	t.Helper()
+	sc := &stripedCluster{m: startMaster(t, cfg)}
+	for range nodes {
+		sc.nodes = append(sc.nodes, newClient(t, sc.m.Addr(), 8<<20, tcpEngine))
+	}
+	return sc
+}
+
+// owner is the node whose segment holds piece p.
+func (sc *stripedCluster) owner(t *testing.T, p *storepb.MemoryReplica) *Client {
+	t.Helper()
+	for _, n := range sc.nodes {
+		if n.SegmentName() == p.SegmentName {
+			return n
+		}
+	}
+	t.Fatalf("no node holds segment %s", p.SegmentName)
+	return nil
+}
+
+// replicas is key's memory replicas as the master lists them.
+func (sc *stripedCluster) replicas(t *testing.T, key string) []*storepb.MemoryReplica {
+	t.Helper()
+	reps, _, _, _, err := sc.m.Service().GetReplicaList(key)
+	require.NoError(t, err)
+	var out []*storepb.MemoryReplica
+	for _, r := range reps {
+		out = append(out, r.GetMemory())
+	}
+	return out
+}
+
+// requireStriped fails unless every replica of key is cut into n pieces
+// on distinct segments: a test of striped reads must read striped
+// replicas.
+func (sc *stripedCluster) requireStriped(t *testing.T, key string, n int) []*storepb.MemoryReplica {
+	t.Helper()
+	reps := sc.replicas(t, key)
+	for _, m := range reps {
+		require.Len(t, m.Stripes, n, "%s: pieces", key)
+		segs := map[string]bool{}
+		for _, p := range m.Stripes {
+			segs[p.SegmentName] = true
+		}
+		require.Len(t, segs, n, "%s: pieces on distinct segments", key)
+	}
+	return reps
+}
+
+// TestStripedThroughTheMaster puts values with Stripes: 4 over four
+// nodes and reads them back by every read path, from a client holding no
+// piece and from a node holding one (a mixed replica: one piece copied
+// within the process, three read by the engine).
+func TestStripedThroughTheMaster(t *testing.T) {
+	sc := newStripedCluster(t, master.ServiceConfig{}, 4)
+	x := newClient(t, sc.m.Addr(), NoSegment, tcpEngine)
+	ctx := ctxT(t)
+	rc := &ReplicateConfig{Stripes: 4}
+	// Lengths that are no multiple of the pieces: the last one is short.
+	sizes := map[string]int{"s-1m": 1<<20 + 123, "s-600k": 600 << 10, "s-256k1": 256<<10 + 1}
+	vals := map[string][]byte{}
+	var keys []string
+	for k, n := range sizes {
+		vals[k] = value(uint64(n), n)
+		keys = append(keys, k)
+	}
+	for _, k := range keys {
+		require.NoError(t, x.Put(ctx, k, vals[k], rc), k)
+		reps := sc.requireStriped(t, k, 4)
+		last := reps[0].Stripes[3]
+		require.Less(t, last.Size, reps[0].Stripes[0].Size, "%s: a shorter last piece", k)
+	}
+	// From registered memory, and from parts.
+	reg := make([]byte, 2<<20)
+	require.NoError(t, x.RegisterBuffer(reg))
+	t.Cleanup(func() { _ = x.UnregisterBuffer(reg) })
+	copy(reg, value(77, 1<<20))
+	require.NoError(t, x.PutFrom(ctx, "s-from", reg[:1<<20], rc))
+	vals["s-from"] = slices.Clone(reg[:1<<20])
+	parts := [][]byte{reg[1<<20 : 1<<20+100], reg[1<<20+100 : 1<<20+300<<10], reg[1<<20+300<<10 : 2<<20-5]}
+	for i, p := range parts {
+		copy(p, value(uint64(80+i), len(p)))
+	}
+	require.Equal(t, []error{nil}, x.BatchPutFromParts(ctx, []string{"s-parts"}, [][][]byte{parts}, rc))
+	vals["s-parts"] = slices.Concat(parts...)
+	// A writer holding the first piece (the top-level names are its):
+	// the replica is still written by the engine, its piece here by a
+	// plain copy.
+	w := sc.nodes[0]
+	vals["s-mixed-put"] = value(99, 700<<10)
+	require.NoError(t, w.Put(ctx, "s-mixed-put", vals["s-mixed-put"], &ReplicateConfig{Stripes: 4, PreferredSegments: []string{w.SegmentName()}}))
+	require.Equal(t, w.SegmentName(), sc.replicas(t, "s-mixed-put")[0].SegmentName)
+	keys = append(keys, "s-from", "s-parts", "s-mixed-put")
+	for _, k := range keys[3:] {
+		sc.requireStriped(t, k, 4)
+	}
+	// A node holding one piece of "s-1m" reads it as a mixed replica.
+	mixed := sc.owner(t, sc.replicas(t, "s-1m")[0].Stripes[1])
+	for _, rd := range []struct {
+		name string
+		c    *Client
+	}{{"remote", x}, {"mixed", mixed}} {
+		t.Run(rd.name, func(t *testing.T) {
+			c := rd.c
+			dreg := make([]byte, 2<<20)
+			require.NoError(t, c.RegisterBuffer(dreg))
+			defer func() { _ = c.UnregisterBuffer(dreg) }()
+			for _, k := range keys {
+				want := vals[k]
+				got, err := c.Get(ctx, k)
+				require.NoError(t, err, k)
+				require.Equal(t, want, got, "Get %s", k)
+				// GetInto Go memory (staged) and registered memory.
+				buf := make([]byte, len(want)+10)
+				n, err := c.GetInto(ctx, k, buf)
+				require.NoError(t, err, k)
+				require.Equal(t, want, buf[:n], "GetInto %s", k)
+				clear(dreg)
+				n, err = c.GetInto(ctx, k, dreg)
+				require.NoError(t, err, k)
+				require.Equal(t, want, dreg[:n], "GetInto registered %s", k)
+				// Parts cut elsewhere than the pieces.
+				clear(dreg)
+				cut := len(want) / 3
+				ns, errs := c.BatchGetIntoParts(ctx, []string{k}, [][][]byte{{dreg[:cut], dreg[cut : cut+7], dreg[cut+7 : len(want)]}})
+				require.NoError(t, errs[0], k)
+				require.Equal(t, len(want), ns[0])
+				require.Equal(t, want, dreg[:len(want)], "parts %s", k)
+				// Ranges: the first byte, across the middle, the tail.
+				rs := []Range{{Src: 0, Dst: make([]byte, 1)}, {Src: uint64(cut - 3), Dst: make([]byte, cut)}, {Src: uint64(len(want) - 4097), Dst: dreg[:4097]}}
+				_, errs = c.BatchGetRanges(ctx, []string{k}, [][]Range{rs})
+				require.NoError(t, errs[0], k)
+				for i, r := range rs {
+					require.Equal(t, want[r.Src:r.Src+uint64(len(r.Dst))], r.Dst, "%s range %d", k, i)
+				}
+			}
+			// All keys in one batch: the pieces of every key in one engine
+			// batch.
+			dsts := make([][]byte, len(keys))
+			for i, k := range keys {
+				dsts[i] = make([]byte, len(vals[k]))
+			}
+			ns, errs := c.BatchGetInto(ctx, keys, dsts)
+			for i, k := range keys {
+				require.NoError(t, errs[i], k)
+				require.Equal(t, vals[k], dsts[i][:ns[i]], "BatchGetInto %s", k)
+			}
+		})
+	}
+	// A byte flipped in any one piece's memory, in its owner's segment,
+	// fails the checksum: the sum covers every piece.
+	for i, p := range sc.replicas(t, "s-1m")[0].Stripes {
+		mem := pieceBytes(sc.owner(t, p), p)
+		mem[len(mem)-1] ^= 0x01
+		for _, c := range []*Client{x, mixed} {
+			_, err := c.Get(ctx, "s-1m")
+			assert.Equal(t, storepb.ChecksumMismatch, codeOf(err), "piece %d: %v", i, err)
+		}
+		mem[len(mem)-1] ^= 0x01
+	}
+	got, err := x.Get(ctx, "s-1m")
+	require.NoError(t, err)
+	require.Equal(t, vals["s-1m"], got)
+}
+
+// TestStripesConfig: Stripes is sent as stripe_count: 1 keeps a put
+// whole under a master that stripes large values, 0 leaves it to that
+// policy, a negative count is refused.
+func TestStripesConfig(t *testing.T) {
+	sc := newStripedCluster(t, master.ServiceConfig{StripeMinSize: 64 << 10, StripeCount: 3}, 3)
+	c := sc.nodes[0]
+	ctx := ctxT(t)
+	v := value(3, 256<<10)
+	require.NoError(t, c.Put(ctx, "policy", v, nil))
+	sc.requireStriped(t, "policy", 3)
+	require.NoError(t, c.Put(ctx, "whole", v, &ReplicateConfig{Stripes: 1}))
+	assert.Empty(t, sc.replicas(t, "whole")[0].Stripes)
+	require.NoError(t, c.Put(ctx, "two", v, &ReplicateConfig{Stripes: 2}))
+	sc.requireStriped(t, "two", 2)
+	for _, k := range []string{"policy", "whole", "two"} {
+		got, err := c.Get(ctx, k)
+		require.NoError(t, err, k)
+		assert.Equal(t, v, got, k)
+	}
+	err := c.Put(ctx, "bad", v, &ReplicateConfig{Stripes: -1})
+	assert.Equal(t, storepb.InvalidParams, codeOf(err), "%v", err)
+	assert.ErrorContains(t, (&Config{Master: "x", Replicate: ReplicateConfig{Stripes: -2}}).Validate(), "Stripes")
+}
+
+// TestStripedPieceOwnerGone: a node holding a piece closes between the
+// lookup (kept in the lease cache) and the read. With one replica the get
+// fails with an error, not wrong bytes nor a hang; with two it falls back
+// to the other.
+func TestStripedPieceOwnerGone(t *testing.T) {
+	sc := newStripedCluster(t, master.ServiceConfig{}, 6)
+	x := newClient(t, sc.m.Addr(), NoSegment, tcpEngine)
+	ctx := ctxT(t)
+	one, two := value(1, 300<<10), value(2, 300<<10)
+	require.NoError(t, x.Put(ctx, "one", one, &ReplicateConfig{Stripes: 3}))
+	require.NoError(t, x.Put(ctx, "two", two, &ReplicateConfig{Stripes: 3, Replicas: 2}))
+	sc.requireStriped(t, "one", 3)
+	reps := sc.requireStriped(t, "two", 3)
+	require.Len(t, reps, 2)
+	// Cache both lists, in the order the reader tries them.
+	for k, want := range map[string][]byte{"one": one, "two": two} {
+		got, err := x.Get(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	first := x.leases.get("two", time.Now())
+	require.NotNil(t, first)
+	// Close a node holding a piece of the replica of "two" tried first
+	// and none of the other.
+	other := map[string]bool{}
+	for _, p := range first.reps[1].Stripes {
+		other[p.SegmentName] = true
+	}
+	var gone *Client
+	for _, p := range first.reps[0].Stripes {
+		if !other[p.SegmentName] {
+			gone = sc.owner(t, p)
+			break
+		}
+	}
+	require.NotNil(t, gone, "the replicas of two share every segment")
+	oneRep := sc.replicas(t, "one")[0]
+	require.NoError(t, gone.Close())
+	got, err := x.Get(ctx, "two")
+	require.NoError(t, err)
+	assert.Equal(t, two, got)
+	// "one" is read from its cached list, then looked up again; a node
+	// holding one of its pieces is gone too.
+	if !slices.ContainsFunc(oneRep.Stripes, func(p *storepb.MemoryReplica) bool { return p.SegmentName == gone.SegmentName() }) {
+		require.NoError(t, sc.owner(t, oneRep.Stripes[0]).Close())
+	}
+	_, err = x.Get(ctx, "one")
+	assert.Error(t, err)
 }
