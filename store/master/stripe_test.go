@@ -349,3 +349,22 @@ func TestStripedJournalReplay(t *testing.T) {
 	s.evict(false)
 	check()
 }
+
+// The admin API's query_key describes a striped replica as its pieces, in
+// order, as Mooncake describes a replica cut into slices.
+func TestQueryKeyDescribesPieces(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	mountN(t, s, 4, 64<<20)
+	reps := put(t, s, "c1", "k", 5<<20+3, &storepb.ReplicateConfig{StripeCount: 3})
+	descs, err := replicasOf(s, "k")
+	require.NoError(t, err)
+	m := mem(reps[0])
+	require.Len(t, descs, len(m.Stripes))
+	var sum uint64
+	for i, d := range descs {
+		assert.Equal(t, m.Stripes[i].BufferAddress, d.BufferAddress)
+		assert.Equal(t, m.Stripes[i].TransportEndpoint, d.TransportEndpoint)
+		sum += d.Size
+	}
+	assert.Equal(t, uint64(5<<20+3), sum)
+}
