@@ -368,3 +368,40 @@ func TestQueryKeyDescribesPieces(t *testing.T) {
 	}
 	assert.Equal(t, uint64(5<<20+3), sum)
 }
+
+// Every way a striped replica's space comes back frees all its pieces: a
+// revoke, a zombie put pre-empted, an upsert's replaced value once its
+// lease ends.
+func TestStripedSpaceComesBack(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	mountN(t, s, 4, 64<<20)
+	ctx := t.Context()
+	cfg := &storepb.ReplicateConfig{StripeCount: 4}
+	used := func() (n uint64) {
+		for _, sg := range s.segList {
+			n += sg.alloc.Used()
+		}
+		return n
+	}
+	_, err := s.PutStart(ctx, "c1", "revoked", 8<<20, cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.PutRevoke(ctx, "c1", "revoked"))
+	assert.Zero(t, used(), "a revoke frees every piece")
+
+	_, err = s.PutStart(ctx, "c1", "zombie", 8<<20, cfg)
+	require.NoError(t, err)
+	clk.Advance(s.cfg.PutStartDiscardTimeout + time.Second)
+	put(t, s, "c2", "zombie", 4<<20, cfg)
+	assert.Equal(t, uint64(4<<20), used(), "a pre-empted put's pieces are freed")
+
+	_, _, _, _, err = s.GetReplicaList("zombie") // a reader's lease on the old value
+	require.NoError(t, err)
+	_, err = s.UpsertStart(ctx, "c2", "zombie", 6<<20, cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.UpsertEnd(ctx, "c2", "zombie", 9))
+	assert.Equal(t, uint64(10<<20), used(), "the old value waits for its reader")
+	clk.Advance(s.cfg.LeaseTTL + time.Second)
+	s.evict(false)
+	assert.Equal(t, uint64(6<<20), used(), "then every piece of it is freed")
+	checkNoOverlap(t, s)
+}
