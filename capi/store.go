@@ -187,14 +187,14 @@ func replicate(p *C.mc_replicate_config_t) (*client.ReplicateConfig, error) {
 	if p == nil {
 		return nil, nil
 	}
-	c, err := readStruct(p, p.struct_size, "mc_replicate_config_t", C.MC_REPLICATE_CONFIG_SIZE_V1)
+	c, err := readStruct(p, p.struct_size, "mc_replicate_config_t", C.MC_REPLICATE_CONFIG_SIZE_V1, C.MC_REPLICATE_CONFIG_SIZE_V2)
 	if err != nil {
 		return nil, err
 	}
 	p = &c
-	if p.soft_pin_ttl_ms > maxMillis || p.replicas > math.MaxInt32 || p.n_preferred > maxCount {
-		return nil, invalidParams("mc_replicate_config_t: replicas %d, soft_pin_ttl_ms %d or n_preferred %d out of range",
-			p.replicas, p.soft_pin_ttl_ms, p.n_preferred)
+	if p.soft_pin_ttl_ms > maxMillis || p.replicas > math.MaxInt32 || p.n_preferred > maxCount || p.stripe_count > math.MaxInt32 {
+		return nil, invalidParams("mc_replicate_config_t: replicas %d, soft_pin_ttl_ms %d, n_preferred %d or stripe_count %d out of range",
+			p.replicas, p.soft_pin_ttl_ms, p.n_preferred, p.stripe_count)
 	}
 	rc := &client.ReplicateConfig{
 		Replicas:    int(p.replicas),
@@ -202,6 +202,7 @@ func replicate(p *C.mc_replicate_config_t) (*client.ReplicateConfig, error) {
 		SoftPinTTL:  time.Duration(p.soft_pin_ttl_ms) * time.Millisecond,
 		HardPin:     p.hard_pin != 0,
 		PreferLocal: p.prefer_local != 0,
+		Stripes:     int(p.stripe_count), // ABI 1.11
 	}
 	if p.n_preferred > 0 {
 		if p.preferred_segments == nil {

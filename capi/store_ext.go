@@ -168,12 +168,19 @@ func mcgoStoreGetReplicas(h C.mc_store_t, key *C.char, out *C.mc_replica_desc_t,
 	})
 }
 
-// replicaDesc fills d from r.
+// replicaDesc fills d from r. A striped replica is its first piece,
+// address and size alike, so that the region d names is the replica's
+// own bytes (the value's first ones): the fixed struct has no room for
+// the other pieces, and the whole length at the first piece's address
+// would run into other objects' memory.
 func replicaDesc(d *C.mc_replica_desc_t, r *storepb.Replica) {
 	*d = C.mc_replica_desc_t{status: C.int32_t(r.Status)}
 	switch {
 	case r.GetMemory() != nil:
 		m := r.GetMemory()
+		if len(m.Stripes) > 0 {
+			m = m.Stripes[0]
+		}
 		d.kind = C.MC_REPLICA_MEMORY
 		if m.Medium == storepb.Medium_MEDIUM_DISK {
 			d.kind = C.MC_REPLICA_LOCAL_DISK

@@ -163,9 +163,10 @@ extern "C" {
  * tls_key_file, te_secret (MC_STORE_CONFIG_SIZE_V4).
  * 1.9: dummy clients (mc_dummy_*).
  * 1.10: mc_store_config_t.tenant_id (MC_STORE_CONFIG_SIZE_V5);
- * MC_STORE_ERR_TENANT_QUOTA_EXCEEDED. */
+ * MC_STORE_ERR_TENANT_QUOTA_EXCEEDED.
+ * 1.11: mc_replicate_config_t.stripe_count (MC_REPLICATE_CONFIG_SIZE_V2). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 10
+#define MC_ABI_VERSION_MINOR 11
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -567,10 +568,17 @@ typedef struct mc_replicate_config {
     uint32_t prefer_local;   /* nonzero: place on this host first */
     uint32_t n_preferred;    /* entries in preferred_segments */
     const char *const *preferred_segments; /* segment names to place on first */
+    /* ABI 1.11 (MC_REPLICATE_CONFIG_SIZE_V2): pieces each replica is cut
+     * into, on distinct segments (distinct hosts where possible), which a
+     * get reads in parallel; best effort, fewer where fewer segments fit.
+     * 1: none. 0: the master's policy (mooncake master --stripe-min-size,
+     * --stripe-count). */
+    uint32_t stripe_count;
 } mc_replicate_config_t;
 
 /* Sizes of the versions of mc_replicate_config_t (see VERSIONING). */
 #define MC_REPLICATE_CONFIG_SIZE_V1 (offsetof(mc_replicate_config_t, preferred_segments) + sizeof(void *)) /* ABI 1.0 */
+#define MC_REPLICATE_CONFIG_SIZE_V2 (offsetof(mc_replicate_config_t, stripe_count) + sizeof(uint32_t))     /* ABI 1.11 */
 
 static inline void mc_replicate_config_init(mc_replicate_config_t *rc) {
     memset(rc, 0, sizeof *rc);
@@ -778,12 +786,18 @@ enum {
 
 /* mc_replica_desc_t describes one replica of an object (Mooncake's
  * ReplicaDescriptor). status is Mooncake's ReplicaStatus: 0 undefined,
- * 1 initialized, 2 processing, 3 complete, 4 removed, 5 failed. */
+ * 1 initialized, 2 processing, 3 complete, 4 removed, 5 failed.
+ * A striped replica (mc_replicate_config_t.stripe_count), whose bytes lie
+ * in pieces on several segments, is described by its first piece: its
+ * segment_name, transport_endpoint and buffer_address, and size the
+ * piece's length, less than the value's. The bytes at buffer_address are
+ * then the value's first size bytes; the rest lie in the other pieces,
+ * which this fixed struct cannot name (gets read them all). */
 typedef struct mc_replica_desc {
     int32_t kind;      /* MC_REPLICA_* */
     int32_t status;
     uint64_t buffer_address; /* memory kinds: address in the segment owner */
-    uint64_t size;           /* bytes the replica holds */
+    uint64_t size;           /* bytes the replica holds at buffer_address */
     char segment_name[MC_REPLICA_NAME_SIZE];
     char transport_endpoint[MC_REPLICA_NAME_SIZE]; /* host:port of its engine */
     char file_path[MC_REPLICA_NAME_SIZE];          /* MC_REPLICA_DISK only */

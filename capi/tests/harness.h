@@ -141,6 +141,7 @@ void test_store_close_race(void);
 void test_struct_versions(void);
 void test_store_struct_versions(void);
 void test_store_tenants(void);
+void test_store_stripes(void);
 void test_destroy_cancels(void);
 void test_store_silent_peer(void);
 void test_store_device(void);

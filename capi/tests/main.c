@@ -74,6 +74,7 @@ static const struct {
     {"struct_versions", test_struct_versions, 0},
     {"store_struct_versions", test_store_struct_versions, 1},
     {"store_tenants", test_store_tenants, 1},
+    {"store_stripes", test_store_stripes, 1},
     {"destroy_cancels", test_destroy_cancels, 0},
     {"store_silent_peer", test_store_silent_peer, 1},
     {"store_device", test_store_device, 1},

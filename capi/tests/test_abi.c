@@ -41,7 +41,8 @@ void test_struct_versions(void) {
     CHECK(MC_STORE_CONFIG_SIZE_V3 < MC_STORE_CONFIG_SIZE_V4);
     CHECK(MC_STORE_CONFIG_SIZE_V4 < MC_STORE_CONFIG_SIZE_V5);
     CHECK(MC_STORE_CONFIG_SIZE_V5 <= sizeof(mc_store_config_t));
-    CHECK(MC_REPLICATE_CONFIG_SIZE_V1 <= sizeof(mc_replicate_config_t));
+    CHECK(MC_REPLICATE_CONFIG_SIZE_V1 < MC_REPLICATE_CONFIG_SIZE_V2);
+    CHECK(MC_REPLICATE_CONFIG_SIZE_V2 <= sizeof(mc_replicate_config_t));
 
     /* Version 1's size, garbage past it: what is past it is not read. */
     REQUIRE_MC(MC_OK, mc_engine_create(as_version(&b, &cfg, sizeof cfg, MC_ENGINE_CONFIG_SIZE_V1, 0xab), &e, &E));

@@ -773,3 +773,53 @@ void test_store_report_existing(void) {
     CHECK_MC(MC_OK, mc_store_close(old, &E));
     CHECK_MC(MC_OK, mc_store_close(s, &E));
 }
+
+/* ABI 1.11's stripe_count: a value put in two stripes (this store's
+ * segment and the storage node's) reads back whole, and its replica is
+ * described by its first piece, whose size is less than the value's; a
+ * put in one stripe is described whole. */
+void test_store_stripes(void) {
+    mc_store_t s = 0;
+    REQUIRE_MC(MC_OK, open_store(&s, 0, &E));
+    const uint64_t vlen = (1 << 20) + 5;
+    uint8_t *val = malloc(vlen), *out = malloc(vlen);
+    REQUIRE(val != NULL && out != NULL);
+    fill(val, 0, vlen, 7);
+    mc_replicate_config_t rc;
+    mc_replicate_config_init(&rc);
+    CHECK_EQ(rc.struct_size, sizeof rc);
+    CHECK(MC_REPLICATE_CONFIG_SIZE_V2 <= sizeof rc);
+    char key[96], whole[96];
+    unique_key(key, sizeof key, "stripes");
+    unique_key(whole, sizeof whole, "stripes-whole");
+    rc.stripe_count = 2;
+    CHECK_MC(MC_OK, mc_store_put(s, key, val, vlen, &rc, &E));
+    rc.stripe_count = 1;
+    CHECK_MC(MC_OK, mc_store_put(s, whole, val, vlen, &rc, &E));
+    uint64_t n = 0;
+    memset(out, 0, vlen);
+    CHECK_MC(MC_OK, mc_store_get(s, key, out, vlen, &n, &E));
+    CHECK_EQ(n, vlen);
+    CHECK(memcmp(out, val, vlen) == 0);
+
+    mc_replica_desc_t reps[2];
+    size_t nrep = 0;
+    CHECK_MC(MC_OK, mc_store_get_replicas(s, key, reps, 2, &nrep, &E));
+    CHECK_EQ(nrep, 1);
+    CHECK_EQ(reps[0].kind, MC_REPLICA_MEMORY);
+    CHECK(reps[0].buffer_address != 0);
+    CHECK(reps[0].size > 0 && reps[0].size < vlen); /* the first piece */
+    CHECK(reps[0].segment_name[0] != 0);
+    CHECK_MC(MC_OK, mc_store_get_replicas(s, whole, reps, 2, &nrep, &E));
+    CHECK_EQ(nrep, 1);
+    CHECK_EQ(reps[0].size, vlen);
+
+    /* out of range: the master takes at most 64 */
+    rc.stripe_count = 0x80000000u;
+    CHECK_MC(MC_STORE_ERR_INVALID_PARAMS, mc_store_put(s, key, val, vlen, &rc, &E));
+    CHECK_MC(MC_OK, mc_store_remove(s, key, 1, &E));
+    CHECK_MC(MC_OK, mc_store_remove(s, whole, 1, &E));
+    CHECK_MC(MC_OK, mc_store_close(s, &E));
+    free(val);
+    free(out);
+}

@@ -102,7 +102,7 @@ def test_header_parses():
     structs = header_structs()
     assert structs["mc_engine_config_t"][:2] == ["struct_size", "lanes"]
     assert structs["mc_error_t"] == ["code", "domain", "message"]
-    assert structs["mc_replicate_config_t"][-1] == "preferred_segments"
+    assert structs["mc_replicate_config_t"][-1] == "stripe_count"
 
 
 def test_every_struct_has_a_class():

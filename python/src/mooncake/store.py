@@ -60,6 +60,9 @@ class ReplicateConfig:
     ``with_soft_pin`` = True, ``soft_pin_ttl_ms``, ``preferred_segment``
     / ``preferred_segments`` (segment names, e.g. get_hostname() of a
     client), ``prefer_alloc_in_same_node`` (place on this host first).
+    ``stripe_count`` (an addition of this implementation): pieces each
+    replica is cut into, read in parallel (1: none; 0: the master's
+    policy).
     Fields of the original that have no meaning here (dfs/nof replicas,
     group ids, data type) are accepted and ignored.
     """
@@ -72,6 +75,7 @@ class ReplicateConfig:
         self.preferred_segment: str = ""
         self.preferred_segments: List[str] = []
         self.prefer_alloc_in_same_node: bool = False
+        self.stripe_count: int = 0
         self.dfs_replica_num: int = 0
         self.nof_replica_num: int = 0
         self.preferred_nof_segments: List[str] = []
@@ -100,6 +104,7 @@ class ReplicateConfig:
             soft_pin_ttl_ms=int(self.soft_pin_ttl_ms or 0),
             prefer_local=bool(self.prefer_alloc_in_same_node),
             preferred_segments=tuple(segs),
+            stripe_count=int(self.stripe_count or 0),
         )
 
     def __repr__(self) -> str:

@@ -141,6 +141,7 @@ class ReplicateConfig(Structure):
         ("prefer_local", c_uint32),
         ("n_preferred", c_uint32),
         ("preferred_segments", POINTER(c_char_p)),
+        ("stripe_count", c_uint32),  # ABI 1.11
     ]
 
 

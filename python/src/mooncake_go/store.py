@@ -50,6 +50,10 @@ class Replicate:
         [master's default] passes. ``hard_pin``: never evict.
     :param prefer_local: place on this host first.
     :param preferred_segments: segment names to place replicas on first.
+    :param stripe_count: pieces each replica is cut into, on distinct
+        segments, read in parallel by a get (1: none) [0: the master's
+        policy]. Needs ABI 1.11: an older library refuses a put that asks
+        for stripes.
     """
 
     replicas: int = 1
@@ -58,6 +62,7 @@ class Replicate:
     soft_pin_ttl_ms: int = 0
     prefer_local: bool = False
     preferred_segments: Sequence[str] = field(default_factory=tuple)
+    stripe_count: int = 0
 
     def _c(self):
         """The C struct (and what must stay alive with it)."""
@@ -67,6 +72,9 @@ class Replicate:
         rc.soft_pin, rc.hard_pin = int(bool(self.soft_pin)), int(bool(self.hard_pin))
         rc.soft_pin_ttl_ms = int(self.soft_pin_ttl_ms or 0)
         rc.prefer_local = int(bool(self.prefer_local))
+        if not 0 <= int(self.stripe_count) <= 0x7FFFFFFF:
+            raise ValueError(f"stripe_count {self.stripe_count} out of range")
+        rc.stripe_count = int(self.stripe_count)
         segs = [s for s in self.preferred_segments if s]
         if segs:
             arr = (c_char_p * len(segs))(*[s.encode() for s in segs])
