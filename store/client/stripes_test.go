@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"testing"
@@ -566,4 +567,45 @@ func TestStripedPutSession(t *testing.T) {
 	got, err := x.Get(ctx, "layers")
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
+}
+
+// TestStripedGPU: values put from GPU memory (registered or staged by
+// the driver) into replicas striped over four nodes, one the writer's
+// own, and read back into GPU memory (registered or not) by that node
+// and by a client holding no piece. The writer's and reader's own piece
+// must move through the engine's local segment, never a CPU copy of GPU
+// memory (the driver double faults on one).
+func TestStripedGPU(t *testing.T) {
+	sc := newStripedCluster(t, master.ServiceConfig{}, 4)
+	x := newClient(t, sc.m.Addr(), NoSegment, tcpEngine)
+	w := sc.nodes[0]
+	ctx := ctxT(t)
+	const n = 3<<20 + 11 // more than a staging piece (2 MiB here)
+	src := gpuRegistered(t, w, 0, n)
+	plain := gpuBuf(t, 0, n)
+	rc := &ReplicateConfig{Stripes: 4, PreferredSegments: []string{w.SegmentName()}}
+	for i, from := range map[string][]byte{"registered": src, "staged": plain} {
+		t.Run(i, func(t *testing.T) {
+			want := value(uint64(len(i)), n)
+			toGPU(t, from, want)
+			key := "gpu-" + i
+			require.NoError(t, w.Put(ctx, key, from, rc))
+			reps := sc.requireStriped(t, key, 4)
+			require.True(t, slices.ContainsFunc(reps[0].Stripes, func(p *storepb.MemoryReplica) bool { return p.SegmentName == w.SegmentName() }),
+				"the writer holds a piece")
+			require.Equal(t, checksum(want), masterSum(t, sc.m, key))
+			for _, c := range []*Client{w, x} {
+				for _, reg := range []bool{true, false} {
+					dst := gpuBuf(t, 1, n)
+					if reg {
+						dst = gpuRegistered(t, c, 1, n)
+					}
+					got, err := c.GetInto(ctx, key, dst)
+					require.NoError(t, err)
+					require.Equal(t, n, got)
+					require.True(t, bytes.Equal(want, fromGPU(t, dst)), "%s registered=%v", c.SegmentName(), reg)
+				}
+			}
+		})
+	}
 }
