@@ -45,6 +45,15 @@
 // lookup (or, after another client's upsert, the one before it, as any
 // lease holder would). A cached read that fails looks up afresh.
 //
+// A replica may be striped (ReplicateConfig.Stripes, or the master's
+// policy for large values): cut into pieces on distinct segments, its
+// value their concatenation (stripes.go). Every read and write of it is
+// cut at the pieces, each piece one engine request and all of them one
+// batch, so a get draws on the links of several hosts at once; a piece in
+// this process is a plain copy, and the checksum folds each piece's sum
+// in at its place in the value. A striped replica counts as in this
+// process (or host) only when all its pieces are.
+//
 // Caller memory may be GPU memory (a CUDA tensor's data, registered with
 // RegisterBuffer or not): the client finds it by asking the engine, or the
 // CUDA driver the process has loaded, and never touches it with the CPU.

@@ -388,7 +388,7 @@ func (c *Client) readRound(ctx context.Context, round []*getItem, k int) {
 		case it.err != nil:
 		case it.ranges == nil && c.verifies(it) && nonZero(it.got) != it.sum:
 			it.err = &storepb.Error{Code: storepb.ChecksumMismatch,
-				Msg: fmt.Sprintf("%s: replica on %s", quote(it.key), it.reps[k].SegmentName)}
+				Msg: fmt.Sprintf("%s: %s", quote(it.key), replicaWhere(it.reps[k]))}
 		default:
 			it.done = true
 		}

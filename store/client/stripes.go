@@ -1,6 +1,10 @@
 package client
 
-import "github.com/mooncake-go/mooncake/store/storepb"
+import (
+	"strings"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
 
 // Striped replicas: the master may cut a replica into pieces, each one
 // allocation in a segment of its own (MemoryReplica.Stripes, in order; the
@@ -78,4 +82,17 @@ func (c *Client) onHost(m *storepb.MemoryReplica) bool {
 		}
 	}
 	return true
+}
+
+// replicaWhere names where replica m lies, for errors: its segment, or
+// its pieces' segments in order.
+func replicaWhere(m *storepb.MemoryReplica) string {
+	if len(m.Stripes) == 0 {
+		return "replica on " + m.SegmentName
+	}
+	names := make([]string, len(m.Stripes))
+	for i, p := range m.Stripes {
+		names[i] = p.SegmentName
+	}
+	return "striped replica on " + strings.Join(names, ", ")
 }

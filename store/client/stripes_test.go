@@ -461,6 +461,8 @@ func TestStripedThroughTheMaster(t *testing.T) {
 		for _, c := range []*Client{x, mixed} {
 			_, err := c.Get(ctx, "s-1m")
 			assert.Equal(t, storepb.ChecksumMismatch, codeOf(err), "piece %d: %v", i, err)
+			assert.ErrorContains(t, err, "striped replica on ")
+			assert.ErrorContains(t, err, p.SegmentName)
 		}
 		mem[len(mem)-1] ^= 0x01
 	}
