@@ -571,8 +571,8 @@ typedef struct mc_replicate_config {
     /* ABI 1.11 (MC_REPLICATE_CONFIG_SIZE_V2): pieces each replica is cut
      * into, on distinct segments (distinct hosts where possible), which a
      * get reads in parallel; best effort, fewer where fewer segments fit.
-     * 1: none. 0: the master's policy (mooncake master --stripe-min-size,
-     * --stripe-count). */
+     * 1: none. 0: the master's policy (mooncake master --stripe_min_size,
+     * --stripe_count). */
     uint32_t stripe_count;
 } mc_replicate_config_t;
 
