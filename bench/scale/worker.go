@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,6 +58,8 @@ type workerArgs struct {
 	// master: how long a replica list protects an object (0: the
 	// master's default): a get that outlives it fails.
 	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
+	// store: the engine's deadline for each request (0: 30 s).
+	Timeout time.Duration `json:"timeout,omitempty"`
 }
 
 // request is one thing the coordinator asks a worker to do.
@@ -222,7 +225,7 @@ type storeWorker struct {
 func newStoreWorker(ctx context.Context, a workerArgs) (*storeWorker, error) {
 	c, err := client.New(ctx, client.Config{Master: a.Master, SegmentSize: a.Segment, LocalBufferSize: 16 << 20,
 		RPCTimeout:   10 * time.Second,
-		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Lanes: a.Lanes, Timeout: 30 * time.Second, Logger: quiet}})
+		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Lanes: a.Lanes, Timeout: cmp.Or(a.Timeout, 30*time.Second), Logger: quiet}})
 	if err != nil {
 		return nil, err
 	}
