@@ -21,9 +21,9 @@
 //     profile of the master summarised by go tool pprof.
 //   - stripes (not in the default -phases: a 1 GiB object at 100 Mbit/s
 //     takes minutes): one object striped over storage hosts, got by a
-//     reader whose link is not limited, against the same object in one
-//     piece on one of them and the ideal, the size over their links'
-//     rates summed.
+//     reader whose link is faster than theirs together, against the same
+//     object in one piece on one of them and the ideal, the size over
+//     their links' rates summed.
 //
 // Creating namespaces needs root: without it the command says so and
 // exits 0. It re-runs itself in a network namespace of its own first, so
@@ -78,7 +78,9 @@ type options struct {
 	MetaDur  time.Duration `json:"meta_duration"`
 	StripeN  int           `json:"stripe_hosts"` // stripes: storage hosts, one piece each
 	StripeSz int64         `json:"stripe_size"`  // stripes: the object
-	ReaderR  int64         `json:"reader_rate"`  // stripes: the reader's link, bits/s (0: unlimited)
+	ReaderR  int64         `json:"reader_rate"`  // stripes: the reader's link, bits/s (0: unlimited; < 0: 1.25 x the storage hosts')
+	StripeW  []string      `json:"stripe_ways"`  // stripes: striped, unstriped
+	Slice    uint64        `json:"slice"`        // stripes: the engines' SliceSize (0: the default)
 }
 
 func (o *options) has(phase string) bool { return slices.Contains(o.Phases, phase) }
@@ -101,6 +103,11 @@ func (o *options) validate() error {
 	for _, w := range o.P2PWays {
 		if w != "swarm" && w != "seed-only" {
 			return fmt.Errorf("-p2p-ways: unknown way %q", w)
+		}
+	}
+	for _, w := range o.StripeW {
+		if w != "striped" && w != "unstriped" {
+			return fmt.Errorf("-stripe-ways: unknown way %q", w)
 		}
 	}
 	for _, p := range o.Phases {
@@ -143,7 +150,9 @@ func main() {
 	flag.DurationVar(&o.MetaDur, "meta-duration", 4*time.Second, "master: each timed window")
 	flag.IntVar(&o.StripeN, "stripe-hosts", 4, "stripes: storage hosts the object is striped over")
 	flag.Int64Var(&o.StripeSz, "stripe-size", 1<<30, "stripes: the object's size, bytes")
-	flag.Int64Var(&o.ReaderR, "reader-rate", 0, "stripes: the reader's link, bits/s (0: unlimited; a limited link that several hosts send to is slower than its rate in netlab, see bench/README.md)")
+	stripeWays := flag.String("stripe-ways", "striped,unstriped", "stripes: the ways to store the object (unstriped is the yardstick)")
+	flag.Uint64Var(&o.Slice, "slice", 0, "stripes: the engines' slice size, bytes (0: the engine's default)")
+	flag.Int64Var(&o.ReaderR, "reader-rate", -1, "stripes: the reader's link, bits/s (0: unlimited; -1: 1.25 x the storage hosts' links together)")
 	out := flag.String("out", "build/bench/scale", "output path without extension (.json, .parquet, .png, .pprof)")
 	plotOnly := flag.String("plot", "", "only turn this JSON (path without .json) into Parquet and PNG")
 	flag.Parse()
@@ -159,6 +168,7 @@ func main() {
 	}
 	o.Phases = strings.Split(*phases, ",")
 	o.P2PWays = strings.Split(*ways, ",")
+	o.StripeW = strings.Split(*stripeWays, ",")
 	if err := o.validate(); err != nil {
 		exit(err)
 	}

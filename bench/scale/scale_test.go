@@ -105,7 +105,7 @@ func TestStripesSmoke(t *testing.T) {
 	lab := labtest.New(t, netlab.Config{Seed: 1})
 	o := options{Hosts: []int{1}, Rate: 200e6, Value: 1, Batch: 1, Conc: 1, GetKeys: 1, Repeat: 2,
 		Phases: []string{"stripes"}, P2PSize: 1, P2PShard: 1, P2PRecv: 1, P2PRuns: 1,
-		MetaCli: 1, MetaB: 1, MetaKeys: 1, StripeN: 3, StripeSz: 3<<20 + 5}
+		MetaCli: 1, MetaB: 1, MetaKeys: 1, StripeN: 3, StripeW: []string{"striped", "unstriped"}, StripeSz: 3<<20 + 5}
 	require.NoError(t, o.validate())
 	out := filepath.Join(t.TempDir(), "scale")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"time"
 
 	"github.com/mooncake-go/mooncake/internal/netlab"
@@ -11,8 +12,8 @@ import (
 )
 
 // The stripes phase: one large object striped over the segments of
-// several storage hosts, got by a reader whose link is not limited (see
-// readerRate), so that one get can take in every storage host's link at
+// several storage hosts, got by a reader whose link is faster than theirs
+// together, so that one get can take in every storage host's link at
 // once. Its yardsticks, in the same run: the same bytes in one piece on
 // one of those hosts (about one link's rate), and the ideal, the size over
 // the storage hosts' links together.
@@ -26,6 +27,11 @@ type stripeRun struct {
 	MBps    float64   `json:"mbps"`    // 1e6 B/s of the value
 	OfLinks float64   `json:"of_links"`
 	PerHost []float64 `json:"per_host"` // MB each storage host's link sent the reader during the get
+	// Seconds into the get at which each storage host's link had sent
+	// the reader 1% and 99% of what it sent (sampled every 100 ms): pieces
+	// read at once start together.
+	Began   []float64 `json:"began_s"`
+	Ended   []float64 `json:"ended_s"`
 	CPU     cpuUse    `json:"cpu"`
 	Dropped uint64    `json:"dropped"` // packets the links dropped (full queues)
 }
@@ -85,6 +91,9 @@ func (c *coord) stripePhase(ctx context.Context) error {
 		pieces   int
 		on       []string
 	}{{"striped", keyStriped, n, segs}, {"unstriped", keyUnstriped, 1, segs[:1]}} {
+		if !slices.Contains(c.o.StripeW, p.way) {
+			continue
+		}
 		rp, err := s.reader.call(request{Cmd: "sput", Name: p.key, ValueSize: int(c.o.StripeSz), Stripes: p.pieces, Names: p.on})
 		if err != nil {
 			return fmt.Errorf("put %s: %w", p.way, err)
@@ -102,14 +111,14 @@ func (c *coord) stripePhase(ctx context.Context) error {
 		c.logf("stripes: put %s %s in %.1f s: pieces on %v", size(c.o.StripeSz), p.way, rp.Seconds, put.Hosts)
 	}
 	for r := range c.o.Repeat {
-		for _, way := range []string{"striped", "unstriped"} {
+		for _, way := range c.o.StripeW {
 			run, err := c.stripeRun(ctx, s, way, r)
 			if err != nil {
 				return fmt.Errorf("get %s, run %d: %w", way, r+1, err)
 			}
 			c.res.Stripes = append(c.res.Stripes, run)
-			c.logf("stripes: get %s (%d pieces), run %d: %.2f s, %.1f MB/s, %.2fx its links (ideal %.2f s); MB sent per host %.0f; cores busy %.2f (lab %.2f), %d packets dropped",
-				way, run.Pieces, r+1, run.Seconds, run.MBps, run.OfLinks, c.stripeIdeal(run.Pieces), run.PerHost, run.CPU.MachineBusy, run.CPU.Lab, run.Dropped)
+			c.logf("stripes: get %s (%d pieces), run %d: %.2f s, %.1f MB/s, %.2fx its links (ideal %.2f s); MB sent per host %.0f, from %.1f to %.1f s; cores busy %.2f (lab %.2f), %d packets dropped",
+				way, run.Pieces, r+1, run.Seconds, run.MBps, run.OfLinks, c.stripeIdeal(run.Pieces), run.PerHost, run.Began, run.Ended, run.CPU.MachineBusy, run.CPU.Lab, run.Dropped)
 		}
 	}
 	return nil
@@ -123,8 +132,7 @@ func (c *coord) stripeIdeal(pieces int) float64 {
 
 // startStripes starts a master and the phase's hosts. Each storage node's
 // segment holds its piece and some slack; the first node's also holds the
-// unstriped object. The reader's link must not be the bottleneck (see
-// readerRate).
+// unstriped object.
 func (c *coord) startStripes() (*stripeSetup, error) {
 	n, total := c.o.StripeN, c.o.StripeSz
 	mh, err := c.lab.Host("master")
@@ -157,7 +165,7 @@ func (c *coord) startStripes() (*stripeSetup, error) {
 			seg = mib(piece + total + slack)
 		}
 		p, err := startWorker(h, workerArgs{Role: roleStore, IP: h.IP.String(), Master: c.master.addr,
-			Segment: seg, Buffer: 1 << 20, Lanes: c.o.Lanes, Timeout: slow})
+			Segment: seg, Buffer: 1 << 20, Lanes: c.o.Lanes, Timeout: slow, Slice: c.o.Slice})
 		if err != nil {
 			return nil, err
 		}
@@ -171,7 +179,7 @@ func (c *coord) startStripes() (*stripeSetup, error) {
 	rr := c.readerRate()
 	s.rhost.SetRate(rr)
 	s.reader, err = startWorker(s.rhost, workerArgs{Role: roleStore, IP: s.rhost.IP.String(), Master: c.master.addr,
-		Segment: client.NoSegment, Buffer: total, Lanes: c.o.Lanes, Timeout: slow})
+		Segment: client.NoSegment, Buffer: total, Lanes: c.o.Lanes, Timeout: slow, Slice: c.o.Slice})
 	if err != nil {
 		return nil, err
 	}
@@ -180,15 +188,15 @@ func (c *coord) startStripes() (*stripeSetup, error) {
 	return s, nil
 }
 
-// readerRate is the reader's link, unlimited by default. A limited one is
-// slower than its rate when several hosts send to it at once: netlab books
-// a packet's turn on the receiver's link when the packet enters the
-// switch, for when it will have crossed the sender's link, so one
-// sender's queue of 50 ms books the receiver's link 50 ms ahead and the
-// others' packets wait behind it or are dropped, though the link is idle
-// until then (at 1.25 x the storage hosts' links together a striped get
-// of 1 GiB over 4 reached 0.4 x their sum; unlimited, 0.99).
-func (c *coord) readerRate() int64 { return c.o.ReaderR }
+// readerRate is the reader's link: -reader-rate, by default a quarter
+// more than the storage hosts' together, so that it is not the
+// bottleneck yet is a link (a queue, drops) like theirs.
+func (c *coord) readerRate() int64 {
+	if c.o.ReaderR >= 0 {
+		return c.o.ReaderR
+	}
+	return int64(c.o.StripeN) * c.o.Rate * 5 / 4
+}
 
 // stripeRun gets one of the objects into the reader's memory, timed, and
 // checks the replica it read and the bytes it got.
@@ -215,12 +223,17 @@ func (c *coord) stripeRun(_ context.Context, s *stripeSetup, way string, r int) 
 	}
 	drop0, sent0 := c.dropped(), sent()
 	stop := c.meter()
+	done := make(chan struct{})
+	trace := c.traceSent(sent, done)
 	rp, err = s.reader.call(request{Cmd: "sget", Name: key, ValueSize: int(c.o.StripeSz)})
 	cpu := stop()
+	close(done)
+	tr := <-trace
 	if err != nil {
 		return stripeRun{}, err
 	}
 	run := stripeRun{Way: way, Pieces: want, Repeat: r, Seconds: rp.Seconds, CPU: cpu, Dropped: c.dropped() - drop0}
+	run.Began, run.Ended = tr.when(0.01), tr.when(0.99)
 	var crossed uint64
 	for i, b := range sent() {
 		run.PerHost = append(run.PerHost, float64(b-sent0[i])/1e6)
@@ -241,6 +254,56 @@ func (c *coord) stripeRun(_ context.Context, s *stripeSetup, way string, r int) 
 		run.OfLinks = run.MBps / (float64(want) * float64(c.o.Rate) / 8 / 1e6)
 	}
 	return run, nil
+}
+
+// sentTrace is what each storage host's link had sent, sampled.
+type sentTrace struct {
+	at   []float64  // seconds since the first sample
+	sent [][]uint64 // per sample, per host, since the first sample
+}
+
+// traceSent samples sent every 100 ms until done closes.
+func (c *coord) traceSent(sent func() []uint64, done <-chan struct{}) <-chan sentTrace {
+	out := make(chan sentTrace, 1)
+	go func() {
+		var tr sentTrace
+		t0, s0 := time.Now(), sent()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for end := false; !end; {
+			select {
+			case <-done:
+				end = true
+			case <-tick.C:
+			}
+			now := sent()
+			for i := range now {
+				now[i] -= s0[i]
+			}
+			tr.at, tr.sent = append(tr.at, time.Since(t0).Seconds()), append(tr.sent, now)
+		}
+		out <- tr
+	}()
+	return out
+}
+
+// when is, for each host, the first sample at which it had sent frac of
+// what it sent in all.
+func (tr sentTrace) when(frac float64) []float64 {
+	if len(tr.sent) == 0 {
+		return nil
+	}
+	last := tr.sent[len(tr.sent)-1]
+	out := make([]float64, len(last))
+	for h, total := range last {
+		for i, s := range tr.sent {
+			if total > 0 && float64(s[h]) >= frac*float64(total) {
+				out[h] = tr.at[i]
+				break
+			}
+		}
+	}
+	return out
 }
 
 // checkPieces says whether a replica is what the phase asked for: want

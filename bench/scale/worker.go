@@ -60,6 +60,7 @@ type workerArgs struct {
 	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
 	// store: the engine's deadline for each request (0: 30 s).
 	Timeout time.Duration `json:"timeout,omitempty"`
+	Slice   uint64        `json:"slice,omitempty"` // store: the engine's SliceSize (0: its default)
 }
 
 // request is one thing the coordinator asks a worker to do.
@@ -224,8 +225,9 @@ type storeWorker struct {
 
 func newStoreWorker(ctx context.Context, a workerArgs) (*storeWorker, error) {
 	c, err := client.New(ctx, client.Config{Master: a.Master, SegmentSize: a.Segment, LocalBufferSize: 16 << 20,
-		RPCTimeout:   10 * time.Second,
-		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Lanes: a.Lanes, Timeout: cmp.Or(a.Timeout, 30*time.Second), Logger: quiet}})
+		RPCTimeout: 10 * time.Second,
+		EngineConfig: engine.Config{Host: a.IP, Transport: "tcp", Lanes: a.Lanes, Timeout: cmp.Or(a.Timeout, 30*time.Second),
+			SliceSize: a.Slice, Logger: quiet}})
 	if err != nil {
 		return nil, err
 	}
