@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,48 +185,92 @@ func (e *Engine) Submit(ctx context.Context, id BatchID, reqs []Request, opts ..
 	if len(reqs) == 0 {
 		b.settle(e)
 	}
-	// The slices of a call that all go to one peer whose path can send
-	// inline may be sent right here, their answers read by the Wait that
-	// follows, so that a shallow queue moves bytes with no goroutine
-	// hand-off (see transport.Inliner). Not with a notify: completion must
-	// then be seen without the caller.
-	var held []*transport.Slice
-	var peer transport.Peer // of the held slices
-	inline := o.notify == nil
+	var few [4]peerSlices
+	groups := few[:0] // the remote requests' slices, by peer, in order
 	for i, r := range reqs {
 		seg := segs[i]
 		if seg == nil {
 			copyLocal(tasks[i], r, locals[i], targets[i])
 			continue
 		}
-		if inline {
-			_, ok := seg.peers[0].(transport.Inliner)
-			if !ok || (peer != nil && peer != seg.peers[0]) {
-				inline = false
-				for _, s := range held {
-					peer.Submit(ctx, s)
-				}
-				held = nil
-			} else {
-				peer = seg.peers[0]
-			}
+		peer := seg.peers[0]
+		j := slices.IndexFunc(groups, func(g peerSlices) bool { return g.peer == peer })
+		if j < 0 {
+			j = len(groups)
+			groups = append(groups, peerSlices{peer: peer})
 		}
-		for _, s := range e.cut(tasks[i], r, o.deadline) {
-			if inline {
-				held = append(held, s)
-			} else {
-				seg.peers[0].Submit(ctx, s)
-			}
+		if cut := e.cut(tasks[i], r, o.deadline); groups[j].slices == nil {
+			groups[j].slices = cut
+		} else {
+			groups[j].slices = append(groups[j].slices, cut...)
 		}
 	}
-	if len(held) > 0 {
-		if in := peer.(transport.Inliner).SubmitInline(ctx, held); in != nil {
-			b.mu.Lock()
-			b.inline = append(b.inline, in)
-			b.mu.Unlock()
+	switch {
+	case len(groups) == 0:
+	case len(groups) == 1 && o.notify == nil:
+		// The slices of a call that all go to one peer whose path can
+		// send inline may be sent right here, their answers read by the
+		// Wait that follows, so that a shallow queue moves bytes with no
+		// goroutine hand-off (see transport.Inliner). Not with a notify:
+		// completion must then be seen without the caller.
+		g := groups[0]
+		if in, ok := g.peer.(transport.Inliner); ok {
+			if t := in.SubmitInline(ctx, g.slices); t != nil {
+				b.mu.Lock()
+				b.inline = append(b.inline, t)
+				b.mu.Unlock()
+			}
+			return nil
 		}
+		g.submit(ctx)
+	default:
+		submitAll(ctx, groups)
 	}
 	return nil
+}
+
+// peerSlices is the slices of a call that go to one peer, in order.
+type peerSlices struct {
+	peer   transport.Peer
+	slices []*transport.Slice
+}
+
+func (g peerSlices) submit(ctx context.Context) {
+	for _, s := range g.slices {
+		g.peer.Submit(ctx, s)
+	}
+}
+
+// bigGroup is the slices a peer's queue is sure to take without waiting
+// (a TCP peer queues 1024): a call's slices for one peer up to this many
+// are queued in turn, more in parallel with those of other peers.
+const bigGroup = 64
+
+// submitAll queues the slices of a call that go to several peers. A peer
+// whose queue is full makes Submit wait for room; the slices of the
+// other peers must not wait behind it, or a call over several peers (the
+// pieces of a striped value, each hundreds of slices) would keep only one
+// peer busy at a time. Small groups are queued first, in turn; the large
+// ones each on a goroutine of its own (the caller's for the last), and
+// submitAll returns once every slice is queued, as Submit promises.
+func submitAll(ctx context.Context, groups []peerSlices) {
+	var big []peerSlices
+	for _, g := range groups {
+		if len(g.slices) > bigGroup {
+			big = append(big, g)
+			continue
+		}
+		g.submit(ctx)
+	}
+	if len(big) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, g := range big[:len(big)-1] {
+		wg.Go(func() { g.submit(ctx) })
+	}
+	big[len(big)-1].submit(ctx)
+	wg.Wait()
 }
 
 // copyLocal runs a task on the local segment: both ranges are ours and
