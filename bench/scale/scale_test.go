@@ -147,3 +147,13 @@ func TestCheckPieces(t *testing.T) {
 		require.Error(t, err, "%v", ps)
 	}
 }
+
+// TestSentTraceWhen: a host's start and end are the first samples at which
+// it had sent 1% and 99% of its total; a host that sent no piece has none.
+func TestSentTraceWhen(t *testing.T) {
+	tr := sentTrace{at: []float64{0.1, 0.2, 0.3, 0.4},
+		sent: [][]uint64{{0, 0, 10}, {5e6, 0, 20}, {9e6, 1e6, 30}, {10e6, 10e6, 40}}}
+	require.Equal(t, []float64{0.2, 0.3, 0}, tr.when(0.01))
+	require.Equal(t, []float64{0.4, 0.4, 0}, tr.when(0.99))
+	require.Nil(t, sentTrace{}.when(0.5))
+}

@@ -288,7 +288,8 @@ func (c *coord) traceSent(sent func() []uint64, done <-chan struct{}) <-chan sen
 }
 
 // when is, for each host, the first sample at which it had sent frac of
-// what it sent in all.
+// what it sent in all; 0 for a host that sent less than a megabyte (no
+// piece, only the store's heartbeats and answers).
 func (tr sentTrace) when(frac float64) []float64 {
 	if len(tr.sent) == 0 {
 		return nil
@@ -297,7 +298,7 @@ func (tr sentTrace) when(frac float64) []float64 {
 	out := make([]float64, len(last))
 	for h, total := range last {
 		for i, s := range tr.sent {
-			if total > 0 && float64(s[h]) >= frac*float64(total) {
+			if total >= 1e6 && float64(s[h]) >= frac*float64(total) {
 				out[h] = tr.at[i]
 				break
 			}
