@@ -372,7 +372,6 @@ func cmpU64(a, b uint64) int {
 func (s *Service) drainMovedLocked(t *moveTask, o *object) uint64 {
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
 		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], OnlyFrom: true}}}
-	o.replicas = movePiece(o.replicas, t.src, t.dst)
 	now := s.now()
 	leased, until := o.lease.After(now), o.lease
 	src := t.src
@@ -387,11 +386,29 @@ func (s *Service) drainMovedLocked(t *moveTask, o *object) uint64 {
 			s.deferred = append(s.deferred, deferredFree{at: until, reps: []replica{src}})
 		}
 	})
+	if s.goneBefore(src.seg, seq) {
+		// The source's segment was unmounted after MoveEnd saw it, its
+		// record before this one: a replay drops the replica with the
+		// unmount and finds nothing to move. So does the leader: the
+		// sweep still to come drops the replica as it stands, and the
+		// target goes back (the source, dead, has nothing to free).
+		s.freeReplicas([]replica{t.dst})
+		return seq
+	}
+	o.replicas = movePiece(o.replicas, t.src, t.dst)
 	s.drains.mu.Lock()
 	t.drain.succeeded++
 	t.drain.migrated += t.src.size
 	s.drains.mu.Unlock()
 	return seq
+}
+
+// goneBefore reports whether sg was unmounted by a record before record
+// seq.
+func (s *Service) goneBefore(sg *segment, seq uint64) bool {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	return sg.dead.Load() && sg.gone != 0 && sg.gone < seq
 }
 
 // drainEnded counts a drain move that ended without moving: a failed copy

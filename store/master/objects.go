@@ -377,6 +377,11 @@ func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, c
 		sh.gone.known(key, p.size, checksum)
 	}
 	sh.gone.forget(key, p.size, checksum)
+	// A move of the old value (a drain's, a spill, an offload or a
+	// promotion) is left without its source: its end must not add the old
+	// bytes to the new value, whose replicas may lie where the old ones
+	// did once those are freed.
+	s.orphanLocked(o)
 	o.replicas, o.size, o.checksum, o.pending, o.writer = p.replicas, p.size, checksum, nil, clientID
 	o.hardPin = p.cfg.GetWithHardPin()
 	o.softPinUntil = time.Time{}

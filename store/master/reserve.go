@@ -79,7 +79,11 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 	}
 	count = min(count, s.cfg.MaxBatch, int(min(s.cfg.MaxBatchValueBytes/length, uint64(s.cfg.MaxBatch))))
 	// A slot is one allocation, which the client fills with values end
-	// to end: never striped.
+	// to end: never striped. Values that are (asked, or over the master's
+	// StripeMinSize) get no slots; their puts go the usual way.
+	if s.stripesFor(length, cfg) > 1 {
+		return nil, storeErr(storepb.InvalidParams, "values of %d bytes are striped: no slots", length)
+	}
 	one := &storepb.ReplicateConfig{}
 	if cfg != nil {
 		one = proto.CloneOf(cfg)

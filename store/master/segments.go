@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,9 @@ type segment struct {
 	// it are filtered out of every answer at once and dropped by the sweep
 	// that follows.
 	dead atomic.Bool
+	// gone is the sequence number of the record that unmounted the
+	// segment (0 while mounted, or without a journal). Under segMu.
+	gone uint64
 	// drain is the segment's drain status (admin_drain.go): 0, or
 	// segDraining or segDrained, when it takes no new replicas. Under segMu.
 	drain uint8
@@ -160,9 +164,11 @@ func (s *Service) UnmountSegment(ctx context.Context, clientID, segmentID string
 		return storeErr(storepb.InvalidParams, "segment %s belongs to another client", segmentID)
 	}
 	s.removeSegLocked(sg)
-	seq := s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Unmount{Unmount: &storepb.JournalUnmount{SegmentId: segmentID}}})
+	lost := &lostFrees{}
+	seq := lost.after(s, &storepb.JournalRecord{Op: &storepb.JournalRecord_Unmount{Unmount: &storepb.JournalUnmount{SegmentId: segmentID}}})
+	sg.gone = seq
 	s.segMu.Unlock()
-	s.sweepDead()
+	s.sweepDead(lost)
 	return s.durable(ctx, seq)
 }
 
@@ -192,8 +198,9 @@ func (s *Service) removeSegLocked(sg *segment) {
 
 // sweepDead drops every replica on an unmounted segment. Segments are
 // marked dead before the sweep and no allocation lands on a dead segment,
-// so one pass over the shards finds them all.
-func (s *Service) sweepDead() {
+// so one pass over the shards finds them all. The space it frees is held
+// by lost (nil: none held) until the unmounts' records are durable.
+func (s *Service) sweepDead(lost *lostFrees) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -203,13 +210,13 @@ func (s *Service) sweepDead() {
 			// pieces are freed once no reader may be copying them (the
 			// lease) or, for a put in flight, once its writer is presumed
 			// gone (as a zombie put is pre-empted).
-			o.replicas = s.dropDead(o.replicas, o.lease)
+			o.replicas = s.dropDead(o.replicas, o.lease, lost)
 			if was && !o.complete() {
 				s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED, key)
 			}
 			s.kvChange(key, media, s.kvMediaOf(o.replicas), false)
 			if p := o.pending; p != nil {
-				p.replicas = s.dropDead(p.replicas, p.started.Add(s.cfg.PutStartDiscardTimeout))
+				p.replicas = s.dropDead(p.replicas, p.started.Add(s.cfg.PutStartDiscardTimeout), lost)
 				if len(p.replicas) == 0 {
 					o.pending = nil
 				}
@@ -228,29 +235,89 @@ func (s *Service) sweepDead() {
 
 // dropDead returns reps without the replicas a piece of which is on an
 // unmounted segment; the pieces of those still mounted (striped replicas)
-// are freed at until, or now if that has passed.
-func (s *Service) dropDead(reps []replica, until time.Time) []replica {
-	var lost []replica
+// are freed at until, or now if that has passed, once lost lets them go.
+func (s *Service) dropDead(reps []replica, until time.Time, lost *lostFrees) []replica {
+	var gone []replica
 	reps = slices.DeleteFunc(reps, func(r replica) bool {
 		if !r.dead() {
 			return false
 		}
 		if !r.allDead() {
-			lost = append(lost, r)
+			gone = append(gone, r)
 		}
 		return true
 	})
-	if len(lost) == 0 {
-		return reps
-	}
-	s.segMu.Lock()
-	defer s.segMu.Unlock()
-	if until.After(s.now()) {
-		s.deferred = append(s.deferred, deferredFree{at: until, reps: lost})
-	} else {
-		s.freeLocked(lost)
+	if len(gone) > 0 {
+		lost.free(s, deferredFree{at: until, reps: gone})
 	}
 	return reps
+}
+
+// lostFrees holds the space a sweep frees, the other pieces of striped
+// replicas that lost one, until the records of the unmounts that lost
+// them are durable: a new leader replaying a journal without them still
+// has those replicas, whose pieces must not hold a newer put's bytes by
+// then (as freeAfter). A nil lostFrees holds nothing.
+type lostFrees struct {
+	mu      sync.Mutex
+	records int // the unmounts' records not durable yet
+	held    []deferredFree
+}
+
+// after journals rec, an unmount, whose durability lets l's space go.
+// segMu is held.
+func (l *lostFrees) after(s *Service, rec *storepb.JournalRecord) uint64 {
+	l.mu.Lock()
+	l.records++
+	l.mu.Unlock()
+	return s.after(rec, l.durable(s))
+}
+
+// durable is the callback of one of the unmounts' records. It runs with
+// segMu held when the journal calls it at once (none): nothing is held
+// yet then, the sweep comes after.
+func (l *lostFrees) durable(s *Service) func() {
+	return func() {
+		l.mu.Lock()
+		l.records--
+		var held []deferredFree
+		if l.records == 0 {
+			held, l.held = l.held, nil
+		}
+		l.mu.Unlock()
+		for _, d := range held {
+			s.freeLost(d)
+		}
+	}
+}
+
+// free frees d once the unmounts' records are durable.
+func (l *lostFrees) free(s *Service, d deferredFree) {
+	if l != nil {
+		l.mu.Lock()
+		if l.records > 0 {
+			l.held = append(l.held, d)
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+	}
+	s.freeLost(d)
+}
+
+// freeLost frees d's replicas at d.at, or now if that has passed.
+func (s *Service) freeLost(d deferredFree) {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	if !d.at.After(s.now()) {
+		s.freeLocked(d.reps)
+		return
+	}
+	// Pieces on segments unmounted meanwhile have nothing to free; under
+	// segMu none can die unseen (removeSegLocked prunes the rest).
+	if d.reps = slices.DeleteFunc(d.reps, replica.allDead); len(d.reps) > 0 {
+		s.deferred = append(s.deferred, d)
+	}
 }
 
 // Ping records that clientID is alive. It answers NEED_REMOUNT for a
@@ -281,21 +348,27 @@ func (s *Service) PingTasks(clientID string) (uint64, storepb.ClientStatus, []*s
 func (s *Service) ExpireClients() int {
 	deadline := s.now().Add(-s.cfg.ClientTTL)
 	n := 0
+	lost := &lostFrees{}
 	s.segMu.Lock()
 	for id, c := range s.clients {
 		if !c.lastSeen.Before(deadline) {
 			continue
 		}
+		segs := make([]*segment, 0, len(c.segs))
 		for _, sg := range c.segs {
+			segs = append(segs, sg)
 			s.removeSegLocked(sg)
 		}
 		delete(s.clients, id)
-		s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Expire{Expire: &storepb.JournalExpire{ClientId: id}}})
+		seq := lost.after(s, &storepb.JournalRecord{Op: &storepb.JournalRecord_Expire{Expire: &storepb.JournalExpire{ClientId: id}}})
+		for _, sg := range segs {
+			sg.gone = seq
+		}
 		n++
 	}
 	s.segMu.Unlock()
 	if n > 0 {
-		s.sweepDead()
+		s.sweepDead(lost)
 	}
 	return n
 }
@@ -454,8 +527,21 @@ func (s *Service) allocStripedLocked(clientID string, size uint64, n, k int, cfg
 	})
 	taken := make(map[*segment]bool, n*k)
 	out := make([]replica, 0, n)
-	for range n {
-		r, ok := stripeLocked(size, k, cands, taken)
+	for i := range n {
+		// Striping must not cost the put a replica: each replica still
+		// to place gets its share of the segments left, and more pieces
+		// only where pieces that large do not fit.
+		left := 0
+		for _, sg := range cands {
+			if !taken[sg] {
+				left++
+			}
+		}
+		share := min(k, max(left/(n-i), 1))
+		r, ok := stripeLocked(size, share, cands, taken)
+		if !ok && share < k {
+			r, ok = stripeLocked(size, k, cands, taken)
+		}
 		if !ok {
 			break
 		}

@@ -1,6 +1,8 @@
 package master
 
 import (
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -404,4 +406,156 @@ func TestStripedSpaceComesBack(t *testing.T) {
 	s.evict(false)
 	assert.Equal(t, uint64(6<<20), used(), "then every piece of it is freed")
 	checkNoOverlap(t, s)
+}
+
+// Striping must not cost a put its replicas: with four segments, two
+// replicas of a value asked to be cut into four pieces each get two
+// pieces (fewer pieces is the best effort the protocol allows), not one
+// replica of four pieces and none of the other.
+func TestStripingKeepsReplicaCount(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	mountN(t, s, 4, 64<<20)
+	reps := put(t, s, "c1", "k", 8<<20, &storepb.ReplicateConfig{StripeCount: 4, ReplicaNum: 2})
+	require.Len(t, reps, 2, "both replicas placed")
+	var all []string
+	for _, r := range reps {
+		all = append(all, stripesOf(t, mem(r), 8<<20)...)
+	}
+	assert.Len(t, unique(all), len(all), "no segment holds two pieces of the value")
+	checkNoOverlap(t, s)
+
+	// The master's policy likewise.
+	s2, _ := newTestService(t, ServiceConfig{StripeMinSize: 1 << 20})
+	mountN(t, s2, 3, 64<<20)
+	reps = put(t, s2, "c1", "k", 8<<20, &storepb.ReplicateConfig{ReplicaNum: 2})
+	require.Len(t, reps, 2, "both replicas placed under the policy")
+	checkNoOverlap(t, s2)
+}
+
+// A drain's move of a piece whose source segment is unmounted meanwhile:
+// the move ends after the unmount's record, before the sweep reaches the
+// object (it is held up at a shard before). The leader and a replay of
+// its journal must agree.
+func TestDrainMoveRacingSourceUnmount(t *testing.T) {
+	for _, stripes := range []int32{4, 1} {
+		s, _ := newTestService(t, ServiceConfig{})
+		j := &memJournal{}
+		s.j = j
+		ctx := t.Context()
+		mountN(t, s, 6, 64<<20)
+		key := "k"
+		for i := 0; s.shardIndex(key) == 0; i++ {
+			key = fmt.Sprintf("k%d", i)
+		}
+		reps := put(t, s, "c1", key, 8<<20, &storepb.ReplicateConfig{StripeCount: stripes})
+		drained := stripesOf(t, mem(reps[0]), 8<<20)[0]
+		id := drained[len("node-"):]
+		_, err := s.startDrain([]string{drained}, nil, 0)
+		require.NoError(t, err)
+		tasks := s.takeTasks("c" + id)
+		require.Len(t, tasks, 1)
+
+		s.shards[0].mu.Lock() // the sweep waits here
+		unmounted := make(chan error)
+		go func() { unmounted <- s.UnmountSegment(ctx, "c"+id, id) }()
+		for recorded := false; !recorded; {
+			j.mu.Lock()
+			recorded = j.recs[len(j.recs)-1].GetUnmount() != nil
+			j.mu.Unlock()
+			runtime.Gosched()
+		}
+		_ = s.MoveEnd(ctx, "c"+id, tasks[0].Id, true)
+		s.shards[0].mu.Unlock()
+		require.NoError(t, <-unmounted)
+
+		st := newState()
+		for _, r := range j.recs {
+			require.NoError(t, st.apply(r))
+		}
+		s2, _ := newTestService(t, ServiceConfig{})
+		require.NoError(t, s2.restore(st))
+		assert.Equal(t, view(s), view(s2), "stripes %d: the replay agrees with the leader", stripes)
+		checkNoOverlap(t, s)
+	}
+}
+
+// The pieces a sweep frees (a striped replica lost one, and no reader
+// holds a lease) stay taken until the record of the expiry that lost
+// them is durable: a new leader replaying a journal without it still has
+// the replica, whose pieces must not hold a newer put's bytes by then.
+func TestLostPiecesFreedOnceUnmountDurable(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{ClientTTL: time.Second})
+	mountN(t, s, 4, 64<<20)
+	put(t, s, "c1", "k", 8<<20, &storepb.ReplicateConfig{StripeCount: 4})
+	used := func() (n uint64) {
+		s.segMu.Lock()
+		defer s.segMu.Unlock()
+		for _, sg := range s.segList {
+			n += sg.alloc.Used()
+		}
+		return n
+	}
+	j := &lagJournal{}
+	s.j = j
+	clk.Advance(2 * time.Second)
+	for _, c := range []string{"c2", "c3", "c4"} {
+		s.Ping(c)
+	}
+	require.Equal(t, 1, s.ExpireClients(), "c1, holding one piece, expires")
+	_, _, _, _, err := s.GetReplicaList("k")
+	require.ErrorIs(t, err, storepb.ErrObjectNotFound, "the replica lost a piece")
+	assert.Equal(t, uint64(6<<20), used(), "the other pieces wait for the expiry's record")
+	require.NoError(t, j.wait(t.Context(), 0)) // the record is durable
+	assert.Zero(t, used(), "then they are freed")
+}
+
+// A move of a value that an upsert then replaced (here an offload to the
+// SSD tier, as for a drain's move of a piece) must not end as a replica
+// of a newer value that took the old one's place: its bytes are the old
+// value's. The replaced value's space is reused by the next upsert of the
+// same size, so the move's source is found again, by place, in the newest
+// value.
+func TestMoveOfReplacedValueIsDropped(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s.MountSegment(t.Context(), "c1", seg("1", 1<<32, 64<<20)))
+	disk := seg("9", 9<<32, 64<<20)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	require.NoError(t, s.MountSegment(t.Context(), "c1", disk))
+	v1 := put(t, s, "c1", "k", 1<<20, nil)
+	tasks := s.takeTasks("c1")
+	require.Len(t, tasks, 1, "the offload of v1")
+	for sum := uint32(8); sum <= 9; sum++ {
+		_, err := s.UpsertStart(t.Context(), "c1", "k", 1<<20, nil)
+		require.NoError(t, err)
+		require.NoError(t, s.PutEnd(t.Context(), "c1", "k", sum))
+	}
+	got, _, _, _, err := s.GetReplicaList("k")
+	require.NoError(t, err)
+	require.Equal(t, mem(v1[0]).BufferAddress, mem(got[0]).BufferAddress, "v3 where v1 was")
+	_ = s.MoveEnd(t.Context(), "c1", tasks[0].Id, true)
+	got, _, _, _, err = s.GetReplicaList("k")
+	require.NoError(t, err)
+	for _, r := range got {
+		assert.NotEqual(t, storepb.Medium_MEDIUM_DISK, mem(r).Medium, "v1's copy on the SSD tier serves v3")
+	}
+	checkNoOverlap(t, s)
+}
+
+// Values that would be striped get no reserved slots (a slot is one
+// allocation), whether the put asks for pieces or the master's policy
+// cuts them: the client then puts them the usual way.
+func TestNoSlotsForStripedValues(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{StripeMinSize: 4 << 20})
+	mountN(t, s, 4, 64<<20)
+	ctx := t.Context()
+	_, err := s.PutReserve(ctx, "", "c1", 4<<20, 2, nil)
+	require.ErrorIs(t, err, storepb.ErrInvalidParams, "over StripeMinSize")
+	_, err = s.PutReserve(ctx, "", "c1", 1<<20, 2, &storepb.ReplicateConfig{StripeCount: 4})
+	require.ErrorIs(t, err, storepb.ErrInvalidParams, "asked for pieces")
+	slots, err := s.PutReserve(ctx, "", "c1", 1<<20, 2, nil)
+	require.NoError(t, err)
+	require.Len(t, slots, 2)
+	for _, sl := range slots {
+		assert.Empty(t, mem(sl.Replicas[0]).Stripes)
+	}
 }
