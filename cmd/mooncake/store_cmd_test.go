@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,10 +17,12 @@ import (
 )
 
 // `mooncake up` starts a whole store that a client can use at the address
-// it prints, and stops cleanly on SIGTERM.
+// it prints, and stops cleanly on SIGTERM. Its masters stripe as its flags
+// say.
 func TestUpCommand(t *testing.T) {
 	cmd := selfCommand(t, "up", "--etcd", "127.0.0.1:0", "--rpc_port", "0", "--metrics_port", "0",
-		"--global_segment_size", "64MiB", "--masters", "2", "--node-processes")
+		"--global_segment_size", "64MiB", "--masters", "2", "--node-processes", "--nodes", "2",
+		"--stripe_min_size", "1MiB", "--stripe_count", "2")
 	line := startProc(t, cmd, "clients   --master ")
 	url := strings.TrimPrefix(line, "clients   --master ")
 	require.True(t, strings.HasPrefix(url, "etcd://127.0.0.1:"), url)
@@ -32,6 +35,15 @@ func TestUpCommand(t *testing.T) {
 	got, err := c.Get(ctx, "up")
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(want, got))
+	big := payload("striped", 3<<20)
+	require.NoError(t, c.Put(ctx, "striped", big, nil))
+	got, err = c.Get(ctx, "striped")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(big, got))
+	reps, errs := c.BatchReplicas(ctx, []string{"up", "striped"})
+	require.NoError(t, errors.Join(errs...))
+	assert.Empty(t, reps[0][0].GetMemory().GetStripes(), "under --stripe_min_size")
+	assert.Len(t, reps[1][0].GetMemory().GetStripes(), 2, "over --stripe_min_size: --stripe_count pieces")
 	require.NoError(t, c.Close())
 
 	stopOnSIGTERM(t, cmd, "up")

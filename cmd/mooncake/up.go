@@ -14,6 +14,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/cluster"
+	"github.com/mooncake-go/mooncake/store/master"
 )
 
 func newUpCmd() *cobra.Command {
@@ -29,6 +30,8 @@ func newUpCmd() *cobra.Command {
 		procs       bool
 		secureOn    bool
 		secureDir   string
+		stripeMin   string
+		stripeCount int
 	)
 	c := &cobra.Command{
 		Use:   "up",
@@ -55,11 +58,19 @@ plaintext on its address (loopback by default).`,
 			if err != nil {
 				return fmt.Errorf("--global_segment_size: %w", err)
 			}
+			minStripe, err := parseSize(stripeMin)
+			if err != nil || minStripe < 0 {
+				return fmt.Errorf("--stripe_min_size %q: want a size (bytes, or 64MiB)", stripeMin)
+			}
+			if stripeCount < 1 {
+				return fmt.Errorf("--stripe_count %d: want at least 1", stripeCount)
+			}
 			cfg := cluster.Config{
 				Dir: dataDir, Etcd: etcdAddr, Masters: masters, NoHA: noHA, Nodes: nodes, NodeSegment: seg,
 				MasterListen: net.JoinHostPort("127.0.0.1", strconv.Itoa(rpcPort)),
 				KVEvents:     kvEventsConfig(flagGetters(cmd.Flags())),
 			}
+			cfg.Service.StripeMinSize, cfg.Service.StripeCount = uint64(minStripe), stripeCount
 			if metricsPort >= 0 {
 				cfg.Admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort))
 			}
@@ -125,6 +136,8 @@ plaintext on its address (loopback by default).`,
 	f.BoolVar(&procs, "node-processes", false, "run nodes as child processes instead of in this one")
 	f.BoolVar(&secureOn, "secure", false, "masters require mutual TLS and a token: generate both, print where they are")
 	f.StringVar(&secureDir, "secure-dir", "", "where --secure writes its CA, certificates and token (zero: <data-dir>/secure, else a new temporary directory)")
+	f.StringVar(&stripeMin, "stripe_min_size", "0", "puts of at least this size (bytes, or 64MiB) are striped over --stripe_count segments unless they say otherwise; 0: never")
+	f.IntVar(&stripeCount, "stripe_count", master.DefaultStripeCount, "pieces of a striped replica, each on its own segment (of its own host where there are enough)")
 	addKVEventsFlags(f)
 	return c
 }

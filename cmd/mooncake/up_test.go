@@ -54,6 +54,8 @@ func TestUpFailsCleanly(t *testing.T) {
 			"up: cluster: node 0: process"},
 		{"second node process fails, the first one ready", []string{"--node-processes", "--nodes", "2"}, nodeHTTP,
 			"up: cluster: node 1: process"},
+		{"no pieces", []string{"--stripe_count", "0"}, nil, "--stripe_count 0: want at least 1"},
+		{"a stripe size that is none", []string{"--stripe_min_size", "lots"}, nil, `--stripe_min_size "lots": want a size`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
