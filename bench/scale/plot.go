@@ -293,7 +293,7 @@ func stripesPanel(res *results) *plot.Panel {
 	if len(vals) == 0 {
 		return nil
 	}
-	cats = append(cats, "ideal")
+	cats = append(cats, fmt.Sprintf("ideal (%d hosts)", res.Options.StripeN))
 	vals = append(vals, float64(res.Options.StripeN)*float64(res.Options.Rate)/8/1e6)
 	p := plot.New(fmt.Sprintf("store: one get of %s from stripes on %d hosts, links of %s", size(res.Options.StripeSz), res.Options.StripeN, rate(res.Options.Rate)), "", "MB/s")
 	if err := plot.Bars(p, cats, [][]float64{vals}, []string{"get"}, func(v float64) string { return fmt.Sprintf("%.1f", v) }); err != nil {
