@@ -61,7 +61,7 @@ func TestSnapshotBetweenExpiryAndSweep(t *testing.T) {
 	s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Expire{Expire: &storepb.JournalExpire{ClientId: "a"}}})
 	s.segMu.Unlock()
 	chunks, seq := s.snapshot(snapChunkObjs)
-	s.sweepDead(nil)
+	s.sweepDead()
 
 	require.NoError(t, s.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}))
 	put(t, s, "a", "after", 4096, nil)

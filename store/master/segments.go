@@ -28,6 +28,10 @@ type segment struct {
 	// gone is the sequence number of the record that unmounted the
 	// segment (0 while mounted, or without a journal). Under segMu.
 	gone uint64
+	// lost holds the space that sweeps free, the other pieces of striped
+	// replicas that lost one here, until the record gone is durable (nil
+	// while mounted). Under segMu.
+	lost *lostFrees
 	// drain is the segment's drain status (admin_drain.go): 0, or
 	// segDraining or segDrained, when it takes no new replicas. Under segMu.
 	drain uint8
@@ -166,9 +170,9 @@ func (s *Service) UnmountSegment(ctx context.Context, clientID, segmentID string
 	s.removeSegLocked(sg)
 	lost := &lostFrees{}
 	seq := lost.after(s, &storepb.JournalRecord{Op: &storepb.JournalRecord_Unmount{Unmount: &storepb.JournalUnmount{SegmentId: segmentID}}})
-	sg.gone = seq
+	sg.gone, sg.lost = seq, lost
 	s.segMu.Unlock()
-	s.sweepDead(lost)
+	s.sweepDead()
 	return s.durable(ctx, seq)
 }
 
@@ -199,8 +203,8 @@ func (s *Service) removeSegLocked(sg *segment) {
 // sweepDead drops every replica on an unmounted segment. Segments are
 // marked dead before the sweep and no allocation lands on a dead segment,
 // so one pass over the shards finds them all. The space it frees is held
-// by lost (nil: none held) until the unmounts' records are durable.
-func (s *Service) sweepDead(lost *lostFrees) {
+// until the records of the unmounts that lost it are durable (lostFrees).
+func (s *Service) sweepDead() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -210,13 +214,13 @@ func (s *Service) sweepDead(lost *lostFrees) {
 			// pieces are freed once no reader may be copying them (the
 			// lease) or, for a put in flight, once its writer is presumed
 			// gone (as a zombie put is pre-empted).
-			o.replicas = s.dropDead(o.replicas, o.lease, lost)
+			o.replicas = s.dropDead(o.replicas, o.lease)
 			if was && !o.complete() {
 				s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_EVICTED, key)
 			}
 			s.kvChange(key, media, s.kvMediaOf(o.replicas), false)
 			if p := o.pending; p != nil {
-				p.replicas = s.dropDead(p.replicas, p.started.Add(s.cfg.PutStartDiscardTimeout), lost)
+				p.replicas = s.dropDead(p.replicas, p.started.Add(s.cfg.PutStartDiscardTimeout))
 				if len(p.replicas) == 0 {
 					o.pending = nil
 				}
@@ -235,22 +239,37 @@ func (s *Service) sweepDead(lost *lostFrees) {
 
 // dropDead returns reps without the replicas a piece of which is on an
 // unmounted segment; the pieces of those still mounted (striped replicas)
-// are freed at until, or now if that has passed, once lost lets them go.
-func (s *Service) dropDead(reps []replica, until time.Time, lost *lostFrees) []replica {
-	var gone []replica
-	reps = slices.DeleteFunc(reps, func(r replica) bool {
+// are freed at until, or now if that has passed, once the records of
+// the unmounts that lost them are durable.
+func (s *Service) dropDead(reps []replica, until time.Time) []replica {
+	return slices.DeleteFunc(reps, func(r replica) bool {
 		if !r.dead() {
 			return false
 		}
 		if !r.allDead() {
-			gone = append(gone, r)
+			s.lossOf(r).free(s, deferredFree{at: until, reps: []replica{r}})
 		}
 		return true
 	})
-	if len(gone) > 0 {
-		lost.free(s, deferredFree{at: until, reps: gone})
+}
+
+// lossOf returns the lostFrees of the unmount recorded last among those
+// of r's dead pieces: the sweep of one unmount may find a replica that
+// another, recorded after it, left with a dead piece, and records are
+// durable in order.
+func (s *Service) lossOf(r replica) *lostFrees {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	var last *segment
+	r.pieces(func(p replica) {
+		if p.seg.dead.Load() && (last == nil || p.seg.gone > last.gone) {
+			last = p.seg
+		}
+	})
+	if last == nil {
+		return nil
 	}
-	return reps
+	return last.lost
 }
 
 // lostFrees holds the space a sweep frees, the other pieces of striped
@@ -362,13 +381,13 @@ func (s *Service) ExpireClients() int {
 		delete(s.clients, id)
 		seq := lost.after(s, &storepb.JournalRecord{Op: &storepb.JournalRecord_Expire{Expire: &storepb.JournalExpire{ClientId: id}}})
 		for _, sg := range segs {
-			sg.gone = seq
+			sg.gone, sg.lost = seq, lost
 		}
 		n++
 	}
 	s.segMu.Unlock()
 	if n > 0 {
-		s.sweepDead(lost)
+		s.sweepDead()
 	}
 	return n
 }

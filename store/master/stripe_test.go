@@ -1,8 +1,10 @@
 package master
 
 import (
+	"context"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -558,4 +560,115 @@ func TestNoSlotsForStripedValues(t *testing.T) {
 	for _, sl := range slots {
 		assert.Empty(t, mem(sl.Replicas[0]).Stripes)
 	}
+}
+
+// seqJournal makes its records durable when the test says, in order, up
+// to a sequence number; wait does not wait.
+type seqJournal struct {
+	mu      sync.Mutex
+	n       uint64
+	pending map[uint64]func()
+}
+
+var _ journal = (*seqJournal)(nil)
+
+func (j *seqJournal) append(_ *storepb.JournalRecord, done func()) uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.n++
+	if done != nil {
+		if j.pending == nil {
+			j.pending = map[uint64]func(){}
+		}
+		j.pending[j.n] = done
+	}
+	return j.n
+}
+
+func (j *seqJournal) wait(context.Context, uint64) error { return nil }
+
+func (j *seqJournal) last() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.n
+}
+
+// commit makes the records up to seq durable.
+func (j *seqJournal) commit(seq uint64) {
+	for i := uint64(1); i <= seq; i++ {
+		j.mu.Lock()
+		f := j.pending[i]
+		delete(j.pending, i)
+		j.mu.Unlock()
+		if f != nil {
+			f()
+		}
+	}
+}
+
+// A sweep may drop a striped replica that lost a piece to another
+// unmount, one whose record came after the sweep's own: the replica's
+// other pieces must wait for that record too, not only for the record of
+// the unmount that swept them. Here unmount A (of an empty segment)
+// sweeps the shard of k after unmount B (of a piece of k) was recorded,
+// B's own sweep held back on shard 0.
+func TestLostPiecesWaitForTheUnmountThatLostThem(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	shardIdx := func(key string) int {
+		sh := s.shardOf(key)
+		for i := range s.shards {
+			if &s.shards[i] == sh {
+				return i
+			}
+		}
+		return -1
+	}
+	var k, k0 string
+	for i := 0; k == "" || k0 == ""; i++ {
+		key := fmt.Sprintf("key%d", i)
+		switch {
+		case shardIdx(key) == 0 && k0 == "":
+			k0 = key
+		case shardIdx(key) > 0 && k == "":
+			k = key
+		}
+	}
+	mountN(t, s, 3, 64<<20)
+	put(t, s, "c1", k, 6<<20, &storepb.ReplicateConfig{StripeCount: 3})
+	require.NoError(t, s.MountSegment(t.Context(), "c4", seg("4", 4<<32, 64<<20)))
+	put(t, s, "c4", k0, 1<<20, &storepb.ReplicateConfig{PreferredSegments: []string{"node-4"}})
+	used := func() (n uint64) {
+		s.segMu.Lock()
+		defer s.segMu.Unlock()
+		for _, sg := range s.segList {
+			n += sg.alloc.Used()
+		}
+		return n
+	}
+	j := &seqJournal{}
+	s.j = j
+
+	x, first := s.shardOf(k), &s.shards[0]
+	x.mu.Lock()
+	aDone := make(chan error, 1)
+	go func() { aDone <- s.UnmountSegment(context.Background(), "c4", "4") }() // record 1
+	require.Eventually(t, func() bool {
+		first.mu.Lock()
+		if _, ok := first.objects[k0]; ok {
+			first.mu.Unlock()
+			return false
+		}
+		return true // shard 0 stays locked
+	}, 10*time.Second, time.Millisecond, "A swept shard 0; it waits on k's shard")
+	bDone := make(chan error, 1)
+	go func() { bDone <- s.UnmountSegment(context.Background(), "c1", "1") }() // record 2
+	require.Eventually(t, func() bool { return j.last() == 2 }, 10*time.Second, time.Millisecond, "B recorded; its sweep waits on shard 0")
+	x.mu.Unlock()
+	require.NoError(t, <-aDone) // A dropped k, which lost its piece on segment 1
+	j.commit(1)
+	assert.Equal(t, uint64(4<<20), used(), "k's pieces on segments 2 and 3 wait for B's record")
+	first.mu.Unlock()
+	require.NoError(t, <-bDone)
+	j.commit(2)
+	assert.Zero(t, used(), "then they are freed")
 }
