@@ -29,6 +29,20 @@ func startHAMaster(t *testing.T, etcd string, every int) *master.Server {
 	return s
 }
 
+// startHAPair starts an etcd and two masters of cluster "t" snapshotting
+// every so many records, and returns the etcd's address, the master that
+// leads and the one standing by.
+func startHAPair(t *testing.T, every int) (etcd string, leader, standby *master.Server) {
+	t.Helper()
+	etcd = etcdtest.Start(t)
+	m1 := startHAMaster(t, etcd, every)
+	m2 := startHAMaster(t, etcd, every)
+	if leader = waitLeader(t, m1, m2); leader == m1 {
+		return etcd, m1, m2
+	}
+	return etcd, m2, m1
+}
+
 func waitLeader(t *testing.T, ms ...*master.Server) *master.Server {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -68,14 +82,7 @@ func requireSnapshot(t *testing.T, etcd, clusterID string, seq uint64) {
 func TestFailoverLosesNothing(t *testing.T) {
 	for _, every := range []int{100000, 50} {
 		t.Run(fmt.Sprintf("snapshot-every-%d", every), func(t *testing.T) {
-			etcd := etcdtest.Start(t)
-			m1 := startHAMaster(t, etcd, every)
-			m2 := startHAMaster(t, etcd, every)
-			leader := waitLeader(t, m1, m2)
-			standby := m1
-			if leader == m1 {
-				standby = m2
-			}
+			etcd, leader, standby := startHAPair(t, every)
 			haCfg := func(c *Config) { c.Master = "etcd://" + etcd; c.ClusterID = "t" }
 			a := newClient(t, "", 16<<20, haCfg)
 			b := newClient(t, "", 16<<20, haCfg)
@@ -300,14 +307,7 @@ func TestCallDropsOnlyDoubtfulConnections(t *testing.T) {
 func TestFailoverKeepsStripes(t *testing.T) {
 	for _, every := range []int{100000, 8} {
 		t.Run(fmt.Sprintf("snapshot-every-%d", every), func(t *testing.T) {
-			etcd := etcdtest.Start(t)
-			m1 := startHAMaster(t, etcd, every)
-			m2 := startHAMaster(t, etcd, every)
-			leader := waitLeader(t, m1, m2)
-			standby := m1
-			if leader == m1 {
-				standby = m2
-			}
+			etcd, leader, standby := startHAPair(t, every)
 			haCfg := func(c *Config) { c.Master = "etcd://" + etcd; c.ClusterID = "t" }
 			var cs []*Client
 			for range 4 {

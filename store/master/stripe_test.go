@@ -224,12 +224,7 @@ func TestStripedReplicaLosesPiece(t *testing.T) {
 	assert.NotContains(t, stripesOf(t, mem(got[0]), 4<<20), "node-1")
 	checkNoOverlap(t, s)
 
-	used := func() (n uint64) {
-		for _, sg := range s.segList {
-			n += sg.alloc.Used()
-		}
-		return n
-	}
+	used := func() uint64 { return poolUsed(s) }
 	live := uint64(4 << 20) // "two"'s surviving replica
 	require.Greater(t, used(), live, "the lost pieces wait for the reader and the writer")
 	clk.Advance(s.cfg.LeaseTTL + time.Second)
@@ -381,12 +376,7 @@ func TestStripedSpaceComesBack(t *testing.T) {
 	mountN(t, s, 4, 64<<20)
 	ctx := t.Context()
 	cfg := &storepb.ReplicateConfig{StripeCount: 4}
-	used := func() (n uint64) {
-		for _, sg := range s.segList {
-			n += sg.alloc.Used()
-		}
-		return n
-	}
+	used := func() uint64 { return poolUsed(s) }
 	_, err := s.PutStart(ctx, "c1", "revoked", 8<<20, cfg)
 	require.NoError(t, err)
 	require.NoError(t, s.PutRevoke(ctx, "c1", "revoked"))
@@ -489,14 +479,7 @@ func TestLostPiecesFreedOnceUnmountDurable(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{ClientTTL: time.Second})
 	mountN(t, s, 4, 64<<20)
 	put(t, s, "c1", "k", 8<<20, &storepb.ReplicateConfig{StripeCount: 4})
-	used := func() (n uint64) {
-		s.segMu.Lock()
-		defer s.segMu.Unlock()
-		for _, sg := range s.segList {
-			n += sg.alloc.Used()
-		}
-		return n
-	}
+	used := func() uint64 { return poolUsed(s) }
 	j := &lagJournal{}
 	s.j = j
 	clk.Advance(2 * time.Second)
@@ -637,14 +620,7 @@ func TestLostPiecesWaitForTheUnmountThatLostThem(t *testing.T) {
 	put(t, s, "c1", k, 6<<20, &storepb.ReplicateConfig{StripeCount: 3})
 	require.NoError(t, s.MountSegment(t.Context(), "c4", seg("4", 4<<32, 64<<20)))
 	put(t, s, "c4", k0, 1<<20, &storepb.ReplicateConfig{PreferredSegments: []string{"node-4"}})
-	used := func() (n uint64) {
-		s.segMu.Lock()
-		defer s.segMu.Unlock()
-		for _, sg := range s.segList {
-			n += sg.alloc.Used()
-		}
-		return n
-	}
+	used := func() uint64 { return poolUsed(s) }
 	j := &seqJournal{}
 	s.j = j
 
@@ -671,4 +647,14 @@ func TestLostPiecesWaitForTheUnmountThatLostThem(t *testing.T) {
 	require.NoError(t, <-bDone)
 	j.commit(2)
 	assert.Zero(t, used(), "then they are freed")
+}
+
+// poolUsed is the bytes allocated in s's segments.
+func poolUsed(s *Service) (n uint64) {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	for _, sg := range s.segList {
+		n += sg.alloc.Used()
+	}
+	return n
 }
