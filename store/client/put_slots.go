@@ -124,8 +124,11 @@ func (c *Client) giveBack(it *putItem) {
 }
 
 // refill reserves, in the background, slots for the next batches like
-// items (their lengths, as many of each) where the pool holds too few for
-// one more: slotsAhead batches' worth, at least slotsMin.
+// items (their lengths, as many of each), up to slotsAhead batches' worth
+// and at least slotsMin, where the pool has fallen to half of that: the
+// reserve then runs while the next batches still have slots, rather than
+// after the pool ran dry (a reserve takes the master about as long as a
+// batch's commit, and a batch without slots goes the slow way).
 func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 	p := &c.slots
 	want := map[uint64]int{}
@@ -138,11 +141,11 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 		return
 	}
 	for n, k := range want {
-		have := len(p.free[n])
-		if have >= k {
+		have, full := len(p.free[n]), max(slotsAhead*k, slotsMin)
+		if 2*have >= full {
 			continue
 		}
-		k = max(slotsAhead*k, slotsMin) - have
+		k = full - have
 		k = min(k, int((slotMaxBytes-min(p.bytes, slotMaxBytes))/n))
 		if k <= 0 || p.filling[n] || p.refused[n] {
 			continue
