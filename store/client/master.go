@@ -20,6 +20,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/internal/etcdopt"
+	"github.com/mooncake-go/mooncake/internal/framerpc"
 	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/masterview"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -34,11 +35,16 @@ type masterConn struct {
 	cluster string
 	timeout time.Duration
 
-	opts []grpc.DialOption // credentials: TLS or none, and the token
+	opts  []grpc.DialOption // credentials: TLS or none, and the token
+	creds []credentials.PerRPCCredentials
+	// framed sends unary calls as frames (internal/framerpc): no TLS, and
+	// not Config.MasterGRPC.
+	framed bool
 
 	mu     sync.Mutex
 	addr   string
 	conn   *grpc.ClientConn
+	frames *framerpc.Conn // nil unless framed
 	rpc    storepb.MasterClient
 	gen    uint64 // bumped by each reconnect
 	closed bool   // by close: no connection may be installed after it
@@ -49,11 +55,12 @@ var errMasterClosed = errors.New("client: master connection closed")
 
 func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 	m := &masterConn{cluster: cfg.ClusterID, timeout: cfg.RPCTimeout}
-	opts, err := credentialOptions(cfg)
+	opts, creds, err := credentialOptions(cfg)
 	if err != nil {
 		return nil, err
 	}
-	m.opts = opts
+	m.opts, m.creds = opts, creds
+	m.framed = !cfg.MasterGRPC && !cfg.MasterTLS.Enabled()
 	if strings.HasPrefix(cfg.Master, "etcd://") {
 		eps := metadata.EtcdEndpoints(cfg.Master)
 		ecfg, err := etcdopt.ConfigTLS(eps, 5*time.Second, cfg.EtcdTLS)
@@ -76,24 +83,29 @@ func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 }
 
 // credentialOptions are the dial options that present cfg's credentials
-// to the master: TLS (MasterTLS) or plaintext, and the bearer token.
-func credentialOptions(cfg *Config) ([]grpc.DialOption, error) {
+// to the master: TLS (MasterTLS) or plaintext, and the per-call ones (the
+// bearer token, the tenant), which it also returns for framed calls.
+func credentialOptions(cfg *Config) ([]grpc.DialOption, []credentials.PerRPCCredentials, error) {
 	tc, err := cfg.MasterTLS.Client()
 	if err != nil {
-		return nil, fmt.Errorf("client: Config.MasterTLS: %w", err)
+		return nil, nil, fmt.Errorf("client: Config.MasterTLS: %w", err)
 	}
-	creds := insecure.NewCredentials()
+	tcreds := insecure.NewCredentials()
 	if tc != nil {
-		creds = credentials.NewTLS(tc)
+		tcreds = credentials.NewTLS(tc)
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	var creds []credentials.PerRPCCredentials
 	if cfg.Token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(secure.PerRPC(cfg.Token)))
+		creds = append(creds, secure.PerRPC(cfg.Token))
 	}
 	if cfg.TenantID != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(tenantCredentials(cfg.TenantID)))
+		creds = append(creds, tenantCredentials(cfg.TenantID))
 	}
-	return opts, nil
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(tcreds)}
+	for _, c := range creds {
+		opts = append(opts, grpc.WithPerRPCCredentials(c))
+	}
+	return opts, creds, nil
 }
 
 // masterKeepalive pings the master while calls or streams are open, and
@@ -153,7 +165,12 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 		_ = conn.Close()
 		return m.rpc, m.gen, nil
 	}
-	m.conn, m.rpc = conn, storepb.NewMasterClient(conn)
+	var cc grpc.ClientConnInterface = conn
+	if m.framed {
+		m.frames = framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: conn, Creds: m.creds, DialTimeout: 2 * time.Second})
+		cc = m.frames
+	}
+	m.conn, m.rpc = conn, storepb.NewMasterClient(cc)
 	m.gen++
 	return m.rpc, m.gen, nil
 }
@@ -165,16 +182,23 @@ func (m *masterConn) drop(gen uint64) {
 	if m.gen != gen || m.conn == nil {
 		return
 	}
+	m.closeConn()
+}
+
+// closeConn closes the connection in use; under mu.
+func (m *masterConn) closeConn() {
+	if m.frames != nil {
+		_ = m.frames.Close()
+	}
 	_ = m.conn.Close()
-	m.conn, m.rpc = nil, nil
+	m.conn, m.frames, m.rpc = nil, nil, nil
 }
 
 func (m *masterConn) close() {
 	m.mu.Lock()
 	m.closed = true
 	if m.conn != nil {
-		_ = m.conn.Close()
-		m.conn, m.rpc = nil, nil
+		m.closeConn()
 	}
 	m.mu.Unlock()
 	if m.etcd != nil {

@@ -58,7 +58,7 @@ func (g *GRPCServer) unaryStandby(ctx context.Context, req any, _ *grpc.UnarySer
 }
 
 // Register registers g as the Master service of srv.
-func (g *GRPCServer) Register(srv *grpc.Server) { storepb.RegisterMasterServer(srv, g) }
+func (g *GRPCServer) Register(srv grpc.ServiceRegistrar) { storepb.RegisterMasterServer(srv, g) }
 
 var errNilRequest = status.Error(codes.InvalidArgument, "master: nil request")
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
 	"github.com/mooncake-go/mooncake/internal/etcdopt"
+	"github.com/mooncake-go/mooncake/internal/framerpc"
 	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/ha"
 	"github.com/mooncake-go/mooncake/store/storepb"
@@ -140,12 +141,13 @@ const DefaultListen = ":50051"
 // gRPC front on one listener. Under HA it campaigns for leadership, and
 // while it leads serves a Service restored from the journal.
 type Server struct {
-	cfg  ServerConfig
-	lis  net.Listener
-	grpc *grpc.Server
-	api  *GRPCServer
-	log  *slog.Logger
-	etcd *clientv3.Client
+	cfg    ServerConfig
+	lis    net.Listener
+	grpc   *grpc.Server
+	frames *framerpc.Server // the same calls over plain frames; nil with TLS
+	api    *GRPCServer
+	log    *slog.Logger
+	etcd   *clientv3.Client
 
 	metrics *metrics
 	admin   *http.Server
@@ -262,6 +264,13 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 	s.api.serve(nil)
 	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(s.grpcOptions(tlsCfg)...)
+	if tlsCfg == nil {
+		// Clients send their unary calls as frames on the same port
+		// (internal/framerpc), through the same interceptors.
+		s.frames = framerpc.NewServer(framerpc.ServerConfig{Interceptor: framerpc.ChainUnary(s.unaryInterceptors()...),
+			MaxRecvMsgSize: cfg.MaxRecvMsgSize, MaxConcurrentCalls: int(min(cfg.MaxConcurrentStreams, 1<<20)), Log: s.log})
+		s.lis = framerpc.Split(s.lis, s.frames)
+	}
 	if cfg.Admin != "" {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			_ = lis.Close()
@@ -276,8 +285,10 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 		}
 		s.wg.Go(func() { _ = s.admin.Serve(admin) })
 	}
-	s.api.Register(s.grpc)
-	storepb.RegisterTierServer(s.grpc, &TierServer{g: s.api}) // SSD tiers across node restarts (tier_announce.go)
+	for _, reg := range s.registrars() {
+		s.api.Register(reg)
+		storepb.RegisterTierServer(reg, &TierServer{g: s.api}) // SSD tiers across node restarts (tier_announce.go)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	if cfg.HA == nil {
@@ -325,10 +336,9 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 // call without it reaches nothing else.
 func (s *Server) grpcOptions(tlsCfg *tls.Config) []grpc.ServerOption {
 	cfg := s.cfg
-	unary := []grpc.UnaryServerInterceptor{s.api.unaryStandby, s.metrics.interceptor}
+	unary := s.unaryInterceptors()
 	var stream []grpc.StreamServerInterceptor
 	if cfg.Token != "" {
-		unary = append([]grpc.UnaryServerInterceptor{secure.UnaryServerInterceptor(cfg.Token)}, unary...)
 		stream = append(stream, secure.StreamServerInterceptor(cfg.Token))
 	}
 	opts := []grpc.ServerOption{
@@ -345,6 +355,24 @@ func (s *Server) grpcOptions(tlsCfg *tls.Config) []grpc.ServerOption {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	return opts
+}
+
+// unaryInterceptors run around every unary call, over gRPC or frames:
+// the token's first, so that a call without it reaches nothing else.
+func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
+	unary := []grpc.UnaryServerInterceptor{s.api.unaryStandby, s.metrics.interceptor}
+	if s.cfg.Token != "" {
+		unary = append([]grpc.UnaryServerInterceptor{secure.UnaryServerInterceptor(s.cfg.Token)}, unary...)
+	}
+	return unary
+}
+
+// registrars are the servers the services register on.
+func (s *Server) registrars() []grpc.ServiceRegistrar {
+	if s.frames == nil {
+		return []grpc.ServiceRegistrar{s.grpc}
+	}
+	return []grpc.ServiceRegistrar{s.grpc, s.frames}
 }
 
 // adminAuth requires the Token on the admin server, but on /health,
@@ -596,6 +624,9 @@ func (s *Server) SnapshotSeq() uint64 { return s.snapSeq.Load() }
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		s.grpc.Stop()
+		if s.frames != nil {
+			s.frames.Close()
+		}
 		if s.admin != nil {
 			_ = s.admin.Close()
 		}

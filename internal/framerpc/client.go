@@ -1,0 +1,424 @@
+package framerpc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// ConnConfig configures a Conn.
+type ConnConfig struct {
+	// Addr is the server's host:port.
+	Addr string
+	// GRPC carries streams, and every call once the server turned out not
+	// to speak framerpc, or a call given grpc.CallOptions. Required.
+	GRPC grpc.ClientConnInterface
+	// Creds add their metadata to every call, as grpc.WithPerRPCCredentials
+	// does. Only those that do not require transport security: the frames
+	// go in plaintext.
+	Creds []credentials.PerRPCCredentials
+	// MaxRecvMsgSize and MaxSendMsgSize bound a reply and a request. Zero:
+	// 256 MiB.
+	MaxRecvMsgSize, MaxSendMsgSize int
+	// DialTimeout bounds a connect and its preface. Zero: 2 s.
+	DialTimeout time.Duration
+	// PathTimeout is how long the connection may go without the server's
+	// kernel acknowledging what was sent, or answering a keepalive, before
+	// it counts as lost (its calls fail with codes.Unavailable): a
+	// partition, not a dead process, which the peer's kernel would report
+	// at once. Zero: 13 s, what gRPC's keepalive of the master's clients
+	// takes (a ping after 10 s, 3 s for its answer).
+	PathTimeout time.Duration
+}
+
+// Conn sends unary calls as frames over one connection, dialed on the
+// first call and again after one is lost.
+type Conn struct {
+	cfg      ConnConfig
+	fallback atomic.Bool // the server does not speak framerpc: use GRPC
+
+	mu     sync.Mutex
+	wire   *wire // nil: none yet, or the last one was lost
+	dialed chan struct{}
+	closed bool
+}
+
+var _ grpc.ClientConnInterface = (*Conn)(nil)
+
+// errNotFramed is a server that did not answer the preface.
+var errNotFramed = errors.New("framerpc: the server does not speak framerpc")
+
+// NewConn returns a Conn; it dials nothing yet.
+func NewConn(cfg ConnConfig) *Conn {
+	if cfg.MaxRecvMsgSize <= 0 {
+		cfg.MaxRecvMsgSize = 256 << 20
+	}
+	if cfg.MaxSendMsgSize <= 0 {
+		cfg.MaxSendMsgSize = 256 << 20
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 2 * time.Second
+	}
+	if cfg.PathTimeout <= 0 {
+		cfg.PathTimeout = 13 * time.Second
+	}
+	return &Conn{cfg: cfg}
+}
+
+// Framed reports whether calls go as frames (not yet found to need gRPC).
+func (c *Conn) Framed() bool { return !c.fallback.Load() }
+
+// NewStream opens a stream over gRPC.
+func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return c.cfg.GRPC.NewStream(ctx, desc, method, opts...)
+}
+
+// Invoke sends a unary call and waits for its answer, which it decodes
+// into reply; errors are gRPC statuses, as grpc.ClientConn's.
+func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	req, ok1 := args.(proto.Message)
+	rep, ok2 := reply.(proto.Message)
+	if !plain(opts) || !ok1 || !ok2 || c.fallback.Load() {
+		return c.cfg.GRPC.Invoke(ctx, method, args, reply, opts...)
+	}
+	if err := ctx.Err(); err != nil {
+		// As gRPC: a call whose context is over is not sent, and says
+		// nothing of the connection.
+		return grpcstatus.FromContextError(err).Err()
+	}
+	w, err := c.get(ctx)
+	if errors.Is(err, errNotFramed) {
+		return c.cfg.GRPC.Invoke(ctx, method, args, reply, opts...)
+	}
+	if err != nil {
+		return err
+	}
+	md, err := c.metadata(ctx, method)
+	if err != nil {
+		return err
+	}
+	var timeout time.Duration
+	if d, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(d); timeout <= 0 {
+			return grpcstatus.FromContextError(context.DeadlineExceeded).Err()
+		}
+	}
+	if n := proto.Size(req); n > c.cfg.MaxSendMsgSize {
+		return grpcstatus.Errorf(codes.ResourceExhausted, "grpc: trying to send message larger than max (%d vs. %d)", n, c.cfg.MaxSendMsgSize)
+	}
+	msg, err := proto.MarshalOptions{}.Marshal(req)
+	if err != nil {
+		return grpcstatus.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
+	}
+	a, err := w.call(ctx, method, timeout, md, msg)
+	if err != nil {
+		if w.lost() {
+			c.forget(w)
+		}
+		return err
+	}
+	if a.kind == answerStatus {
+		var sp status.Status
+		if err := proto.Unmarshal(a.msg, &sp); err != nil {
+			return grpcstatus.Errorf(codes.Internal, "framerpc: undecodable status from %s: %v", c.cfg.Addr, err)
+		}
+		if sp.Code == int32(codes.OK) {
+			return grpcstatus.Errorf(codes.Internal, "framerpc: status OK as an error from %s", c.cfg.Addr)
+		}
+		return grpcstatus.ErrorProto(&sp)
+	}
+	if err := proto.Unmarshal(a.msg, rep); err != nil {
+		return grpcstatus.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
+	}
+	return nil
+}
+
+// plain reports whether opts change nothing a frame would need to carry:
+// none but the mark generated clients put on every call.
+func plain(opts []grpc.CallOption) bool {
+	for _, o := range opts {
+		if _, ok := o.(grpc.StaticMethodCallOption); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// metadata is what a call carries: the context's outgoing metadata and
+// the credentials'.
+func (c *Conn) metadata(ctx context.Context, method string) (metadata.MD, error) {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	if len(c.cfg.Creds) == 0 {
+		return md, nil
+	}
+	md = md.Copy()
+	for _, cr := range c.cfg.Creds {
+		m, err := cr.GetRequestMetadata(ctx, "framerpc://"+c.cfg.Addr+method)
+		if err != nil {
+			return nil, grpcstatus.Errorf(codes.Unauthenticated, "framerpc: credentials: %v", err)
+		}
+		for k, v := range m {
+			md.Append(k, v)
+		}
+	}
+	return md, nil
+}
+
+// get returns the connection, dialing one if there is none; calls that
+// arrive meanwhile wait for that dial.
+func (c *Conn) get(ctx context.Context) (*wire, error) {
+	for {
+		c.mu.Lock()
+		switch {
+		case c.closed:
+			c.mu.Unlock()
+			return nil, grpcstatus.Error(codes.Canceled, "grpc: the client connection is closing")
+		case c.wire != nil:
+			w := c.wire
+			c.mu.Unlock()
+			return w, nil
+		case c.dialed != nil:
+			ch := c.dialed
+			c.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, grpcstatus.FromContextError(ctx.Err()).Err()
+			}
+		}
+		ch := make(chan struct{})
+		c.dialed = ch
+		c.mu.Unlock()
+		w, err := c.dial(ctx)
+		c.mu.Lock()
+		c.dialed = nil
+		close(ch)
+		if err == nil && c.closed {
+			w.close(errors.New("framerpc: connection closed"))
+			err = grpcstatus.Error(codes.Canceled, "grpc: the client connection is closing")
+		}
+		if err == nil {
+			c.wire = w
+		}
+		c.mu.Unlock()
+		if errors.Is(err, errNotFramed) {
+			c.fallback.Store(true)
+		}
+		return w, err
+	}
+}
+
+func (c *Conn) dial(ctx context.Context) (*wire, error) {
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+	nc, err := c.dialer().DialContext(dctx, "tcp", c.cfg.Addr)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, grpcstatus.FromContextError(ctx.Err()).Err()
+	case err != nil:
+		return nil, grpcstatus.Errorf(codes.Unavailable, "framerpc: dial %s: %v", c.cfg.Addr, err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	d, _ := dctx.Deadline()
+	_ = nc.SetDeadline(d)
+	var head [len(Preface)]byte
+	_, werr := io.WriteString(nc, Preface)
+	var rerr error
+	if werr == nil {
+		_, rerr = io.ReadFull(nc, head[:])
+	}
+	_ = nc.SetDeadline(time.Time{})
+	switch {
+	case werr == nil && rerr == nil && string(head[:]) == Preface:
+	case ctx.Err() != nil:
+		_ = nc.Close()
+		return nil, grpcstatus.FromContextError(ctx.Err()).Err()
+	case werr == nil:
+		// Something else answered, or nothing did in time, or the server
+		// hung up: one that read the preface as a protocol it does not
+		// know (a gRPC server answers with its HTTP/2 settings). gRPC it
+		// is; a server that does speak framerpc was only slow, and gRPC
+		// serves the calls as well.
+		_ = nc.Close()
+		return nil, errNotFramed
+	default:
+		_ = nc.Close()
+		return nil, grpcstatus.Errorf(codes.Unavailable, "framerpc: %s: %v", c.cfg.Addr, werr)
+	}
+	w := &wire{c: nc, pending: map[uint64]chan answer{}, maxRecv: c.cfg.MaxRecvMsgSize}
+	go w.read()
+	return w, nil
+}
+
+// dialer makes the kernel fail a connection whose path died within about
+// PathTimeout: TCP_USER_TIMEOUT bounds how long sent data may go
+// unacknowledged, and keepalives (answered by a live peer's kernel) make
+// a connection that only waits for answers send something to be
+// acknowledged.
+func (c *Conn) dialer() *net.Dialer {
+	t := c.cfg.PathTimeout
+	probe := max(time.Second, t/2) // keepalive times are whole seconds
+	return &net.Dialer{
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: max(2, int(t/probe)+1)},
+		Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(t/time.Millisecond))
+			}); err != nil {
+				return err
+			}
+			return serr
+		},
+	}
+}
+
+// forget drops w, lost, so the next call dials again.
+func (c *Conn) forget(w *wire) {
+	c.mu.Lock()
+	if c.wire == w {
+		c.wire = nil
+	}
+	c.mu.Unlock()
+}
+
+// Close closes the connection; calls in flight fail. It does not close
+// the gRPC connection. Idempotent.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	w := c.wire
+	c.wire, c.closed = nil, true
+	c.mu.Unlock()
+	if w != nil {
+		w.close(errors.New("framerpc: connection closed"))
+	}
+	return nil
+}
+
+// wire is one connection and its calls in flight.
+type wire struct {
+	c       net.Conn
+	maxRecv int
+	wmu     sync.Mutex // one frame at a time
+	buf     []byte     // the frame being written, under wmu
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]chan answer
+	err     error // set once the connection is lost
+}
+
+type answer struct {
+	kind byte
+	msg  []byte
+	err  error
+}
+
+func (w *wire) call(ctx context.Context, method string, timeout time.Duration, md metadata.MD, msg []byte) (answer, error) {
+	ch := make(chan answer, 1)
+	w.mu.Lock()
+	if w.err != nil {
+		err := w.err
+		w.mu.Unlock()
+		return answer{}, err
+	}
+	w.next++
+	id := w.next
+	w.pending[id] = ch
+	w.mu.Unlock()
+
+	w.wmu.Lock()
+	b, err := appendCall(w.buf[:0], id, timeout, method, md, msg)
+	if err == nil {
+		_ = w.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if _, werr := w.c.Write(b); werr != nil {
+			w.close(werr)
+		}
+		if cap(b) <= 64<<10 {
+			w.buf = b
+		}
+	}
+	w.wmu.Unlock()
+	if err != nil {
+		w.drop(id)
+		return answer{}, grpcstatus.Error(codes.Internal, err.Error())
+	}
+	select {
+	case a := <-ch:
+		return a, a.err
+	case <-ctx.Done():
+		w.drop(id)
+		return answer{}, grpcstatus.FromContextError(ctx.Err()).Err()
+	}
+}
+
+func (w *wire) drop(id uint64) {
+	w.mu.Lock()
+	delete(w.pending, id)
+	w.mu.Unlock()
+}
+
+// lost reports whether the connection is gone.
+func (w *wire) lost() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err != nil
+}
+
+// read delivers answers until the connection fails.
+func (w *wire) read() {
+	r := bufio.NewReaderSize(w.c, 64<<10)
+	for {
+		body, err := readFrame(r, nil, w.maxRecv+answerHead)
+		var id uint64
+		var a answer
+		if err == nil {
+			id, a.kind, a.msg, err = parseAnswer(body)
+		}
+		if err != nil {
+			w.close(err)
+			return
+		}
+		w.mu.Lock()
+		ch := w.pending[id]
+		delete(w.pending, id)
+		w.mu.Unlock()
+		if ch != nil {
+			ch <- a
+		}
+	}
+}
+
+// close fails every call in flight with codes.Unavailable, as gRPC fails
+// calls on a connection lost, and closes the connection.
+func (w *wire) close(cause error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = grpcstatus.Errorf(codes.Unavailable, "framerpc: connection to %s lost: %v", w.c.RemoteAddr(), cause)
+	}
+	pending := w.pending
+	w.pending = map[uint64]chan answer{}
+	err := w.err
+	w.mu.Unlock()
+	_ = w.c.Close()
+	for _, ch := range pending {
+		ch <- answer{err: err}
+	}
+}
