@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,9 @@ func NewConn(cfg ConnConfig) *Conn {
 	if cfg.MaxSendMsgSize <= 0 {
 		cfg.MaxSendMsgSize = 256 << 20
 	}
+	// A frame's length is a u32: a larger limit is none, and must not
+	// overflow the frame's limit, which adds the header to it.
+	cfg.MaxRecvMsgSize = min(cfg.MaxRecvMsgSize, math.MaxUint32)
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 2 * time.Second
 	}
@@ -188,7 +192,7 @@ func (c *Conn) get(ctx context.Context) (*wire, error) {
 		case c.closed:
 			c.mu.Unlock()
 			return nil, grpcstatus.Error(codes.Canceled, "grpc: the client connection is closing")
-		case c.wire != nil:
+		case c.wire != nil && !c.wire.lost():
 			w := c.wire
 			c.mu.Unlock()
 			return w, nil
@@ -229,8 +233,8 @@ func (c *Conn) dial(ctx context.Context) (*wire, error) {
 	defer cancel()
 	nc, err := c.dialer().DialContext(dctx, "tcp", c.cfg.Addr)
 	switch {
-	case err != nil && ctx.Err() != nil:
-		return nil, grpcstatus.FromContextError(ctx.Err()).Err()
+	case err != nil && ctxDone(ctx) != nil:
+		return nil, grpcstatus.FromContextError(ctxDone(ctx)).Err()
 	case err != nil:
 		return nil, grpcstatus.Errorf(codes.Unavailable, "framerpc: dial %s: %v", c.cfg.Addr, err)
 	}
@@ -248,9 +252,9 @@ func (c *Conn) dial(ctx context.Context) (*wire, error) {
 	_ = nc.SetDeadline(time.Time{})
 	switch {
 	case werr == nil && rerr == nil && string(head[:]) == Preface:
-	case ctx.Err() != nil:
+	case ctxDone(ctx) != nil:
 		_ = nc.Close()
-		return nil, grpcstatus.FromContextError(ctx.Err()).Err()
+		return nil, grpcstatus.FromContextError(ctxDone(ctx)).Err()
 	case werr == nil:
 		// Something else answered, or nothing did in time, or the server
 		// hung up: one that read the preface as a protocol it does not
@@ -266,6 +270,19 @@ func (c *Conn) dial(ctx context.Context) (*wire, error) {
 	w := &wire{c: nc, pending: map[uint64]chan answer{}, maxRecv: c.cfg.MaxRecvMsgSize}
 	go w.read()
 	return w, nil
+}
+
+// ctxDone is ctx's error, or DeadlineExceeded once its deadline has
+// passed: a read that timed out at that deadline may run before ctx
+// itself ends.
+func ctxDone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // dialer makes the kernel fail a connection whose path died within about
@@ -307,7 +324,8 @@ func (c *Conn) Close() error {
 	c.wire, c.closed = nil, true
 	c.mu.Unlock()
 	if w != nil {
-		w.close(errors.New("framerpc: connection closed"))
+		// As gRPC's ClientConn.Close: the calls in flight are cancelled.
+		w.fail(grpcstatus.Error(codes.Canceled, "grpc: the client connection is closing"))
 	}
 	return nil
 }
@@ -409,13 +427,19 @@ func (w *wire) read() {
 // close fails every call in flight with codes.Unavailable, as gRPC fails
 // calls on a connection lost, and closes the connection.
 func (w *wire) close(cause error) {
+	w.fail(grpcstatus.Errorf(codes.Unavailable, "framerpc: connection to %s lost: %v", w.c.RemoteAddr(), cause))
+}
+
+// fail fails every call in flight, and every later one, with err (the
+// first one given), and closes the connection.
+func (w *wire) fail(err error) {
 	w.mu.Lock()
 	if w.err == nil {
-		w.err = grpcstatus.Errorf(codes.Unavailable, "framerpc: connection to %s lost: %v", w.c.RemoteAddr(), cause)
+		w.err = err
 	}
 	pending := w.pending
 	w.pending = map[uint64]chan answer{}
-	err := w.err
+	err = w.err
 	w.mu.Unlock()
 	_ = w.c.Close()
 	for _, ch := range pending {

@@ -61,6 +61,9 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.MaxRecvMsgSize <= 0 {
 		cfg.MaxRecvMsgSize = 4 << 20
 	}
+	// A frame's length is a u32: a larger limit is none, and must not
+	// overflow the frame's limit, which adds the header to it.
+	cfg.MaxRecvMsgSize = min(cfg.MaxRecvMsgSize, math.MaxUint32)
 	if cfg.MaxConcurrentCalls <= 0 {
 		cfg.MaxConcurrentCalls = 1024
 	}
@@ -183,6 +186,13 @@ func (sc *serverConn) run(c call) {
 		_ = sc.answerErr(c.id, status.Newf(codes.Unimplemented, "unknown method %s", c.method))
 		return
 	}
+	// The frame's limit leaves room for the largest header; the message
+	// itself is bounded here.
+	if len(c.msg) > sc.s.cfg.MaxRecvMsgSize {
+		_ = sc.answerErr(c.id, status.Newf(codes.ResourceExhausted,
+			"framerpc: received message larger than max (%d vs. %d)", len(c.msg), sc.s.cfg.MaxRecvMsgSize))
+		return
+	}
 	ctx := sc.s.ctx
 	if c.md != nil {
 		ctx = metadata.NewIncomingContext(ctx, c.md)
@@ -204,7 +214,12 @@ func (sc *serverConn) run(c call) {
 	}
 	reply, err := m.handler(m.impl, ctx, dec, sc.s.cfg.Interceptor)
 	if err != nil {
-		_ = sc.answerErr(c.id, status.Convert(err))
+		// As gRPC's server: a context's error keeps its code.
+		st, ok := status.FromError(err)
+		if !ok {
+			st = status.FromContextError(err)
+		}
+		_ = sc.answerErr(c.id, st)
 		return
 	}
 	msg, ok := reply.(proto.Message)
