@@ -51,7 +51,8 @@ type ConnConfig struct {
 // first call and again after one is lost.
 type Conn struct {
 	cfg      ConnConfig
-	fallback atomic.Bool // the server does not speak framerpc: use GRPC
+	fallback atomic.Bool   // the server does not speak framerpc: use GRPC
+	calls    atomic.Uint64 // sent as frames
 
 	mu     sync.Mutex
 	wire   *wire // nil: none yet, or the last one was lost
@@ -86,6 +87,9 @@ func NewConn(cfg ConnConfig) *Conn {
 
 // Framed reports whether calls go as frames (not yet found to need gRPC).
 func (c *Conn) Framed() bool { return !c.fallback.Load() }
+
+// Calls is how many calls were sent as frames.
+func (c *Conn) Calls() uint64 { return c.calls.Load() }
 
 // NewStream opens a stream over gRPC.
 func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -129,6 +133,7 @@ func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts 
 	if err != nil {
 		return grpcstatus.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
 	}
+	c.calls.Add(1)
 	a, err := w.call(ctx, method, timeout, md, msg)
 	if err != nil {
 		if w.lost() {

@@ -1,0 +1,58 @@
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/store/master"
+)
+
+// The client's calls to a plaintext master go as frames
+// (internal/framerpc) on its gRPC port, through the master's token check;
+// Config.MasterGRPC keeps them on gRPC. Either way puts and gets work.
+func TestMasterCallsAsFrames(t *testing.T) {
+	const token = "frames-token"
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", Token: token})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	dial := func(t *testing.T, token string, grpcOnly bool) (*Client, error) {
+		c, err := New(context.Background(), Config{Master: m.Addr(), SegmentSize: 1 << 20, LocalBufferSize: 1 << 20,
+			EngineConfig: engine.Config{Host: "127.0.0.1"}, Token: token, MasterGRPC: grpcOnly, RPCTimeout: 2 * time.Second})
+		if err == nil {
+			t.Cleanup(func() { _ = c.Close() })
+		}
+		return c, err
+	}
+	_, err = dial(t, "", false)
+	require.Error(t, err, "a framed call without the token was served")
+	assert.Contains(t, err.Error(), "missing bearer token")
+	_, err = dial(t, "other", false)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "wrong bearer token")
+
+	for _, grpcOnly := range []bool{false, true} {
+		c, err := dial(t, token, grpcOnly)
+		require.NoError(t, err)
+		ctx := ctxT(t)
+		v := value(7, 4096)
+		require.NoError(t, c.Put(ctx, "k", v, nil))
+		got, err := c.Get(ctx, "k")
+		require.NoError(t, err)
+		assert.Equal(t, v, got)
+		c.master.mu.Lock()
+		frames := c.master.frames
+		c.master.mu.Unlock()
+		if grpcOnly {
+			assert.Nil(t, frames, "Config.MasterGRPC sent frames")
+			continue
+		}
+		require.NotNil(t, frames)
+		assert.True(t, frames.Framed(), "the master did not answer the frames' preface")
+		assert.Positive(t, frames.Calls(), "no call went as a frame")
+	}
+}
