@@ -38,6 +38,11 @@ type ConnConfig struct {
 	MaxRecvMsgSize, MaxSendMsgSize int
 	// DialTimeout bounds a connect and its preface. Zero: 2 s.
 	DialTimeout time.Duration
+	// Reprobe is how long the Conn keeps to gRPC after its server did not
+	// answer the preface, before it tries frames again: the server may
+	// have been one without framerpc that was upgraded, or one that was
+	// only slow to answer. Zero: 1 minute.
+	Reprobe time.Duration
 	// PathTimeout is how long the connection may go without the server's
 	// kernel acknowledging what was sent, or answering a keepalive, before
 	// it counts as lost (its calls fail with codes.Unavailable): a
@@ -51,7 +56,7 @@ type ConnConfig struct {
 // first call and again after one is lost.
 type Conn struct {
 	cfg      ConnConfig
-	fallback atomic.Bool   // the server does not speak framerpc: use GRPC
+	fellBack atomic.Int64  // UnixNano when the server was found not to speak framerpc; 0: never
 	calls    atomic.Uint64 // sent as frames
 
 	mu     sync.Mutex
@@ -79,14 +84,24 @@ func NewConn(cfg ConnConfig) *Conn {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 2 * time.Second
 	}
+	if cfg.Reprobe <= 0 {
+		cfg.Reprobe = time.Minute
+	}
 	if cfg.PathTimeout <= 0 {
 		cfg.PathTimeout = 13 * time.Second
 	}
 	return &Conn{cfg: cfg}
 }
 
-// Framed reports whether calls go as frames (not yet found to need gRPC).
-func (c *Conn) Framed() bool { return !c.fallback.Load() }
+// Framed reports whether calls go as frames: the server was not found,
+// within Reprobe, not to speak framerpc.
+func (c *Conn) Framed() bool { return !c.fallback() }
+
+// fallback reports whether calls go over gRPC for now.
+func (c *Conn) fallback() bool {
+	at := c.fellBack.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < c.cfg.Reprobe
+}
 
 // Calls is how many calls were sent as frames.
 func (c *Conn) Calls() uint64 { return c.calls.Load() }
@@ -101,7 +116,7 @@ func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method stri
 func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	req, ok1 := args.(proto.Message)
 	rep, ok2 := reply.(proto.Message)
-	if !plain(opts) || !ok1 || !ok2 || c.fallback.Load() {
+	if !plain(opts) || !ok1 || !ok2 || c.fallback() {
 		return c.cfg.GRPC.Invoke(ctx, method, args, reply, opts...)
 	}
 	if err := ctx.Err(); err != nil {
@@ -197,6 +212,10 @@ func (c *Conn) get(ctx context.Context) (*wire, error) {
 		case c.closed:
 			c.mu.Unlock()
 			return nil, grpcstatus.Error(codes.Canceled, "grpc: the client connection is closing")
+		case c.fallback():
+			// The dial this call waited on found gRPC: so does the call.
+			c.mu.Unlock()
+			return nil, errNotFramed
 		case c.wire != nil && !c.wire.lost():
 			w := c.wire
 			c.mu.Unlock()
@@ -216,6 +235,9 @@ func (c *Conn) get(ctx context.Context) (*wire, error) {
 		c.mu.Unlock()
 		w, err := c.dial(ctx)
 		c.mu.Lock()
+		if errors.Is(err, errNotFramed) {
+			c.fellBack.Store(time.Now().UnixNano()) // before the calls waiting look
+		}
 		c.dialed = nil
 		close(ch)
 		if err == nil && c.closed {
@@ -226,9 +248,6 @@ func (c *Conn) get(ctx context.Context) (*wire, error) {
 			c.wire = w
 		}
 		c.mu.Unlock()
-		if errors.Is(err, errNotFramed) {
-			c.fallback.Store(true)
-		}
 		return w, err
 	}
 }
@@ -412,7 +431,15 @@ func (w *wire) read() {
 		body, err := readFrame(r, nil, w.maxRecv+answerHead)
 		var id uint64
 		var a answer
-		if err == nil {
+		var tl *TooLargeError
+		switch {
+		case errors.As(err, &tl):
+			// As gRPC: the call fails ResourceExhausted (which callers do
+			// not retry, unlike Unavailable), the connection goes on.
+			id, err = skipAnswer(r, tl.Size)
+			a.err = grpcstatus.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)",
+				tl.Size-answerHead, w.maxRecv)
+		case err == nil:
 			id, a.kind, a.msg, err = parseAnswer(body)
 		}
 		if err != nil {
@@ -427,6 +454,22 @@ func (w *wire) read() {
 			ch <- a
 		}
 	}
+}
+
+// skipAnswer reads past an answer of size bytes (after its length) and
+// returns its call's id.
+func skipAnswer(r io.Reader, size int) (uint64, error) {
+	var h [answerHead]byte
+	if size < len(h) {
+		return 0, malformed("answer of %d bytes", size)
+	}
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, err
+	}
+	if _, err := io.CopyN(io.Discard, r, int64(size-len(h))); err != nil {
+		return 0, err
+	}
+	return leUint64(h[:]), nil
 }
 
 // close fails every call in flight with codes.Unavailable, as gRPC fails

@@ -279,8 +279,8 @@ func TestServerMaxRecvMsgSize(t *testing.T) {
 	}
 }
 
-// A reply over the Conn's limit loses the connection; the next call
-// dials again.
+// A reply over the Conn's limit fails its call ResourceExhausted, as
+// gRPC's; the next call goes on.
 func TestConnMaxRecvMsgSize(t *testing.T) {
 	s := startServer(t, handlerFunc(func(ctx context.Context, in *wrapperspb.BytesValue) (*wrapperspb.BytesValue, error) {
 		if string(in.Value) == "big" {
@@ -294,7 +294,7 @@ func TestConnMaxRecvMsgSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := rpc(ctx, c, []byte("big"))
-	wantCode(t, err, codes.Unavailable)
+	wantCode(t, err, codes.ResourceExhausted)
 	if v, err := rpc(ctx, c, []byte("next")); err != nil || string(v) != "next" {
 		t.Fatalf("the call after a reply too large: %q, %v", v, err)
 	}
@@ -607,5 +607,34 @@ func TestHugeLimits(t *testing.T) {
 	}
 	if s.paths.framed.Load() != 1 {
 		t.Fatal("the call did not go framed")
+	}
+}
+
+// A Conn that fell back to gRPC tries frames again once Reprobe has
+// passed: a server upgraded in place (here: a plain gRPC server replaced
+// by one that also speaks frames, on the same port) gets frames again.
+func TestFallbackReprobes(t *testing.T) {
+	s := startServer(t, handlerFunc(echo), serverOpts{plain: true})
+	c := newConn(t, s.addr, ConnConfig{Reprobe: 200 * time.Millisecond})
+	ctx := ctxTimeout(t, 10*time.Second)
+	if _, err := rpc(ctx, c, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	if c.Framed() {
+		t.Fatal("Framed() over a plain gRPC server")
+	}
+	s.stop()
+	s2 := startServer(t, handlerFunc(echo), serverOpts{addr: s.addr})
+	// Within Reprobe the Conn keeps to gRPC, which reconnects by itself.
+	eventually(t, 5*time.Second, "a call through the gRPC connection", func() bool {
+		_, err := rpc(ctx, c, []byte("grpc"))
+		return err == nil
+	})
+	eventually(t, 5*time.Second, "frames again after Reprobe", func() bool {
+		v, err := rpc(ctx, c, []byte("new"))
+		return err == nil && string(v) == "new" && s2.paths.framed.Load() > 0
+	})
+	if !c.Framed() {
+		t.Fatal("Framed() false after a framed call")
 	}
 }

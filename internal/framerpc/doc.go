@@ -15,7 +15,8 @@
 // Both protocols share a port: Split hands the connections that open with
 // the frame protocol's preface to the Server and the others (HTTP/2's
 // preface) to the gRPC server. A Conn whose server does not answer the
-// preface (a server without framerpc) falls back to gRPC for good.
+// preface (a server without framerpc) falls back to gRPC, and tries
+// frames again a minute later (ConnConfig.Reprobe).
 //
 // Lifecycle: NewServer, RegisterService for each service, Split the
 // listener (or ServeConn each connection), Close. NewConn over a gRPC

@@ -102,7 +102,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+	if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) { // serve ends only on an error
 		s.cfg.Log.Info("framerpc: connection closed", "peer", c.RemoteAddr().String(), "err", err)
 	}
 }

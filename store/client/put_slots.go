@@ -141,12 +141,14 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 		return
 	}
 	for n, k := range want {
-		have, full := len(p.free[n]), max(slotsAhead*k, slotsMin)
+		// Full is also no more than the budget lets the pool hold: half
+		// of a full it can never reach would reserve on every batch.
+		have, room := len(p.free[n]), int((slotMaxBytes-min(p.bytes, slotMaxBytes))/n)
+		full := min(max(slotsAhead*k, slotsMin), have+room)
 		if 2*have >= full {
 			continue
 		}
 		k = full - have
-		k = min(k, int((slotMaxBytes-min(p.bytes, slotMaxBytes))/n))
 		if k <= 0 || p.filling[n] || p.refused[n] {
 			continue
 		}

@@ -269,7 +269,6 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 		// (internal/framerpc), through the same interceptors.
 		s.frames = framerpc.NewServer(framerpc.ServerConfig{Interceptor: framerpc.ChainUnary(s.unaryInterceptors()...),
 			MaxRecvMsgSize: cfg.MaxRecvMsgSize, MaxConcurrentCalls: int(min(cfg.MaxConcurrentStreams, 1<<20)), Log: s.log})
-		s.lis = framerpc.Split(s.lis, s.frames)
 	}
 	if cfg.Admin != "" {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
@@ -317,8 +316,16 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 	} else {
 		s.wg.Go(func() { s.campaign(ctx) })
 	}
+	// Split serves framed calls from here on, as Serve does gRPC's: not
+	// before, for a call must find its method registered (a framed
+	// server's RegisterService is not safe against calls running) and,
+	// without HA, the service leading.
+	glis := s.lis
+	if s.frames != nil {
+		glis = framerpc.Split(s.lis, s.frames)
+	}
 	s.wg.Go(func() {
-		if err := s.grpc.Serve(s.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := s.grpc.Serve(glis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Error("master: gRPC server stopped", "err", err)
 		}
 	})
