@@ -638,3 +638,31 @@ func TestFallbackReprobes(t *testing.T) {
 		t.Fatal("Framed() false after a framed call")
 	}
 }
+
+// A call whose connection is lost has its context ended, as gRPC's end
+// with their transport, rather than running on to its deadline.
+func TestLostConnectionEndsItsCalls(t *testing.T) {
+	started, ended := make(chan struct{}), make(chan error, 1)
+	s := startServer(t, handlerFunc(func(ctx context.Context, in *wrapperspb.BytesValue) (*wrapperspb.BytesValue, error) {
+		close(started)
+		<-ctx.Done()
+		ended <- ctx.Err()
+		return nil, ctx.Err()
+	}), serverOpts{})
+	c := newConn(t, s.addr, ConnConfig{})
+	go func() { _, _ = rpc(ctxTimeout(t, time.Minute), c, []byte("wait")) }()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	_ = c.Close()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the handler's context ended with %v, want Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context outlived its connection")
+	}
+}

@@ -95,9 +95,13 @@ func (s *Server) ServeConn(c net.Conn) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	sc := &serverConn{s: s, c: c, slots: make(chan struct{}, s.cfg.MaxConcurrentCalls)}
+	// The calls of a connection end with it, as gRPC's end with their
+	// transport: nobody is left to hear their answers.
+	ctx, cancel := context.WithCancel(s.ctx)
+	sc := &serverConn{s: s, c: c, ctx: ctx, slots: make(chan struct{}, s.cfg.MaxConcurrentCalls)}
 	err := sc.serve()
 	_ = c.Close()
+	cancel()
 	sc.calls.Wait()
 	s.mu.Lock()
 	delete(s.conns, c)
@@ -124,7 +128,8 @@ func (s *Server) Close() {
 type serverConn struct {
 	s     *Server
 	c     net.Conn
-	slots chan struct{} // one per call running
+	ctx   context.Context // ends with the connection
+	slots chan struct{}   // one per call running
 	calls sync.WaitGroup
 	wmu   sync.Mutex // one answer at a time
 }
@@ -193,7 +198,7 @@ func (sc *serverConn) run(c call) {
 			"framerpc: received message larger than max (%d vs. %d)", len(c.msg), sc.s.cfg.MaxRecvMsgSize))
 		return
 	}
-	ctx := sc.s.ctx
+	ctx := sc.ctx
 	if c.md != nil {
 		ctx = metadata.NewIncomingContext(ctx, c.md)
 	}
