@@ -1,5 +1,8 @@
 // Package master is the Mooncake Store master: the metadata service that
-// clients talk to over gRPC (store/storepb). It owns the map from object keys
+// clients talk to over gRPC (store/storepb), and without TLS also over
+// plain frames on the same port (internal/framerpc: the same services,
+// interceptors and limits, about half gRPC's latency for a small call),
+// which store clients use. It owns the map from object keys
 // to replicas, allocates replica space in the segments that clients mount
 // into the pool, grants leases on reads, evicts near-LRU objects past a high
 // watermark (spilling them to SSD tiers where nodes have one), and, under
@@ -81,10 +84,13 @@
 //     closed unserved. A peer has 5 s for its ZMTP handshake and may send
 //     no frame over 64 KiB (kvlimit.go).
 //   - ServerConfig.MaxRecvMsgSize [--max_request_size], 256 MiB: a larger
-//     gRPC request fails with ResourceExhausted before it is decoded.
+//     request (gRPC or framed) fails with ResourceExhausted before it is
+//     decoded.
 //   - ServerConfig.MaxConcurrentStreams [--max_concurrent_streams], 1024
-//     calls in flight per client connection; gRPC clients queue the rest.
-//   - ServerConfig.MaxConns [--max_connections], 16384 gRPC connections,
+//     calls in flight per client connection; gRPC clients queue the rest,
+//     a framed connection is not read further until one ends.
+//   - ServerConfig.MaxConns [--max_connections], 16384 connections (gRPC
+//     and framed),
 //     and MaxConnsPerPeer [--max_connections_per_peer], 1024 from one IP
 //     address; the admin HTTP server takes 1024, 64 from one address.
 //     Connections over a limit are closed as they are accepted, and
