@@ -89,12 +89,12 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	f.String("max_value_size", "1TiB", "largest value one put may store (bytes, or 1GiB, 16GB)")
 	f.Int("max_batch_size", master.DefaultMaxBatch, "most keys one batch call may carry")
 	f.String("max_batch_value_size", "16TiB", "most value bytes one batch put may reserve, all items together")
-	f.String("max_request_size", "256MiB", "largest gRPC request accepted")
-	f.Int("max_concurrent_streams", master.DefaultMaxConcurrentStreams, "most calls in flight on one client connection (gRPC queues the rest)")
+	f.String("max_request_size", "256MiB", "largest request accepted (gRPC or framed)")
+	f.Int("max_concurrent_streams", master.DefaultMaxConcurrentStreams, "most calls in flight on one client connection (the rest wait)")
 	f.Int("max_watchers", master.DefaultMaxWatchers, "most WatchObjects streams served at once")
 	f.String("max_admin_body", "64KiB", "largest admin HTTP request body (larger: 413)")
-	f.Int("max_connections", master.DefaultMaxConns, "most gRPC connections open at once")
-	f.Int("max_connections_per_peer", master.DefaultMaxConnsPerPeer, "most gRPC connections open at once from one IP address")
+	f.Int("max_connections", master.DefaultMaxConns, "most client connections (gRPC or framed) open at once")
+	f.Int("max_connections_per_peer", master.DefaultMaxConnsPerPeer, "most client connections open at once from one IP address")
 	addKVEventsFlags(f)
 	addTenantFlags(f)  // master_tenant.go
 	addPersistFlags(f) // master_persist.go

@@ -49,19 +49,21 @@ type ServerConfig struct {
 	// leads (kvevents.go), as mooncake_master --enable_kv_events. Zero:
 	// none.
 	KVEvents *KVEventsConfig
-	// MaxRecvMsgSize is the largest gRPC request accepted, in bytes; a
-	// larger one fails with ResourceExhausted before it is decoded. Zero:
+	// MaxRecvMsgSize is the largest request accepted (gRPC or framed), in
+	// bytes; a larger one fails with ResourceExhausted before it is decoded. Zero:
 	// DefaultMaxRecvMsgSize.
 	MaxRecvMsgSize int
 	// MaxConcurrentStreams is the most calls one client connection may
-	// have in flight; a gRPC client queues the rest. Zero:
+	// have in flight; a gRPC client queues the rest, a framed connection
+	// is not read further until one ends. Zero:
 	// DefaultMaxConcurrentStreams.
 	MaxConcurrentStreams uint32
 	// MaxAdminBody is the largest request body the admin HTTP server
 	// accepts, in bytes; a larger one is answered 413. Zero:
 	// DefaultMaxAdminBody.
 	MaxAdminBody int64
-	// MaxConns and MaxConnsPerPeer cap the gRPC connections open at once,
+	// MaxConns and MaxConnsPerPeer cap the client connections (gRPC and
+	// framed) open at once,
 	// in all and from one IP address: with MaxConcurrentStreams they bound
 	// the calls and streams clients can hold. Connections over them are
 	// closed as they are accepted, and logged. Zero: DefaultMaxConns,
