@@ -291,7 +291,7 @@ func (c *Conn) dial(ctx context.Context) (*wire, error) {
 		_ = nc.Close()
 		return nil, grpcstatus.Errorf(codes.Unavailable, "framerpc: %s: %v", c.cfg.Addr, werr)
 	}
-	w := &wire{c: nc, pending: map[uint64]chan answer{}, maxRecv: c.cfg.MaxRecvMsgSize}
+	w := &wire{c: nc, wmu: make(writeLock, 1), pending: map[uint64]chan answer{}, maxRecv: c.cfg.MaxRecvMsgSize}
 	go w.read()
 	return w, nil
 }
@@ -358,8 +358,8 @@ func (c *Conn) Close() error {
 type wire struct {
 	c       net.Conn
 	maxRecv int
-	wmu     sync.Mutex // one frame at a time
-	buf     []byte     // the frame being written, under wmu
+	wmu     writeLock // one frame at a time
+	buf     []byte    // the frame being written, under wmu
 
 	mu      sync.Mutex
 	next    uint64
@@ -386,7 +386,10 @@ func (w *wire) call(ctx context.Context, method string, timeout time.Duration, m
 	w.pending[id] = ch
 	w.mu.Unlock()
 
-	w.wmu.Lock()
+	if err := w.wmu.lock(ctx); err != nil {
+		w.drop(id)
+		return answer{}, grpcstatus.FromContextError(err).Err()
+	}
 	b, err := appendCall(w.buf[:0], id, timeout, method, md, msg)
 	if err == nil {
 		_ = w.c.SetWriteDeadline(time.Now().Add(writeTimeout))
@@ -410,6 +413,39 @@ func (w *wire) call(ctx context.Context, method string, timeout time.Duration, m
 		return answer{}, grpcstatus.FromContextError(ctx.Err()).Err()
 	}
 }
+
+// writeLock is the wire's write lock. A call waits for it only while
+// its context lives: the call holding it may be blocked in a write to a
+// server that stopped reading (until writeTimeout, or the kernel's
+// PathTimeout), and the calls behind it end at their deadlines, as
+// gRPC's end while they wait for flow control.
+type writeLock chan struct{}
+
+func (l writeLock) lock(ctx context.Context) error {
+	select {
+	case l <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TryLock takes the lock if it is free.
+func (l writeLock) TryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l writeLock) Unlock() { <-l }
 
 func (w *wire) drop(id uint64) {
 	w.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/metadata"
@@ -165,16 +166,29 @@ func readFrame(r io.Reader, buf []byte, limit int) ([]byte, error) {
 	if n > limit {
 		return buf, &TooLargeError{Size: n, Limit: limit}
 	}
-	if cap(buf) < n {
-		buf = make([]byte, n)
+	// The length is the peer's word until its bytes arrive: a frame
+	// larger than the buffer grows it as they do (doubling, from
+	// readChunk), as gRPC reads a message, so that a peer claiming the
+	// limit and sending 4 bytes holds no more than that.
+	buf = buf[:0]
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(n-len(buf), max(len(buf), readChunk)))
+		}
+		m, err := io.ReadFull(r, buf[len(buf):min(n, cap(buf))])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return buf, err
+		}
 	}
-	buf = buf[:n]
-	_, err := io.ReadFull(r, buf)
-	if errors.Is(err, io.EOF) {
-		err = io.ErrUnexpectedEOF
-	}
-	return buf, err
+	return buf, nil
 }
+
+// readChunk is the most readFrame allocates ahead of the bytes it has.
+const readChunk = 1 << 20
 
 // TooLargeError is a frame over the reader's limit.
 type TooLargeError struct{ Size, Limit int }
