@@ -9,10 +9,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,6 +18,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/mooncake-go/mooncake/internal/pathwatch"
 )
 
 // ConnConfig configures a Conn.
@@ -310,25 +310,10 @@ func ctxDone(ctx context.Context) error {
 }
 
 // dialer makes the kernel fail a connection whose path died within about
-// PathTimeout: TCP_USER_TIMEOUT bounds how long sent data may go
-// unacknowledged, and keepalives (answered by a live peer's kernel) make
-// a connection that only waits for answers send something to be
-// acknowledged.
+// PathTimeout (internal/pathwatch).
 func (c *Conn) dialer() *net.Dialer {
-	t := c.cfg.PathTimeout
-	probe := max(time.Second, t/2) // keepalive times are whole seconds
-	return &net.Dialer{
-		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: max(2, int(t/probe)+1)},
-		Control: func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			if err := rc.Control(func(fd uintptr) {
-				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(t/time.Millisecond))
-			}); err != nil {
-				return err
-			}
-			return serr
-		},
-	}
+	ka, control := pathwatch.Dialer(c.cfg.PathTimeout)
+	return &net.Dialer{KeepAliveConfig: ka, Control: control}
 }
 
 // forget drops w, lost, so the next call dials again.

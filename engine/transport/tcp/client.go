@@ -14,11 +14,10 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
+	"github.com/mooncake-go/mooncake/internal/pathwatch"
 )
 
 // ClientConfig configures the initiating side of the TCP transport.
@@ -790,25 +789,10 @@ func (l *lane) dial(s *transport.Slice) (*laneConn, error) {
 }
 
 // pathWatch returns the keepalive settings and socket option that make the
-// kernel fail a connection whose path died within about PathTimeout:
-// TCP_USER_TIMEOUT bounds how long sent data may go unacknowledged, and
-// keepalives (answered by a live peer's kernel, however busy its process)
-// make a connection that only waits for answers send something to be
-// acknowledged. The reads and writes on it then fail with ETIMEDOUT.
+// kernel fail a connection whose path died within about PathTimeout
+// (internal/pathwatch).
 func (c *Client) pathWatch() (net.KeepAliveConfig, func(network, address string, rc syscall.RawConn) error) {
-	t := c.cfg.PathTimeout
-	probe := max(time.Second, t/2) // keepalive times are whole seconds
-	ka := net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: max(2, int(t/probe)+1)}
-	control := func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		if err := rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(t/time.Millisecond))
-		}); err != nil {
-			return err
-		}
-		return serr
-	}
-	return ka, control
+	return pathwatch.Dialer(c.cfg.PathTimeout)
 }
 
 func (l *lane) send(lc *laneConn, sl []*transport.Slice) error {
