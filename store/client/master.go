@@ -44,7 +44,8 @@ type masterConn struct {
 	mu     sync.Mutex
 	addr   string
 	conn   *grpc.ClientConn
-	frames *framerpc.Conn // nil unless framed
+	frames *framerpc.Conn           // nil unless framed
+	cc     grpc.ClientConnInterface // the frames, or conn: for other services' clients
 	rpc    storepb.MasterClient
 	gen    uint64 // bumped by each reconnect
 	closed bool   // by close: no connection may be installed after it
@@ -170,7 +171,7 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 		m.frames = framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: conn, Creds: m.creds, DialTimeout: 2 * time.Second})
 		cc = m.frames
 	}
-	m.conn, m.rpc = conn, storepb.NewMasterClient(cc)
+	m.conn, m.cc, m.rpc = conn, cc, storepb.NewMasterClient(cc)
 	m.gen++
 	return m.rpc, m.gen, nil
 }
@@ -191,7 +192,7 @@ func (m *masterConn) closeConn() {
 		_ = m.frames.Close()
 	}
 	_ = m.conn.Close()
-	m.conn, m.frames, m.rpc = nil, nil, nil
+	m.conn, m.frames, m.cc, m.rpc = nil, nil, nil, nil
 }
 
 func (m *masterConn) close() {

@@ -244,7 +244,7 @@ func (c *Client) mountSSD(ctx context.Context) error {
 	var taken []bool
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
 		c.master.mu.Lock()
-		conn := c.master.conn
+		conn := c.master.cc // the frames where the client uses them: one connection
 		c.master.mu.Unlock()
 		if conn == nil {
 			return status.Error(codes.Unavailable, "client: no master connection")
