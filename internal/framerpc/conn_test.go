@@ -325,18 +325,7 @@ func TestFallbackToGRPC(t *testing.T) {
 // A server that dies under a call fails it at once, not at its
 // deadline; the Conn dials the server that replaces it.
 func TestServerKilledMidCall(t *testing.T) {
-	b := newBlocker()
-	s := startServer(t, b, serverOpts{})
-	t.Cleanup(b.unblock)
-	c := newConn(t, s.addr, ConnConfig{})
-	ctx := ctxTimeout(t, 30*time.Second)
-
-	errc := make(chan error, 1)
-	go func() {
-		_, err := rpc(ctx, c, []byte("block"))
-		errc <- err
-	}()
-	b.waitStarted(t)
+	b, s, c, ctx, errc := blockedCall(t)
 	start := time.Now()
 	stopped := make(chan struct{})
 	go func() {
@@ -460,17 +449,7 @@ func TestMaxConcurrentCalls(t *testing.T) {
 // Conn.Close fails the calls in flight and later ones as gRPC's Close
 // does; a second Close is harmless.
 func TestConnClose(t *testing.T) {
-	b := newBlocker()
-	s := startServer(t, b, serverOpts{})
-	t.Cleanup(b.unblock)
-	c := newConn(t, s.addr, ConnConfig{})
-	ctx := ctxTimeout(t, 30*time.Second)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := rpc(ctx, c, []byte("block"))
-		errc <- err
-	}()
-	b.waitStarted(t)
+	_, s, c, ctx, errc := blockedCall(t)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -665,4 +644,24 @@ func TestLostConnectionEndsItsCalls(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler's context outlived its connection")
 	}
+}
+
+// blockedCall starts a server whose handler blocks on "block" (released
+// at the test's end), a Conn to it, and a call of "block" on a goroutine;
+// it returns once the handler runs, with the call's context and where its
+// error will come.
+func blockedCall(t *testing.T) (*blocker, *server, *Conn, context.Context, chan error) {
+	t.Helper()
+	b := newBlocker()
+	s := startServer(t, b, serverOpts{})
+	t.Cleanup(b.unblock)
+	c := newConn(t, s.addr, ConnConfig{})
+	ctx := ctxTimeout(t, 30*time.Second)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := rpc(ctx, c, []byte("block"))
+		errc <- err
+	}()
+	b.waitStarted(t)
+	return b, s, c, ctx, errc
 }
