@@ -30,6 +30,12 @@ type OursConfig struct {
 	// HA journals the started master's changes to an embedded etcd, as
 	// `mooncake up` does. Zero: a single master without etcd.
 	HA bool
+	// Masters is the number of masters under HA: more than one starts
+	// standbys, whose acknowledgements make journal records durable
+	// unless SyncEtcd. Zero: 1.
+	Masters int
+	// SyncEtcd makes puts wait for etcd even with a standby.
+	SyncEtcd bool
 	// Capacity is the pool's size. Zero: what Redis is given.
 	Capacity int64
 	// ReservePuts sets client.Config.ReservePuts: puts write into space
@@ -63,7 +69,7 @@ func RunOurs(ctx context.Context, o Options, cfg OursConfig) (res Result, err er
 	}
 	master := cfg.Master
 	if master == "" {
-		cc := cluster.Config{NoHA: !cfg.HA, Nodes: cluster.NoNodes}
+		cc := cluster.Config{NoHA: !cfg.HA, Masters: cfg.Masters, SyncEtcd: cfg.SyncEtcd, Nodes: cluster.NoNodes}
 		if cfg.Topology != Local {
 			if len(cfg.NodeCommand) == 0 {
 				return Result{}, errors.New("store: RunOurs needs a NodeCommand to start a storage node")

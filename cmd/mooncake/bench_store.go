@@ -25,6 +25,8 @@ func newBenchStoreCmd() *cobra.Command {
 		asJSON     bool
 		master     string
 		ha         bool
+		masters    int
+		syncEtcd   bool
 		reserve    bool
 	)
 	c := &cobra.Command{
@@ -75,7 +77,7 @@ each run unless --master points at one.`,
 				switch strings.TrimSpace(s) {
 				case store.Ours, "ours":
 					for _, t := range strings.Split(topologies, ",") {
-						cfg := store.OursConfig{Topology: strings.TrimSpace(t), Master: master, HA: ha, ReservePuts: reserve,
+						cfg := store.OursConfig{Topology: strings.TrimSpace(t), Master: master, HA: ha, Masters: masters, SyncEtcd: syncEtcd, ReservePuts: reserve,
 							NodeCommand: []string{self, "node", "--local_buffer_size", "8MiB"}}
 						runs = append(runs, system{store.Ours, cfg.Topology, func(o store.Options) (store.Result, error) {
 							return store.RunOurs(ctx, o, cfg)
@@ -155,6 +157,8 @@ each run unless --master points at one.`,
 	f.BoolVar(&asJSON, "json", false, "print the medians as JSON")
 	f.StringVar(&master, "master", "", "use this store for ours (host:port or etcd://...)")
 	f.BoolVar(&ha, "ha", false, "start our master with the etcd journal, as mooncake up does")
+	f.IntVar(&masters, "masters", 1, "our masters with --ha (more than one: standbys, which acknowledge journal records)")
+	f.BoolVar(&syncEtcd, "sync-etcd", false, "with --ha: puts wait for etcd even with a standby")
 	f.BoolVar(&reserve, "reserve-puts", false, "our clients put into space reserved ahead (client.Config.ReservePuts)")
 	c.AddCommand(newBenchStoreTCPServerCmd())
 	return c

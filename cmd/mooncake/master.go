@@ -29,7 +29,11 @@ upper case) or a config file (--config_path, MOONCAKE_CONFIG_PATH).
 
 With --enable_ha the master campaigns for leadership in etcd
 (--etcd_endpoints) and serves only while it leads, journaling every durable
-change to etcd so that a standby taking over loses no completed put.
+change to etcd so that a standby taking over loses no completed put. With
+a warm standby (another master with the same flags) the leader answers a
+put once that standby has its record, and writes etcd behind; only the
+leader and that standby dying within milliseconds of each other loses the
+last puts. --ha_sync_etcd makes every put wait for etcd instead.
 
 With --enable_kv_events the leader publishes a KV event per object key on
 a ZMQ PUB socket (--kv_events_bind_endpoint) as it is stored, removed or
@@ -85,6 +89,7 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	f.String("ha_backend_type", "etcd", "HA backend; etcd is the only one here")
 	f.String("cluster_id", "mooncake_cluster", "HA cluster name (the etcd key prefix)")
 	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
+	f.Bool("ha_sync_etcd", false, "HA: answer a put once its journal record is in etcd, never on a standby's acknowledgement (by default a warm standby that keeps up acknowledges, and etcd is written milliseconds behind)")
 	f.Int("max_key_length", master.MaxKeyLen, "longest object key accepted, bytes")
 	f.String("max_value_size", "1TiB", "largest value one put may store (bytes, or 1GiB, 16GB)")
 	f.Int("max_batch_size", master.DefaultMaxBatch, "most keys one batch call may carry")
@@ -174,7 +179,8 @@ func runMaster(cmd *cobra.Command, official []officialFlag) error {
 		if err != nil {
 			return err
 		}
-		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl, EtcdTLS: clientTLS(s.str, "etcd_")}
+		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl, EtcdTLS: clientTLS(s.str, "etcd_"),
+			SyncEtcd: s.boolean("ha_sync_etcd")}
 		if a := rpcAddr; a != "0.0.0.0" && a != "" {
 			cfg.HA.Advertise = cfg.Listen
 		}

@@ -43,6 +43,10 @@ type Config struct {
 	EtcdFsync bool
 	// Masters is the number of masters. Zero: 1.
 	Masters int
+	// SyncEtcd makes the masters answer puts only once etcd has their
+	// journal records, never on a standby's acknowledgement
+	// (master.HAConfig.SyncEtcd).
+	SyncEtcd bool
 	// NoHA runs a single master without etcd election and journal (and
 	// without etcd at all). Masters must then be 1.
 	NoHA bool
@@ -207,7 +211,7 @@ func (c *Cluster) startMaster(i int) error {
 	if !c.cfg.NoHA {
 		// The masters call the etcd of this process in process: a put's
 		// journal write skips gRPC over loopback TCP.
-		sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}, Client: c.etcd.Client()}
+		sc.HA = &master.HAConfig{Etcd: []string{c.etcd.Addr()}, Client: c.etcd.Client(), SyncEtcd: c.cfg.SyncEtcd}
 	}
 	if kv := c.cfg.KVEvents; kv != nil {
 		kv := *kv

@@ -59,6 +59,13 @@
 //     latest snapshot and the records after it, rebuilds the allocators
 //     from the live replicas, gives every object a fresh lease (readers of
 //     the old leader may still be copying) and serves.
+//   - Standby acknowledgements (replicate.go): a warm standby fetches the
+//     leader's records as they are appended (JournalFetch); the leader
+//     designates one that keeps up, in etcd, and a record is durable once
+//     that standby has it or etcd does, etcd being written behind. A
+//     winner other than the designated standby yields to it while it
+//     lives; the standby, winning, writes to etcd the records it fetched
+//     that etcd lacks. HAConfig.SyncEtcd [--ha_sync_etcd] turns this off.
 //
 // # Limits
 //

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,7 +44,9 @@ var ErrNotLeader = errors.New("master: no longer the leader")
 
 // etcdJournal is the leader's journal: appends queue in memory, one writer
 // goroutine commits them in order in batches (group commit), then runs
-// their callbacks and wakes the waiters.
+// their callbacks and wakes the waiters. A record is durable once it is in
+// etcd, or once the standby this leader designated has it (replicate.go):
+// etcd is then written behind.
 type etcdJournal struct {
 	cli     *clientv3.Client
 	prefix  string
@@ -50,27 +54,127 @@ type etcdJournal struct {
 	term    int64
 
 	journalQueue
+
+	// Under journalQueue.mu:
+	uncommitted []entry // appended and not durable yet: committed+1..
+	etcdDone    uint64  // every record through this one is in etcd
+	recent      []*storepb.JournalRecord
+	recentFirst uint64        // the seq of recent[0]
+	appended    chan struct{} // closed at the next append; nil: nobody waits
+	rep         replication
+
+	advMu sync.Mutex // one advance at a time: callbacks run in order
+
+	holdEtcd atomic.Bool // tests: write nothing to etcd while set
 }
 
 var _ journal = (*etcdJournal)(nil)
 
 // newEtcdJournal continues the journal after record last, of which the
 // ones after the latest snapshot (seq snap) count towards the next one.
-func newEtcdJournal(cli *clientv3.Client, clusterID string, term int64, last, snap uint64) *etcdJournal {
+// standbyAcks lets a standby's acknowledgement make records durable.
+func newEtcdJournal(cli *clientv3.Client, clusterID string, term int64, last, snap uint64, standbyAcks bool) *etcdJournal {
 	j := &etcdJournal{cli: cli, prefix: journalPrefix(clusterID), viewKey: ha.ViewKey(clusterID), term: term}
 	j.initQueue(last, snap)
+	j.etcdDone, j.recentFirst = last, last+1
+	j.rep.enabled = standbyAcks
 	go j.run()
 	return j
 }
 
+func (j *etcdJournal) append(rec *storepb.JournalRecord, done func()) uint64 {
+	j.mu.Lock()
+	seq := j.next
+	j.next++
+	e := entry{rec, done}
+	j.queue = append(j.queue, e)
+	j.uncommitted = append(j.uncommitted, e)
+	if j.tapping {
+		j.tapped = append(j.tapped, tapped{seq, rec})
+	}
+	if j.rep.enabled {
+		j.recent = append(j.recent, rec)
+		if len(j.recent) >= 2*keepRecent {
+			drop := len(j.recent) - keepRecent
+			j.recent = append(j.recent[:0:0], j.recent[drop:]...)
+			j.recentFirst += uint64(drop)
+		}
+		if j.appended != nil {
+			close(j.appended)
+			j.appended = nil
+		}
+	}
+	j.mu.Unlock()
+	j.signal()
+	return seq
+}
+
+// advance makes durable the records through the last one in etcd, or the
+// last one the designated standby acknowledged if later: their callbacks
+// run, in order, then their waiters wake.
+func (j *etcdJournal) advance() {
+	j.advMu.Lock()
+	defer j.advMu.Unlock()
+	j.mu.Lock()
+	to := j.etcdDone
+	if j.rep.insync {
+		to = max(to, min(j.rep.acked, j.next-1))
+	}
+	if to <= j.committed {
+		j.mu.Unlock()
+		return
+	}
+	n := int(to - j.committed)
+	batch := j.uncommitted[:n:n]
+	j.uncommitted = j.uncommitted[n:]
+	j.mu.Unlock()
+	for _, e := range batch {
+		if e.done != nil {
+			e.done()
+		}
+	}
+	j.mu.Lock()
+	j.committed = to
+	j.sinceSnap += n
+	j.cond.Broadcast()
+	j.mu.Unlock()
+}
+
 // close stops the writer; records not yet committed fail their waiters.
+// Records a standby acknowledged go to etcd first (for up to
+// etcdOpTimeout): masters stopped together, the standby with the leader,
+// lose none.
 func (j *etcdJournal) close() {
 	j.mu.Lock()
+	if r := &j.rep; r.insync {
+		r.insync = false // no more pacing
+		j.signal()
+		deadline := time.AfterFunc(etcdOpTimeout, func() {
+			j.mu.Lock()
+			j.cond.Broadcast()
+			j.mu.Unlock()
+		})
+		for start := time.Now(); j.etcdDone < j.committed && j.err == nil && time.Since(start) < etcdOpTimeout; {
+			j.cond.Wait()
+		}
+		deadline.Stop()
+		if j.etcdDone >= j.committed && j.err == nil {
+			// The next leader need not ask the standby.
+			d := designation(r.designated, j.term, r.addr)
+			j.mu.Unlock()
+			_ = j.undesignate(d)
+			j.mu.Lock()
+		}
+	}
 	j.closed = true
 	if j.err == nil {
 		j.err = fmt.Errorf("%w: journal closed", ErrNotLeader)
 	}
 	j.cond.Broadcast()
+	if j.appended != nil {
+		close(j.appended)
+		j.appended = nil
+	}
 	j.mu.Unlock()
 	j.signal()
 	<-j.done
@@ -98,24 +202,36 @@ type written struct {
 }
 
 // run dispatches queued records to up to journalDepth concurrent writes
-// (one, unless the batch is large) and advances the committed sequence number through the batches that
-// have landed with no gap before them, running their callbacks in order.
-// Batches may land out of order; a failed one fails the journal, and the
-// records after it, though in etcd, are never acknowledged (a new leader
-// loads up to the gap and deletes the rest).
+// (one, unless the batch is large) and advances the records in etcd
+// through the batches that have landed with no gap before them. Batches
+// may land out of order; a failed one fails the journal, and the records
+// after it, though in etcd, are never acknowledged (a new leader loads up
+// to the gap and deletes the rest). While a standby acknowledges, writes
+// start at most every behindEvery unless journalOverlap records wait:
+// etcd's CPU is then spent on fewer, larger transactions.
 func (j *etcdJournal) run() {
 	defer close(j.done)
 	landed := make(chan written, journalDepth)
 	inflight := 0
 	next := j.committed + 1 // the seq the next dispatched batch starts at
 	pending := map[uint64]written{}
+	tick := time.NewTicker(standbyCheck)
+	defer tick.Stop()
+	var lastWrite time.Time
+	var later <-chan time.Time // a paced write's turn
 	for {
 		// Dispatch while there is room and work.
 		j.mu.Lock()
 		closed, failed := j.closed, j.err != nil
 		var batch []entry
-		if !closed && !failed && (inflight == 0 || inflight < journalDepth && len(j.queue) >= journalOverlap) {
-			batch, j.queue = j.queue, nil
+		if !closed && !failed && len(j.queue) > 0 && !j.holdEtcd.Load() && (inflight == 0 || inflight < journalDepth && len(j.queue) >= journalOverlap) {
+			if wait := behindEvery - time.Since(lastWrite); j.rep.insync && len(j.queue) < journalOverlap && wait > 0 {
+				if later == nil {
+					later = time.After(wait)
+				}
+			} else {
+				batch, j.queue = j.queue, nil
+			}
 		}
 		j.mu.Unlock()
 		if (closed || failed) && inflight == 0 {
@@ -125,6 +241,7 @@ func (j *etcdJournal) run() {
 			first := next
 			next += uint64(len(batch))
 			inflight++
+			lastWrite = time.Now()
 			go func() { landed <- written{first, batch, j.write(first, batch)} }()
 			continue
 		}
@@ -136,17 +253,23 @@ func (j *etcdJournal) run() {
 				continue
 			}
 			pending[w.first] = w
+			j.mu.Lock()
 			for {
-				j.mu.Lock()
-				at := j.committed + 1
-				j.mu.Unlock()
-				w, ok := pending[at]
+				w, ok := pending[j.etcdDone+1]
 				if !ok {
 					break
 				}
-				delete(pending, at)
-				j.commit(w.first, w.batch)
+				delete(pending, w.first)
+				j.etcdDone += uint64(len(w.batch))
 			}
+			j.cond.Broadcast() // close may wait for etcd
+			j.mu.Unlock()
+			j.advance()
+			j.checkStandby()
+		case <-later:
+			later = nil
+		case <-tick.C:
+			j.checkStandby()
 		case <-j.wake:
 		}
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -23,7 +25,8 @@ type GRPCServer struct {
 	storepb.UnimplementedMasterServer
 	svc      atomic.Pointer[Service]
 	standby  atomic.Bool
-	watchers atomic.Int32 // WatchObjects streams being served
+	watchers atomic.Int32              // WatchObjects streams being served
+	tails    atomic.Pointer[tailStore] // a standby's fetched records (HA)
 }
 
 var _ storepb.MasterServer = (*GRPCServer)(nil)
@@ -50,11 +53,55 @@ func (g *GRPCServer) serve(s *Service) {
 
 // unaryStandby answers codes.Unavailable while g is on standby, so that
 // clients look for the leader elsewhere.
-func (g *GRPCServer) unaryStandby(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if g.standby.Load() || g.svc.Load() == nil {
+func (g *GRPCServer) unaryStandby(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if (g.standby.Load() || g.svc.Load() == nil) && info.FullMethod != storepb.Master_JournalTail_FullMethodName {
 		return nil, status.Error(codes.Unavailable, "master: standby, not the leader")
 	}
 	return h(ctx, req)
+}
+
+// JournalFetch serves a standby the leader's records (replicate.go).
+func (g *GRPCServer) JournalFetch(ctx context.Context, req *storepb.JournalFetchRequest) (*storepb.JournalFetchResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	j, ok := g.svc.Load().j.(*etcdJournal)
+	if !ok || req.Standby == "" {
+		return nil, status.Error(codes.FailedPrecondition, "master: no journal to fetch, or no standby named")
+	}
+	wait := min(time.Duration(req.WaitMs)*time.Millisecond, 5*time.Second)
+	first, recs, behind, err := j.fetch(ctx, req.Standby, req.Addr, req.Term, req.After, wait)
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	resp := &storepb.JournalFetchResponse{Behind: behind, Term: j.term}
+	if len(recs) > 0 {
+		if resp.Batch, err = proto.Marshal(&storepb.JournalBatch{FirstSeq: first, Records: recs}); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	return resp, nil
+}
+
+// JournalTail hands a new leader the records this standby fetched under
+// a designation (replicate.go). Served on standby.
+func (g *GRPCServer) JournalTail(ctx context.Context, req *storepb.JournalTailRequest) (*storepb.JournalTailResponse, error) {
+	if req == nil {
+		return nil, errNilRequest
+	}
+	t := g.tails.Load()
+	if t == nil {
+		return &storepb.JournalTailResponse{}, nil
+	}
+	first, recs := t.take(req.Designation)
+	resp := &storepb.JournalTailResponse{}
+	if len(recs) > 0 {
+		var err error
+		if resp.Batch, err = proto.Marshal(&storepb.JournalBatch{FirstSeq: first, Records: recs}); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	return resp, nil
 }
 
 // Register registers g as the Master service of srv.

@@ -33,7 +33,7 @@ func TestEtcdJournal(t *testing.T) {
 	l, err := ha.Campaign(ctx, cli, "j", "me:1", 0)
 	require.NoError(t, err)
 
-	j := newEtcdJournal(cli, "j", l.Term(), 0, 0)
+	j := newEtcdJournal(cli, "j", l.Term(), 0, 0, false)
 	mount := &storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{ClientId: "a", Segment: seg("1", 1<<20, 1<<20)}}}
 	j.append(mount, nil)
 	done := make(chan int, 1000)
@@ -74,7 +74,7 @@ func TestEtcdJournal(t *testing.T) {
 	l2, err := ha.Campaign(ctx, cli, "j", "other:1", 0)
 	require.NoError(t, err)
 	defer l2.Resign(ctx)
-	old := newEtcdJournal(cli, "j", l.Term(), n, 0)
+	old := newEtcdJournal(cli, "j", l.Term(), n, 0, false)
 	seq := old.append(mount, nil)
 	assert.ErrorIs(t, old.wait(ctx, seq), ErrNotLeader)
 	old.close()
@@ -104,7 +104,7 @@ func TestDurableWaitEndsWithContext(t *testing.T) {
 	require.NoError(t, err)
 	svc, err := NewService(ServiceConfig{})
 	require.NoError(t, err)
-	j := newEtcdJournal(cli, "d", l.Term(), 0, 0)
+	j := newEtcdJournal(cli, "d", l.Term(), 0, 0, false)
 	svc.j = j
 	// Closing the client first fails the writes stuck on the dead etcd, so
 	// that the journal closes without waiting them out.

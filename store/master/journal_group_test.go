@@ -77,7 +77,7 @@ func TestEtcdJournalSmallBatchesWaitTheOneInFlight(t *testing.T) {
 	defer cli.Close()
 	l, err := ha.Campaign(t.Context(), direct, "g", "me:1", 0)
 	require.NoError(t, err)
-	j := newEtcdJournal(cli, "g", l.Term(), 0, 0)
+	j := newEtcdJournal(cli, "g", l.Term(), 0, 0, false)
 	defer j.close()
 	// The connection is up before the gate closes.
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: "k"}}}

@@ -134,6 +134,11 @@ type HAConfig struct {
 	// after it when it wins (seconds for a large state, where a warm
 	// standby serves within one: standby.go). Zero: warm.
 	ColdStandby bool
+	// SyncEtcd makes a put wait for its record to be in etcd, always. Zero:
+	// a warm standby that keeps up is designated, and its acknowledgement
+	// makes a record durable, with etcd written behind (replicate.go); a
+	// master serving TLS takes no standby's acknowledgement either.
+	SyncEtcd bool
 }
 
 // DefaultListen is the master's default gRPC address.
@@ -162,6 +167,7 @@ type Server struct {
 	snapSeq atomic.Uint64 // the seq of the last snapshot this server wrote
 	local   *fileJournal  // the journal on local disk (Persist); nil otherwise
 	elected atomic.Int64  // UnixNano of the last election this server won (HA)
+	tails   *tailStore    // the records fetched as a standby (HA; replicate.go)
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -316,6 +322,8 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 			s.wg.Go(func() { s.persistLoop(ctx, svc, s.local) })
 		}
 	} else {
+		s.tails = &tailStore{id: newStandbyID(), addr: s.advertise()}
+		s.api.tails.Store(s.tails)
 		s.wg.Go(func() { s.campaign(ctx) })
 	}
 	// Split serves framed calls from here on, as Serve does gRPC's: not
@@ -434,7 +442,7 @@ func (s *Server) campaign(ctx context.Context) {
 	for ctx.Err() == nil {
 		var f *follower
 		if !h.ColdStandby {
-			f = startFollower(s.etcd, h.ClusterID, s.cfg.Service, s.log)
+			f = startFollower(s.etcd, h.ClusterID, s.cfg.Service, s.fetchConfig(), s.tails, s.log)
 		}
 		l, err := ha.Campaign(ctx, s.etcd, h.ClusterID, addr, h.LeaderTTL)
 		if err != nil {
@@ -457,13 +465,32 @@ func (s *Server) campaign(ctx context.Context) {
 	}
 }
 
+// fetchConfig is how this master's followers fetch the leader's records:
+// not with SyncEtcd, nor under TLS (the frames are plaintext).
+func (s *Server) fetchConfig() fetchConfig {
+	h := s.cfg.HA
+	return fetchConfig{enabled: !h.SyncEtcd && !s.cfg.TLS.Enabled(), token: s.cfg.Token}
+}
+
 // term1 serves one leadership term; f, when not nil, is the follower of
 // the journal this master ran as a standby.
 func (s *Server) term1(ctx context.Context, l *ha.Leadership, f *follower) error {
 	h := s.cfg.HA
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	svc, st, last, warm, err := s.takeOver(lctx, l.Term(), f)
+	defer cancel()
+	// The last leader's designated standby may hold records etcd lacks.
+	d, err := insync(lctx, s.etcd, h.ClusterID)
+	if err != nil {
+		if f != nil {
+			f.stop()
+		}
+		return err
+	}
+	svc, st, last, warm, err := s.takeOver(lctx, l.Term(), f, d)
+	if err == nil {
+		err = clearInsync(lctx, s.etcd, h.ClusterID, l.Term())
+	}
 	cancel()
 	if err != nil {
 		return err
@@ -472,7 +499,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership, f *follower) error
 	// counted from zero each term, a cluster failing over more often than
 	// every SnapshotEvery records never wrote one, and each leader loaded
 	// a longer log (store/chaos found failovers taking 11 s, then 55 s).
-	j := newEtcdJournal(s.etcd, h.ClusterID, l.Term(), last, st.snapSeq)
+	j := newEtcdJournal(s.etcd, h.ClusterID, l.Term(), last, st.snapSeq, !h.SyncEtcd)
 	svc.j = j
 	defer j.close()
 	s.term.Store(l.Term())
@@ -532,7 +559,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership, f *follower) error
 // state and last record it holds: the follower's state brought up to date
 // (warm; its prepared service when nothing came since), or else the
 // journal loaded from scratch.
-func (s *Server) takeOver(ctx context.Context, term int64, f *follower) (*Service, *state, uint64, bool, error) {
+func (s *Server) takeOver(ctx context.Context, term int64, f *follower, insync string) (*Service, *state, uint64, bool, error) {
 	h := s.cfg.HA
 	var (
 		st   *state
@@ -540,10 +567,28 @@ func (s *Server) takeOver(ctx context.Context, term int64, f *follower) (*Servic
 		warm bool
 		err  error
 	)
+	// Stop acknowledging first: the tail must hold every record this
+	// standby acknowledged.
+	var prepared *Service
+	var at uint64
 	if f != nil {
-		var prepared *Service
-		var at uint64
-		if st, last, prepared, at = f.stop(); st != nil {
+		st, last, prepared, at = f.stop()
+	}
+	// The records the last leader acknowledged through its designated
+	// standby and had not written: into etcd, before the journal loads.
+	tail, err := tailOf(ctx, s.tails, insync, s.cfg.Token, s.log)
+	if err != nil {
+		return nil, nil, 0, false, err
+	}
+	n, err := writeTail(ctx, s.etcd, h.ClusterID, term, tail)
+	if err != nil {
+		return nil, nil, 0, false, fmt.Errorf("master: journal: write the records the designated standby fetched: %w", err)
+	}
+	if n > 0 {
+		s.log.Info("master: wrote the records the last leader's standby had and etcd lacked", "term", term, "records", n)
+	}
+	if f != nil {
+		if st != nil {
 			last, err = continueJournal(ctx, s.etcd, h.ClusterID, term, st, last)
 			switch {
 			case err == nil && prepared != nil && at == last:

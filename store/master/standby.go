@@ -44,6 +44,8 @@ type follower struct {
 	log       *slog.Logger
 
 	svcCfg ServiceConfig // of the service prepare builds
+	fetch  fetchConfig
+	tails  *tailStore // the records fetched from the leader (replicate.go)
 
 	mu      sync.Mutex
 	st      *state // nil until the first load
@@ -64,11 +66,19 @@ type follower struct {
 const prepareAfter = 200 * time.Millisecond
 
 // startFollower follows clusterID's journal until stop; cfg configures
-// the services it prepares.
-func startFollower(cli *clientv3.Client, clusterID string, cfg ServiceConfig, log *slog.Logger) *follower {
+// the services it prepares, fc its fetching from the leader into tails.
+func startFollower(cli *clientv3.Client, clusterID string, cfg ServiceConfig, fc fetchConfig, tails *tailStore, log *slog.Logger) *follower {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &follower{cli: cli, clusterID: clusterID, svcCfg: cfg, log: log, cancel: cancel, done: make(chan struct{})}
-	go f.run(ctx)
+	f := &follower{cli: cli, clusterID: clusterID, svcCfg: cfg, fetch: fc, tails: tails, log: log, cancel: cancel, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Go(func() { f.run(ctx) })
+	if fc.enabled {
+		wg.Go(func() { f.fetchLoop(ctx) })
+	}
+	go func() {
+		wg.Wait()
+		close(f.done)
+	}()
 	return f
 }
 
@@ -109,7 +119,6 @@ func (f *follower) prepare() {
 }
 
 func (f *follower) run(ctx context.Context) {
-	defer close(f.done)
 	for ctx.Err() == nil {
 		if err := f.follow(ctx); err != nil && ctx.Err() == nil {
 			f.log.Warn("master: standby: following the journal failed; loading it again", "err", err)

@@ -37,7 +37,7 @@ func TestFollowerDropsDeletedBatch(t *testing.T) {
 		_, err = cli.Put(ctx, logKey(prefix, first), string(b))
 		require.NoError(t, err)
 	}
-	f := startFollower(cli, "f", ServiceConfig{}, slog.New(slog.DiscardHandler))
+	f := startFollower(cli, "f", ServiceConfig{}, fetchConfig{}, &tailStore{}, slog.New(slog.DiscardHandler))
 	defer f.stop()
 	waitFor := func(seq uint64) {
 		for {

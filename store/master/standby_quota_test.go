@@ -37,12 +37,12 @@ func TestWarmStandbyReloadsQuotas(t *testing.T) {
 	// The leader's term writes a record; the standby follows and prepares.
 	l, err := ha.Campaign(ctx, cli, "q", "leader:1", 0)
 	require.NoError(t, err)
-	j := newEtcdJournal(cli, "q", l.Term(), 0, 0)
+	j := newEtcdJournal(cli, "q", l.Term(), 0, 0, false)
 	last := j.append(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
 		ClientId: "c", Segment: seg("1", 1<<30, 1<<20)}}}, nil)
 	require.NoError(t, j.wait(ctx, last))
 	cfg := ServiceConfig{Tenants: standbyQuotas}
-	f := startFollower(cli, "q", cfg, slog.New(slog.DiscardHandler))
+	f := startFollower(cli, "q", cfg, fetchConfig{}, &tailStore{}, slog.New(slog.DiscardHandler))
 	for {
 		f.mu.Lock()
 		ready := f.prepared != nil && f.preparedAt == last
@@ -61,7 +61,7 @@ func TestWarmStandbyReloadsQuotas(t *testing.T) {
 	l2, err := ha.Campaign(ctx, cli, "q", "standby:1", 0)
 	require.NoError(t, err)
 	s := &Server{cfg: ServerConfig{HA: &HAConfig{ClusterID: "q"}, Service: cfg}, etcd: cli}
-	svc, _, _, warm, err := s.takeOver(ctx, l2.Term(), f)
+	svc, _, _, warm, err := s.takeOver(ctx, l2.Term(), f, "")
 	require.NoError(t, err)
 	require.True(t, warm)
 	q, ok := svc.cfg.Tenants.Quota("a")

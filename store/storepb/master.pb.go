@@ -238,6 +238,247 @@ func (ObjectEventKind) EnumDescriptor() ([]byte, []int) {
 	return file_master_proto_rawDescGZIP(), []int{3}
 }
 
+type JournalTailRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The designation, as journal/insync holds it.
+	Designation   string `protobuf:"bytes,1,opt,name=designation,proto3" json:"designation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalTailRequest) Reset() {
+	*x = JournalTailRequest{}
+	mi := &file_master_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalTailRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalTailRequest) ProtoMessage() {}
+
+func (x *JournalTailRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalTailRequest.ProtoReflect.Descriptor instead.
+func (*JournalTailRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *JournalTailRequest) GetDesignation() string {
+	if x != nil {
+		return x.Designation
+	}
+	return ""
+}
+
+type JournalTailResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The standby's records under that designation, a marshaled
+	// JournalBatch; empty when it has none.
+	Batch         []byte `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalTailResponse) Reset() {
+	*x = JournalTailResponse{}
+	mi := &file_master_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalTailResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalTailResponse) ProtoMessage() {}
+
+func (x *JournalTailResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalTailResponse.ProtoReflect.Descriptor instead.
+func (*JournalTailResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *JournalTailResponse) GetBatch() []byte {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
+type JournalFetchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The standby's instance: a random id per start of following.
+	Standby string `protobuf:"bytes,1,opt,name=standby,proto3" json:"standby,omitempty"`
+	// The last record the standby holds, all before it too.
+	After uint64 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
+	// How long the leader may wait for a record after `after`.
+	WaitMs uint32 `protobuf:"varint,3,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	// The term of the leader the standby fetched `after` from: a leader of
+	// another term takes no acknowledgement, and answers its own term with
+	// no records, after which the standby fetches after the last record it
+	// holds from etcd.
+	Term int64 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	// The address the standby serves at, where a new leader asks it for
+	// the records it fetched (JournalTail).
+	Addr          string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalFetchRequest) Reset() {
+	*x = JournalFetchRequest{}
+	mi := &file_master_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalFetchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalFetchRequest) ProtoMessage() {}
+
+func (x *JournalFetchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalFetchRequest.ProtoReflect.Descriptor instead.
+func (*JournalFetchRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *JournalFetchRequest) GetStandby() string {
+	if x != nil {
+		return x.Standby
+	}
+	return ""
+}
+
+func (x *JournalFetchRequest) GetAfter() uint64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+func (x *JournalFetchRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
+}
+
+func (x *JournalFetchRequest) GetTerm() int64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *JournalFetchRequest) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+type JournalFetchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The records after `after`, a marshaled JournalBatch (journal.proto);
+	// empty when none came within wait_ms.
+	Batch []byte `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	// The leader no longer holds the record after `after`: the standby is
+	// to catch up from etcd first.
+	Behind bool `protobuf:"varint,2,opt,name=behind,proto3" json:"behind,omitempty"`
+	// The leader's term.
+	Term          int64 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalFetchResponse) Reset() {
+	*x = JournalFetchResponse{}
+	mi := &file_master_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalFetchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalFetchResponse) ProtoMessage() {}
+
+func (x *JournalFetchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalFetchResponse.ProtoReflect.Descriptor instead.
+func (*JournalFetchResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *JournalFetchResponse) GetBatch() []byte {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
+func (x *JournalFetchResponse) GetBehind() bool {
+	if x != nil {
+		return x.Behind
+	}
+	return false
+}
+
+func (x *JournalFetchResponse) GetTerm() int64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
 // Result is a Mooncake ErrorCode (0 = OK) with a message for humans.
 type Result struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -249,7 +490,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_master_proto_msgTypes[0]
+	mi := &file_master_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -261,7 +502,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[0]
+	mi := &file_master_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -274,7 +515,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{0}
+	return file_master_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Result) GetCode() int32 {
@@ -300,7 +541,7 @@ type BatchResult struct {
 
 func (x *BatchResult) Reset() {
 	*x = BatchResult{}
-	mi := &file_master_proto_msgTypes[1]
+	mi := &file_master_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +553,7 @@ func (x *BatchResult) String() string {
 func (*BatchResult) ProtoMessage() {}
 
 func (x *BatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[1]
+	mi := &file_master_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +566,7 @@ func (x *BatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResult.ProtoReflect.Descriptor instead.
 func (*BatchResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{1}
+	return file_master_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BatchResult) GetResults() []*Result {
@@ -361,7 +602,7 @@ type ReplicateConfig struct {
 
 func (x *ReplicateConfig) Reset() {
 	*x = ReplicateConfig{}
-	mi := &file_master_proto_msgTypes[2]
+	mi := &file_master_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -373,7 +614,7 @@ func (x *ReplicateConfig) String() string {
 func (*ReplicateConfig) ProtoMessage() {}
 
 func (x *ReplicateConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[2]
+	mi := &file_master_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -386,7 +627,7 @@ func (x *ReplicateConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateConfig.ProtoReflect.Descriptor instead.
 func (*ReplicateConfig) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{2}
+	return file_master_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReplicateConfig) GetReplicaNum() int32 {
@@ -459,7 +700,7 @@ type MemoryReplica struct {
 
 func (x *MemoryReplica) Reset() {
 	*x = MemoryReplica{}
-	mi := &file_master_proto_msgTypes[3]
+	mi := &file_master_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +712,7 @@ func (x *MemoryReplica) String() string {
 func (*MemoryReplica) ProtoMessage() {}
 
 func (x *MemoryReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[3]
+	mi := &file_master_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +725,7 @@ func (x *MemoryReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryReplica.ProtoReflect.Descriptor instead.
 func (*MemoryReplica) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{3}
+	return file_master_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MemoryReplica) GetSegmentName() string {
@@ -543,7 +784,7 @@ type DiskReplica struct {
 
 func (x *DiskReplica) Reset() {
 	*x = DiskReplica{}
-	mi := &file_master_proto_msgTypes[4]
+	mi := &file_master_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +796,7 @@ func (x *DiskReplica) String() string {
 func (*DiskReplica) ProtoMessage() {}
 
 func (x *DiskReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[4]
+	mi := &file_master_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +809,7 @@ func (x *DiskReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskReplica.ProtoReflect.Descriptor instead.
 func (*DiskReplica) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{4}
+	return file_master_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DiskReplica) GetSegmentName() string {
@@ -613,7 +854,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_master_proto_msgTypes[5]
+	mi := &file_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +866,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[5]
+	mi := &file_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +879,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{5}
+	return file_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Replica) GetStatus() ReplicaStatus {
@@ -701,7 +942,7 @@ type PutStartRequest struct {
 
 func (x *PutStartRequest) Reset() {
 	*x = PutStartRequest{}
-	mi := &file_master_proto_msgTypes[6]
+	mi := &file_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +954,7 @@ func (x *PutStartRequest) String() string {
 func (*PutStartRequest) ProtoMessage() {}
 
 func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[6]
+	mi := &file_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +967,7 @@ func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartRequest.ProtoReflect.Descriptor instead.
 func (*PutStartRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{6}
+	return file_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PutStartRequest) GetClientId() string {
@@ -767,7 +1008,7 @@ type PutStartResponse struct {
 
 func (x *PutStartResponse) Reset() {
 	*x = PutStartResponse{}
-	mi := &file_master_proto_msgTypes[7]
+	mi := &file_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +1020,7 @@ func (x *PutStartResponse) String() string {
 func (*PutStartResponse) ProtoMessage() {}
 
 func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[7]
+	mi := &file_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +1033,7 @@ func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResponse.ProtoReflect.Descriptor instead.
 func (*PutStartResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{7}
+	return file_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutStartResponse) GetResult() *Result {
@@ -818,7 +1059,7 @@ type BatchPutStartRequest struct {
 
 func (x *BatchPutStartRequest) Reset() {
 	*x = BatchPutStartRequest{}
-	mi := &file_master_proto_msgTypes[8]
+	mi := &file_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +1071,7 @@ func (x *BatchPutStartRequest) String() string {
 func (*BatchPutStartRequest) ProtoMessage() {}
 
 func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[8]
+	mi := &file_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +1084,7 @@ func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutStartRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{8}
+	return file_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BatchPutStartRequest) GetItems() []*PutStartRequest {
@@ -862,7 +1103,7 @@ type BatchPutStartResponse struct {
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_master_proto_msgTypes[9]
+	mi := &file_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1115,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[9]
+	mi := &file_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1128,7 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{9}
+	return file_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BatchPutStartResponse) GetItems() []*PutStartResponse {
@@ -909,7 +1150,7 @@ type PutEndRequest struct {
 
 func (x *PutEndRequest) Reset() {
 	*x = PutEndRequest{}
-	mi := &file_master_proto_msgTypes[10]
+	mi := &file_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1162,7 @@ func (x *PutEndRequest) String() string {
 func (*PutEndRequest) ProtoMessage() {}
 
 func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[10]
+	mi := &file_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1175,7 @@ func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndRequest.ProtoReflect.Descriptor instead.
 func (*PutEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{10}
+	return file_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutEndRequest) GetClientId() string {
@@ -967,7 +1208,7 @@ type BatchPutEndRequest struct {
 
 func (x *BatchPutEndRequest) Reset() {
 	*x = BatchPutEndRequest{}
-	mi := &file_master_proto_msgTypes[11]
+	mi := &file_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1220,7 @@ func (x *BatchPutEndRequest) String() string {
 func (*BatchPutEndRequest) ProtoMessage() {}
 
 func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[11]
+	mi := &file_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1233,7 @@ func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{11}
+	return file_master_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BatchPutEndRequest) GetItems() []*PutEndRequest {
@@ -1018,7 +1259,7 @@ type PutReserveRequest struct {
 
 func (x *PutReserveRequest) Reset() {
 	*x = PutReserveRequest{}
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1271,7 @@ func (x *PutReserveRequest) String() string {
 func (*PutReserveRequest) ProtoMessage() {}
 
 func (x *PutReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1284,7 @@ func (x *PutReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutReserveRequest.ProtoReflect.Descriptor instead.
 func (*PutReserveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{12}
+	return file_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutReserveRequest) GetClientId() string {
@@ -1093,7 +1334,7 @@ type PutSlot struct {
 
 func (x *PutSlot) Reset() {
 	*x = PutSlot{}
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1346,7 @@ func (x *PutSlot) String() string {
 func (*PutSlot) ProtoMessage() {}
 
 func (x *PutSlot) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1359,7 @@ func (x *PutSlot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSlot.ProtoReflect.Descriptor instead.
 func (*PutSlot) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{13}
+	return file_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PutSlot) GetSlot() string {
@@ -1145,7 +1386,7 @@ type PutReserveResponse struct {
 
 func (x *PutReserveResponse) Reset() {
 	*x = PutReserveResponse{}
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1398,7 @@ func (x *PutReserveResponse) String() string {
 func (*PutReserveResponse) ProtoMessage() {}
 
 func (x *PutReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1411,7 @@ func (x *PutReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutReserveResponse.ProtoReflect.Descriptor instead.
 func (*PutReserveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{14}
+	return file_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PutReserveResponse) GetResult() *Result {
@@ -1200,7 +1441,7 @@ type PutCommitItem struct {
 
 func (x *PutCommitItem) Reset() {
 	*x = PutCommitItem{}
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1453,7 @@ func (x *PutCommitItem) String() string {
 func (*PutCommitItem) ProtoMessage() {}
 
 func (x *PutCommitItem) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1466,7 @@ func (x *PutCommitItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCommitItem.ProtoReflect.Descriptor instead.
 func (*PutCommitItem) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{15}
+	return file_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutCommitItem) GetSlot() string {
@@ -1259,7 +1500,7 @@ type BatchPutCommitRequest struct {
 
 func (x *BatchPutCommitRequest) Reset() {
 	*x = BatchPutCommitRequest{}
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1512,7 @@ func (x *BatchPutCommitRequest) String() string {
 func (*BatchPutCommitRequest) ProtoMessage() {}
 
 func (x *BatchPutCommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1525,7 @@ func (x *BatchPutCommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutCommitRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutCommitRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{16}
+	return file_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchPutCommitRequest) GetClientId() string {
@@ -1311,7 +1552,7 @@ type KeyRequest struct {
 
 func (x *KeyRequest) Reset() {
 	*x = KeyRequest{}
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1564,7 @@ func (x *KeyRequest) String() string {
 func (*KeyRequest) ProtoMessage() {}
 
 func (x *KeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1577,7 @@ func (x *KeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRequest.ProtoReflect.Descriptor instead.
 func (*KeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{17}
+	return file_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KeyRequest) GetClientId() string {
@@ -1363,7 +1604,7 @@ type BatchKeyRequest struct {
 
 func (x *BatchKeyRequest) Reset() {
 	*x = BatchKeyRequest{}
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1616,7 @@ func (x *BatchKeyRequest) String() string {
 func (*BatchKeyRequest) ProtoMessage() {}
 
 func (x *BatchKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1629,7 @@ func (x *BatchKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchKeyRequest.ProtoReflect.Descriptor instead.
 func (*BatchKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{18}
+	return file_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchKeyRequest) GetClientId() string {
@@ -1420,7 +1661,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1673,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1686,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{19}
+	return file_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetReplicaListResponse) GetResult() *Result {
@@ -1492,7 +1733,7 @@ type BatchGetReplicaListResponse struct {
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1745,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1758,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{20}
+	return file_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BatchGetReplicaListResponse) GetItems() []*GetReplicaListResponse {
@@ -1539,7 +1780,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1792,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1805,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{21}
+	return file_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemoveRequest) GetClientId() string {
@@ -1599,7 +1840,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1852,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1865,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{22}
+	return file_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BatchRemoveRequest) GetClientId() string {
@@ -1658,7 +1899,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1911,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1924,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{23}
+	return file_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveAllRequest) GetClientId() string {
@@ -1711,7 +1952,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1964,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +1977,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{24}
+	return file_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RemoveByRegexRequest) GetClientId() string {
@@ -1770,7 +2011,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +2023,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +2036,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{25}
+	return file_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveAllResponse) GetResult() *Result {
@@ -1829,7 +2070,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +2082,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +2095,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{26}
+	return file_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Segment) GetId() string {
@@ -1923,7 +2164,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2176,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2189,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{27}
+	return file_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MountSegmentRequest) GetClientId() string {
@@ -1975,7 +2216,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2228,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2241,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{28}
+	return file_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() string {
@@ -2027,7 +2268,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2280,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2293,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{29}
+	return file_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() string {
@@ -2078,7 +2319,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2331,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2344,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{30}
+	return file_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PingRequest) GetClientId() string {
@@ -2128,7 +2369,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2140,7 +2381,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2153,7 +2394,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{31}
+	return file_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PingResponse) GetResult() *Result {
@@ -2199,7 +2440,7 @@ type MoveTask struct {
 
 func (x *MoveTask) Reset() {
 	*x = MoveTask{}
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2452,7 @@ func (x *MoveTask) String() string {
 func (*MoveTask) ProtoMessage() {}
 
 func (x *MoveTask) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2465,7 @@ func (x *MoveTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTask.ProtoReflect.Descriptor instead.
 func (*MoveTask) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{32}
+	return file_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MoveTask) GetId() uint64 {
@@ -2266,7 +2507,7 @@ type MoveEndRequest struct {
 
 func (x *MoveEndRequest) Reset() {
 	*x = MoveEndRequest{}
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2519,7 @@ func (x *MoveEndRequest) String() string {
 func (*MoveEndRequest) ProtoMessage() {}
 
 func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2532,7 @@ func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveEndRequest.ProtoReflect.Descriptor instead.
 func (*MoveEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{33}
+	return file_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MoveEndRequest) GetClientId() string {
@@ -2323,7 +2564,7 @@ type WatchObjectsRequest struct {
 
 func (x *WatchObjectsRequest) Reset() {
 	*x = WatchObjectsRequest{}
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2335,7 +2576,7 @@ func (x *WatchObjectsRequest) String() string {
 func (*WatchObjectsRequest) ProtoMessage() {}
 
 func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2348,7 +2589,7 @@ func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsRequest.ProtoReflect.Descriptor instead.
 func (*WatchObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{34}
+	return file_master_proto_rawDescGZIP(), []int{38}
 }
 
 type ObjectEvent struct {
@@ -2361,7 +2602,7 @@ type ObjectEvent struct {
 
 func (x *ObjectEvent) Reset() {
 	*x = ObjectEvent{}
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2614,7 @@ func (x *ObjectEvent) String() string {
 func (*ObjectEvent) ProtoMessage() {}
 
 func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2627,7 @@ func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectEvent.ProtoReflect.Descriptor instead.
 func (*ObjectEvent) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{35}
+	return file_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ObjectEvent) GetKind() ObjectEventKind {
@@ -2416,7 +2657,7 @@ type WatchObjectsResponse struct {
 
 func (x *WatchObjectsResponse) Reset() {
 	*x = WatchObjectsResponse{}
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +2669,7 @@ func (x *WatchObjectsResponse) String() string {
 func (*WatchObjectsResponse) ProtoMessage() {}
 
 func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +2682,7 @@ func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsResponse.ProtoReflect.Descriptor instead.
 func (*WatchObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{36}
+	return file_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchObjectsResponse) GetEvents() []*ObjectEvent {
@@ -2463,6 +2704,20 @@ var File_master_proto protoreflect.FileDescriptor
 const file_master_proto_rawDesc = "" +
 	"\n" +
 	"\fmaster.proto\x12\x11mooncake.store.v1\"6\n" +
+	"\x12JournalTailRequest\x12 \n" +
+	"\vdesignation\x18\x01 \x01(\tR\vdesignation\"+\n" +
+	"\x13JournalTailResponse\x12\x14\n" +
+	"\x05batch\x18\x01 \x01(\fR\x05batch\"\x86\x01\n" +
+	"\x13JournalFetchRequest\x12\x18\n" +
+	"\astandby\x18\x01 \x01(\tR\astandby\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\x04R\x05after\x12\x17\n" +
+	"\await_ms\x18\x03 \x01(\rR\x06waitMs\x12\x12\n" +
+	"\x04term\x18\x04 \x01(\x03R\x04term\x12\x12\n" +
+	"\x04addr\x18\x05 \x01(\tR\x04addr\"X\n" +
+	"\x14JournalFetchResponse\x12\x14\n" +
+	"\x05batch\x18\x01 \x01(\fR\x05batch\x12\x16\n" +
+	"\x06behind\x18\x02 \x01(\bR\x06behind\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x03R\x04term\"6\n" +
 	"\x06Result\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"B\n" +
@@ -2626,7 +2881,7 @@ const file_master_proto_rawDesc = "" +
 	"\x1bOBJECT_EVENT_KIND_UNDEFINED\x10\x00\x12\x19\n" +
 	"\x15OBJECT_EVENT_KIND_PUT\x10\x01\x12\x1d\n" +
 	"\x19OBJECT_EVENT_KIND_REMOVED\x10\x02\x12\x1d\n" +
-	"\x19OBJECT_EVENT_KIND_EVICTED\x10\x032\x9e\x10\n" +
+	"\x19OBJECT_EVENT_KIND_EVICTED\x10\x032\xdd\x11\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".mooncake.store.v1.PutStartRequest\x1a#.mooncake.store.v1.PutStartResponse\x12E\n" +
 	"\x06PutEnd\x12 .mooncake.store.v1.PutEndRequest\x1a\x19.mooncake.store.v1.Result\x12E\n" +
@@ -2652,7 +2907,9 @@ const file_master_proto_rawDesc = "" +
 	"\x0eUnmountSegment\x12(.mooncake.store.v1.UnmountSegmentRequest\x1a\x19.mooncake.store.v1.Result\x12G\n" +
 	"\x04Ping\x12\x1e.mooncake.store.v1.PingRequest\x1a\x1f.mooncake.store.v1.PingResponse\x12G\n" +
 	"\aMoveEnd\x12!.mooncake.store.v1.MoveEndRequest\x1a\x19.mooncake.store.v1.Result\x12a\n" +
-	"\fWatchObjects\x12&.mooncake.store.v1.WatchObjectsRequest\x1a'.mooncake.store.v1.WatchObjectsResponse0\x01B/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
+	"\fWatchObjects\x12&.mooncake.store.v1.WatchObjectsRequest\x1a'.mooncake.store.v1.WatchObjectsResponse0\x01\x12_\n" +
+	"\fJournalFetch\x12&.mooncake.store.v1.JournalFetchRequest\x1a'.mooncake.store.v1.JournalFetchResponse\x12\\\n" +
+	"\vJournalTail\x12%.mooncake.store.v1.JournalTailRequest\x1a&.mooncake.store.v1.JournalTailResponseB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
 
 var (
 	file_master_proto_rawDescOnce sync.Once
@@ -2667,132 +2924,140 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_master_proto_goTypes = []any{
 	(Medium)(0),                         // 0: mooncake.store.v1.Medium
 	(ReplicaStatus)(0),                  // 1: mooncake.store.v1.ReplicaStatus
 	(ClientStatus)(0),                   // 2: mooncake.store.v1.ClientStatus
 	(ObjectEventKind)(0),                // 3: mooncake.store.v1.ObjectEventKind
-	(*Result)(nil),                      // 4: mooncake.store.v1.Result
-	(*BatchResult)(nil),                 // 5: mooncake.store.v1.BatchResult
-	(*ReplicateConfig)(nil),             // 6: mooncake.store.v1.ReplicateConfig
-	(*MemoryReplica)(nil),               // 7: mooncake.store.v1.MemoryReplica
-	(*DiskReplica)(nil),                 // 8: mooncake.store.v1.DiskReplica
-	(*Replica)(nil),                     // 9: mooncake.store.v1.Replica
-	(*PutStartRequest)(nil),             // 10: mooncake.store.v1.PutStartRequest
-	(*PutStartResponse)(nil),            // 11: mooncake.store.v1.PutStartResponse
-	(*BatchPutStartRequest)(nil),        // 12: mooncake.store.v1.BatchPutStartRequest
-	(*BatchPutStartResponse)(nil),       // 13: mooncake.store.v1.BatchPutStartResponse
-	(*PutEndRequest)(nil),               // 14: mooncake.store.v1.PutEndRequest
-	(*BatchPutEndRequest)(nil),          // 15: mooncake.store.v1.BatchPutEndRequest
-	(*PutReserveRequest)(nil),           // 16: mooncake.store.v1.PutReserveRequest
-	(*PutSlot)(nil),                     // 17: mooncake.store.v1.PutSlot
-	(*PutReserveResponse)(nil),          // 18: mooncake.store.v1.PutReserveResponse
-	(*PutCommitItem)(nil),               // 19: mooncake.store.v1.PutCommitItem
-	(*BatchPutCommitRequest)(nil),       // 20: mooncake.store.v1.BatchPutCommitRequest
-	(*KeyRequest)(nil),                  // 21: mooncake.store.v1.KeyRequest
-	(*BatchKeyRequest)(nil),             // 22: mooncake.store.v1.BatchKeyRequest
-	(*GetReplicaListResponse)(nil),      // 23: mooncake.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListResponse)(nil), // 24: mooncake.store.v1.BatchGetReplicaListResponse
-	(*RemoveRequest)(nil),               // 25: mooncake.store.v1.RemoveRequest
-	(*BatchRemoveRequest)(nil),          // 26: mooncake.store.v1.BatchRemoveRequest
-	(*RemoveAllRequest)(nil),            // 27: mooncake.store.v1.RemoveAllRequest
-	(*RemoveByRegexRequest)(nil),        // 28: mooncake.store.v1.RemoveByRegexRequest
-	(*RemoveAllResponse)(nil),           // 29: mooncake.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 30: mooncake.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 31: mooncake.store.v1.MountSegmentRequest
-	(*ReMountSegmentRequest)(nil),       // 32: mooncake.store.v1.ReMountSegmentRequest
-	(*UnmountSegmentRequest)(nil),       // 33: mooncake.store.v1.UnmountSegmentRequest
-	(*PingRequest)(nil),                 // 34: mooncake.store.v1.PingRequest
-	(*PingResponse)(nil),                // 35: mooncake.store.v1.PingResponse
-	(*MoveTask)(nil),                    // 36: mooncake.store.v1.MoveTask
-	(*MoveEndRequest)(nil),              // 37: mooncake.store.v1.MoveEndRequest
-	(*WatchObjectsRequest)(nil),         // 38: mooncake.store.v1.WatchObjectsRequest
-	(*ObjectEvent)(nil),                 // 39: mooncake.store.v1.ObjectEvent
-	(*WatchObjectsResponse)(nil),        // 40: mooncake.store.v1.WatchObjectsResponse
+	(*JournalTailRequest)(nil),          // 4: mooncake.store.v1.JournalTailRequest
+	(*JournalTailResponse)(nil),         // 5: mooncake.store.v1.JournalTailResponse
+	(*JournalFetchRequest)(nil),         // 6: mooncake.store.v1.JournalFetchRequest
+	(*JournalFetchResponse)(nil),        // 7: mooncake.store.v1.JournalFetchResponse
+	(*Result)(nil),                      // 8: mooncake.store.v1.Result
+	(*BatchResult)(nil),                 // 9: mooncake.store.v1.BatchResult
+	(*ReplicateConfig)(nil),             // 10: mooncake.store.v1.ReplicateConfig
+	(*MemoryReplica)(nil),               // 11: mooncake.store.v1.MemoryReplica
+	(*DiskReplica)(nil),                 // 12: mooncake.store.v1.DiskReplica
+	(*Replica)(nil),                     // 13: mooncake.store.v1.Replica
+	(*PutStartRequest)(nil),             // 14: mooncake.store.v1.PutStartRequest
+	(*PutStartResponse)(nil),            // 15: mooncake.store.v1.PutStartResponse
+	(*BatchPutStartRequest)(nil),        // 16: mooncake.store.v1.BatchPutStartRequest
+	(*BatchPutStartResponse)(nil),       // 17: mooncake.store.v1.BatchPutStartResponse
+	(*PutEndRequest)(nil),               // 18: mooncake.store.v1.PutEndRequest
+	(*BatchPutEndRequest)(nil),          // 19: mooncake.store.v1.BatchPutEndRequest
+	(*PutReserveRequest)(nil),           // 20: mooncake.store.v1.PutReserveRequest
+	(*PutSlot)(nil),                     // 21: mooncake.store.v1.PutSlot
+	(*PutReserveResponse)(nil),          // 22: mooncake.store.v1.PutReserveResponse
+	(*PutCommitItem)(nil),               // 23: mooncake.store.v1.PutCommitItem
+	(*BatchPutCommitRequest)(nil),       // 24: mooncake.store.v1.BatchPutCommitRequest
+	(*KeyRequest)(nil),                  // 25: mooncake.store.v1.KeyRequest
+	(*BatchKeyRequest)(nil),             // 26: mooncake.store.v1.BatchKeyRequest
+	(*GetReplicaListResponse)(nil),      // 27: mooncake.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListResponse)(nil), // 28: mooncake.store.v1.BatchGetReplicaListResponse
+	(*RemoveRequest)(nil),               // 29: mooncake.store.v1.RemoveRequest
+	(*BatchRemoveRequest)(nil),          // 30: mooncake.store.v1.BatchRemoveRequest
+	(*RemoveAllRequest)(nil),            // 31: mooncake.store.v1.RemoveAllRequest
+	(*RemoveByRegexRequest)(nil),        // 32: mooncake.store.v1.RemoveByRegexRequest
+	(*RemoveAllResponse)(nil),           // 33: mooncake.store.v1.RemoveAllResponse
+	(*Segment)(nil),                     // 34: mooncake.store.v1.Segment
+	(*MountSegmentRequest)(nil),         // 35: mooncake.store.v1.MountSegmentRequest
+	(*ReMountSegmentRequest)(nil),       // 36: mooncake.store.v1.ReMountSegmentRequest
+	(*UnmountSegmentRequest)(nil),       // 37: mooncake.store.v1.UnmountSegmentRequest
+	(*PingRequest)(nil),                 // 38: mooncake.store.v1.PingRequest
+	(*PingResponse)(nil),                // 39: mooncake.store.v1.PingResponse
+	(*MoveTask)(nil),                    // 40: mooncake.store.v1.MoveTask
+	(*MoveEndRequest)(nil),              // 41: mooncake.store.v1.MoveEndRequest
+	(*WatchObjectsRequest)(nil),         // 42: mooncake.store.v1.WatchObjectsRequest
+	(*ObjectEvent)(nil),                 // 43: mooncake.store.v1.ObjectEvent
+	(*WatchObjectsResponse)(nil),        // 44: mooncake.store.v1.WatchObjectsResponse
 }
 var file_master_proto_depIdxs = []int32{
-	4,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
+	8,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
 	0,  // 1: mooncake.store.v1.MemoryReplica.medium:type_name -> mooncake.store.v1.Medium
-	7,  // 2: mooncake.store.v1.MemoryReplica.stripes:type_name -> mooncake.store.v1.MemoryReplica
+	11, // 2: mooncake.store.v1.MemoryReplica.stripes:type_name -> mooncake.store.v1.MemoryReplica
 	1,  // 3: mooncake.store.v1.Replica.status:type_name -> mooncake.store.v1.ReplicaStatus
-	7,  // 4: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
-	8,  // 5: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
-	6,  // 6: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
-	4,  // 7: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
-	9,  // 8: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
-	10, // 9: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
-	11, // 10: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
-	14, // 11: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
-	6,  // 12: mooncake.store.v1.PutReserveRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
-	9,  // 13: mooncake.store.v1.PutSlot.replicas:type_name -> mooncake.store.v1.Replica
-	4,  // 14: mooncake.store.v1.PutReserveResponse.result:type_name -> mooncake.store.v1.Result
-	17, // 15: mooncake.store.v1.PutReserveResponse.slots:type_name -> mooncake.store.v1.PutSlot
-	19, // 16: mooncake.store.v1.BatchPutCommitRequest.items:type_name -> mooncake.store.v1.PutCommitItem
-	4,  // 17: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
-	9,  // 18: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
-	23, // 19: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
-	4,  // 20: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
+	11, // 4: mooncake.store.v1.Replica.memory:type_name -> mooncake.store.v1.MemoryReplica
+	12, // 5: mooncake.store.v1.Replica.disk:type_name -> mooncake.store.v1.DiskReplica
+	10, // 6: mooncake.store.v1.PutStartRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
+	8,  // 7: mooncake.store.v1.PutStartResponse.result:type_name -> mooncake.store.v1.Result
+	13, // 8: mooncake.store.v1.PutStartResponse.replicas:type_name -> mooncake.store.v1.Replica
+	14, // 9: mooncake.store.v1.BatchPutStartRequest.items:type_name -> mooncake.store.v1.PutStartRequest
+	15, // 10: mooncake.store.v1.BatchPutStartResponse.items:type_name -> mooncake.store.v1.PutStartResponse
+	18, // 11: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
+	10, // 12: mooncake.store.v1.PutReserveRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
+	13, // 13: mooncake.store.v1.PutSlot.replicas:type_name -> mooncake.store.v1.Replica
+	8,  // 14: mooncake.store.v1.PutReserveResponse.result:type_name -> mooncake.store.v1.Result
+	21, // 15: mooncake.store.v1.PutReserveResponse.slots:type_name -> mooncake.store.v1.PutSlot
+	23, // 16: mooncake.store.v1.BatchPutCommitRequest.items:type_name -> mooncake.store.v1.PutCommitItem
+	8,  // 17: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
+	13, // 18: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
+	27, // 19: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
+	8,  // 20: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
 	0,  // 21: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
-	30, // 22: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
-	30, // 23: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
-	4,  // 24: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
+	34, // 22: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
+	34, // 23: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
+	8,  // 24: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
 	2,  // 25: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
-	36, // 26: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
-	7,  // 27: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
-	7,  // 28: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
+	40, // 26: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
+	11, // 27: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
+	11, // 28: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
 	3,  // 29: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
-	39, // 30: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
-	10, // 31: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
-	14, // 32: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
-	21, // 33: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
-	12, // 34: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	15, // 35: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
-	22, // 36: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
-	16, // 37: mooncake.store.v1.Master.PutReserve:input_type -> mooncake.store.v1.PutReserveRequest
-	20, // 38: mooncake.store.v1.Master.BatchPutCommit:input_type -> mooncake.store.v1.BatchPutCommitRequest
-	10, // 39: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
-	12, // 40: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	21, // 41: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
-	22, // 42: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
-	21, // 43: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
-	22, // 44: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
-	25, // 45: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
-	26, // 46: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
-	27, // 47: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
-	28, // 48: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
-	31, // 49: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
-	32, // 50: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
-	33, // 51: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
-	34, // 52: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
-	37, // 53: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
-	38, // 54: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
-	11, // 55: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
-	4,  // 56: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
-	4,  // 57: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
-	13, // 58: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	5,  // 59: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
-	5,  // 60: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
-	18, // 61: mooncake.store.v1.Master.PutReserve:output_type -> mooncake.store.v1.PutReserveResponse
-	5,  // 62: mooncake.store.v1.Master.BatchPutCommit:output_type -> mooncake.store.v1.BatchResult
-	11, // 63: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
-	13, // 64: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	23, // 65: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
-	24, // 66: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
-	4,  // 67: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
-	5,  // 68: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
-	4,  // 69: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
-	5,  // 70: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
-	29, // 71: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
-	29, // 72: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
-	4,  // 73: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 74: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
-	4,  // 75: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
-	35, // 76: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
-	4,  // 77: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
-	40, // 78: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
-	55, // [55:79] is the sub-list for method output_type
-	31, // [31:55] is the sub-list for method input_type
+	43, // 30: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
+	14, // 31: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
+	18, // 32: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
+	25, // 33: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
+	16, // 34: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	19, // 35: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
+	26, // 36: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
+	20, // 37: mooncake.store.v1.Master.PutReserve:input_type -> mooncake.store.v1.PutReserveRequest
+	24, // 38: mooncake.store.v1.Master.BatchPutCommit:input_type -> mooncake.store.v1.BatchPutCommitRequest
+	14, // 39: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
+	16, // 40: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	25, // 41: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
+	26, // 42: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
+	25, // 43: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
+	26, // 44: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
+	29, // 45: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
+	30, // 46: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
+	31, // 47: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
+	32, // 48: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
+	35, // 49: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
+	36, // 50: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
+	37, // 51: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
+	38, // 52: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
+	41, // 53: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
+	42, // 54: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
+	6,  // 55: mooncake.store.v1.Master.JournalFetch:input_type -> mooncake.store.v1.JournalFetchRequest
+	4,  // 56: mooncake.store.v1.Master.JournalTail:input_type -> mooncake.store.v1.JournalTailRequest
+	15, // 57: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
+	8,  // 58: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
+	8,  // 59: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
+	17, // 60: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	9,  // 61: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
+	9,  // 62: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
+	22, // 63: mooncake.store.v1.Master.PutReserve:output_type -> mooncake.store.v1.PutReserveResponse
+	9,  // 64: mooncake.store.v1.Master.BatchPutCommit:output_type -> mooncake.store.v1.BatchResult
+	15, // 65: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
+	17, // 66: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	27, // 67: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
+	28, // 68: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
+	8,  // 69: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
+	9,  // 70: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
+	8,  // 71: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
+	9,  // 72: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
+	33, // 73: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
+	33, // 74: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
+	8,  // 75: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
+	8,  // 76: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
+	8,  // 77: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
+	39, // 78: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
+	8,  // 79: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
+	44, // 80: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
+	7,  // 81: mooncake.store.v1.Master.JournalFetch:output_type -> mooncake.store.v1.JournalFetchResponse
+	5,  // 82: mooncake.store.v1.Master.JournalTail:output_type -> mooncake.store.v1.JournalTailResponse
+	57, // [57:83] is the sub-list for method output_type
+	31, // [31:57] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -2803,7 +3068,7 @@ func file_master_proto_init() {
 	if File_master_proto != nil {
 		return
 	}
-	file_master_proto_msgTypes[5].OneofWrappers = []any{
+	file_master_proto_msgTypes[9].OneofWrappers = []any{
 		(*Replica_Memory)(nil),
 		(*Replica_Disk)(nil),
 	}
@@ -2813,7 +3078,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   37,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -49,6 +49,8 @@ const (
 	Master_Ping_FullMethodName                = "/mooncake.store.v1.Master/Ping"
 	Master_MoveEnd_FullMethodName             = "/mooncake.store.v1.Master/MoveEnd"
 	Master_WatchObjects_FullMethodName        = "/mooncake.store.v1.Master/WatchObjects"
+	Master_JournalFetch_FullMethodName        = "/mooncake.store.v1.Master/JournalFetch"
+	Master_JournalTail_FullMethodName         = "/mooncake.store.v1.Master/JournalTail"
 )
 
 // MasterClient is the client API for Master service.
@@ -105,6 +107,16 @@ type MasterClient interface {
 	// is ended with RESOURCE_EXHAUSTED, a master that stops leading ends its
 	// watches with UNAVAILABLE: watch again, from a new snapshot.
 	WatchObjects(ctx context.Context, in *WatchObjectsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchObjectsResponse], error)
+	// HA: a standby master follows the leader's journal record by record.
+	// Each call asks for the records after the last one the standby holds,
+	// which acknowledges that one and every one before it; the leader may
+	// hold the call up to wait_ms for records to come. The leader answers a
+	// put once the standby it designated in etcd acknowledged its record,
+	// and writes etcd behind (store/master/replicate.go).
+	JournalFetch(ctx context.Context, in *JournalFetchRequest, opts ...grpc.CallOption) (*JournalFetchResponse, error)
+	// HA: a new leader asks the standby the last leader designated for the
+	// records it fetched, which etcd may lack. Served by standbys.
+	JournalTail(ctx context.Context, in *JournalTailRequest, opts ...grpc.CallOption) (*JournalTailResponse, error)
 }
 
 type masterClient struct {
@@ -364,6 +376,26 @@ func (c *masterClient) WatchObjects(ctx context.Context, in *WatchObjectsRequest
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Master_WatchObjectsClient = grpc.ServerStreamingClient[WatchObjectsResponse]
 
+func (c *masterClient) JournalFetch(ctx context.Context, in *JournalFetchRequest, opts ...grpc.CallOption) (*JournalFetchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JournalFetchResponse)
+	err := c.cc.Invoke(ctx, Master_JournalFetch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) JournalTail(ctx context.Context, in *JournalTailRequest, opts ...grpc.CallOption) (*JournalTailResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JournalTailResponse)
+	err := c.cc.Invoke(ctx, Master_JournalTail_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MasterServer is the server API for Master service.
 // All implementations must embed UnimplementedMasterServer
 // for forward compatibility.
@@ -418,6 +450,16 @@ type MasterServer interface {
 	// is ended with RESOURCE_EXHAUSTED, a master that stops leading ends its
 	// watches with UNAVAILABLE: watch again, from a new snapshot.
 	WatchObjects(*WatchObjectsRequest, grpc.ServerStreamingServer[WatchObjectsResponse]) error
+	// HA: a standby master follows the leader's journal record by record.
+	// Each call asks for the records after the last one the standby holds,
+	// which acknowledges that one and every one before it; the leader may
+	// hold the call up to wait_ms for records to come. The leader answers a
+	// put once the standby it designated in etcd acknowledged its record,
+	// and writes etcd behind (store/master/replicate.go).
+	JournalFetch(context.Context, *JournalFetchRequest) (*JournalFetchResponse, error)
+	// HA: a new leader asks the standby the last leader designated for the
+	// records it fetched, which etcd may lack. Served by standbys.
+	JournalTail(context.Context, *JournalTailRequest) (*JournalTailResponse, error)
 	mustEmbedUnimplementedMasterServer()
 }
 
@@ -499,6 +541,12 @@ func (UnimplementedMasterServer) MoveEnd(context.Context, *MoveEndRequest) (*Res
 }
 func (UnimplementedMasterServer) WatchObjects(*WatchObjectsRequest, grpc.ServerStreamingServer[WatchObjectsResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchObjects not implemented")
+}
+func (UnimplementedMasterServer) JournalFetch(context.Context, *JournalFetchRequest) (*JournalFetchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JournalFetch not implemented")
+}
+func (UnimplementedMasterServer) JournalTail(context.Context, *JournalTailRequest) (*JournalTailResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JournalTail not implemented")
 }
 func (UnimplementedMasterServer) mustEmbedUnimplementedMasterServer() {}
 func (UnimplementedMasterServer) testEmbeddedByValue()                {}
@@ -946,6 +994,42 @@ func _Master_WatchObjects_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Master_WatchObjectsServer = grpc.ServerStreamingServer[WatchObjectsResponse]
 
+func _Master_JournalFetch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JournalFetchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).JournalFetch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_JournalFetch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).JournalFetch(ctx, req.(*JournalFetchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_JournalTail_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JournalTailRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).JournalTail(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_JournalTail_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).JournalTail(ctx, req.(*JournalTailRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Master_ServiceDesc is the grpc.ServiceDesc for Master service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1044,6 +1128,14 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MoveEnd",
 			Handler:    _Master_MoveEnd_Handler,
+		},
+		{
+			MethodName: "JournalFetch",
+			Handler:    _Master_JournalFetch_Handler,
+		},
+		{
+			MethodName: "JournalTail",
+			Handler:    _Master_JournalTail_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

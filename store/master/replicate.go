@@ -1,0 +1,581 @@
+package master
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/mooncake-go/mooncake/internal/framerpc"
+	"github.com/mooncake-go/mooncake/internal/secure"
+	"github.com/mooncake-go/mooncake/store/ha"
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// Standby acknowledgements. An etcd transaction costs a put ~50-100 µs on
+// the critical path, and as much CPU; a standby that fetches the leader's
+// records as they are appended (JournalFetch, a long poll over the frames)
+// has them a round trip later. The leader designates one standby that
+// keeps up, in etcd (journal/insync, fenced by its term), and from then on
+// a record is durable once that standby acknowledged it (by fetching after
+// it) or once it is in etcd, whichever comes first; etcd is written behind,
+// every behindEvery. This is MySQL's semi-synchronous replication, with
+// etcd as the log of record.
+//
+// What makes it safe:
+//   - The designated standby keeps every record acknowledged through it,
+//     in its state or in its tail (records fetched that etcd had not shown
+//     yet), for as long as its process lives, across reloads and restarts
+//     of its following (tailStore).
+//   - A new leader asks the standby named in journal/insync for its tail
+//     (JournalTail, which standbys serve) and writes what etcd lacks,
+//     fenced by its own term, before it loads the journal (writeTail); the
+//     standby itself, winning, writes its own.
+//   - A designated standby that stops acknowledging for standbyTimeout is
+//     dropped: records wait for etcd again (they were being written behind
+//     all along), and once etcd has every record acknowledged through it,
+//     the designation is deleted. A leader that stops writes what is left
+//     to etcd and deletes its designation too.
+//
+// Lost only when the leader dies and its designated standby is
+// unreachable for tailWait with it: both within the same few
+// milliseconds of records.
+const (
+	behindEvery    = 5 * time.Millisecond
+	standbyTimeout = time.Second
+	standbyCheck   = 100 * time.Millisecond
+	// fetchWait is how long a fetch waits for a record; a standby idle
+	// that long fetches again, which tells the leader it lives.
+	fetchWait = 250 * time.Millisecond
+	// keepRecent is how many of its latest records the leader keeps for
+	// fetches; a standby further behind catches up from etcd.
+	keepRecent = 1 << 14
+	// maxFetch bounds the records of one answer.
+	maxFetch = 1024
+	// catchUp is how near the latest record a standby must be to be
+	// designated.
+	catchUp = 64
+	// tailWait is how long a new leader tries to reach the designated
+	// standby for its tail before it goes on without.
+	tailWait = 5 * time.Second
+)
+
+func insyncKey(prefix string) string { return prefix + "insync" }
+
+func newStandbyID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// designation is the value of journal/insync: the standby's id, the term
+// of the leader that designated it, and the address it serves at.
+func designation(id string, term int64, addr string) string {
+	return fmt.Sprintf("%s %d %s", id, term, addr)
+}
+
+// designee is the id and address of a designation.
+func designee(d string) (id, addr string) {
+	f := strings.SplitN(d, " ", 3)
+	if len(f) != 3 {
+		return "", ""
+	}
+	return f[0], f[2]
+}
+
+// replication is the leader's view of its standbys (etcdJournal.mu).
+type replication struct {
+	enabled    bool      // standbyAcks: a designated standby's acks count
+	designated string    // the standby designated, or being designated
+	addr       string    // where it serves
+	insync     bool      // its designation is in etcd: its acks count
+	acked      uint64    // the last record it acknowledged
+	lastAck    time.Time // its last fetch
+	// dropTo, when not zero, is the last record acknowledged through a
+	// standby dropped: the designation is deleted once etcd has it.
+	dropTo   uint64
+	dropping string
+}
+
+// fetch answers a standby's JournalFetch: it takes the acknowledgement,
+// then returns the records after after, waiting up to wait for one.
+func (j *etcdJournal) fetch(ctx context.Context, standby, addr string, term int64, after uint64, wait time.Duration) (first uint64, recs []*storepb.JournalRecord, behind bool, err error) {
+	if term != j.term {
+		// A position in another leader's records, which this one's may
+		// not match.
+		return after + 1, nil, false, nil
+	}
+	j.ack(standby, addr, after)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		j.mu.Lock()
+		switch {
+		case j.err != nil:
+			err = j.err
+		case !j.rep.enabled:
+			err = errors.New("master: this leader takes no standby acknowledgements")
+		case after >= j.next:
+			err = fmt.Errorf("master: standby at record %d, leader at %d", after, j.next-1)
+		case after+1 < j.recentFirst:
+			behind = true
+		case after+1 < j.next:
+			from := int(after + 1 - j.recentFirst)
+			recs = slices.Clone(j.recent[from:min(len(j.recent), from+maxFetch)])
+		}
+		if err != nil || behind || recs != nil {
+			j.mu.Unlock()
+			return after + 1, recs, behind, err
+		}
+		if j.appended == nil {
+			j.appended = make(chan struct{})
+		}
+		ch := j.appended
+		j.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			return after + 1, nil, false, nil
+		case <-ctx.Done():
+			return 0, nil, false, ctx.Err()
+		}
+	}
+}
+
+// ack takes standby's acknowledgement of the records through after, and
+// designates it if none is and it keeps up.
+func (j *etcdJournal) ack(standby, addr string, after uint64) {
+	j.mu.Lock()
+	r := &j.rep
+	var designate, advance bool
+	switch {
+	case !r.enabled || j.closed || j.err != nil:
+	case r.designated == standby:
+		r.acked = max(r.acked, min(after, j.next-1))
+		r.lastAck = time.Now()
+		advance = r.insync
+	case r.designated == "" && r.dropping == "" && addr != "" && after+catchUp >= j.next-1:
+		r.designated, r.addr, r.acked, r.lastAck = standby, addr, min(after, j.next-1), time.Now()
+		designate = true
+	}
+	j.mu.Unlock()
+	if designate {
+		go j.designate(standby, addr)
+	}
+	if advance {
+		j.advance()
+	}
+}
+
+// designate writes standby's designation to etcd, then counts its acks.
+func (j *etcdJournal) designate(standby, addr string) {
+	err := j.put(insyncKey(j.prefix), designation(standby, j.term, addr))
+	j.mu.Lock()
+	if j.rep.designated == standby {
+		if err == nil {
+			j.rep.insync = true
+		} else {
+			j.rep.designated = ""
+		}
+	}
+	j.mu.Unlock()
+	if err == nil {
+		j.advance()
+	}
+}
+
+// checkStandby drops a designated standby that has stopped acknowledging,
+// and deletes its designation once etcd has every record acknowledged
+// through it. Called by the writer.
+func (j *etcdJournal) checkStandby() {
+	j.mu.Lock()
+	r := &j.rep
+	if r.designated != "" && time.Since(r.lastAck) > standbyTimeout && (r.acked < j.next-1 || time.Since(r.lastAck) > 2*standbyTimeout) {
+		r.dropping, r.dropTo = designation(r.designated, j.term, r.addr), j.committed
+		r.designated, r.insync = "", false
+		// Records wait for etcd now: write what is queued at once.
+		j.signal()
+	}
+	var clear string
+	if r.dropping != "" && j.etcdDone >= r.dropTo && r.dropTo != ^uint64(0) {
+		clear, r.dropTo = r.dropping, ^uint64(0) // one delete at a time
+	}
+	j.mu.Unlock()
+	if clear == "" {
+		return
+	}
+	go func() {
+		err := j.undesignate(clear)
+		j.mu.Lock()
+		if err == nil {
+			j.rep.dropping = ""
+		} else {
+			j.rep.dropTo = 0 // try again at the next check
+		}
+		j.mu.Unlock()
+	}()
+}
+
+// undesignate deletes designation d from etcd, if it stands.
+func (j *etcdJournal) undesignate(d string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+	defer cancel()
+	_, err := j.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(j.viewKey), "=", j.term),
+			clientv3.Compare(clientv3.Value(insyncKey(j.prefix)), "=", d)).
+		Then(clientv3.OpDelete(insyncKey(j.prefix))).
+		Commit()
+	return err
+}
+
+// standbyState is the designation a leader serves under, for tests and the
+// admin: the standby designated and whether its acks count.
+func (j *etcdJournal) standbyState() (string, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.rep.designated, j.rep.insync
+}
+
+// insync reads journal/insync: the designation of the last leader that
+// made one, "" if none stands.
+func insync(ctx context.Context, cli *clientv3.Client, clusterID string) (string, error) {
+	resp, err := cli.Get(ctx, insyncKey(journalPrefix(clusterID)))
+	if err != nil || len(resp.Kvs) == 0 {
+		return "", err
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
+// clearInsync deletes the designation of the term before: a new leader
+// designates its own.
+func clearInsync(ctx context.Context, cli *clientv3.Client, clusterID string, term int64) error {
+	txn, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(ha.ViewKey(clusterID)), "=", term)).
+		Then(clientv3.OpDelete(insyncKey(journalPrefix(clusterID)))).
+		Commit()
+	switch {
+	case err != nil:
+		return err
+	case !txn.Succeeded:
+		return fmt.Errorf("%w (term %d)", ErrNotLeader, term)
+	}
+	return nil
+}
+
+// writeTail writes to etcd the records of tail that its log lacks, fenced
+// by term: a standby that won has records the old leader acknowledged
+// through it and had not written yet.
+func writeTail(ctx context.Context, cli *clientv3.Client, clusterID string, term int64, tail map[uint64]*storepb.JournalRecord) (int, error) {
+	if len(tail) == 0 {
+		return 0, nil
+	}
+	prefix := journalPrefix(clusterID)
+	logDir := prefix + "log/"
+	seqs := slices.Sorted(mapsKeys(tail))
+	// What etcd has from the batch holding seqs[0] on.
+	from := logKey(prefix, seqs[0]+1)
+	before, err := cli.Get(ctx, logDir, clientv3.WithRange(from),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, err
+	}
+	if len(before.Kvs) > 0 {
+		from = string(before.Kvs[0].Key)
+	}
+	has := map[uint64]bool{}
+	err = scan(ctx, cli, from, clientv3.GetPrefixRangeEnd(logDir), 0, func(key string, v []byte) error {
+		b, err := decodeBatch(logDir, key, v)
+		if err != nil {
+			return err
+		}
+		for i := range b.Records {
+			has[b.FirstSeq+uint64(i)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	var snap uint64
+	if head, err := cli.Get(ctx, prefix+"snap-head"); err != nil {
+		return 0, err
+	} else if len(head.Kvs) > 0 {
+		_, _ = fmt.Sscan(string(head.Kvs[0].Value), &snap)
+	}
+	// Each run of records etcd lacks becomes batches that start at a
+	// record no batch in etcd holds: their keys are new.
+	written := 0
+	var b *storepb.JournalBatch
+	size := 0
+	flush := func() error {
+		if b == nil {
+			return nil
+		}
+		data, err := proto.Marshal(b)
+		if err != nil {
+			return err
+		}
+		txn, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(ha.ViewKey(clusterID)), "=", term)).
+			Then(clientv3.OpPut(logKey(prefix, b.FirstSeq), string(data))).
+			Commit()
+		switch {
+		case err != nil:
+			return err
+		case !txn.Succeeded:
+			return fmt.Errorf("%w (term %d)", ErrNotLeader, term)
+		}
+		written += len(b.Records)
+		b, size = nil, 0
+		return nil
+	}
+	for _, seq := range seqs {
+		if has[seq] || seq <= snap {
+			if err := flush(); err != nil {
+				return written, err
+			}
+			continue
+		}
+		if b != nil && (b.FirstSeq+uint64(len(b.Records)) != seq || size >= maxJournalValue/2) {
+			if err := flush(); err != nil {
+				return written, err
+			}
+		}
+		if b == nil {
+			b = &storepb.JournalBatch{FirstSeq: seq}
+		}
+		b.Records = append(b.Records, tail[seq])
+		size += proto.Size(tail[seq]) + 4
+	}
+	return written, flush()
+}
+
+func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// fetchConfig is how a follower reaches the leader to fetch its records.
+type fetchConfig struct {
+	enabled bool // fetch (not with SyncEtcd or TLS)
+	token   string
+}
+
+// fetchLoop fetches the leader's records while ctx lasts.
+func (f *follower) fetchLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := f.fetchFromLeader(ctx); err != nil && ctx.Err() == nil {
+			f.log.Debug("master: standby: fetching the leader's records", "err", err)
+			sleep(ctx, 100*time.Millisecond)
+		}
+	}
+}
+
+// dialMaster dials another master at addr, with token, for the calls
+// masters make to each other.
+func dialMaster(addr, token string) (*grpc.ClientConn, *framerpc.Conn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	var creds []credentials.PerRPCCredentials
+	if token != "" {
+		creds = append(creds, secure.PerRPC(token))
+		opts = append(opts, grpc.WithPerRPCCredentials(creds[0]))
+	}
+	gc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return gc, framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: gc, Creds: creds, DialTimeout: 2 * time.Second}), nil
+}
+
+// fetchFromLeader fetches from the leader of the moment until an error.
+func (f *follower) fetchFromLeader(ctx context.Context) error {
+	addr, _, err := ha.Leader(ctx, f.cli, f.clusterID)
+	if err != nil {
+		return err
+	}
+	gc, fc, err := dialMaster(addr, f.fetch.token)
+	if err != nil {
+		return err
+	}
+	defer gc.Close()
+	defer fc.Close()
+	rpc := storepb.NewMasterClient(fc)
+	for ctx.Err() == nil {
+		term, after, ok := f.fetchAfter()
+		if !ok {
+			sleep(ctx, 50*time.Millisecond)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, fetchWait+2*time.Second)
+		resp, err := rpc.JournalFetch(cctx, &storepb.JournalFetchRequest{Standby: f.tails.id, Addr: f.tails.addr, Term: term,
+			After: after, WaitMs: uint32(fetchWait / time.Millisecond)})
+		cancel()
+		switch {
+		case err != nil:
+			return err
+		case resp.Behind:
+			sleep(ctx, 20*time.Millisecond) // etcd's watch catches up
+		default:
+			var b storepb.JournalBatch
+			if err := proto.Unmarshal(resp.Batch, &b); err != nil {
+				return fmt.Errorf("master: journal fetch: %w", err)
+			}
+			f.tails.fetched(resp.Term, after, b.Records)
+		}
+	}
+	return ctx.Err()
+}
+
+// fetchAfter is the record to fetch after, and the term of the leader it
+// came from: the last one held, in the state or the tail. False while
+// there is no state.
+func (f *follower) fetchAfter() (int64, uint64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.st == nil {
+		return 0, 0, false
+	}
+	term, after := f.tails.after(f.last)
+	return term, after, true
+}
+
+// tailStore holds the records a standby fetched from the leader that its
+// state (which follows etcd only, so that it never holds a record a later
+// leader may write differently) does not have yet: records first..,
+// fetched in order, the ones etcd has shown trimmed off the front. It is
+// the master's, not a follower's: a standby that reloads from etcd or
+// campaigns again keeps the records it acknowledged.
+type tailStore struct {
+	id, addr string // the standby's, as the leader designates it
+
+	mu    sync.Mutex
+	recs  []*storepb.JournalRecord
+	first uint64
+	term  int64 // of the leader they came from
+}
+
+// after trims the records through last (the state has them) and returns
+// the record to fetch after and its leader's term.
+func (t *tailStore) after(last uint64) (int64, uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if last >= t.first {
+		n := min(last+1-t.first, uint64(len(t.recs)))
+		t.recs = slices.Delete(t.recs, 0, int(n))
+		t.first += n
+	}
+	if len(t.recs) == 0 {
+		t.first = last + 1
+	}
+	return t.term, t.first + uint64(len(t.recs)) - 1
+}
+
+// fetched takes recs, the records after after that term's leader sent.
+// A leader of another term than the tail's answers with its term and no
+// records: the tail, the last leader's records, is dropped then, and
+// fetching goes on from the state. Only a leader that serves answers, and
+// a leader serves once it wrote the tail the last one designated.
+func (t *tailStore) fetched(term int64, after uint64, recs []*storepb.JournalRecord) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if term != t.term {
+		t.recs, t.term = nil, term
+		return
+	}
+	if len(t.recs) == 0 {
+		t.first = after + 1
+	}
+	if after+1 != t.first+uint64(len(t.recs)) {
+		return // the tail moved meanwhile
+	}
+	t.recs = append(t.recs, recs...)
+}
+
+// take returns the tail, first record first, when d designates this
+// standby for the term of its records: they are the ones acknowledged
+// through it, and no other leader served since.
+func (t *tailStore) take(d string) (uint64, []*storepb.JournalRecord) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.recs) == 0 || d != designation(t.id, t.term, t.addr) {
+		return 0, nil
+	}
+	return t.first, slices.Clone(t.recs)
+}
+
+// tailOf returns the records of the standby designated in d (journal/insync):
+// this master's own, or asked of the standby, for up to tailWait.
+func tailOf(ctx context.Context, own *tailStore, d, token string, log *slog.Logger) (map[uint64]*storepb.JournalRecord, error) {
+	id, addr := designee(d)
+	var first uint64
+	var recs []*storepb.JournalRecord
+	switch {
+	case id == "":
+		return nil, nil
+	case id == own.id:
+		first, recs = own.take(d)
+	default:
+		b, err := askTail(ctx, addr, d, token)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			log.Warn("master: the standby the last leader designated did not answer: the puts acknowledged through it alone are lost",
+				"standby", addr, "err", err)
+			return nil, nil
+		}
+		first, recs = b.FirstSeq, b.Records
+	}
+	out := make(map[uint64]*storepb.JournalRecord, len(recs))
+	for i, rec := range recs {
+		out[first+uint64(i)] = rec
+	}
+	return out, nil
+}
+
+// askTail asks the standby at addr for its tail under designation d,
+// until it answers or tailWait passes.
+func askTail(ctx context.Context, addr, d, token string) (*storepb.JournalBatch, error) {
+	ctx, cancel := context.WithTimeout(ctx, tailWait)
+	defer cancel()
+	gc, fc, err := dialMaster(addr, token)
+	if err != nil {
+		return nil, err
+	}
+	defer gc.Close()
+	defer fc.Close()
+	rpc := storepb.NewMasterClient(fc)
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, time.Second)
+		resp, err := rpc.JournalTail(cctx, &storepb.JournalTailRequest{Designation: d})
+		ccancel()
+		if err == nil {
+			var b storepb.JournalBatch
+			if err := proto.Unmarshal(resp.Batch, &b); err != nil {
+				return nil, fmt.Errorf("master: journal tail: %w", err)
+			}
+			return &b, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+}
