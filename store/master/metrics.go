@@ -126,6 +126,11 @@ var (
 	lastSeqDesc   = prometheus.NewDesc("ha_oplog_last_sequence_id", "The last record of the leader's journal (0 without one).",
 		nil, nil)
 	promotingDesc = prometheus.NewDesc("master_promotion_in_flight", "Promotions (SSD tier to DRAM copies) in flight.", nil, nil)
+	// HA: the standby acknowledging the leader's journal (replicate.go).
+	standbyInSyncDesc = prometheus.NewDesc("master_journal_standby_in_sync",
+		"1 while a designated standby's acknowledgements make the leader's journal records durable.", nil, nil)
+	etcdBehindDesc = prometheus.NewDesc("master_journal_etcd_behind_records",
+		"Journal records durable (a standby has them) and not yet in etcd.", nil, nil)
 )
 
 // The KV events counters (kvevents.go), present with KV events only.
@@ -196,6 +201,11 @@ func (m *metrics) collectService(ch chan<- prometheus.Metric, svc *Service) {
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(c.name, c.help, nil, nil), prometheus.CounterValue, c.get(st))
 	}
 	ch <- prometheus.MustNewConstMetric(lastSeqDesc, prometheus.GaugeValue, float64(svc.lastSeq()))
+	if j, ok := svc.j.(*etcdJournal); ok {
+		insync, behind := j.standbyStats()
+		ch <- prometheus.MustNewConstMetric(standbyInSyncDesc, prometheus.GaugeValue, insync)
+		ch <- prometheus.MustNewConstMetric(etcdBehindDesc, prometheus.GaugeValue, behind)
+	}
 	counter(ch, "master_attempted_evictions_total", "Evictions run (above the watermark, or after a put found no room).",
 		svc.evictAttempts.Load())
 	counter(ch, "master_successful_evictions_total", "Evictions that freed bytes.", svc.evictSuccesses.Load())

@@ -248,6 +248,17 @@ func (j *etcdJournal) standbyState() (string, bool) {
 	return j.rep.designated, j.rep.insync
 }
 
+// standbyStats is 1 while a designated standby's acknowledgements count
+// (0 otherwise), and how many durable records etcd does not have yet.
+func (j *etcdJournal) standbyStats() (insync, behind float64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.rep.insync {
+		insync = 1
+	}
+	return insync, float64(j.committed - min(j.etcdDone, j.committed))
+}
+
 // insync reads journal/insync: the designation of the last leader that
 // made one, "" if none stands.
 func insync(ctx context.Context, cli *clientv3.Client, clusterID string) (string, error) {

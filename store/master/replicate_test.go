@@ -61,6 +61,9 @@ func TestStandbyAcksMakePutsDurable(t *testing.T) {
 	inEtcd, last := j.etcdDone, j.committed
 	j.mu.Unlock()
 	require.Less(t, inEtcd, last, "the puts were answered from etcd")
+	insync, behind := j.standbyStats()
+	assert.Equal(t, 1.0, insync)
+	assert.Equal(t, float64(last-inEtcd), behind)
 
 	crash(a)
 	require.Eventually(t, b.Leading, 30*time.Second, 5*time.Millisecond)
