@@ -57,6 +57,13 @@ const tableFoot = `
   loaded a longer journal, because the records loaded after the last snapshot
   did not count towards the next one (11 s, 22 s, 44 s, 55 s to fail over in a
   5-minute soak; fixed in the master).
+- **Found by scenario 6, in the first version of standby acknowledgements:**
+  1,487 acknowledged puts lost. During the outage the leader kept answering
+  puts on its standby's acknowledgement until its lease ran out, and the
+  standby, whose campaign failed and was retried meanwhile, started following
+  afresh and dropped the records it had acknowledged. They now belong to the
+  master process rather than to one round of following, and a new leader
+  asks the designated standby for them (store/master/replicate.go).
 
 ## Scenario 7: the SSD tier's disk full or failing
 
