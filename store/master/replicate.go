@@ -443,6 +443,11 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 			return err
 		case resp.Behind:
 			sleep(ctx, 20*time.Millisecond) // etcd's watch catches up
+		case term == 0 && len(resp.Batch) == 0:
+			// Sealed, or no leader's records yet: the answer is the
+			// leader's term, which drops the tail if it is another's.
+			f.tails.fetched(resp.Term, after, nil)
+			sleep(ctx, 50*time.Millisecond)
 		default:
 			var b storepb.JournalBatch
 			if err := proto.Unmarshal(resp.Batch, &b); err != nil {
@@ -480,10 +485,17 @@ type tailStore struct {
 	recs  []*storepb.JournalRecord
 	first uint64
 	term  int64 // of the leader they came from
+	// sealed: a new leader took the tail (take). It wrote the records the
+	// tail held then, and no others: an acknowledgement of a later one to
+	// term's leader, deposed but maybe not aware yet (a pause past its
+	// lease), would make durable a put the new leader never saw.
+	sealed bool
 }
 
 // after trims the records through last (the state has them) and returns
-// the record to fetch after and its leader's term.
+// the record to fetch after and its leader's term; term 0 once sealed, a
+// term no leader has, so that the fetch acknowledges nothing and only
+// learns the leader's term.
 func (t *tailStore) after(last uint64) (int64, uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -494,6 +506,9 @@ func (t *tailStore) after(last uint64) (int64, uint64) {
 	}
 	if len(t.recs) == 0 {
 		t.first = last + 1
+	}
+	if t.sealed {
+		return 0, t.first + uint64(len(t.recs)) - 1
 	}
 	return t.term, t.first + uint64(len(t.recs)) - 1
 }
@@ -507,7 +522,10 @@ func (t *tailStore) fetched(term int64, after uint64, recs []*storepb.JournalRec
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if term != t.term {
-		t.recs, t.term = nil, term
+		t.recs, t.term, t.sealed = nil, term, false
+		return
+	}
+	if t.sealed {
 		return
 	}
 	if len(t.recs) == 0 {
@@ -521,11 +539,16 @@ func (t *tailStore) fetched(term int64, after uint64, recs []*storepb.JournalRec
 
 // take returns the tail, first record first, when d designates this
 // standby for the term of its records: they are the ones acknowledged
-// through it, and no other leader served since.
+// through it, and no other leader served since. It seals the tail: the
+// standby acknowledges nothing more of that term (sealed).
 func (t *tailStore) take(d string) (uint64, []*storepb.JournalRecord) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.recs) == 0 || d != designation(t.id, t.term, t.addr) {
+	if d != designation(t.id, t.term, t.addr) {
+		return 0, nil
+	}
+	t.sealed = true
+	if len(t.recs) == 0 {
 		return 0, nil
 	}
 	return t.first, slices.Clone(t.recs)
