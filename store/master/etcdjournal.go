@@ -148,17 +148,18 @@ func (j *etcdJournal) close() {
 	j.mu.Lock()
 	if r := &j.rep; r.insync {
 		r.insync = false // no more pacing
+		to := j.ackedThroughLocked()
 		j.signal()
 		deadline := time.AfterFunc(etcdOpTimeout, func() {
 			j.mu.Lock()
 			j.cond.Broadcast()
 			j.mu.Unlock()
 		})
-		for start := time.Now(); j.etcdDone < j.committed && j.err == nil && time.Since(start) < etcdOpTimeout; {
+		for start := time.Now(); j.etcdDone < to && j.err == nil && time.Since(start) < etcdOpTimeout; {
 			j.cond.Wait()
 		}
 		deadline.Stop()
-		if j.etcdDone >= j.committed && j.err == nil {
+		if j.etcdDone >= to && j.err == nil {
 			// The next leader need not ask the standby.
 			d := designation(r.designated, j.term, r.addr)
 			j.mu.Unlock()

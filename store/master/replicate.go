@@ -203,7 +203,7 @@ func (j *etcdJournal) checkStandby() {
 	j.mu.Lock()
 	r := &j.rep
 	if r.designated != "" && time.Since(r.lastAck) > standbyTimeout && (r.acked < j.next-1 || time.Since(r.lastAck) > 2*standbyTimeout) {
-		r.dropping, r.dropTo = designation(r.designated, j.term, r.addr), j.committed
+		r.dropping, r.dropTo = designation(r.designated, j.term, r.addr), j.ackedThroughLocked()
 		r.designated, r.insync = "", false
 		// Records wait for etcd now: write what is queued at once.
 		j.signal()
@@ -226,6 +226,15 @@ func (j *etcdJournal) checkStandby() {
 		}
 		j.mu.Unlock()
 	}()
+}
+
+// ackedThroughLocked is the last record the designated standby's
+// acknowledgements may make durable: the committed one, or a later one
+// an advance in flight took from them before they stopped counting (it
+// raises committed once its callbacks ran). Its designation stands until
+// etcd has that record.
+func (j *etcdJournal) ackedThroughLocked() uint64 {
+	return max(j.committed, min(j.rep.acked, j.next-1))
 }
 
 // undesignate deletes designation d from etcd, if it stands.

@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/mooncake-go/mooncake/internal/etcdtest"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // A standby that handed its tail to a new leader acknowledges nothing more
@@ -47,4 +48,146 @@ func TestStandbyAcksNothingAfterHandingItsTail(t *testing.T) {
 	defer cancel()
 	require.ErrorIs(t, svc.durable(ctx, seq), context.DeadlineExceeded,
 		"acknowledged through a standby whose tail a new leader took already")
+}
+
+// inEtcd reports whether cluster's log in etcd holds record seq.
+func inEtcd(t *testing.T, cli *clientv3.Client, cluster string, seq uint64) bool {
+	t.Helper()
+	logDir := journalPrefix(cluster) + "log/"
+	found := false
+	err := scan(t.Context(), cli, logDir, clientv3.GetPrefixRangeEnd(logDir), 0, func(key string, v []byte) error {
+		b, err := decodeBatch(logDir, key, v)
+		if err != nil {
+			return err
+		}
+		found = found || b.FirstSeq <= seq && seq < b.FirstSeq+uint64(len(b.Records))
+		return nil
+	})
+	require.NoError(t, err)
+	return found
+}
+
+// blockedAck appends a record to a's journal whose callback blocks until
+// release is closed, and returns its seq once the designated standby's
+// acknowledgement is making it durable (the callback runs): an advance
+// through the standby in flight. etcd has every record before it and is
+// held.
+func blockedAck(t *testing.T, j *etcdJournal, release <-chan struct{}) uint64 {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.etcdDone == j.next-1 && j.committed == j.next-1
+	}, 20*time.Second, time.Millisecond)
+	j.holdEtcd.Store(true)
+	entered := make(chan struct{})
+	seq := j.append(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
+		ClientId: "other", Segment: seg("blocked", 1<<30, 1<<20)}}}, func() {
+		close(entered)
+		<-release
+	})
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the standby did not acknowledge the record")
+	}
+	return seq
+}
+
+// A leader that closes while an advance through its standby is in flight
+// (the callbacks run, committed not raised yet) writes that advance's
+// records to etcd before it deletes the designation: else they are
+// acknowledged, in neither etcd nor a designated standby's tail.
+func TestCloseWaitsForTheAdvanceInFlight(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startHA(t, etcd, "closeadv", false)
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	startHA(t, etcd, "closeadv", false)
+	waitDesignated(t, a)
+	j := etcdJournalOf(t, a)
+	release := make(chan struct{})
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	seq := blockedAck(t, j, release)
+
+	closed := make(chan struct{})
+	go func() {
+		j.close()
+		close(closed)
+	}()
+	select {
+	case <-closed: // without waiting for etcd: the test fails below
+	case <-time.After(time.Second):
+	}
+	j.holdEtcd.Store(false)
+	j.signal()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	// close's writer runs the advance of what lands once the one in
+	// flight ends: release it once close decided.
+	require.Eventually(t, func() bool {
+		select {
+		case <-closed:
+			return true
+		default:
+			return inEtcd(t, cli, "closeadv", seq)
+		}
+	}, 20*time.Second, 5*time.Millisecond)
+	close(release)
+	released = true
+	<-closed
+	// The advance ends (a waiter woken meanwhile, as during close's
+	// delete of the designation, sees the record committed).
+	j.advMu.Lock()
+	j.advMu.Unlock()
+	if err := j.wait(t.Context(), seq); err != nil {
+		return // not acknowledged: nothing to keep
+	}
+	d, err := insync(t.Context(), cli, "closeadv")
+	require.NoError(t, err)
+	require.True(t, d != "" || inEtcd(t, cli, "closeadv", seq),
+		"record %d acknowledged, not in etcd, and no standby designated for it", seq)
+}
+
+// A designated standby dropped while an advance through it is in flight
+// keeps its designation until etcd has that advance's records too.
+func TestDroppedStandbyKeepsDesignationForTheAdvanceInFlight(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startHA(t, etcd, "dropadv", false)
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	b := startHA(t, etcd, "dropadv", false)
+	waitDesignated(t, a)
+	j := etcdJournalOf(t, a)
+	release := make(chan struct{})
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	seq := blockedAck(t, j, release)
+	require.NoError(t, b.Close()) // silent from now on
+	require.Eventually(t, func() bool {
+		id, _ := j.standbyState()
+		return id == ""
+	}, 20*time.Second, 5*time.Millisecond, "the silent standby was not dropped")
+	close(release)
+	released = true
+	j.advMu.Lock()
+	j.advMu.Unlock()
+	require.NoError(t, j.wait(t.Context(), seq))
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	require.Never(t, func() bool {
+		d, err := insync(t.Context(), cli, "dropadv")
+		require.NoError(t, err)
+		return d == "" && !inEtcd(t, cli, "dropadv", seq)
+	}, time.Second, 20*time.Millisecond, "record %d acknowledged, not in etcd, and its standby's designation deleted", seq)
 }
