@@ -72,6 +72,13 @@ const (
 	tailWait = 5 * time.Second
 )
 
+// maxTail bounds the records a standby holds that etcd has not shown it:
+// one cut off from etcd, not from the leader, would otherwise fetch and
+// hold every record for as long as that lasts. A full tail fetches (and
+// acknowledges) nothing more: the leader drops the standby and waits for
+// etcd again. A variable for tests.
+var maxTail = 4 * keepRecent
+
 func insyncKey(prefix string) string { return prefix + "insync" }
 
 func newStandbyID() string {
@@ -470,15 +477,15 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 
 // fetchAfter is the record to fetch after, and the term of the leader it
 // came from: the last one held, in the state or the tail. False while
-// there is no state.
+// there is no state, or while the tail is full.
 func (f *follower) fetchAfter() (int64, uint64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.st == nil {
 		return 0, 0, false
 	}
-	term, after := f.tails.after(f.last)
-	return term, after, true
+	term, after, full := f.tails.after(f.last)
+	return term, after, !full
 }
 
 // tailStore holds the records a standby fetched from the leader that its
@@ -504,8 +511,8 @@ type tailStore struct {
 // after trims the records through last (the state has them) and returns
 // the record to fetch after and its leader's term; term 0 once sealed, a
 // term no leader has, so that the fetch acknowledges nothing and only
-// learns the leader's term.
-func (t *tailStore) after(last uint64) (int64, uint64) {
+// learns the leader's term; full when the tail holds maxTail records.
+func (t *tailStore) after(last uint64) (int64, uint64, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if last >= t.first {
@@ -516,10 +523,11 @@ func (t *tailStore) after(last uint64) (int64, uint64) {
 	if len(t.recs) == 0 {
 		t.first = last + 1
 	}
+	full := len(t.recs) >= maxTail
 	if t.sealed {
-		return 0, t.first + uint64(len(t.recs)) - 1
+		return 0, t.first + uint64(len(t.recs)) - 1, full
 	}
-	return t.term, t.first + uint64(len(t.recs)) - 1
+	return t.term, t.first + uint64(len(t.recs)) - 1, full
 }
 
 // fetched takes recs, the records after after that term's leader sent.
@@ -543,7 +551,7 @@ func (t *tailStore) fetched(term int64, after uint64, recs []*storepb.JournalRec
 	if after+1 != t.first+uint64(len(t.recs)) {
 		return // the tail moved meanwhile
 	}
-	t.recs = append(t.recs, recs...)
+	t.recs = append(t.recs, recs[:min(len(recs), max(0, maxTail-len(t.recs)))]...)
 }
 
 // take returns the tail, first record first, when d designates this

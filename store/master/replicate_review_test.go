@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -190,4 +191,36 @@ func TestDroppedStandbyKeepsDesignationForTheAdvanceInFlight(t *testing.T) {
 		require.NoError(t, err)
 		return d == "" && !inEtcd(t, cli, "dropadv", seq)
 	}, time.Second, 20*time.Millisecond, "record %d acknowledged, not in etcd, and its standby's designation deleted", seq)
+}
+
+// A standby's tail is bounded: one whose state does not move (cut off from
+// etcd, or here, etcd not written) stops fetching, and acknowledging, once
+// it holds maxTail records, and puts wait for etcd again.
+func TestStandbyTailBounded(t *testing.T) {
+	old := maxTail
+	t.Cleanup(func() { maxTail = old }) // after the servers' cleanups
+	maxTail = 64
+	etcd := etcdtest.Start(t)
+	a := startHA(t, etcd, "bounded", false)
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	b := startHA(t, etcd, "bounded", false)
+	waitDesignated(t, a)
+	etcdJournalOf(t, a).holdEtcd.Store(true)
+	svc := a.Service()
+	require.NoError(t, svc.MountSegment(t.Context(), "node", seg("1", 1<<30, 1<<30)))
+	var last uint64
+	for i := range 200 {
+		key := fmt.Sprintf("obj-%d", i)
+		_, _, err := svc.startSeq(t.Context(), "node", key, 64, nil, false)
+		require.NoError(t, err)
+		last, err = svc.putEndSeq("node", key, 7)
+		require.NoError(t, err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	require.ErrorIs(t, svc.durable(ctx, last), context.DeadlineExceeded, "acknowledged by a standby with a full tail")
+	b.tails.mu.Lock()
+	n := len(b.tails.recs)
+	b.tails.mu.Unlock()
+	require.LessOrEqual(t, n, maxTail)
 }

@@ -203,11 +203,11 @@ func TestFetchOfAnotherTerm(t *testing.T) {
 // hands them over only under its own designation.
 func TestTailStore(t *testing.T) {
 	tl := &tailStore{id: "me", addr: "h:1", term: 7}
-	term, after := tl.after(10)
+	term, after, _ := tl.after(10)
 	assert.Equal(t, int64(7), term)
 	assert.Equal(t, uint64(10), after)
 	tl.fetched(7, 10, []*storepb.JournalRecord{{}, {}, {}})
-	_, after = tl.after(10)
+	_, after, _ = tl.after(10)
 	assert.Equal(t, uint64(13), after)
 	_, recs := tl.take(designation("other", 7, "h:1"))
 	assert.Nil(t, recs)
@@ -217,7 +217,7 @@ func TestTailStore(t *testing.T) {
 	assert.Equal(t, uint64(11), first)
 	assert.Len(t, recs, 3)
 
-	_, after = tl.after(11) // etcd brought record 11
+	_, after, _ = tl.after(11) // etcd brought record 11
 	assert.Equal(t, uint64(13), after)
 	assert.Len(t, tl.recs, 2)
 	tl.fetched(7, 12, []*storepb.JournalRecord{{}}) // not where the tail ends
@@ -225,7 +225,7 @@ func TestTailStore(t *testing.T) {
 
 	tl.fetched(8, 13, nil) // a new leader answers
 	assert.Empty(t, tl.recs)
-	term, after = tl.after(11)
+	term, after, _ = tl.after(11)
 	assert.Equal(t, int64(8), term)
 	assert.Equal(t, uint64(11), after)
 
