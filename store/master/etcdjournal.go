@@ -146,7 +146,17 @@ func (j *etcdJournal) advance() {
 // lose none.
 func (j *etcdJournal) close() {
 	j.mu.Lock()
-	if r := &j.rep; r.insync {
+	// The designations standing: the standby's whose acks count, and one
+	// dropped whose records etcd may not have yet.
+	r := &j.rep
+	var ds []string
+	if r.insync {
+		ds = append(ds, designation(r.designated, j.term, r.addr))
+	}
+	if r.dropping != "" {
+		ds = append(ds, r.dropping)
+	}
+	if len(ds) > 0 {
 		r.insync = false // no more pacing
 		to := j.ackedThroughLocked()
 		j.signal()
@@ -160,10 +170,11 @@ func (j *etcdJournal) close() {
 		}
 		deadline.Stop()
 		if j.etcdDone >= to && j.err == nil {
-			// The next leader need not ask the standby.
-			d := designation(r.designated, j.term, r.addr)
+			// The next leader need not ask the standbys.
 			j.mu.Unlock()
-			_ = j.undesignate(d)
+			for _, d := range ds {
+				_ = j.undesignate(d)
+			}
 			j.mu.Lock()
 		}
 	}

@@ -224,3 +224,40 @@ func TestStandbyTailBounded(t *testing.T) {
 	b.tails.mu.Unlock()
 	require.LessOrEqual(t, n, maxTail)
 }
+
+// A leader that closes after it dropped its silent standby, before etcd
+// had every record acknowledged through it, writes them first: it stops
+// for no fault of its own, and the standby that held them may be gone.
+func TestCloseWritesRecordsOfADroppedStandby(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startHA(t, etcd, "closedrop", false)
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	b := startHA(t, etcd, "closedrop", false)
+	waitDesignated(t, a)
+	j := etcdJournalOf(t, a)
+	j.holdEtcd.Store(true)
+	putMany(t, a.Service(), 20) // acknowledged through b alone
+	last := j.last()
+	require.NoError(t, b.Close()) // b dies
+	require.Eventually(t, func() bool {
+		id, _ := j.standbyState()
+		return id == ""
+	}, 20*time.Second, 5*time.Millisecond, "the silent standby was not dropped")
+
+	closed := make(chan struct{})
+	go func() {
+		j.close()
+		close(closed)
+	}()
+	select {
+	case <-closed: // without writing: the test fails below
+	case <-time.After(time.Second):
+	}
+	j.holdEtcd.Store(false) // etcd answers again
+	j.signal()
+	<-closed
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	require.True(t, inEtcd(t, cli, "closedrop", last), "record %d acknowledged and lost by a leader that closed", last)
+}
