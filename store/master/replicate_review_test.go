@@ -26,7 +26,8 @@ func TestStandbyAcksNothingAfterHandingItsTail(t *testing.T) {
 	waitDesignated(t, a)
 	j := etcdJournalOf(t, a)
 	j.holdEtcd.Store(true)
-	putMany(t, a.Service(), 10) // acknowledged through b alone
+	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
+	putMany(t, a.Service(), 10)                   // acknowledged through b alone
 
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
 	require.NoError(t, err)
@@ -54,9 +55,15 @@ func TestStandbyAcksNothingAfterHandingItsTail(t *testing.T) {
 // inEtcd reports whether cluster's log in etcd holds record seq.
 func inEtcd(t *testing.T, cli *clientv3.Client, cluster string, seq uint64) bool {
 	t.Helper()
+	found, err := logHas(t.Context(), cli, cluster, seq)
+	require.NoError(t, err)
+	return found
+}
+
+func logHas(ctx context.Context, cli *clientv3.Client, cluster string, seq uint64) (bool, error) {
 	logDir := journalPrefix(cluster) + "log/"
 	found := false
-	err := scan(t.Context(), cli, logDir, clientv3.GetPrefixRangeEnd(logDir), 0, func(key string, v []byte) error {
+	err := scan(ctx, cli, logDir, clientv3.GetPrefixRangeEnd(logDir), 0, func(key string, v []byte) error {
 		b, err := decodeBatch(logDir, key, v)
 		if err != nil {
 			return err
@@ -64,8 +71,7 @@ func inEtcd(t *testing.T, cli *clientv3.Client, cluster string, seq uint64) bool
 		found = found || b.FirstSeq <= seq && seq < b.FirstSeq+uint64(len(b.Records))
 		return nil
 	})
-	require.NoError(t, err)
-	return found
+	return found, err
 }
 
 // blockedAck appends a record to a's journal whose callback blocks until
@@ -172,7 +178,8 @@ func TestDroppedStandbyKeepsDesignationForTheAdvanceInFlight(t *testing.T) {
 		}
 	}()
 	seq := blockedAck(t, j, release)
-	require.NoError(t, b.Close()) // silent from now on
+	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
+	require.NoError(t, b.Close())                 // silent from now on
 	require.Eventually(t, func() bool {
 		id, _ := j.standbyState()
 		return id == ""
@@ -186,10 +193,17 @@ func TestDroppedStandbyKeepsDesignationForTheAdvanceInFlight(t *testing.T) {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	defer cli.Close()
+	// Not t's context: Never may call the condition once more after it
+	// returned.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	require.Never(t, func() bool {
-		d, err := insync(t.Context(), cli, "dropadv")
-		require.NoError(t, err)
-		return d == "" && !inEtcd(t, cli, "dropadv", seq)
+		d, err := insync(ctx, cli, "dropadv")
+		if err != nil || d != "" {
+			return false
+		}
+		has, err := logHas(ctx, cli, "dropadv", seq)
+		return err == nil && !has
 	}, time.Second, 20*time.Millisecond, "record %d acknowledged, not in etcd, and its standby's designation deleted", seq)
 }
 
@@ -205,7 +219,9 @@ func TestStandbyTailBounded(t *testing.T) {
 	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
 	b := startHA(t, etcd, "bounded", false)
 	waitDesignated(t, a)
-	etcdJournalOf(t, a).holdEtcd.Store(true)
+	j := etcdJournalOf(t, a)
+	j.holdEtcd.Store(true)
+	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 	svc := a.Service()
 	require.NoError(t, svc.MountSegment(t.Context(), "node", seg("1", 1<<30, 1<<30)))
 	var last uint64
