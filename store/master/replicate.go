@@ -168,7 +168,8 @@ func (j *etcdJournal) ack(standby, addr string, after uint64) {
 	r := &j.rep
 	var designate, advance bool
 	switch {
-	case !r.enabled || j.closed || j.err != nil:
+	case !r.enabled || j.closed || j.err != nil || after >= j.next:
+		// A standby "ahead" of this leader holds no position of its records.
 	case r.designated == standby:
 		r.acked = max(r.acked, min(after, j.next-1))
 		r.lastAck = time.Now()
@@ -190,7 +191,7 @@ func (j *etcdJournal) ack(standby, addr string, after uint64) {
 func (j *etcdJournal) designate(standby, addr string) {
 	err := j.put(insyncKey(j.prefix), designation(standby, j.term, addr))
 	j.mu.Lock()
-	if j.rep.designated == standby {
+	if j.rep.designated == standby && !j.closed {
 		if err == nil {
 			j.rep.insync = true
 		} else {
@@ -462,8 +463,11 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 		case term == 0 && len(resp.Batch) == 0:
 			// Sealed, or no leader's records yet: the answer is the
 			// leader's term, which drops the tail if it is another's.
-			f.tails.fetched(resp.Term, after, nil)
-			sleep(ctx, 50*time.Millisecond)
+			// A tail still sealed was answered by the deposed leader:
+			// look the leader up again.
+			if f.tails.fetched(resp.Term, after, nil) {
+				return errors.New("master: standby: the leader answering was deposed")
+			}
 		default:
 			var b storepb.JournalBatch
 			if err := proto.Unmarshal(resp.Batch, &b); err != nil {
@@ -535,23 +539,24 @@ func (t *tailStore) after(last uint64) (int64, uint64, bool) {
 // records: the tail, the last leader's records, is dropped then, and
 // fetching goes on from the state. Only a leader that serves answers, and
 // a leader serves once it wrote the tail the last one designated.
-func (t *tailStore) fetched(term int64, after uint64, recs []*storepb.JournalRecord) {
+func (t *tailStore) fetched(term int64, after uint64, recs []*storepb.JournalRecord) (sealed bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if term != t.term {
 		t.recs, t.term, t.sealed = nil, term, false
-		return
+		return false
 	}
 	if t.sealed {
-		return
+		return true
 	}
 	if len(t.recs) == 0 {
 		t.first = after + 1
 	}
 	if after+1 != t.first+uint64(len(t.recs)) {
-		return // the tail moved meanwhile
+		return false // the tail moved meanwhile
 	}
 	t.recs = append(t.recs, recs[:min(len(recs), max(0, maxTail-len(t.recs)))]...)
+	return false
 }
 
 // take returns the tail, first record first, when d designates this
