@@ -42,12 +42,19 @@ import (
 //   - A new leader asks the standby named in journal/insync for its tail
 //     (JournalTail, which standbys serve) and writes what etcd lacks,
 //     fenced by its own term, before it loads the journal (writeTail); the
-//     standby itself, winning, writes its own.
+//     standby itself, winning, writes its own. Taking the tail seals it:
+//     the standby acknowledges nothing more of that term, so a deposed
+//     leader that has not noticed yet (a pause past its lease) cannot make
+//     a put durable that the new leader never saw.
+//   - The tail is bounded (maxTail): a standby that cannot trim it (cut off
+//     from etcd, not from the leader) stops acknowledging when it is full,
+//     and the leader drops it.
 //   - A designated standby that stops acknowledging for standbyTimeout is
 //     dropped: records wait for etcd again (they were being written behind
-//     all along), and once etcd has every record acknowledged through it,
-//     the designation is deleted. A leader that stops writes what is left
-//     to etcd and deletes its designation too.
+//     all along), and once etcd has every record acknowledged through it
+//     (ackedThroughLocked: an advance in flight included), the designation
+//     is deleted. A leader that stops writes what is left to etcd and
+//     deletes its designations (the live one and one being dropped) too.
 //
 // Lost only when the leader dies and its designated standby is
 // unreachable for tailWait with it: both within the same few
