@@ -296,9 +296,14 @@ func insync(ctx context.Context, cli *clientv3.Client, clusterID string) (string
 // clearInsync deletes the designation of the term before: a new leader
 // designates its own.
 func clearInsync(ctx context.Context, cli *clientv3.Client, clusterID string, term int64) error {
+	return fenced(ctx, cli, clusterID, term, clientv3.OpDelete(insyncKey(journalPrefix(clusterID))))
+}
+
+// fenced runs op if clusterID's leader is still term's.
+func fenced(ctx context.Context, cli *clientv3.Client, clusterID string, term int64, op clientv3.Op) error {
 	txn, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(ha.ViewKey(clusterID)), "=", term)).
-		Then(clientv3.OpDelete(insyncKey(journalPrefix(clusterID)))).
+		Then(op).
 		Commit()
 	switch {
 	case err != nil:
@@ -362,15 +367,8 @@ func writeTail(ctx context.Context, cli *clientv3.Client, clusterID string, term
 		if err != nil {
 			return err
 		}
-		txn, err := cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(ha.ViewKey(clusterID)), "=", term)).
-			Then(clientv3.OpPut(logKey(prefix, b.FirstSeq), string(data))).
-			Commit()
-		switch {
-		case err != nil:
+		if err := fenced(ctx, cli, clusterID, term, clientv3.OpPut(logKey(prefix, b.FirstSeq), string(data))); err != nil {
 			return err
-		case !txn.Succeeded:
-			return fmt.Errorf("%w (term %d)", ErrNotLeader, term)
 		}
 		written += len(b.Records)
 		b, size = nil, 0

@@ -3,13 +3,13 @@ package master
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/mooncake-go/mooncake/internal/etcdtest"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -19,12 +19,7 @@ import (
 // it was deposed) acknowledged through the standby afterwards would be
 // lost.
 func TestStandbyAcksNothingAfterHandingItsTail(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a := startHA(t, etcd, "seal", false)
-	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := startHA(t, etcd, "seal", false)
-	waitDesignated(t, a)
-	j := etcdJournalOf(t, a)
+	etcd, a, b, j := leaderAndStandby(t, "seal")
 	j.holdEtcd.Store(true)
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 	putMany(t, a.Service(), 10)                   // acknowledged through b alone
@@ -75,11 +70,11 @@ func logHas(ctx context.Context, cli *clientv3.Client, cluster string, seq uint6
 }
 
 // blockedAck appends a record to a's journal whose callback blocks until
-// release is closed, and returns its seq once the designated standby's
-// acknowledgement is making it durable (the callback runs): an advance
-// through the standby in flight. etcd has every record before it and is
-// held.
-func blockedAck(t *testing.T, j *etcdJournal, release <-chan struct{}) uint64 {
+// release is called (at the test's end at the latest), and returns its
+// seq once the designated standby's acknowledgement is making it durable
+// (the callback runs): an advance through the standby in flight. etcd has
+// every record before it and is held.
+func blockedAck(t *testing.T, j *etcdJournal) (seq uint64, release func()) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		j.mu.Lock()
@@ -87,18 +82,20 @@ func blockedAck(t *testing.T, j *etcdJournal, release <-chan struct{}) uint64 {
 		return j.etcdDone == j.next-1 && j.committed == j.next-1
 	}, 20*time.Second, time.Millisecond)
 	j.holdEtcd.Store(true)
-	entered := make(chan struct{})
-	seq := j.append(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
+	entered, released := make(chan struct{}), make(chan struct{})
+	release = sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release)
+	seq = j.append(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
 		ClientId: "other", Segment: seg("blocked", 1<<30, 1<<20)}}}, func() {
 		close(entered)
-		<-release
+		<-released
 	})
 	select {
 	case <-entered:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the standby did not acknowledge the record")
 	}
-	return seq
+	return seq, release
 }
 
 // A leader that closes while an advance through its standby is in flight
@@ -106,20 +103,8 @@ func blockedAck(t *testing.T, j *etcdJournal, release <-chan struct{}) uint64 {
 // records to etcd before it deletes the designation: else they are
 // acknowledged, in neither etcd nor a designated standby's tail.
 func TestCloseWaitsForTheAdvanceInFlight(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a := startHA(t, etcd, "closeadv", false)
-	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	startHA(t, etcd, "closeadv", false)
-	waitDesignated(t, a)
-	j := etcdJournalOf(t, a)
-	release := make(chan struct{})
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
-	seq := blockedAck(t, j, release)
+	etcd, _, _, j := leaderAndStandby(t, "closeadv")
+	seq, release := blockedAck(t, j)
 
 	closed := make(chan struct{})
 	go func() {
@@ -145,8 +130,7 @@ func TestCloseWaitsForTheAdvanceInFlight(t *testing.T) {
 			return inEtcd(t, cli, "closeadv", seq)
 		}
 	}, 20*time.Second, 5*time.Millisecond)
-	close(release)
-	released = true
+	release()
 	<-closed
 	// The advance ends (a waiter woken meanwhile, as during close's
 	// delete of the designation, sees the record committed).
@@ -164,28 +148,15 @@ func TestCloseWaitsForTheAdvanceInFlight(t *testing.T) {
 // A designated standby dropped while an advance through it is in flight
 // keeps its designation until etcd has that advance's records too.
 func TestDroppedStandbyKeepsDesignationForTheAdvanceInFlight(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a := startHA(t, etcd, "dropadv", false)
-	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := startHA(t, etcd, "dropadv", false)
-	waitDesignated(t, a)
-	j := etcdJournalOf(t, a)
-	release := make(chan struct{})
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
-	seq := blockedAck(t, j, release)
+	etcd, _, b, j := leaderAndStandby(t, "dropadv")
+	seq, release := blockedAck(t, j)
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 	require.NoError(t, b.Close())                 // silent from now on
 	require.Eventually(t, func() bool {
 		id, _ := j.standbyState()
 		return id == ""
 	}, 20*time.Second, 5*time.Millisecond, "the silent standby was not dropped")
-	close(release)
-	released = true
+	release()
 	j.advMu.Lock()
 	j.advMu.Unlock()
 	require.NoError(t, j.wait(t.Context(), seq))
@@ -214,12 +185,7 @@ func TestStandbyTailBounded(t *testing.T) {
 	old := maxTail
 	t.Cleanup(func() { maxTail = old }) // after the servers' cleanups
 	maxTail = 64
-	etcd := etcdtest.Start(t)
-	a := startHA(t, etcd, "bounded", false)
-	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := startHA(t, etcd, "bounded", false)
-	waitDesignated(t, a)
-	j := etcdJournalOf(t, a)
+	_, a, b, j := leaderAndStandby(t, "bounded")
 	j.holdEtcd.Store(true)
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 	svc := a.Service()
@@ -245,12 +211,7 @@ func TestStandbyTailBounded(t *testing.T) {
 // had every record acknowledged through it, writes them first: it stops
 // for no fault of its own, and the standby that held them may be gone.
 func TestCloseWritesRecordsOfADroppedStandby(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a := startHA(t, etcd, "closedrop", false)
-	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := startHA(t, etcd, "closedrop", false)
-	waitDesignated(t, a)
-	j := etcdJournalOf(t, a)
+	etcd, a, b, j := leaderAndStandby(t, "closedrop")
 	j.holdEtcd.Store(true)
 	putMany(t, a.Service(), 20) // acknowledged through b alone
 	last := j.last()

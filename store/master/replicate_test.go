@@ -35,6 +35,19 @@ func waitDesignated(t *testing.T, leader *Server) string {
 	return id
 }
 
+// leaderAndStandby starts, in an etcd of its own, a leader of cluster and
+// a warm standby, and waits until the leader designated the standby; j is
+// the leader's journal.
+func leaderAndStandby(t *testing.T, cluster string) (etcd string, a, b *Server, j *etcdJournal) {
+	t.Helper()
+	etcd = etcdtest.Start(t)
+	a = startHA(t, etcd, cluster, false)
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	b = startHA(t, etcd, cluster, false)
+	waitDesignated(t, a)
+	return etcd, a, b, etcdJournalOf(t, a)
+}
+
 // A warm standby's acknowledgements make puts durable while etcd has none
 // of their records, and the standby, winning, writes them to etcd: no put
 // is lost though the leader died before writing it.
@@ -144,11 +157,7 @@ func TestWinnerTakesTheStandbysTail(t *testing.T) {
 // from etcd, and the designation is deleted once etcd has every record
 // acknowledged through the standby.
 func TestSilentStandbyDropped(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a := startHA(t, etcd, "drop", false)
-	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := startHA(t, etcd, "drop", false)
-	waitDesignated(t, a)
+	etcd, a, b, _ := leaderAndStandby(t, "drop")
 	putMany(t, a.Service(), 20)
 	require.NoError(t, b.Close())
 
@@ -239,12 +248,7 @@ func TestTailStore(t *testing.T) {
 // Masters stopped together lose no put: the leader writes the records its
 // standby acknowledged to etcd before it stops.
 func TestCloseWritesAcknowledgedRecords(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a := startHA(t, etcd, "close", false)
-	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := startHA(t, etcd, "close", false)
-	waitDesignated(t, a)
-	j := etcdJournalOf(t, a)
+	etcd, a, b, j := leaderAndStandby(t, "close")
 	j.holdEtcd.Store(true)
 	const n = 100
 	putMany(t, a.Service(), n)
