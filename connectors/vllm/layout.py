@@ -6,7 +6,12 @@ num_kv_heads, block_size, 2 * head_size], block-major; several GPU
 backends: [2, num_blocks, ...], K and V apart), so the layout is read from
 the tensor itself: the dimension of size num_blocks is the block
 dimension, every index of the dimensions before it starts one run of
-bytes, and the block's bytes under each such index must be contiguous.
+bytes, and the block's bytes under each such index must fill one range of
+memory. That range may hold them in another order than the tensor's
+dimensions (vLLM 0.26's FlashAttention cache on a GPU: [num_blocks, 2,
+block_size, heads * head_size] viewed over memory laid out as [num_blocks,
+block_size, 2, ...]): a block moves as the bytes it occupies, which every
+instance of the same configuration lays out alike.
 Block b of a layer is then, for each run r, the bytes
 ``[r.base + b * r.stride, + r.length)``. A block's value in the store is
 the concatenation of its runs over all layers, in layer order.
@@ -24,6 +29,18 @@ class Run(NamedTuple):
     base: int
     stride: int
     length: int
+
+
+def _dense(t) -> bool:
+    """Whether t's elements fill one range of memory, in any order of its
+    dimensions: sorted by stride, each stride is the product of the sizes
+    below it."""
+    want = 1
+    for n, s in sorted(((n, s) for n, s in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
+        if s != want:
+            return False
+        want *= n
+    return True
 
 
 def tensor_runs(name: str, t, num_blocks: int) -> List[Run]:
@@ -45,7 +62,7 @@ def tensor_runs(name: str, t, num_blocks: int) -> List[Run]:
     runs = []
     for idx in itertools.product(*(range(n) for n in lead)):
         piece = one[idx] if idx else one
-        if not piece.is_contiguous():
+        if not _dense(piece):
             raise ValueError(f"mooncake-go connector: a block of layer {name} (shape {tuple(shape)}, "
                              f"strides {tuple(strides)}) is not contiguous")
         off = sum(i * s for i, s in zip(idx, strides)) * size

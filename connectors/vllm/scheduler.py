@@ -38,7 +38,12 @@ class SchedulerSide:
         self._save_emitted: Set[str] = set()
         self._saving: Set[str] = set()  # save sent to the worker: free late
         self._step = Step()
-        self._kv_cache_manager = None  # vLLM's, bound after construction
+        # vLLM's KV cache manager, bound after construction by releases that
+        # have bind_kv_cache_manager (0.32 on). Older ones (0.26, the last
+        # for torch 2.11) never bind it: the block ids of each request are
+        # then followed from the scheduler's outputs instead.
+        self._kv_cache_manager = None
+        self._block_ids: Dict[str, list] = {}
 
     # -- the store -------------------------------------------------------
 
@@ -148,6 +153,25 @@ class SchedulerSide:
         step, self._step = self._step, Step()
         return step
 
+    def _follow_block_ids(self, out) -> None:
+        """Keeps each request's block ids (first KV cache group) from a
+        step's scheduler output, for vLLM releases that bind no KV cache
+        manager: a new request brings all of its blocks, a running one the
+        blocks added this step, a resumed one all of them again."""
+        for r in out.scheduled_new_reqs:
+            self._block_ids[r.req_id] = list(r.block_ids[0])
+        cached = out.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", None)
+        if resumed is None:  # releases before 0.26 flag each request
+            flags = getattr(cached, "resumed_from_preemption", None) or [False] * len(cached.req_ids)
+            resumed = {rid for rid, f in zip(cached.req_ids, flags) if f}
+        for i, rid in enumerate(cached.req_ids):
+            new = cached.new_block_ids[i]
+            if rid in resumed:
+                self._block_ids[rid] = list(new[0]) if new is not None else []
+            elif new is not None:
+                self._block_ids.setdefault(rid, []).extend(new[0])
+
     def _emit_saves(self, out) -> None:
         """Saves the full prompt blocks of each request whose prompt is
         computed by the end of this step (the worker writes them once the
@@ -159,15 +183,17 @@ class SchedulerSide:
         for i, rid in enumerate(cached.req_ids):
             computed[rid] = cached.num_computed_tokens[i]
         mgr = self._kv_cache_manager
+        if mgr is None:
+            self._follow_block_ids(out)
         for rid, n in out.num_scheduled_tokens.items():
             req = self._reqs.get(rid)
-            if req is None or rid in self._save_emitted or rid not in computed or mgr is None:
+            if req is None or rid in self._save_emitted or rid not in computed:
                 continue
             if computed[rid] + n < req.num_prompt_tokens:
                 continue
             self._save_emitted.add(rid)
             full = min(req.num_prompt_tokens // self.block_size, len(req.block_hashes))
-            ids = mgr.get_blocks(rid).get_block_ids()[0]
+            ids = mgr.get_blocks(rid).get_block_ids()[0] if mgr is not None else self._block_ids.get(rid, [])
             skip = self._loaded.get(rid, range(0))
             picks = [i for i in range(min(full, len(ids))) if i not in skip]
             if picks:
@@ -182,6 +208,7 @@ class SchedulerSide:
         self._loaded.pop(rid, None)
         self._load_tried.discard(rid)
         self._save_emitted.discard(rid)
+        self._block_ids.pop(rid, None)
         delay = rid in self._saving
         self._saving.discard(rid)
         params = request.kv_transfer_params or {}

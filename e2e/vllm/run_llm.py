@@ -13,6 +13,7 @@ abandons the saves still in flight (a long-running server would finish them).
 """
 
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -37,7 +38,7 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
               max_num_seqs=8, enforce_eager=True, kv_cache_memory_bytes=64 << 20, seed=0,
-              kv_transfer_config=spec["kv"])
+              kv_transfer_config=spec["kv"], **json.loads(os.environ.get("MOONCAKE_E2E_VLLM_ENGINE_ARGS") or "{}"))
     params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
                             detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params)

@@ -268,19 +268,25 @@ def test_pd_behind_conductor_equals_single_instance(pd, conductors):
 # -- the connector's pieces without vLLM processes ---------------------------
 
 
-@pytest.mark.parametrize("shape,block_dim", [
-    ((5, 2, 8, 16), 0),  # vLLM 0.32's CPU backend: [blocks, kv_heads, block_size, 2*head_size]
-    ((2, 5, 8, 2, 4), 1),  # K and V apart: [2, blocks, block_size, kv_heads, head_size]
+@pytest.mark.parametrize("shape,block_dim,perm", [
+    ((5, 2, 8, 16), 0, None),  # vLLM 0.32's CPU backend: [blocks, kv_heads, block_size, 2*head_size]
+    ((2, 5, 8, 2, 4), 1, None),  # K and V apart: [2, blocks, block_size, kv_heads, head_size]
+    # vLLM 0.26's FlashAttention on a GPU: [blocks, 2, block_size, heads*head_size]
+    # over memory laid out [blocks, block_size, 2, heads*head_size]
+    ((5, 8, 2, 16), 0, (0, 2, 1, 3)),
 ])
-def test_layout_runs_cover_exactly_one_block(shape, block_dim):
+def test_layout_runs_cover_exactly_one_block(shape, block_dim, perm):
     """Each block's runs hold that block's elements and nothing else,
-    whichever dimension holds the blocks."""
+    whichever dimension holds the blocks and in whatever order its
+    elements lie."""
     import ctypes
 
     import torch
     from mooncake_go.connectors.vllm.layout import Layout
 
     t = torch.zeros(shape, dtype=torch.bfloat16)
+    if perm:
+        t = t.permute(perm)
     for b in range(5):
         t.select(block_dim, b).fill_(b + 1)
     layout = Layout({"layer.0": t, "layer.1": t.clone() * 0}, 5)
@@ -312,3 +318,36 @@ def test_settings_and_keys():
         key_prefix("/m/tiny", 0, tenant="a@b")
     h = bytes(range(32))  # a sha256 block hash: the key holds its last 8 bytes
     assert block_key(key_prefix("/models/tiny/", 3, tenant="t1"), h) == "t1/tiny@tp3@18191a1b1c1d1e1f"
+
+
+def test_saves_follow_block_ids_when_vllm_binds_no_kv_cache_manager():
+    """vLLM releases without bind_kv_cache_manager (0.26, the last built for
+    torch 2.11) never hand the connector their KV cache manager: the saves
+    take each request's block ids from the scheduler's outputs. A chunked
+    prompt gets its blocks over two steps; a request preempted and resumed
+    gets all of them again, in new places."""
+    from types import SimpleNamespace as NS
+
+    from mooncake_go.connectors.vllm.config import Settings
+    from mooncake_go.connectors.vllm.scheduler import SchedulerSide
+
+    config = NS(cache_config=NS(block_size=BLOCK), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
+    side = SchedulerSide(config, Settings.from_config({"master": "127.0.0.1:1"}, "kv_both"))
+    for rid in ("chunked", "resumed"):
+        side._reqs[rid] = NS(num_prompt_tokens=2 * BLOCK + 44, block_hashes=[bytes([i]) * 32 for i in range(2)])
+
+    def step(new=(), cached=(), resumed=()):
+        """new: (rid, computed, block_ids, scheduled); cached: (rid, computed, new_block_ids, scheduled)."""
+        out = NS(scheduled_new_reqs=[NS(req_id=r, num_computed_tokens=c, block_ids=(ids,)) for r, c, ids, _ in new],
+                 scheduled_cached_reqs=NS(req_ids=[r for r, *_ in cached], resumed_req_ids=set(resumed),
+                                          num_computed_tokens=[c for _, c, _, _ in cached],
+                                          new_block_ids=[None if ids is None else (ids,) for _, _, ids, _ in cached]),
+                 num_scheduled_tokens={r: n for r, _, _, n in list(new) + list(cached)})
+        return {s.req_id: s.block_ids for s in side.build_connector_meta(out).saves}
+
+    assert step(new=[("chunked", 0, [10], BLOCK), ("resumed", 0, [20, 21], 100)]) == {}
+    assert step(cached=[("chunked", BLOCK, [11, 12], BLOCK + 44), ("resumed", 0, [30, 31, 32], 2 * BLOCK + 44)],
+                resumed=["resumed"]) == {"chunked": [10, 11], "resumed": [30, 31]}
+    # Released with its request.
+    side.request_finished(NS(request_id="chunked", kv_transfer_params=None), [])
+    assert "chunked" not in side._block_ids

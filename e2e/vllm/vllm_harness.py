@@ -19,6 +19,11 @@ HERE = Path(__file__).resolve().parent
 
 MAX_TOKENS = 16
 START_TIMEOUT = 420  # an engine starts in 16-38 s alone; several at once on 2 cores take longer
+# vLLM engine arguments added to every engine, as a JSON object: what a GPU
+# host needs (scripts/gpu-vllm.sh), e.g. {"block_size": 128,
+# "gpu_memory_utilization": 0.05} (the CPU's block size; several engines
+# sharing one GPU). run_llm.py reads the same variable.
+ENGINE_ARGS = json.loads(os.environ.get("MOONCAKE_E2E_VLLM_ENGINE_ARGS") or "{}")
 
 
 def vllm_env(**extra: str) -> dict:
@@ -85,6 +90,8 @@ class Server:
                 "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "8",
                 "--enforce-eager", "--seed", "0", "--no-enable-prefix-caching",
                 "--kv-cache-memory-bytes", str(64 << 20)]
+        for k, v in ENGINE_ARGS.items():
+            args += [f"--{k.replace('_', '-')}", str(v)]
         if kv is not None:
             args += ["--kv-transfer-config", json.dumps(kv)]
         args += extra or []  # later flags win (--enable-prefix-caching, say)
