@@ -24,11 +24,13 @@ class MooncakeGoMetadata(Step, KVConnectorMetadata):
 @dataclass
 class MooncakeGoHandshake(KVConnectorHandshakeMetadata):
     """What a worker tells its scheduler once its KV cache is registered:
-    its engine's segment name and where its blocks are (layout.Run list),
+    its engine's segment name and where its blocks are (layout.Run list,
+    and the order of a block's elements in each run),
     for the kv_transfer_params of the requests a decode instance pulls."""
 
     engine: str = ""
     runs: List[List[int]] = field(default_factory=list)
+    order: List[List[int]] = field(default_factory=list)  # layout.Layout.order
 
 
 class MooncakeGoConnector(KVConnectorBase_V1):
@@ -84,7 +86,8 @@ class MooncakeGoConnector(KVConnectorBase_V1):
         w = self._worker
         if w is None or w.engine is None:
             return None
-        return MooncakeGoHandshake(engine=w.engine.name, runs=[list(r) for r in w.layout.runs])
+        return MooncakeGoHandshake(engine=w.engine.name, runs=[list(r) for r in w.layout.runs],
+                                   order=[list(o) for o in w.layout.order])
 
     def shutdown(self) -> None:
         if self._worker is not None:

@@ -30,8 +30,8 @@ class PullJob:
     """Read the prefill instance's blocks remote_block_ids[i] into local
     block block_ids[i], then tell it to free remote_request_id's blocks.
     workers[tp_rank] is {"engine": segment name, "runs": [[base, stride,
-    length], ...]} as the prefill instance's worker of that rank published
-    them (layout.Run)."""
+    length], ...], "order": [...]} as the prefill instance's worker of that
+    rank published them (layout.Run, layout.Layout.order)."""
 
     req_id: str
     block_ids: List[int]

@@ -223,7 +223,8 @@ class SchedulerSide:
             "remote_engine_id": self.engine_id,
             "remote_request_id": rid,
             "remote_block_ids": list(block_ids),
-            "remote_workers": [{"engine": w.engine, "runs": [list(r) for r in w.runs]}
+            "remote_workers": [{"engine": w.engine, "runs": [list(r) for r in w.runs],
+                                "order": [list(o) for o in w.order]}
                                for _, w in sorted(self._workers.items())],
         }
 

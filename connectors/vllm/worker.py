@@ -19,7 +19,7 @@ from mooncake_go.errors import ObjectAlreadyExists
 
 from .config import Settings, key_prefix
 from .jobs import LoadJob, PullJob, SaveJob, Step
-from .layout import Layout, compute_fence, remote_parts
+from .layout import Layout, compute_fence, remote_mismatch, remote_parts
 
 # A child of vLLM's logger: its handler, format and VLLM_LOGGING_LEVEL apply.
 logger = logging.getLogger("vllm.mooncake_go_connector")
@@ -310,8 +310,9 @@ class WorkerSide:
                 raise ValueError(f"the prefill instance has {len(job.workers)} workers, this is rank {self.tp_rank}")
             w = job.workers[self.tp_rank]
             runs = w["runs"]
-            if [(s, n) for _, s, n in runs] != self.layout.shape():
-                raise ValueError("the prefill instance's KV cache layout differs from this one's")
+            why = remote_mismatch(self.layout, w)
+            if why is not None:
+                raise ValueError(why)
             if len(job.remote_block_ids) != len(job.block_ids):
                 raise ValueError(f"{len(job.remote_block_ids)} remote blocks for {len(job.block_ids)} local ones")
             seg = self.engine.open_segment(w["engine"])

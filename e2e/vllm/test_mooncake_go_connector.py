@@ -271,8 +271,8 @@ def test_pd_behind_conductor_equals_single_instance(pd, conductors):
 @pytest.mark.parametrize("shape,block_dim,perm", [
     ((5, 2, 8, 16), 0, None),  # vLLM 0.32's CPU backend: [blocks, kv_heads, block_size, 2*head_size]
     ((2, 5, 8, 2, 4), 1, None),  # K and V apart: [2, blocks, block_size, kv_heads, head_size]
-    # vLLM 0.26's FlashAttention on a GPU: [blocks, 2, block_size, heads*head_size]
-    # over memory laid out [blocks, block_size, 2, heads*head_size]
+    # vLLM 0.26's FlashAttention on a GPU: [blocks, kv_heads, block_size, 2*head_size]
+    # over memory laid out [blocks, block_size, kv_heads, 2*head_size] (VLLM_KV_CACHE_LAYOUT=NHD)
     ((5, 8, 2, 16), 0, (0, 2, 1, 3)),
 ])
 def test_layout_runs_cover_exactly_one_block(shape, block_dim, perm):
@@ -305,6 +305,57 @@ def test_layout_refuses_a_block_that_is_not_contiguous():
     t = torch.zeros(8, 5, 4, dtype=torch.bfloat16).transpose(0, 2)  # blocks in the middle, strided
     with pytest.raises(ValueError, match="not contiguous"):
         Layout({"layer.0": t}, 5)
+
+
+def test_pull_refuses_a_prefill_whose_blocks_lie_in_another_order():
+    """vLLM 0.26's FlashAttention cache is [blocks, kv_heads, block_size,
+    2*head_size] over memory laid out [blocks, block_size, kv_heads, ...]
+    by default (VLLM_KV_CACHE_LAYOUT=NHD) and as its shape says with HND.
+    Both are accepted and their runs have equal strides and lengths, but a
+    block's bytes mean different things: a decode instance must not pull
+    one's blocks into the other (it recomputes instead)."""
+    from types import SimpleNamespace as NS
+
+    import torch
+    from mooncake_go.connectors.vllm.config import Settings
+    from mooncake_go.connectors.vllm.connector import MooncakeGoConnector
+    from mooncake_go.connectors.vllm.jobs import PullJob
+    from mooncake_go.connectors.vllm.layout import Layout, remote_mismatch
+    from mooncake_go.connectors.vllm.scheduler import SchedulerSide
+    from mooncake_go.connectors.vllm.worker import WorkerSide
+    from vllm.v1.request import RequestStatus
+
+    nb, heads, bs, d2 = 6, 2, 16, 8
+    nhd = {"layer.0": torch.zeros(nb, bs, heads, d2, dtype=torch.bfloat16).permute(0, 2, 1, 3)}
+    hnd = {"layer.0": torch.zeros(nb, heads, bs, d2, dtype=torch.bfloat16)}
+    assert nhd["layer.0"].shape == hnd["layer.0"].shape
+    assert Layout(nhd, nb).shape() == Layout(hnd, nb).shape()  # what the pull compared
+
+    config = NS(cache_config=NS(block_size=bs), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
+    settings = Settings.from_config({}, "kv_both")
+
+    def published(caches) -> dict:
+        """The worker entry a prefill instance with these caches hands a decode instance."""
+        prefill = WorkerSide(config, settings, nb)
+        prefill.layout, prefill.engine = Layout(caches, nb), NS(name="prefill")
+        sched = SchedulerSide(config, settings)
+        sched.set_workers({0: MooncakeGoConnector.get_handshake_metadata(NS(_worker=prefill))})
+        req = NS(request_id="r", kv_transfer_params={"do_remote_decode": True},
+                 status=RequestStatus.FINISHED_LENGTH_CAPPED)
+        return sched.request_finished(req, [3, 4])[1]["remote_workers"][0]
+
+    # Positive control: equal layouts agree, in either order.
+    assert remote_mismatch(Layout(nhd, nb), published(nhd)) is None
+    assert remote_mismatch(Layout(hnd, nb), published(hnd)) is None
+    # A peer from before the order was published: its blocks were contiguous.
+    old = {k: v for k, v in published(hnd).items() if k != "order"}
+    assert remote_mismatch(Layout(hnd, nb), old) is None
+    assert remote_mismatch(Layout(nhd, nb), old) is not None
+
+    decode = WorkerSide(config, settings, nb)
+    decode.layout = Layout(nhd, nb)  # no engine: the pull must stop before any transfer
+    decode._pull(PullJob("r", [1, 2], [3, 4], "r", [published(hnd)]))
+    assert decode.get_block_ids_with_load_errors() == {1, 2}
 
 
 def test_settings_and_keys():
