@@ -36,9 +36,12 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     spec = json.loads(sys.argv[1])
-    llm = LLM(model=spec["model"], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
-              max_num_seqs=8, enforce_eager=True, kv_cache_memory_bytes=64 << 20, seed=0,
-              kv_transfer_config=spec["kv"], **json.loads(os.environ.get("MOONCAKE_E2E_VLLM_ENGINE_ARGS") or "{}"))
+    args = dict(model=spec["model"], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
+                max_num_seqs=8, enforce_eager=True, kv_cache_memory_bytes=64 << 20, seed=0,
+                kv_transfer_config=spec["kv"])
+    # A GPU host's additions (vllm_harness.ENGINE_ARGS), winning as a server's later flags do.
+    args.update(json.loads(os.environ.get("MOONCAKE_E2E_VLLM_ENGINE_ARGS") or "{}"))
+    llm = LLM(**args)
     params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
                             detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params)

@@ -91,7 +91,11 @@ class Server:
                 "--enforce-eager", "--seed", "0", "--no-enable-prefix-caching",
                 "--kv-cache-memory-bytes", str(64 << 20)]
         for k, v in ENGINE_ARGS.items():
-            args += [f"--{k.replace('_', '-')}", str(v)]
+            flag = k.replace("_", "-")
+            if isinstance(v, bool):
+                args.append(f"--{flag}" if v else f"--no-{flag}")
+            else:
+                args += [f"--{flag}", json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
         if kv is not None:
             args += ["--kv-transfer-config", json.dumps(kv)]
         args += extra or []  # later flags win (--enable-prefix-caching, say)
