@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # e2e/run.sh [FRAMEWORK...]: the real frameworks (their own code, unchanged)
 # against this checkout's Python package, C library and `mooncake up`.
-# Default: every suite (vllm sglang lmcache nixl torch); E2E_PYTEST_ARGS adds
+# Default: every suite (vllm vllm026 sglang lmcache nixl torch); E2E_PYTEST_ARGS adds
 # pytest arguments. Each suite runs in its own cached venv (e2e/venv.sh) and
 # prints its wall time; a failing suite fails the run after the others ran.
 # E2E_PYTEST_ARGS is split as the shell would (quotes work).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
-if (($#)); then suites=("$@"); else suites=(vllm sglang lmcache nixl torch); fi
+if (($#)); then suites=("$@"); else suites=(vllm vllm026 sglang lmcache nixl torch); fi
 
 set -e
 $GO build -o bin/mooncake ./cmd/mooncake
