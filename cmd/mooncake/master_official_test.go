@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mooncake-go/mooncake/internal/nettest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -145,11 +145,9 @@ func officialHelpFlags(t *testing.T, binary string) []string {
 	return names
 }
 
-// freePort is a TCP port nothing listens on just now.
+// freePort is a TCP port nothing listens on just now, outside the range
+// the kernel hands out on its own.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return nettest.FreePort(t)
 }

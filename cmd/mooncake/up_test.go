@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mooncake-go/mooncake/internal/nettest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,12 +31,11 @@ func TestUpFailsCleanly(t *testing.T) {
 	addr := held.Addr().String()
 	port := strconv.Itoa(held.Addr().(*net.TCPAddr).Port)
 	// A port free now, for the HTTP server of every node: the first node
-	// takes it and gets ready, the second finds it taken and fails.
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	// takes it and gets ready, the second finds it taken and fails. It lies
+	// outside the ephemeral range: a port freed from a bind to port 0 was
+	// once given to the first node's engine before its HTTP server bound it.
 	nodeHTTP := []string{"MOONCAKE_ENABLE_CLIENT_HTTP_SERVER=true",
-		"MOONCAKE_CLIENT_HTTP_PORT=" + strconv.Itoa(free.Addr().(*net.TCPAddr).Port)}
-	require.NoError(t, free.Close())
+		"MOONCAKE_CLIENT_HTTP_PORT=" + strconv.Itoa(nettest.FreePort(t))}
 	// What the machine cannot give: more than the address space.
 	const tooBig = "1048576GiB"
 
