@@ -16,6 +16,7 @@ import (
 	"github.com/mooncake-go/mooncake/engine/transport"
 	"github.com/mooncake-go/mooncake/engine/transport/transporttest"
 	"github.com/mooncake-go/mooncake/internal/crc32c"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 )
 
 // The tests here drive the engine through an in-memory data path that
@@ -315,11 +316,12 @@ func TestDataAddressList(t *testing.T) {
 	require.NoError(t, err)
 	desc, err := metadata.ParseSegmentDesc(raw)
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	_, deadPort, err := net.SplitHostPort(nettest.RefusedAddr(t))
 	require.NoError(t, err)
-	require.NoError(t, ln.Close()) // its port refuses connections now
 	live := net.JoinHostPort(desc.TCPDataHost, strconv.Itoa(desc.TCPDataPort))
-	desc.TCPDataHost, desc.TCPDataPort = "127.0.0.1", ln.Addr().(*net.TCPAddr).Port
+	desc.TCPDataHost = "127.0.0.1"
+	desc.TCPDataPort, err = strconv.Atoi(deadPort)
+	require.NoError(t, err)
 	publish := func(addrs []string) {
 		desc.TCPDataAddrs = addrs
 		b, err := json.Marshal(desc)

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/mooncake-go/mooncake/internal/freeport"
 )
 
 // proc is a child process of a yardstick: a server, or a Python driver
@@ -190,19 +192,14 @@ func (t *tail) String() string {
 	return strings.TrimSpace(string(t.buf))
 }
 
-// freePorts returns n loopback TCP ports free a moment ago, for servers
-// that must be told their port. Another process may take one in between;
-// the server then fails to start and says so.
+// freePorts returns n TCP ports free a moment ago, for servers that must be
+// told their port, outside the kernel's ephemeral range (package
+// freeport). Another process may take one in between; the server then
+// fails to start and says so.
 func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		// Held open until all are chosen, so the n differ.
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("store: free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ports, err := freeport.Pick(n)
+	if err != nil {
+		return nil, fmt.Errorf("store: free port: %w", err)
 	}
 	return ports, nil
 }

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,13 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from mccluster import free_port  # noqa: F401 (for the tests; python/tests is on sys.path: e2e/conftest.py)
+
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Ranks:

@@ -69,14 +69,6 @@ class Rank:
                 f.close()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(tmp: Path, cfg, steps: int = 1, timeout_us: int = 5_000_000, backend: str = "gloo",
           extra: Optional[Dict[int, dict]] = None, common: Optional[dict] = None) -> List[Rank]:
     """Starts cfg.world workers sharing a FileStore group in tmp."""

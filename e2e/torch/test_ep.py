@@ -16,6 +16,7 @@ import torch
 
 import ep_launch
 import ep_moe
+from mccluster import free_port
 
 pytestmark = pytest.mark.skipif(ep_launch.env_ok() is not None, reason=str(ep_launch.env_ok()))
 
@@ -57,7 +58,7 @@ def test_over_mooncake_pg(tmp_path):
     pytest.importorskip("mooncake.pg")
     cfg = ep_moe.Config(world=4, dtype="bfloat16")
     results = ep_launch.run(tmp_path, cfg, steps=2, backend="mooncake-cpu",
-                            common={"init": f"tcp://127.0.0.1:{ep_launch.free_port()}"})
+                            common={"init": f"tcp://127.0.0.1:{free_port()}"})
     check(cfg, results, range(2))
 
 

@@ -17,6 +17,7 @@ import pytest
 
 import ep_launch
 import ep_moe
+from mccluster import free_port
 from test_ep import check
 
 pytestmark = pytest.mark.skipif(ep_launch.env_ok() is not None, reason=str(ep_launch.env_ok()))
@@ -49,7 +50,7 @@ def test_rank_killed_mid_step(tmp_path, at, backend):
         common = {"rejoin": "rebuild", "rebuild_init": f"file://{tmp_path}/store2"}
     else:
         common = {"rejoin": "pg", "backend": backend, "victim": VICTIM,
-                  "init": f"tcp://127.0.0.1:{ep_launch.free_port()}"}
+                  "init": f"tcp://127.0.0.1:{free_port()}"}
     ranks = ep_launch.start(tmp_path, cfg, steps=2, timeout_us=TIMEOUT_US, common=common,
                             extra={VICTIM: {"victim_at": at}})
     replacement = None

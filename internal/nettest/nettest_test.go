@@ -2,9 +2,7 @@ package nettest
 
 import (
 	"errors"
-	"fmt"
 	"net"
-	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -25,29 +23,5 @@ func TestRefusedAddr(t *testing.T) {
 	if ln, err := net.Listen("tcp", addr); err == nil {
 		ln.Close()
 		t.Fatalf("listen on %s succeeded while it is held", addr)
-	}
-}
-
-// The port is free on every interface and outside the range the kernel
-// hands out for port 0 and outgoing connections; a port a listener holds is
-// never given.
-func TestFreePort(t *testing.T) {
-	p := FreePort(t)
-	if !slices.Contains(outsideEphemeral(), p) {
-		t.Fatalf("port %d is in the ephemeral range", p)
-	}
-	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
-	if err != nil {
-		t.Fatalf("listen on the free port %d: %v", p, err)
-	}
-	defer ln.Close()
-	q := FreePort(t)
-	for range 50 {
-		if got, err := freeIn([]int{p, q}); err != nil || got != q {
-			t.Fatalf("freeIn(%d held, %d free) = %d, %v; want %d", p, q, got, err, q)
-		}
-	}
-	if got, err := freeIn([]int{p}); err == nil {
-		t.Fatalf("freeIn(%d held) = %d, want an error", p, got)
 	}
 }

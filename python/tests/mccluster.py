@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,12 +16,28 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    """A port free now. Only for a server that must be told its port in
-    advance: anything may take it before the server binds it. Prefer port 0
-    and the address the server reports."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now on every interface. Only for a server that must be
+    told its port in advance: prefer port 0 and the address the server
+    reports. It lies outside the kernel's ephemeral range, so no bind to
+    port 0 and no outgoing connection is given it before the server binds
+    it (a port freed from a bind to port 0 is handed out again soon)."""
+    low, high = 32768, 60999  # Linux's defaults
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        pass
+    ports = [p for p in range(10000, 65536) if not low <= p <= high] or list(range(10000, 65536))
+    start = random.randrange(len(ports))
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral range")
 
 
 @contextlib.contextmanager

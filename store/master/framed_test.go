@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/mooncake-go/mooncake/internal/framerpc"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -35,10 +37,7 @@ func (noGRPC) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallO
 // a call is never Unimplemented (which would turn a client's slots off
 // for good), and registering races no call (go test -race).
 func TestFramedCallAtStart(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(nettest.FreePort(t)))
 
 	// The client polls the port from before Start, as a client whose
 	// master restarts does: nothing it does follows Start's work.

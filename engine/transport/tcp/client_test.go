@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -432,10 +433,7 @@ func TestSharedPeerOutlivesOneClose(t *testing.T) {
 // through a live one when another refuses connections, on every lane; with
 // only the dead address, slices fail as a peer error.
 func TestAddressList(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	dead := ln.Addr().String()
-	require.NoError(t, ln.Close()) // refuses connections from now on
+	dead := nettest.RefusedAddr(t)
 
 	remote := make([]byte, 1<<20)
 	for i := range remote {
