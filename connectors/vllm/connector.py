@@ -44,7 +44,8 @@ class MooncakeGoConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(vllm_config, settings)
         else:
             num_blocks = getattr(kv_cache_config, "num_blocks", 0) if kv_cache_config is not None else 0
-            self._worker = WorkerSide(vllm_config, settings, num_blocks)
+            self._worker = WorkerSide(vllm_config, settings, num_blocks,
+                                      fence_saves=frees_running_blocks(vllm_config, kv_cache_config))
 
     # -- worker side -----------------------------------------------------
 
@@ -117,3 +118,15 @@ class MooncakeGoConnector(KVConnectorBase_V1):
 
     def set_xfer_handshake_metadata(self, metadata: dict) -> None:
         self._scheduler.set_workers(metadata)
+
+
+def frees_running_blocks(vllm_config, kv_cache_config) -> bool:
+    """Whether vLLM frees blocks of requests that still run: those a sliding
+    window (or chunked local attention) no longer reads. Every KV cache
+    group that is not full attention does."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if groups:
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        return any(not isinstance(g.kv_cache_spec, FullAttentionSpec) for g in groups)
+    return vllm_config.model_config.get_sliding_window() is not None

@@ -35,7 +35,12 @@ class SchedulerSide:
         # vLLM ask again, and the store still lists the blocks it could
         # not read; asking again would load and fail forever.
         self._load_tried: Set[str] = set()
-        self._save_emitted: Set[str] = set()
+        self._save_emitted: Set[str] = set()  # every full prompt block saved
+        # Prompt blocks sent to be saved, per request: a block is saved in
+        # the step that completes it, while the request surely holds it (a
+        # sliding window frees blocks once they fall out of it, and vLLM
+        # puts its null block in their place).
+        self._saved_upto: Dict[str, int] = {}
         self._saving: Set[str] = set()  # save sent to the worker: free late
         self._step = Step()
         # vLLM's KV cache manager, bound after construction by releases that
@@ -129,19 +134,26 @@ class SchedulerSide:
                 self._step.pulls.append(PullJob(rid, [], [], str(params.get("remote_request_id", "")),
                                                 list(params["remote_workers"])))
             return
-        ids = blocks.get_block_ids()[0]
+        ids = group_ids(blocks)
         kind, start, what = plan
         if kind == "store":
             n = len(what)
-            self._step.loads.append(LoadJob(rid, list(what), list(ids[start:start + n])))
+            # Places a sliding window skips hold vLLM's null block: nothing
+            # reads them, so nothing is loaded there.
+            pairs = [(k, b) for k, b in zip(what, ids[start:start + n]) if b is not None]
+            self._step.loads.append(LoadJob(rid, [k for k, _ in pairs], [b for _, b in pairs]))
             self._load_tried.add(rid)
             self._loaded[rid] = range(start, start + n)
             return
         end = -(-request.num_prompt_tokens // self.block_size)
         remote = list(what.get("remote_block_ids") or [])[start:end]
+        local = ids[start:end]
+        if len(local) == len(remote):
+            pairs = [(b, r) for b, r in zip(local, remote) if b is not None]
+            local, remote = [b for b, _ in pairs], [r for _, r in pairs]
         # Pulled once: a preempted request recomputes instead.
         params["do_remote_prefill"] = False
-        self._step.pulls.append(PullJob(rid, list(ids[start:end]), remote, str(what.get("remote_request_id", "")),
+        self._step.pulls.append(PullJob(rid, local, remote, str(what.get("remote_request_id", "")),
                                         list(what["remote_workers"])))
 
     def build_connector_meta(self, scheduler_output) -> Step:
@@ -173,9 +185,9 @@ class SchedulerSide:
                 self._block_ids.setdefault(rid, []).extend(new[0])
 
     def _emit_saves(self, out) -> None:
-        """Saves the full prompt blocks of each request whose prompt is
-        computed by the end of this step (the worker writes them once the
-        step's forward pass has filled them)."""
+        """Saves the full prompt blocks this step completes, of every
+        request (the worker writes them once the step's forward pass has
+        filled them): a chunked prompt's blocks chunk by chunk."""
         computed = {}
         for r in out.scheduled_new_reqs:
             computed[r.req_id] = r.num_computed_tokens
@@ -189,13 +201,17 @@ class SchedulerSide:
             req = self._reqs.get(rid)
             if req is None or rid in self._save_emitted or rid not in computed:
                 continue
-            if computed[rid] + n < req.num_prompt_tokens:
+            done = min(computed[rid] + n, req.num_prompt_tokens)
+            if done == req.num_prompt_tokens:
+                self._save_emitted.add(rid)
+            first = self._saved_upto.get(rid, 0)
+            full = min(done // self.block_size, len(req.block_hashes))
+            if full <= first:
                 continue
-            self._save_emitted.add(rid)
-            full = min(req.num_prompt_tokens // self.block_size, len(req.block_hashes))
-            ids = mgr.get_blocks(rid).get_block_ids()[0] if mgr is not None else self._block_ids.get(rid, [])
+            self._saved_upto[rid] = full
+            ids = group_ids(mgr.get_blocks(rid)) if mgr is not None else self._block_ids.get(rid, [])
             skip = self._loaded.get(rid, range(0))
-            picks = [i for i in range(min(full, len(ids))) if i not in skip]
+            picks = [i for i in range(first, min(full, len(ids))) if i not in skip and ids[i] is not None]
             if picks:
                 self._step.saves.append(SaveJob(rid, [block_key(self.prefix, req.block_hashes[i]) for i in picks],
                                                 [ids[i] for i in picks]))
@@ -208,6 +224,7 @@ class SchedulerSide:
         self._loaded.pop(rid, None)
         self._load_tried.discard(rid)
         self._save_emitted.discard(rid)
+        self._saved_upto.pop(rid, None)
         self._block_ids.pop(rid, None)
         delay = rid in self._saving
         self._saving.discard(rid)
@@ -230,6 +247,17 @@ class SchedulerSide:
 
     def set_workers(self, metadata: Dict[int, Any]) -> None:
         self._workers = dict(metadata)
+
+
+def group_ids(blocks) -> list:
+    """The block ids of vLLM's KVCacheBlocks in the first KV cache group,
+    None where it holds vLLM's null block: the places of a sliding window
+    that fell out of it, or that it skipped."""
+    ids = list(blocks.get_block_ids()[0])
+    for i, b in enumerate((getattr(blocks, "blocks", None) or [()])[0]):
+        if getattr(b, "is_null", False):
+            ids[i] = None
+    return ids
 
 
 def _aborted(request) -> bool:

@@ -28,11 +28,22 @@ logger = logging.getLogger("vllm.mooncake_go_connector")
 #: pulled a request's blocks (msg: the prefill's request id).
 FREE = "mooncake-go/vllm-free"
 
+#: vLLM's null block, in the places of a request's blocks that a sliding
+#: window freed or skipped: always block 0.
+NULL_BLOCK = 0
+
 
 class WorkerSide:
-    def __init__(self, vllm_config, settings: Settings, num_blocks: int):
+    def __init__(self, vllm_config, settings: Settings, num_blocks: int, fence_saves: bool = False):
         self.settings = settings
         self.num_blocks = num_blocks
+        # vLLM frees blocks of running requests (a sliding window's, once
+        # they fall out of it) and may refill them in the next step: each
+        # step then starts once the saves before it no longer read blocks.
+        self.fence_saves = fence_saves
+        if fence_saves:
+            logger.info("mooncake-go connector: vLLM frees blocks of running requests (a sliding window); "
+                        "each step waits for the saves of the steps before it")
         self.block_size = vllm_config.cache_config.block_size
         self.tp_rank = _tp_rank()
         self.prefix = key_prefix(vllm_config.model_config.model, self.tp_rank, settings.tenant, settings.key_prefix)
@@ -112,7 +123,13 @@ class WorkerSide:
     # -- vLLM's worker hooks ---------------------------------------------
 
     def start_step(self, step: Step) -> None:
-        """Queues the step's loads and pulls, and notes its holds."""
+        """Queues the step's loads and pulls, and notes its holds; with
+        fence_saves, first waits for the saves of the steps before."""
+        if self.fence_saves:
+            with self._lock:
+                rids = [r for r, n in self._saving.items() if n]
+            if rids:
+                self.wait_saves(rids, "may have had blocks freed by a sliding window")
         now = time.monotonic()
         deadline = now + self.settings.load_timeout
         with self._lock:
@@ -135,18 +152,19 @@ class WorkerSide:
         for job in step.saves:
             self._saves.put((fence, job))
 
-    def wait_saves(self, rids) -> None:
+    def wait_saves(self, rids, why: str = "were preempted") -> None:
         """Waits until the saves of rids no longer read their blocks (vLLM
-        preempted them and reuses the blocks after this call). A save is
-        bounded by the store's deadlines; past twice load_timeout the
-        connector stops waiting and says so."""
+        preempted them, or freed some of their blocks, and reuses the
+        blocks after this call). A save is bounded by the store's
+        deadlines; past twice load_timeout the connector stops waiting and
+        says so, and removes what those saves store."""
         deadline = time.monotonic() + 2 * self.settings.load_timeout
         with self._lock:
             while any(self._saving.get(r) for r in rids):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    logger.warning("mooncake-go connector: saves of preempted requests %s still running; "
-                                   "what they store will be removed", list(rids))
+                    logger.warning("mooncake-go connector: saves of requests %s, which %s, still running; "
+                                   "what they store will be removed", list(rids), why)
                     self._tainted.update(r for r in rids if self._saving.get(r))
                     return
                 self._saved.wait(left)
@@ -315,6 +333,8 @@ class WorkerSide:
                 raise ValueError(why)
             if len(job.remote_block_ids) != len(job.block_ids):
                 raise ValueError(f"{len(job.remote_block_ids)} remote blocks for {len(job.block_ids)} local ones")
+            if NULL_BLOCK in job.remote_block_ids:
+                raise ValueError("the prefill instance no longer holds every block (its sliding window freed some)")
             seg = self.engine.open_segment(w["engine"])
             locs: List[int] = []
             rems: List[int] = []

@@ -129,6 +129,41 @@ def test_store_tier_negative_control_other_weights_change_the_answer(models, log
     assert all(r != b for r, b in zip(read, baseline)), "the reader ignored the blocks it loaded"
 
 
+def test_store_tier_sliding_window_saves_each_block_before_the_window_frees_it(tmp_path, logs, mooncake_bin):
+    """A sliding-window model (a window of one block) and a chunked prefill
+    (one block a step, two requests at a time): vLLM frees each block once
+    it falls out of the window, long before the whole prompt is computed,
+    and puts its null block in its place. The writer saves every block in
+    the step that fills it; readers of shorter prefixes load the blocks
+    they still read and answer as a run without the connector does. (Saved
+    once the prompt was computed, the early blocks were the null block's
+    bytes, and readers answered differently: 2 of 4 here.)"""
+    import json
+
+    import tinymodel
+
+    model = tinymodel.write(tmp_path / "sw" / "tiny", 1, sliding_window=BLOCK)
+    ps = prompts(n=4, length=3 * BLOCK + 44)
+    short = [p[:2 * BLOCK + 44] for p in ps]
+    env = {**ENV, "MOONCAKE_E2E_VLLM_ENGINE_ARGS": json.dumps({"max_num_batched_tokens": BLOCK, "max_num_seqs": 2})}
+    baseline = run_offline(model, short, logs / "sw-baseline.log", env=env)
+    cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB", admin=True)
+    try:
+        kv = go_kv("kv_both", master=cluster.master)
+        wait = {"url": f"http://127.0.0.1:{cluster.metrics_port}/get_all_keys", "count": full_blocks(ps),
+                "timeout": 60}
+        run_offline(model, ps, logs / "sw-writer.log", kv=kv, env=env, wait_keys=wait)
+        assert set(store_keys(cluster)) == expected_keys(ps)
+        reader_log = logs / "sw-reader.log"
+        read = run_offline(model, short, reader_log, kv=kv, env=env)
+    finally:
+        cluster.stop()
+    assert read == baseline
+    # Each reader loads the one block it reads: the window skipped the first.
+    assert loaded_blocks(reader_log) == len(short), reader_log.read_text()[-3000:]
+    assert "each step waits for the saves" in (logs / "sw-writer.log").read_text()
+
+
 def completion(url: str, prompt, max_tokens: int = MAX_TOKENS, kv: dict | None = None,
                timeout: float = 120) -> dict:
     """The whole completion response (choices[0]["token_ids"]: the tokens)."""
@@ -375,8 +410,9 @@ def test_saves_follow_block_ids_when_vllm_binds_no_kv_cache_manager():
     """vLLM releases without bind_kv_cache_manager (0.26, the last built for
     torch 2.11) never hand the connector their KV cache manager: the saves
     take each request's block ids from the scheduler's outputs. A chunked
-    prompt gets its blocks over two steps; a request preempted and resumed
-    gets all of them again, in new places."""
+    prompt gets its blocks over two steps, each saved in the step that
+    fills it; a request preempted and resumed gets all of them again, in
+    new places."""
     from types import SimpleNamespace as NS
 
     from mooncake_go.connectors.vllm.config import Settings
@@ -396,9 +432,130 @@ def test_saves_follow_block_ids_when_vllm_binds_no_kv_cache_manager():
                  num_scheduled_tokens={r: n for r, _, _, n in list(new) + list(cached)})
         return {s.req_id: s.block_ids for s in side.build_connector_meta(out).saves}
 
-    assert step(new=[("chunked", 0, [10], BLOCK), ("resumed", 0, [20, 21], 100)]) == {}
+    assert step(new=[("chunked", 0, [10], BLOCK), ("resumed", 0, [20, 21], 100)]) == {"chunked": [10]}
     assert step(cached=[("chunked", BLOCK, [11, 12], BLOCK + 44), ("resumed", 0, [30, 31, 32], 2 * BLOCK + 44)],
-                resumed=["resumed"]) == {"chunked": [10, 11], "resumed": [30, 31]}
+                resumed=["resumed"]) == {"chunked": [11], "resumed": [30, 31]}
     # Released with its request.
     side.request_finished(NS(request_id="chunked", kv_transfer_params=None), [])
     assert "chunked" not in side._block_ids
+
+
+def _sliding_blocks(ids, nulls):
+    """vLLM's own KVCacheBlocks over blocks ids, the places in nulls holding
+    its null block (block 0), as a sliding window leaves them."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+    blocks = []
+    for i, b in enumerate(ids):
+        blk = KVCacheBlock(0 if i in nulls else b)
+        blk.is_null = i in nulls
+        blocks.append(blk)
+    return KVCacheBlocks((blocks,))
+
+
+def test_saves_and_loads_leave_out_the_blocks_a_sliding_window_freed():
+    """With vLLM's KV cache manager bound, a chunked prompt under a sliding
+    window: each block is saved in the step that fills it, never from the
+    null block that takes its place once the window passed it; a load or a
+    pull writes nothing into the null block's places."""
+    from types import SimpleNamespace as NS
+
+    from mooncake_go.connectors.vllm.config import Settings
+    from mooncake_go.connectors.vllm.scheduler import SchedulerSide
+
+    config = NS(cache_config=NS(block_size=BLOCK), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
+    side = SchedulerSide(config, Settings.from_config({"master": "127.0.0.1:1"}, "kv_both"))
+    held = {"r": ([], set())}  # block ids, null places
+    side._kv_cache_manager = NS(get_blocks=lambda rid: _sliding_blocks(*held[rid]))
+    side._reqs["r"] = NS(num_prompt_tokens=3 * BLOCK + 44, block_hashes=[bytes([i]) * 32 for i in range(3)])
+
+    def step(computed, scheduled, ids, nulls, new=False):
+        held["r"] = (ids, set(nulls))
+        cached = NS(req_ids=[], resumed_req_ids=set(), num_computed_tokens=[], new_block_ids=[])
+        reqs = []
+        if new:
+            reqs = [NS(req_id="r", num_computed_tokens=computed, block_ids=(ids,))]
+        else:
+            cached = NS(req_ids=["r"], resumed_req_ids=set(), num_computed_tokens=[computed], new_block_ids=[None])
+        out = NS(scheduled_new_reqs=reqs, scheduled_cached_reqs=cached, num_scheduled_tokens={"r": scheduled})
+        return [(s.block_ids, [k[-2:] for k in s.keys]) for s in side.build_connector_meta(out).saves]
+
+    # A window of one block: block i is freed once block i+2 is being computed.
+    assert step(0, BLOCK, [5], [], new=True) == [([5], ["00"])]
+    assert step(BLOCK, BLOCK, [5, 6], []) == [([6], ["01"])]
+    assert step(2 * BLOCK, BLOCK, [5, 6, 7], [0]) == [([7], ["02"])]
+    assert step(3 * BLOCK, 44, [5, 6, 7, 8], [0, 1]) == []  # the partial block is never saved
+    assert "r" in side._saving
+
+    # A reader whose first place the window already skipped loads the rest.
+    side._plans["q"] = ("store", 0, ["k0", "k1"])
+    side.update_state_after_alloc(NS(request_id="q", kv_transfer_params=None), _sliding_blocks([0, 9], {0}), 2 * BLOCK)
+    (load,) = side.build_connector_meta(NS(scheduled_new_reqs=[], num_scheduled_tokens={},
+                                           scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[],
+                                                                    new_block_ids=[]))).loads
+    assert (load.keys, load.block_ids) == (["k1"], [9])
+
+    # A decode instance pulls only into the places it reads.
+    params = {"do_remote_prefill": True, "remote_block_ids": [0, 0, 31], "remote_request_id": "p",
+              "remote_workers": [{"engine": "x"}]}
+    side._plans["d"] = ("pd", 0, params)
+    side.update_state_after_alloc(NS(request_id="d", kv_transfer_params=params, num_prompt_tokens=3 * BLOCK),
+                                  _sliding_blocks([0, 0, 12], {0, 1}), 3 * BLOCK)
+    (pull,) = side.build_connector_meta(NS(scheduled_new_reqs=[], num_scheduled_tokens={},
+                                           scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[],
+                                                                    new_block_ids=[]))).pulls
+    assert (pull.block_ids, pull.remote_block_ids) == ([12], [31])
+
+
+def test_pull_refuses_blocks_the_prefill_instance_no_longer_holds():
+    """A prefill instance's sliding window freed a block the decode instance
+    still reads (vLLM's null block, 0, in its place): the pull fails before
+    any transfer and vLLM recomputes those blocks."""
+    from types import SimpleNamespace as NS
+
+    import torch
+    from mooncake_go.connectors.vllm.config import Settings
+    from mooncake_go.connectors.vllm.jobs import PullJob
+    from mooncake_go.connectors.vllm.layout import Layout
+    from mooncake_go.connectors.vllm.worker import WorkerSide
+
+    caches = {"layer.0": torch.zeros(6, 2, 16, 8, dtype=torch.bfloat16)}
+    config = NS(cache_config=NS(block_size=16), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
+    decode = WorkerSide(config, Settings.from_config({}, "kv_both"), 6)
+    decode.layout = Layout(caches, 6)  # no engine: the pull must stop before any transfer
+    w = {"engine": "prefill", "runs": [list(r) for r in decode.layout.runs],
+         "order": [list(o) for o in decode.layout.order]}
+    decode._pull(PullJob("r", [1, 2], [0, 4], "r", [w]))
+    assert decode.get_block_ids_with_load_errors() == {1, 2}
+
+
+def test_a_sliding_window_step_starts_once_the_saves_before_it_ended():
+    """Where vLLM frees blocks of running requests, a step's work (its loads,
+    then its forward pass) starts only once the saves queued by the steps
+    before no longer read their blocks; without a window it does not wait."""
+    import threading
+    from types import SimpleNamespace as NS
+
+    from mooncake_go.connectors.vllm.config import Settings
+    from mooncake_go.connectors.vllm.connector import frees_running_blocks
+    from mooncake_go.connectors.vllm.jobs import Step
+    from mooncake_go.connectors.vllm.worker import WorkerSide
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+
+    import torch
+
+    spec = dict(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.bfloat16)
+    window = NS(kv_cache_groups=[KVCacheGroupSpec(["l0"], SlidingWindowSpec(**spec, sliding_window=32))])
+    full = NS(kv_cache_groups=[KVCacheGroupSpec(["l0"], FullAttentionSpec(**spec))])
+    assert frees_running_blocks(None, window) and not frees_running_blocks(None, full)
+
+    config = NS(cache_config=NS(block_size=16), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
+    for fence in (True, False):
+        w = WorkerSide(config, Settings.from_config({}, "kv_both"), 6, fence_saves=fence)
+        w._saving["r"] = 1  # a save of an earlier step, still reading
+        done = threading.Timer(0.3, w._save_done, ("r",))
+        done.start()
+        w.start_step(Step())
+        assert (w._saving["r"] == 0) is fence
+        done.join()

@@ -32,19 +32,25 @@ def text(ids) -> str:
     return " ".join(word(i) for i in ids)
 
 
-def write(dir_: Path, seed: int, max_positions: int = 1024) -> Path:
+def write(dir_: Path, seed: int, max_positions: int = 1024, sliding_window: int | None = None) -> Path:
+    """With sliding_window, the same model as a Mistral whose attention
+    sees only the last sliding_window tokens."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              PreTrainedTokenizerFast)
 
     dir_.mkdir(parents=True, exist_ok=True)
-    cfg = LlamaConfig(
+    shape = dict(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=max_positions,
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="bfloat16",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    if sliding_window is None:
+        model = LlamaForCausalLM(LlamaConfig(**shape))
+    else:
+        model = MistralForCausalLM(MistralConfig(**shape, sliding_window=sliding_window))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
