@@ -56,8 +56,9 @@ class MooncakeGoConnector(KVConnectorBase_V1):
         w.register_kv_caches(kv_caches)
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
-        if isinstance(kv_connector_metadata, Step) and kv_connector_metadata.preempted:
-            self._worker.wait_saves(kv_connector_metadata.preempted)
+        # Called before the step's forward (start_load_kv may come after it).
+        if isinstance(kv_connector_metadata, Step):
+            self._worker.before_step(kv_connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         meta = self._connector_metadata

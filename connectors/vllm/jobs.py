@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+#: vLLM's null block, in the places of a request's blocks that a sliding
+#: window freed or skipped: always block 0 (BlockPool takes it first).
+NULL_BLOCK = 0
+
 
 @dataclass
 class LoadJob:

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Set, Tuple
 from mooncake_go import MooncakeError, Store
 
 from .config import Settings, block_key, key_prefix
-from .jobs import LoadJob, PullJob, SaveJob, Step
+from .jobs import NULL_BLOCK, LoadJob, PullJob, SaveJob, Step
 
 # A child of vLLM's logger: its handler, format and VLLM_LOGGING_LEVEL apply.
 logger = logging.getLogger("vllm.mooncake_go_connector")
@@ -169,9 +169,11 @@ class SchedulerSide:
         """Keeps each request's block ids (first KV cache group) from a
         step's scheduler output, for vLLM releases that bind no KV cache
         manager: a new request brings all of its blocks, a running one the
-        blocks added this step, a resumed one all of them again."""
+        blocks added this step, a resumed one all of them again. vLLM's
+        null block (a sliding window's skipped places, in a prefix cache
+        hit) is None, as group_ids has it."""
         for r in out.scheduled_new_reqs:
-            self._block_ids[r.req_id] = list(r.block_ids[0])
+            self._block_ids[r.req_id] = _nulls_none(r.block_ids[0])
         cached = out.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", None)
         if resumed is None:  # releases before 0.26 flag each request
@@ -180,9 +182,9 @@ class SchedulerSide:
         for i, rid in enumerate(cached.req_ids):
             new = cached.new_block_ids[i]
             if rid in resumed:
-                self._block_ids[rid] = list(new[0]) if new is not None else []
+                self._block_ids[rid] = _nulls_none(new[0]) if new is not None else []
             elif new is not None:
-                self._block_ids.setdefault(rid, []).extend(new[0])
+                self._block_ids.setdefault(rid, []).extend(_nulls_none(new[0]))
 
     def _emit_saves(self, out) -> None:
         """Saves the full prompt blocks this step completes, of every
@@ -258,6 +260,11 @@ def group_ids(blocks) -> list:
         if getattr(b, "is_null", False):
             ids[i] = None
     return ids
+
+
+def _nulls_none(ids) -> list:
+    """Block ids from a scheduler output, None where vLLM's null block is."""
+    return [None if b == NULL_BLOCK else b for b in ids]
 
 
 def _aborted(request) -> bool:

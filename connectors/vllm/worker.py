@@ -18,7 +18,7 @@ from mooncake_go import MooncakeError, Op, RequestArray, Store, TransferEngine
 from mooncake_go.errors import ObjectAlreadyExists
 
 from .config import Settings, key_prefix
-from .jobs import LoadJob, PullJob, SaveJob, Step
+from .jobs import NULL_BLOCK, LoadJob, PullJob, SaveJob, Step
 from .layout import Layout, compute_fence, remote_mismatch, remote_parts
 
 # A child of vLLM's logger: its handler, format and VLLM_LOGGING_LEVEL apply.
@@ -27,10 +27,6 @@ logger = logging.getLogger("vllm.mooncake_go_connector")
 #: The notification a decode instance sends the prefill instance once it
 #: pulled a request's blocks (msg: the prefill's request id).
 FREE = "mooncake-go/vllm-free"
-
-#: vLLM's null block, in the places of a request's blocks that a sliding
-#: window freed or skipped: always block 0.
-NULL_BLOCK = 0
 
 
 class WorkerSide:
@@ -122,14 +118,22 @@ class WorkerSide:
 
     # -- vLLM's worker hooks ---------------------------------------------
 
-    def start_step(self, step: Step) -> None:
-        """Queues the step's loads and pulls, and notes its holds; with
-        fence_saves, first waits for the saves of the steps before."""
+    def before_step(self, step: Step) -> None:
+        """vLLM's handle_preemptions, called before the step writes any
+        block (its forward pass; its loads, queued by start_step, which
+        vLLM 0.32 calls only after launching the forward): waits for the
+        saves of the requests it preempted, and with fence_saves for every
+        save of the steps before."""
         if self.fence_saves:
             with self._lock:
                 rids = [r for r, n in self._saving.items() if n]
             if rids:
                 self.wait_saves(rids, "may have had blocks freed by a sliding window")
+        elif step.preempted:
+            self.wait_saves(step.preempted)
+
+    def start_step(self, step: Step) -> None:
+        """Queues the step's loads and pulls, and notes its holds."""
         now = time.monotonic()
         deadline = now + self.settings.load_timeout
         with self._lock:

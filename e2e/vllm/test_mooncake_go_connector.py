@@ -531,15 +531,20 @@ def test_pull_refuses_blocks_the_prefill_instance_no_longer_holds():
 
 
 def test_a_sliding_window_step_starts_once_the_saves_before_it_ended():
-    """Where vLLM frees blocks of running requests, a step's work (its loads,
-    then its forward pass) starts only once the saves queued by the steps
-    before no longer read their blocks; without a window it does not wait."""
+    """Where vLLM frees blocks of running requests, a step writes none of
+    them (its forward pass, its loads) before the saves queued by the steps
+    before no longer read them: the connector waits in handle_preemptions,
+    which vLLM calls before the step's forward (the model runner's
+    execute_model; model runner V2's pre_forward). Not in start_load_kv:
+    vLLM 0.32 calls it only once the forward is launched for steps without
+    synchronous loads (KVConnectorModelRunnerMixin._get_kv_connector_output,
+    ActiveKVConnector.post_forward), too late. Without a window it waits
+    only for the requests vLLM preempted."""
     import threading
     from types import SimpleNamespace as NS
 
     from mooncake_go.connectors.vllm.config import Settings
-    from mooncake_go.connectors.vllm.connector import frees_running_blocks
-    from mooncake_go.connectors.vllm.jobs import Step
+    from mooncake_go.connectors.vllm.connector import MooncakeGoConnector, MooncakeGoMetadata, frees_running_blocks
     from mooncake_go.connectors.vllm.worker import WorkerSide
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 
@@ -552,10 +557,42 @@ def test_a_sliding_window_step_starts_once_the_saves_before_it_ended():
 
     config = NS(cache_config=NS(block_size=16), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
     for fence in (True, False):
-        w = WorkerSide(config, Settings.from_config({}, "kv_both"), 6, fence_saves=fence)
+        conn = MooncakeGoConnector.__new__(MooncakeGoConnector)  # the worker role's, without vLLM's config
+        conn._scheduler = None
+        conn._worker = w = WorkerSide(config, Settings.from_config({}, "kv_both"), 6, fence_saves=fence)
         w._saving["r"] = 1  # a save of an earlier step, still reading
         done = threading.Timer(0.3, w._save_done, ("r",))
         done.start()
-        w.start_step(Step())
+        conn.handle_preemptions(MooncakeGoMetadata())  # no request preempted this step
         assert (w._saving["r"] == 0) is fence
         done.join()
+        # A preempted request's saves are waited for either way.
+        w._saving["r"] = 1
+        done = threading.Timer(0.3, w._save_done, ("r",))
+        done.start()
+        conn.handle_preemptions(MooncakeGoMetadata(preempted=["r"]))
+        assert w._saving["r"] == 0
+        done.join()
+
+
+def test_saves_leave_out_the_null_block_when_vllm_binds_no_kv_cache_manager():
+    """vLLM 0.26 (no KV cache manager bound): a new request of a
+    sliding-window model whose prefix hit vLLM's cache gets vLLM's null
+    block (block 0) in the places the window skips (SlidingWindowManager.
+    find_longest_cache_hit), and its block ids from the scheduler's output
+    say 0 there. Those places are never saved: the store would hold the
+    null block's bytes under their keys."""
+    from types import SimpleNamespace as NS
+
+    from mooncake_go.connectors.vllm.config import Settings
+    from mooncake_go.connectors.vllm.scheduler import SchedulerSide
+
+    config = NS(cache_config=NS(block_size=BLOCK), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
+    side = SchedulerSide(config, Settings.from_config({"master": "127.0.0.1:1"}, "kv_both"))
+    side._reqs["hit"] = NS(num_prompt_tokens=4 * BLOCK + 44, block_hashes=[bytes([i]) * 32 for i in range(4)])
+    out = NS(scheduled_new_reqs=[NS(req_id="hit", num_computed_tokens=3 * BLOCK, block_ids=([0, 0, 7, 8],))],
+             scheduled_cached_reqs=NS(req_ids=[], resumed_req_ids=set(), num_computed_tokens=[], new_block_ids=[]),
+             num_scheduled_tokens={"hit": BLOCK + 44})
+    (save,) = side.build_connector_meta(out).saves
+    assert save.block_ids == [7, 8]
+    assert [k[-2:] for k in save.keys] == ["02", "03"]
