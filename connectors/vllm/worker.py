@@ -246,9 +246,7 @@ class WorkerSide:
                 fn(job, arg)
             except Exception:  # a bug must not stop the thread: vLLM would wait forever
                 logger.exception("mooncake-go connector: %s of request %s failed", type(job).__name__, job.req_id)
-                if isinstance(job, SaveJob):
-                    self._save_done(job.req_id)
-                else:
+                if not isinstance(job, SaveJob):  # a save counts itself done (_save's finally)
                     self._recv_failed(job.req_id, job.block_ids)
 
     def _save(self, job: SaveJob, fence) -> None:

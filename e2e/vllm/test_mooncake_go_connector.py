@@ -596,3 +596,32 @@ def test_saves_leave_out_the_null_block_when_vllm_binds_no_kv_cache_manager():
     (save,) = side.build_connector_meta(out).saves
     assert save.block_ids == [7, 8]
     assert [k[-2:] for k in save.keys] == ["02", "03"]
+
+
+def test_a_save_that_fails_counts_as_done_once():
+    """A save job that fails (here its fence: the device is lost) counts as
+    done once: a request saving chunk by chunk has more jobs queued, and the
+    connector must still wait for those before vLLM reuses their blocks."""
+    import queue
+    from types import SimpleNamespace as NS
+
+    import torch
+    from mooncake_go.connectors.vllm.config import Settings
+    from mooncake_go.connectors.vllm.jobs import SaveJob
+    from mooncake_go.connectors.vllm.layout import Layout
+    from mooncake_go.connectors.vllm.worker import WorkerSide
+
+    class LostDevice:
+        def synchronize(self):
+            raise RuntimeError("the device is lost")
+
+    config = NS(cache_config=NS(block_size=16), kv_transfer_config=NS(engine_id="e"), model_config=NS(model="tiny"))
+    w = WorkerSide(config, Settings.from_config({"master": "127.0.0.1:1"}, "kv_both"), 6)
+    w.layout = Layout({"layer.0": torch.zeros(6, 2, 16, 8, dtype=torch.bfloat16)}, 6)
+    w._store = object()  # never used: the fence fails first
+    w._saving["r"] = 2  # two save jobs of request r queued
+    q = queue.Queue()
+    q.put((LostDevice(), SaveJob("r", ["k"], [1])))
+    q.put(None)
+    w._serve(q, w._save)
+    assert w._saving["r"] == 1
