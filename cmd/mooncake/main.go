@@ -6,10 +6,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -43,6 +45,8 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error (env MC_LOG_LEVEL)")
 	root.PersistentFlags().String("cpuprofile", "", "write a CPU profile of this process to the file")
 	root.PersistentFlags().MarkHidden("cpuprofile")
+	root.PersistentFlags().String("memprofile", "", "write an allocation profile of this process to the file when it ends")
+	root.PersistentFlags().MarkHidden("memprofile")
 	viper.BindPFlag("log-level", root.PersistentFlags().Lookup("log-level"))
 	viper.BindEnv("log-level", "MC_LOG_LEVEL")
 	root.AddCommand(newMetadataCmd(), newMasterCmd(), newNodeCmd(), newClientCmd(), newUpCmd(), newBenchCmd(), newConductorCmd(), newIndexerCmd(), newSimCmd(), newChaosCmd())
@@ -59,15 +63,34 @@ func setupLogging(level string) error {
 }
 
 // startProfile starts the CPU profile --cpuprofile asks for and returns
-// what stops it (the root's PersistentPostRun). A command with a
-// --cpuprofile of its own (bench te: it also profiles its target) handles
-// the flag itself.
+// what stops it and writes the allocation profile --memprofile asks for
+// (the root's PersistentPostRun). A command with a --cpuprofile of its own
+// (bench te: it also profiles its target) handles that flag itself.
 func startProfile(cmd *cobra.Command) (stop func(), err error) {
-	path, _ := cmd.Flags().GetString("cpuprofile")
-	if path == "" || cmd.LocalNonPersistentFlags().Lookup("cpuprofile") != nil {
-		return func() {}, nil
+	stopCPU := func() {}
+	if path, _ := cmd.Flags().GetString("cpuprofile"); path != "" && cmd.LocalNonPersistentFlags().Lookup("cpuprofile") == nil {
+		if stopCPU, err = startCPUProfile(path); err != nil {
+			return nil, err
+		}
 	}
-	return startCPUProfile(path)
+	mem, _ := cmd.Flags().GetString("memprofile")
+	return func() {
+		stopCPU()
+		if mem != "" {
+			if err := writeAllocProfile(mem); err != nil {
+				slog.Error("--memprofile", "err", err)
+			}
+		}
+	}, nil
+}
+
+// writeAllocProfile writes the allocations since the process started.
+func writeAllocProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(pprof.Lookup("allocs").WriteTo(f, 0), f.Close())
 }
 
 func newBenchCmd() *cobra.Command {

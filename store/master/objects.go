@@ -268,7 +268,10 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	}
 	o.pending = &pendingPut{client: clientID, started: now, size: length, replicas: reps, cfg: cfg, upsert: upsert}
 	s.reorderLocked(sh, key, o) // no eviction while a put is in flight
-	seq := s.record(startRecord(clientID, key, o.pending))
+	var seq uint64
+	if s.j != nil {
+		seq = s.record(startRecord(clientID, key, o.pending))
+	}
 	return describe(live(reps), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), seq, nil
 }
 
@@ -402,25 +405,34 @@ func (s *Service) endLocked(sh *shard, key string, o *object, clientID string, c
 	s.reorderLocked(sh, key, o)
 	s.emit(storepb.ObjectEventKind_OBJECT_EVENT_KIND_PUT, key)
 	s.kvChange(key, s.kvMediaOf(old), s.kvMediaOf(o.replicas), true)
+	if s.j == nil {
+		// Without a journal nothing waits: no record, no closure.
+		s.freeReplaced(old, leased, until)
+		return 0
+	}
 	if rec == nil {
 		rec = &storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{
 			ClientId: clientID, Key: key, Checksum: checksum}}}
 	}
-	seq := s.after(rec, func() {
-		if !leased {
-			s.freeReplicas(old)
-			return
-		}
-		s.segMu.Lock()
-		defer s.segMu.Unlock()
-		// Replicas on segments unmounted meanwhile have nothing to free;
-		// under segMu none can die unseen (removeSegLocked prunes the rest).
-		old = slices.DeleteFunc(old, replica.allDead)
-		if len(old) > 0 {
-			s.deferred = append(s.deferred, deferredFree{at: until, reps: old})
-		}
-	})
-	return seq
+	return s.j.append(rec, func() { s.freeReplaced(old, leased, until) })
+}
+
+// freeReplaced frees old, the replicas a put's end replaced, once that end
+// is durable: at once, or, when a reader's lease on them runs (leased),
+// when it ends at until.
+func (s *Service) freeReplaced(old []replica, leased bool, until time.Time) {
+	if !leased {
+		s.freeReplicas(old)
+		return
+	}
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	// Replicas on segments unmounted meanwhile have nothing to free;
+	// under segMu none can die unseen (removeSegLocked prunes the rest).
+	old = slices.DeleteFunc(old, replica.allDead)
+	if len(old) > 0 {
+		s.deferred = append(s.deferred, deferredFree{at: until, reps: old})
+	}
 }
 
 // UpsertEnd is PutEnd for an UpsertStart.
@@ -565,7 +577,11 @@ func (s *Service) dropLocked(sh *shard, key string, o *object, kind storepb.Obje
 			sh.gone.forgot(key, o.size, o.checksum)
 		}
 	}
-	s.freeAfter(dropRecord(key), o.replicas)
+	var rec *storepb.JournalRecord // none without a journal
+	if s.j != nil {
+		rec = dropRecord(key)
+	}
+	s.freeAfter(rec, o.replicas)
 	o.replicas = nil
 	s.orphanLocked(o)
 	if o.empty() {

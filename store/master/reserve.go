@@ -149,11 +149,21 @@ func (s *Service) reserved(t, clientID string, name func(int) string, length uin
 		sh := s.shardOf(key)
 		sh.mu.Lock()
 		o := sh.objects[key]
-		if o != nil && o.pending != nil && o.pending.client == clientID && o.pending.size == length {
+		mine := o != nil && o.pending != nil && o.pending.client == clientID && o.pending.size == length
+		if mine {
 			out = append(out, &storepb.PutSlot{Slot: name(i),
 				Replicas: describe(live(o.pending.replicas), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING)})
 		}
 		sh.mu.Unlock()
+		if !mine && i == 0 {
+			// A reserve makes its slots in the order of their names
+			// and stops at the first it cannot make: a call whose first
+			// slot is not in flight made none, or they were all
+			// committed, revoked or reclaimed (the client commits only
+			// slots it was answered, and so none of a lost answer's).
+			// The first call of a nonce, the usual case, looks up one.
+			break
+		}
 	}
 	return out
 }
@@ -214,8 +224,12 @@ func (s *Service) commitSeq(t, clientID, slot, key string, checksum uint32) (uin
 		ksh.objects[key] = o
 	}
 	o.pending = p
-	return s.endLocked(ksh, key, o, clientID, checksum, &storepb.JournalRecord{Op: &storepb.JournalRecord_Commit{
-		Commit: &storepb.JournalCommit{ClientId: clientID, Slot: sk, Key: key, Checksum: checksum}}}), nil
+	var rec *storepb.JournalRecord // none without a journal
+	if s.j != nil {
+		rec = &storepb.JournalRecord{Op: &storepb.JournalRecord_Commit{
+			Commit: &storepb.JournalCommit{ClientId: clientID, Slot: sk, Key: key, Checksum: checksum}}}
+	}
+	return s.endLocked(ksh, key, o, clientID, checksum, rec), nil
 }
 
 // lockShards locks the shards of keys a and b (once when they are the

@@ -136,9 +136,10 @@ func TestJournalCommitWithoutSlot(t *testing.T) {
 
 // A reserve asked again with its nonce (a retry, its first answer lost)
 // answers the slots the first made, on this master and on one restored
-// from the journal, and reserves no more; slots committed or revoked
-// meanwhile are not answered again; another client's nonce, or another
-// length, makes slots of its own.
+// from the journal, and reserves no more; slots gone meanwhile (revoked,
+// or committed) are not answered again, and when the first is gone the
+// retry reserves a whole set again, the slots still in flight where they
+// were; another client's nonce, or another length, makes slots of its own.
 func TestPutReserveRetryByNonce(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
 	j := &memJournal{}
@@ -154,11 +155,13 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	assert.Equal(t, first, again, "the same slots, where they were")
 	assert.Equal(t, used, s.Stats().Used, "no space taken twice")
 
-	require.NoError(t, commit(s, "a", first[0].Slot, "k0", 1))
-	require.NoError(t, s.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[1].Slot)))
+	require.NoError(t, commit(s, "a", first[3].Slot, "k3", 1))
+	require.NoError(t, s.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[2].Slot)))
+	used = s.Stats().Used
 	again, err = s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
-	assert.Equal(t, first[2:], again, "only the slots still in flight")
+	assert.Equal(t, first[:2], again, "only the slots still in flight")
+	assert.Equal(t, used, s.Stats().Used)
 
 	st := newState()
 	for i, r := range j.recs {
@@ -169,8 +172,17 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	used = s2.Stats().Used
 	again, err = s2.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
-	assert.Equal(t, first[2:], again, "the next leader answers them too")
+	assert.Equal(t, first[:2], again, "the next leader answers them too")
 	assert.Equal(t, used, s2.Stats().Used)
+
+	// The first slot lost (its segment went, or the master reclaimed it):
+	// the retry reserves four again, the second where it was.
+	require.NoError(t, s2.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[0].Slot)))
+	again, err = s2.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	require.NoError(t, err)
+	require.Len(t, again, 4)
+	assert.Equal(t, first[1], again[1])
+	assert.Equal(t, used+2*4096, s2.Stats().Used, "the second not reserved twice")
 
 	other, err := s.reserve(ctx, DefaultTenant, "b", "x1", 4096, 2, nil)
 	require.NoError(t, err, "b's nonce names b's slots")
