@@ -3,6 +3,7 @@ package master
 import (
 	"cmp"
 	"context"
+	"hash/maphash"
 	"slices"
 
 	"github.com/mooncake-go/mooncake/store/alloc"
@@ -33,9 +34,58 @@ type goneValues struct {
 	next  uint64
 	// last is the value of keys the shard forgot without a removal
 	// (evicted, or lost with their segment): still the key's value, until
-	// a new one is put.
-	last      map[string]goneAt
-	lastOrder []goneAt
+	// a new one is put. Nil until the shard first forgets one.
+	last *lastValues
+}
+
+// lastValues is goneValues.last: the last maxGoneValues values forgotten,
+// in a ring, each key once, with a fingerprint of each key to scan. Every
+// eviction writes one and every put of a new key looks its key up, each
+// in a shard whose memory is cold: a ring costs a write and a scan of
+// 512 bytes of fingerprints, where a map of keys and a queue of its order
+// cost several cache misses.
+type lastValues struct {
+	fp   [maxGoneValues]uint32 // of v[i].key; 0: empty
+	v    [maxGoneValues]goneValue
+	next int // the slot to write next: the oldest
+}
+
+// lastSeed seeds the fingerprints of lastValues.
+var lastSeed = maphash.MakeSeed()
+
+// fingerprint is key's in lastValues: never 0.
+func fingerprint(key string) uint32 { return uint32(maphash.String(lastSeed, key)) | 1 }
+
+// find returns the slot of key, -1 when it has none.
+func (l *lastValues) find(key string, fp uint32) int {
+	for i, f := range &l.fp {
+		if f == fp && l.v[i].key == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// put makes v key's value, in place of the oldest past the bound.
+func (l *lastValues) put(v goneValue) {
+	fp := fingerprint(v.key)
+	if i := l.find(v.key, fp); i >= 0 {
+		l.fp[i], l.v[i] = 0, goneValue{}
+	}
+	l.fp[l.next], l.v[l.next] = fp, v
+	l.next = (l.next + 1) % maxGoneValues
+}
+
+// get returns key's value, if it has one.
+func (l *lastValues) get(key string) (goneValue, int, bool) {
+	if l == nil {
+		return goneValue{}, -1, false
+	}
+	i := l.find(key, fingerprint(key))
+	if i < 0 {
+		return goneValue{}, -1, false
+	}
+	return l.v[i], i, true
 }
 
 type goneValue struct {
@@ -80,7 +130,7 @@ func (g *goneValues) forget(key string, size uint64, sum uint32) {
 // has reports whether key's value of size bytes and checksum sum is gone:
 // removed, replaced, or not the last value the key had.
 func (g *goneValues) has(key string, size uint64, sum uint32) bool {
-	if l, ok := g.last[key]; ok && l.v != (goneValue{key, size, sum}) {
+	if l, _, ok := g.last.get(key); ok && l != (goneValue{key, size, sum}) {
 		return true
 	}
 	_, ok := g.m[goneValue{key, size, sum}]
@@ -90,30 +140,21 @@ func (g *goneValues) has(key string, size uint64, sum uint32) bool {
 // forgot remembers key's value, which the shard forgot without a removal.
 func (g *goneValues) forgot(key string, size uint64, sum uint32) {
 	if g.last == nil {
-		g.last = map[string]goneAt{}
+		g.last = &lastValues{}
 	}
-	g.next++
-	a := goneAt{goneValue{key, size, sum}, g.next}
-	g.last[key] = a
-	g.lastOrder = append(g.lastOrder, a)
-	for len(g.lastOrder) > maxGoneValues {
-		if old := g.lastOrder[0]; g.last[old.v.key] == old {
-			delete(g.last, old.v.key)
-		}
-		g.lastOrder = g.lastOrder[1:]
-	}
+	g.last.put(goneValue{key, size, sum})
 }
 
 // known says key has a value again (put anew, or taken from a tier):
 // the one it had when forgotten is gone unless it is the same.
 func (g *goneValues) known(key string, size uint64, sum uint32) {
-	l, ok := g.last[key]
+	l, i, ok := g.last.get(key)
 	if !ok {
 		return
 	}
-	delete(g.last, key)
-	if l.v != (goneValue{key, size, sum}) {
-		g.add(l.v.key, l.v.size, l.v.sum)
+	g.last.fp[i], g.last.v[i] = 0, goneValue{}
+	if l != (goneValue{key, size, sum}) {
+		g.add(l.key, l.size, l.sum)
 	}
 }
 

@@ -101,3 +101,41 @@ func TestMountDiskRefusesForgottenReplacedValues(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []bool{false, false, true}, taken)
 }
+
+// A shard remembers the last value of the maxGoneValues keys it forgot
+// most recently, each key once (its newest value); a key known again
+// (put anew) is forgotten there, and its old value, if another, is gone.
+func TestGoneValuesLast(t *testing.T) {
+	var g goneValues
+	assert.False(t, g.has("k", 1, 1), "nothing forgotten yet")
+	g.known("k", 1, 1)
+	g.forgot("k", 1, 1)
+	assert.False(t, g.has("k", 1, 1), "the last value may come back")
+	assert.True(t, g.has("k", 2, 1), "no other")
+	g.forgot("k", 2, 2)
+	assert.True(t, g.has("k", 1, 1), "forgotten again: the newest is the last")
+	assert.False(t, g.has("k", 2, 2))
+
+	// Known again with another value: the forgotten one is gone.
+	g.known("k", 3, 3)
+	assert.True(t, g.has("k", 2, 2))
+	assert.False(t, g.has("k", 3, 3))
+	// Known again with the same value: nothing is gone.
+	g.forgot("j", 1, 1)
+	g.known("j", 1, 1)
+	assert.False(t, g.has("j", 1, 1))
+	assert.False(t, g.has("j", 9, 9), "j has no last value now")
+
+	// Past the bound the oldest go first; a key forgotten twice holds one
+	// place, at its newest.
+	g.forgot("a", 1, 1)
+	g.forgot("b", 1, 1)
+	g.forgot("a", 1, 1)
+	for i := range maxGoneValues - 1 {
+		g.forgot(string(rune('0'+i%10))+"/"+string(rune(i)), 1, 1)
+	}
+	assert.False(t, g.has("b", 9, 9), "b, the oldest, went")
+	assert.True(t, g.has("a", 9, 9), "a, forgotten again, stayed")
+	g.forgot("x", 1, 1)
+	assert.False(t, g.has("a", 9, 9), "then a")
+}
