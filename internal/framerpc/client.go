@@ -144,12 +144,18 @@ func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts 
 	if n := proto.Size(req); n > c.cfg.MaxSendMsgSize {
 		return grpcstatus.Errorf(codes.ResourceExhausted, "grpc: trying to send message larger than max (%d vs. %d)", n, c.cfg.MaxSendMsgSize)
 	}
-	msg, err := proto.MarshalOptions{}.Marshal(req)
+	fb := getFrame()
+	msg, err := proto.MarshalOptions{}.MarshalAppend(fb.b, req)
 	if err != nil {
 		return grpcstatus.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
 	}
 	c.calls.Add(1)
 	a, err := w.call(ctx, method, timeout, md, msg)
+	putFrame(fb, msg) // copied into the frame sent, if any
+	if a.buf != nil {
+		// Decoded (copied) below, then recycled.
+		defer putFrame(a.buf, a.buf.b)
+	}
 	if err != nil {
 		if w.lost() {
 			c.forget(w)
@@ -356,6 +362,7 @@ type answer struct {
 	kind byte
 	msg  []byte
 	err  error
+	buf  *frameBuf // holds msg; the caller recycles it once it decoded msg
 }
 
 func (w *wire) call(ctx context.Context, method string, timeout time.Duration, md metadata.MD, msg []byte) (answer, error) {
@@ -449,9 +456,11 @@ func (w *wire) lost() bool {
 func (w *wire) read() {
 	r := bufio.NewReaderSize(w.c, 64<<10)
 	for {
-		body, err := readFrame(r, nil, w.maxRecv+answerHead)
+		fb := getFrame()
+		body, err := readFrame(r, fb.b, w.maxRecv+answerHead)
+		fb.b = body
 		var id uint64
-		var a answer
+		a := answer{buf: fb}
 		var tl *TooLargeError
 		switch {
 		case errors.As(err, &tl):
@@ -473,6 +482,8 @@ func (w *wire) read() {
 		w.mu.Unlock()
 		if ch != nil {
 			ch <- a
+		} else {
+			putFrame(fb, body) // its call gave up waiting
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -142,9 +143,11 @@ func (sc *serverConn) serve() error {
 	// A call's header and metadata ride with its message.
 	limit := sc.s.cfg.MaxRecvMsgSize + callHead + 4 + math.MaxUint16 + maxMetadataBytes + 4*maxMetadata
 	for {
-		body, err := readFrame(r, nil, limit)
+		fb := getFrame()
+		body, err := readFrame(r, fb.b, limit)
 		var tl *TooLargeError
 		if errors.As(err, &tl) {
+			putFrame(fb, body)
 			// Answered as gRPC does, then skipped: the connection goes on.
 			if err := sc.refuseLarge(r, tl); err != nil {
 				return err
@@ -163,6 +166,8 @@ func (sc *serverConn) serve() error {
 		go func() {
 			defer func() { <-sc.slots; sc.calls.Done() }()
 			sc.run(c)
+			// c.msg, in body, was decoded (copied) or refused by now.
+			putFrame(fb, body)
 		}()
 	}
 }
@@ -232,13 +237,15 @@ func (sc *serverConn) run(c call) {
 		_ = sc.answerErr(c.id, status.Newf(codes.Internal, "framerpc: reply %T is not a protobuf message", reply))
 		return
 	}
-	b := appendAnswer(make([]byte, 0, lenSize+answerHead+proto.Size(msg)), c.id, answerOK, 0)
+	fb := getFrame()
+	b := appendAnswer(slices.Grow(fb.b, lenSize+answerHead+proto.Size(msg)), c.id, answerOK, 0)
 	b, err = proto.MarshalOptions{}.MarshalAppend(b, msg)
 	if err != nil {
 		_ = sc.answerErr(c.id, status.Newf(codes.Internal, "grpc: error while marshaling: %v", err))
 		return
 	}
 	sc.write(setLen(b))
+	putFrame(fb, b)
 }
 
 // answerErr answers call id with st.

@@ -215,12 +215,19 @@ func (s *Service) commitSeq(t, clientID, slot, key string, checksum uint32) (uin
 	// record (JournalCommit), whose durability the caller waits for.
 	p := so.pending
 	so.pending = nil
-	if so.empty() {
+	gone := so.empty()
+	if gone {
 		delete(ssh.objects, sk)
 	}
 	p.started = now
 	if o == nil {
-		o = &object{}
+		if gone && so.moving == nil && so.ev.class == classNone && !so.ev.pinned {
+			// The slot's object, in no map or order now, is the key's.
+			*so = object{}
+			o = so
+		} else {
+			o = &object{}
+		}
 		ksh.objects[key] = o
 	}
 	o.pending = p
