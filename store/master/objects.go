@@ -242,7 +242,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 			if p.client == clientID && p.size == length && p.upsert == upsert {
 				// The client asks again (its first answer was lost in a
 				// failover): the same replicas, once their record is durable.
-				return describe(live(p.replicas), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), s.lastSeq(), nil
+				return describeLive(p.replicas), s.lastSeq(), nil
 			}
 			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
 				return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", clientKey(key))
@@ -272,7 +272,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	if s.j != nil {
 		seq = s.record(startRecord(clientID, key, o.pending))
 	}
-	return describe(live(reps), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING), seq, nil
+	return describeLive(reps), seq, nil
 }
 
 func (r replica) memory() *storepb.MemoryReplica {
@@ -314,6 +314,21 @@ func describe(reps []replica, st storepb.ReplicaStatus) []*storepb.Replica {
 			Status:   st,
 			Location: &storepb.Replica_Memory{Memory: r.memory()},
 		})
+	}
+	return out
+}
+
+// describeLive is describe(live(reps), PROCESSING) without the copy: the
+// replicas of a put in flight that its client may write.
+func describeLive(reps []replica) []*storepb.Replica {
+	out := make([]*storepb.Replica, 0, len(reps))
+	for _, r := range reps {
+		if !r.dead() {
+			out = append(out, &storepb.Replica{
+				Status:   storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING,
+				Location: &storepb.Replica_Memory{Memory: r.memory()},
+			})
+		}
 	}
 	return out
 }

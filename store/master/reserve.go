@@ -36,8 +36,22 @@ type slotNames struct {
 	n    atomic.Uint64
 }
 
-func (sn *slotNames) next() string {
-	return sn.stem + strconv.FormatUint(sn.n.Add(1), 10)
+func (sn *slotNames) next() uint64 { return sn.n.Add(1) }
+
+// slotKey returns the name of slot stem+n as the client sees it, and as
+// tenant t's key, built together (a batch reserves hundreds).
+func slotKey(t, stem string, n uint64) (name, key string) {
+	var b strings.Builder
+	b.Grow(2 + len(stem) + 20)
+	b.WriteString("\x00\x00") // scopeKey's escape of a default tenant's key
+	b.WriteString(stem)
+	var d [20]byte
+	b.Write(strconv.AppendUint(d[:0], n, 10))
+	k := b.String()
+	if t == DefaultTenant || t == "" {
+		return k[2:], k
+	}
+	return k[2:], scopeKey(t, k[2:])
 }
 
 func newSlotNames() *slotNames {
@@ -90,10 +104,10 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 	}
 	one.StripeCount = 1
 	cfg = one
-	name := func(int) string { return s.slots.next() }
+	name := func(int) (string, string) { return slotKey(t, s.slots.stem, s.slots.next()) }
 	if nonce != "" {
 		stem := slotPrefix + "n/" + clientID + "/" + nonce + "/"
-		name = func(i int) string { return stem + strconv.Itoa(i) }
+		name = func(i int) (string, string) { return slotKey(t, stem, uint64(i)) }
 		id := t + "\x00" + stem
 		done := make(chan struct{})
 		if prev, busy := s.reserving.LoadOrStore(id, done); busy {
@@ -119,8 +133,8 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		last uint64
 	)
 	for i := range count {
-		name := name(i)
-		reps, seq, err := s.startSeq(ctx, clientID, scopeKey(t, name), length, cfg, false)
+		name, key := name(i)
+		reps, seq, err := s.startSeq(ctx, clientID, key, length, cfg, false)
 		if err != nil {
 			if len(out) == 0 {
 				return nil, err
@@ -142,17 +156,16 @@ const maxNonce = 64
 // reserved returns the slots name(0), name(1), ... of length bytes that
 // clientID has in flight: those an earlier reserve under the same names
 // made, as it answered them.
-func (s *Service) reserved(t, clientID string, name func(int) string, length uint64, count int) []*storepb.PutSlot {
+func (s *Service) reserved(t, clientID string, name func(int) (string, string), length uint64, count int) []*storepb.PutSlot {
 	var out []*storepb.PutSlot
 	for i := range count {
-		key := scopeKey(t, name(i))
+		name, key := name(i)
 		sh := s.shardOf(key)
 		sh.mu.Lock()
 		o := sh.objects[key]
 		mine := o != nil && o.pending != nil && o.pending.client == clientID && o.pending.size == length
 		if mine {
-			out = append(out, &storepb.PutSlot{Slot: name(i),
-				Replicas: describe(live(o.pending.replicas), storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING)})
+			out = append(out, &storepb.PutSlot{Slot: name, Replicas: describeLive(o.pending.replicas)})
 		}
 		sh.mu.Unlock()
 		if !mine && i == 0 {
@@ -185,8 +198,8 @@ func (s *Service) commitSeq(t, clientID, slot, key string, checksum uint32) (uin
 	if err := s.checkKey(key); err != nil {
 		return 0, err
 	}
-	ssh, ksh, unlock := s.lockShards(sk, key)
-	defer unlock()
+	ssh, ksh := s.lockShards(sk, key)
+	defer unlockShards(ssh, ksh)
 	so, err := s.pendingOf(ssh, clientID, sk)
 	if err != nil {
 		if ended(ksh, clientID, key, checksum) {
@@ -241,14 +254,13 @@ func (s *Service) commitSeq(t, clientID, slot, key string, checksum uint32) (uin
 
 // lockShards locks the shards of keys a and b (once when they are the
 // same) in the order of their index, so that two commits locking the same
-// pair never deadlock, and returns them and the unlock.
-func (s *Service) lockShards(a, b string) (*shard, *shard, func()) {
+// pair never deadlock, and returns them; unlockShards unlocks them.
+func (s *Service) lockShards(a, b string) (*shard, *shard) {
 	i, j := s.shardIndex(a), s.shardIndex(b)
 	sa, sb := &s.shards[i], &s.shards[j]
 	switch {
 	case i == j:
 		sa.mu.Lock()
-		return sa, sb, sa.mu.Unlock
 	case i > j:
 		sb.mu.Lock()
 		sa.mu.Lock()
@@ -256,8 +268,12 @@ func (s *Service) lockShards(a, b string) (*shard, *shard, func()) {
 		sa.mu.Lock()
 		sb.mu.Lock()
 	}
-	return sa, sb, func() {
-		sa.mu.Unlock()
+	return sa, sb
+}
+
+func unlockShards(sa, sb *shard) {
+	sa.mu.Unlock()
+	if sb != sa {
 		sb.mu.Unlock()
 	}
 }

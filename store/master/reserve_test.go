@@ -195,3 +195,14 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	_, err = s.reserve(ctx, DefaultTenant, "a", string(make([]byte, maxNonce+1)), 4096, 1, nil)
 	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
 }
+
+// A slot's name and key, built together, are the name and what scopeKey
+// makes of it, for the default tenant and another.
+func TestSlotKey(t *testing.T) {
+	for _, tenant := range []string{DefaultTenant, "", "t1"} {
+		name, key := slotKey(tenant, slotPrefix+"abc/", 12345)
+		assert.Equal(t, slotPrefix+"abc/12345", name)
+		assert.Equal(t, scopeKey(tenant, name), key, "tenant %q", tenant)
+		assert.True(t, isSlot(name))
+	}
+}
