@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 
@@ -84,8 +85,10 @@ func startProfile(cmd *cobra.Command) (stop func(), err error) {
 	}, nil
 }
 
-// writeAllocProfile writes the allocations since the process started.
+// writeAllocProfile writes the allocations since the process started
+// (as of a collection run first: the profile stops at the last one).
 func writeAllocProfile(path string) error {
+	runtime.GC()
 	f, err := os.Create(path)
 	if err != nil {
 		return err

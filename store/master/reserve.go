@@ -122,10 +122,20 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 				close(done)
 			}()
 		}
-		if made := s.reserved(t, clientID, name, length, count); len(made) > 0 {
-			// Durable before they were first answered: the first
-			// reserve waited, or failed before it could answer.
-			return made, s.durable(ctx, s.lastSeq())
+		// A reserve makes its slots in the order of their names and
+		// stops at the first it cannot make: when the first is not in
+		// flight, an earlier call made none, or its slots went since
+		// (the client commits or revokes only slots it was answered,
+		// and so none of a lost answer's), but for those that outlived
+		// the first (its segment went), which the loop below answers
+		// as it finds them. The first call of a nonce, the usual case,
+		// looks up one name.
+		if _, key := name(0); s.inFlight(clientID, key, length) != nil {
+			if made := s.reserved(t, clientID, name, length, 0, count); len(made) > 0 {
+				// Durable before they were first answered: the first
+				// reserve waited, or failed before it could answer.
+				return made, s.durable(ctx, s.lastSeq())
+			}
 		}
 	}
 	var (
@@ -133,15 +143,22 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		last uint64
 	)
 	for i := range count {
-		name, key := name(i)
+		slot, key := name(i)
 		reps, seq, err := s.startSeq(ctx, clientID, key, length, cfg, false)
 		if err != nil {
+			if nonce != "" {
+				// Slots of an earlier call past this name, still in
+				// flight, are the client's: answered, not left to the
+				// reclaim.
+				out = append(out, s.reserved(t, clientID, name, length, i+1, count)...)
+				last = s.lastSeq()
+			}
 			if len(out) == 0 {
 				return nil, err
 			}
 			break
 		}
-		out = append(out, &storepb.PutSlot{Slot: name, Replicas: reps})
+		out = append(out, &storepb.PutSlot{Slot: slot, Replicas: reps})
 		last = max(last, seq)
 	}
 	if err := s.durable(ctx, last); err != nil {
@@ -153,32 +170,36 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 // maxNonce bounds the nonce of a reserve, which is part of its slots' names.
 const maxNonce = 64
 
-// reserved returns the slots name(0), name(1), ... of length bytes that
-// clientID has in flight: those an earlier reserve under the same names
-// made, as it answered them.
-func (s *Service) reserved(t, clientID string, name func(int) (string, string), length uint64, count int) []*storepb.PutSlot {
+// reserved returns the slots name(from), ..., name(count-1) of length
+// bytes that clientID has in flight: those an earlier reserve under the
+// same names made, as it answered them.
+func (s *Service) reserved(t, clientID string, name func(int) (string, string), length uint64, from, count int) []*storepb.PutSlot {
 	var out []*storepb.PutSlot
-	for i := range count {
-		name, key := name(i)
+	for i := from; i < count; i++ {
+		slot, key := name(i)
 		sh := s.shardOf(key)
 		sh.mu.Lock()
-		o := sh.objects[key]
-		mine := o != nil && o.pending != nil && o.pending.client == clientID && o.pending.size == length
-		if mine {
-			out = append(out, &storepb.PutSlot{Slot: name, Replicas: describeLive(o.pending.replicas)})
+		if p := s.inFlightLocked(sh, clientID, key, length); p != nil {
+			out = append(out, &storepb.PutSlot{Slot: slot, Replicas: describeLive(p.replicas)})
 		}
 		sh.mu.Unlock()
-		if !mine && i == 0 {
-			// A reserve makes its slots in the order of their names
-			// and stops at the first it cannot make: a call whose first
-			// slot is not in flight made none, or they were all
-			// committed, revoked or reclaimed (the client commits only
-			// slots it was answered, and so none of a lost answer's).
-			// The first call of a nonce, the usual case, looks up one.
-			break
-		}
 	}
 	return out
+}
+
+// inFlight returns clientID's put of length bytes in flight under key.
+func (s *Service) inFlight(clientID, key string, length uint64) *pendingPut {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return s.inFlightLocked(sh, clientID, key, length)
+}
+
+func (s *Service) inFlightLocked(sh *shard, clientID, key string, length uint64) *pendingPut {
+	if o := sh.objects[key]; o != nil && o.pending != nil && o.pending.client == clientID && o.pending.size == length {
+		return o.pending
+	}
+	return nil
 }
 
 // commitSeq puts clientID's value, written into slot, under key with

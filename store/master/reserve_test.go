@@ -196,6 +196,26 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
 }
 
+// A retry whose first slot went (its segment, say) while later ones stay
+// in flight answers those even when the pool has no room to make the
+// first again: they are the client's, not left to the reclaim.
+func TestPutReserveRetryAnswersSlotsPastALostFirst(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "n", seg("1", 1<<20, 4*4096)))
+	first, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	require.NoError(t, err)
+	require.Len(t, first, 4, "the pool holds exactly four")
+	require.NoError(t, s.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[0].Slot)))
+	_, err = s.PutStart(ctx, "b", "other", 4096, nil) // takes the room, not evictable
+	require.NoError(t, err)
+
+	again, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	require.NoError(t, err)
+	assert.Equal(t, first[1:], again)
+	assert.EqualValues(t, 4*4096, s.Stats().Used)
+}
+
 // A slot's name and key, built together, are the name and what scopeKey
 // makes of it, for the default tenant and another.
 func TestSlotKey(t *testing.T) {
