@@ -55,7 +55,8 @@
 //     committed; answers wait for their records (until the call's context
 //     ends: the cause of its error is then the context's), and freed space
 //     is reused only once the record freeing it is durable. Snapshots every
-//     HAConfig.SnapshotEvery records bound the log. A new leader loads the
+//     HAConfig.SnapshotEvery records (by default 100000, or four per
+//     object held, whichever is more) bound the log. A new leader loads the
 //     latest snapshot and the records after it, rebuilds the allocators
 //     from the live replicas, gives every object a fresh lease (readers of
 //     the old leader may still be copying) and serves.

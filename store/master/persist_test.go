@@ -145,3 +145,23 @@ func TestLocalPersistFresh(t *testing.T) {
 	defer m2.Close()
 	assert.Zero(t, m2.Service().Stats().Keys)
 }
+
+// A snapshot is due every SnapshotEvery records when set; by default every
+// 100000, and no sooner than four records per entry the master holds.
+func TestSnapshotDue(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	assert.True(t, snapshotDue(50, 50, s))
+	assert.False(t, snapshotDue(49, 50, s))
+	assert.False(t, snapshotDue(defaultSnapshotEvery-1, 0, s))
+	assert.True(t, snapshotDue(defaultSnapshotEvery, 0, s))
+
+	const n = defaultSnapshotEvery/snapshotRecordsPerEntry + 1000
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 1<<20, 64<<20)))
+	for i := range n {
+		put(t, s, "a", fmt.Sprintf("k%d", i), 64, nil)
+	}
+	require.Equal(t, n, s.entries())
+	assert.False(t, snapshotDue(defaultSnapshotEvery, 0, s), "under four records per object")
+	assert.True(t, snapshotDue(snapshotRecordsPerEntry*n, 0, s))
+	assert.True(t, snapshotDue(50, 50, s), "a set SnapshotEvery is taken as it is")
+}

@@ -119,7 +119,8 @@ type HAConfig struct {
 	// keeps the cluster without one. Zero: ha.DefaultTTL.
 	LeaderTTL time.Duration
 	// SnapshotEvery is the number of journal records after which the
-	// leader writes a snapshot and trims the log. Zero: 100000.
+	// leader writes a snapshot and trims the log. Zero: 100000, or four
+	// per object the master holds, whichever is more (snapshotDue).
 	SnapshotEvery int
 	// EtcdTLS is how the master dials etcd over TLS. Zero: plaintext.
 	EtcdTLS secure.TLS
@@ -244,7 +245,6 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 			return nil, errors.New("master: HA needs etcd endpoints")
 		}
 		h.ClusterID = cmp.Or(h.ClusterID, "mooncake_cluster")
-		h.SnapshotEvery = cmp.Or(h.SnapshotEvery, 100000)
 		if s.etcd = h.Client; s.etcd == nil {
 			ecfg, err := etcdopt.ConfigTLS(h.Etcd, 5*time.Second, h.EtcdTLS)
 			if err != nil {
@@ -541,7 +541,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership, f *follower) error
 			if err := j.failure(); err != nil {
 				return err
 			}
-			if j.pendingSnapshot() >= h.SnapshotEvery {
+			if snapshotDue(j.pendingSnapshot(), h.SnapshotEvery, svc) {
 				start := time.Now()
 				seq, err := j.writeSnapshot(lctx, svc)
 				s.metrics.snapshotWritten(start, err)

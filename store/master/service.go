@@ -384,6 +384,18 @@ func (s *Service) Stats() Stats {
 	return st
 }
 
+// entries is the number of objects and puts in flight the shards hold.
+func (s *Service) entries() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.objects)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
 // Run does the background work until ctx is done: Evict every 10 ms,
 // ExpireClients and ReclaimPuts every second. It returns nil.
 func (s *Service) Run(ctx context.Context) error {
