@@ -554,7 +554,7 @@ func (s *Service) restore(st *state) error {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	s.segs, s.segList, s.clients, s.deferred = make(map[string]*segment), nil, make(map[string]*client), nil
-	s.diskTiers = 0
+	s.diskTiers.Store(0)
 	for id, m := range st.segs {
 		a, err := alloc.Restore(m.Segment.Size, used[id])
 		if err != nil {
@@ -564,7 +564,7 @@ func (s *Service) restore(st *state) error {
 		s.segs[id] = sg
 		s.segList = append(s.segList, sg)
 		if sg.medium == storepb.Medium_MEDIUM_DISK {
-			s.diskTiers++
+			s.diskTiers.Add(1)
 		}
 		c := s.touchLocked(m.ClientId)
 		c.segs[id] = sg

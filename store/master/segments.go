@@ -123,7 +123,7 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
 	if sg.medium == storepb.Medium_MEDIUM_DISK {
-		s.diskTiers++
+		s.diskTiers.Add(1)
 	}
 	c := s.touchLocked(clientID)
 	c.segs[sg.id] = sg
@@ -190,7 +190,7 @@ func (s *Service) removeSegLocked(sg *segment) {
 	s.deferred = kept
 	delete(s.segs, sg.id)
 	if sg.medium == storepb.Medium_MEDIUM_DISK {
-		s.diskTiers--
+		s.diskTiers.Add(-1)
 	}
 	last := s.segList[len(s.segList)-1]
 	s.segList[sg.idx], last.idx = last, sg.idx

@@ -253,11 +253,14 @@ type Service struct {
 	evictVisited uint64
 
 	// Moves (SSD spills and promotions) in flight, by id; under segMu.
-	tasks     map[uint64]*moveTask
-	nextTask  uint64
-	spilling  uint64        // DRAM bytes spills in flight will free
-	freeing   atomic.Uint64 // bytes freed once their journal records are durable
-	diskTiers int           // mounted SSD tiers
+	tasks    map[uint64]*moveTask
+	nextTask uint64
+	spilling uint64        // DRAM bytes spills in flight will free
+	freeing  atomic.Uint64 // bytes freed once their journal records are durable
+	// diskTiers counts the mounted SSD tiers; written under segMu, read
+	// without it by the per-object paths that only need to know whether
+	// there is one (a put's offload, an eviction's spill).
+	diskTiers atomic.Int32
 
 	// tenants is the quota admission state (tenant_quota.go).
 	tenants tenantLedger

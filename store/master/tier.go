@@ -121,6 +121,9 @@ func (s *Service) startSpillLocked(key string, o *object) bool {
 	if src.striped() {
 		return false // striped values live in DRAM only: it evicts them
 	}
+	if s.diskTiers.Load() == 0 {
+		return false // nowhere to spill to: without this, segMu per eviction
+	}
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	if src.seg.dead.Load() {
@@ -142,13 +145,13 @@ func (s *Service) startSpillLocked(key string, o *object) bool {
 // offloadLocked queues the background copy of a new object's DRAM replica
 // to an SSD tier, if there is one with room. sh.mu is held.
 func (s *Service) offloadLocked(key string, o *object) {
-	if o.moving != nil || len(o.replicas) == 0 || o.replicas[0].onDisk() || o.replicas[0].striped() {
+	if s.diskTiers.Load() == 0 || o.moving != nil || len(o.replicas) == 0 || o.replicas[0].onDisk() || o.replicas[0].striped() {
 		return
 	}
 	src := o.replicas[0]
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
-	if s.diskTiers == 0 || src.seg.dead.Load() {
+	if src.seg.dead.Load() {
 		return
 	}
 	if dst, ok := s.allocDiskLocked(src.seg.client, src.size); ok {

@@ -202,7 +202,7 @@ func (s *Service) MountDisk(ctx context.Context, clientID string, seg *storepb.S
 	sg := newSegment(clientID, seg, a, len(s.segList))
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
-	s.diskTiers++
+	s.diskTiers.Add(1)
 	c := s.touchLocked(clientID)
 	c.segs[sg.id] = sg
 	if sg.hostID != "" {
