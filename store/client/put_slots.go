@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -59,9 +60,12 @@ type slotPool struct {
 	refused map[uint64]bool // the master refused slots of that length
 	bytes   uint64          // held in free and in flight
 	off     atomic.Bool     // the master has no PutReserve
-	used    atomic.Uint64   // values committed in slots
-	ctx     context.Context // ends at Close
-	wg      sync.WaitGroup  // reserves in flight
+	// unpacked: reserves do not ask for their slots packed, as a client
+	// older than PutReserveRequest.packed (tests).
+	unpacked bool
+	used     atomic.Uint64   // values committed in slots
+	ctx      context.Context // ends at Close
+	wg       sync.WaitGroup  // reserves in flight
 }
 
 // slotsFor reports whether a put may use slots: a put (not an upsert) with
@@ -169,7 +173,7 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	// The nonce is the same on every retry of the call: one whose answer
 	// was lost gets the slots it made rather than more.
 	req := &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc,
-		Nonce: strconv.FormatUint(rand.Uint64(), 36)}
+		Nonce: strconv.FormatUint(rand.Uint64(), 36), Packed: !p.unpacked}
 	var resp *storepb.PutReserveResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.PutReserve(ctx, req)
@@ -180,6 +184,20 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	})
 	if err == nil {
 		err = resp.Result.AsError()
+	}
+	now := time.Now()
+	var got []slot
+	switch {
+	case err != nil:
+	case resp.Packed != nil:
+		// Malformed, the slots cannot be named: the master reclaims
+		// them after PutStartReleaseTimeout.
+		got, err = unpackSlots(resp.Packed, n, k, now)
+	default:
+		got = make([]slot, len(resp.Slots))
+		for i, s := range resp.Slots {
+			got[i] = slot{name: s.Slot, reps: s.Replicas, at: now}
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -193,11 +211,47 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	if err != nil {
 		return
 	}
-	now := time.Now()
-	for _, s := range resp.Slots {
-		p.free[n] = append(p.free[n], slot{name: s.Slot, reps: s.Replicas, at: now})
-		p.bytes += n
+	p.free[n] = append(p.free[n], got...)
+	p.bytes += uint64(len(got)) * n
+}
+
+// unpackSlots is the slots of n bytes a reserve of at most k answered
+// packed, reserved at at, with their replicas made in a few arrays rather
+// than a few allocations each. A packed answer that does not add up is an
+// error, nothing of it used.
+func unpackSlots(p *storepb.PackedSlots, n uint64, k int, at time.Time) ([]slot, error) {
+	ns, r := len(p.GetIndex()), int(p.GetReplicas())
+	switch {
+	case ns == 0 || ns > k:
+		return nil, fmt.Errorf("store: packed slots: %d slots answer a reserve of %d", ns, k)
+	case r == 0 || len(p.GetSegment()) != ns*r || len(p.GetAddress()) != ns*r:
+		return nil, fmt.Errorf("store: packed slots: %d slots of %d replicas with %d segments and %d addresses",
+			ns, r, len(p.GetSegment()), len(p.GetAddress()))
 	}
+	for _, g := range p.Segment {
+		if int(g) >= len(p.Segments) || p.Segments[g] == nil {
+			return nil, fmt.Errorf("store: packed slots: segment %d of %d", g, len(p.Segments))
+		}
+	}
+	mems := make([]storepb.MemoryReplica, ns*r)
+	locs := make([]storepb.Replica_Memory, ns*r)
+	reps := make([]storepb.Replica, ns*r)
+	ptrs := make([]*storepb.Replica, ns*r)
+	out := make([]slot, ns)
+	var d [20]byte
+	for i := range out {
+		for j := range r {
+			x := i*r + j
+			g, m := p.Segments[p.Segment[x]], &mems[x]
+			m.SegmentName, m.TransportEndpoint, m.Medium = g.SegmentName, g.TransportEndpoint, g.Medium
+			m.BufferAddress, m.Size = p.Address[x], n
+			locs[x].Memory = m
+			reps[x].Status, reps[x].Location = storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING, &locs[x]
+			ptrs[x] = &reps[x]
+		}
+		out[i] = slot{name: p.Stem + string(strconv.AppendUint(d[:0], p.Index[i], 10)), reps: ptrs[i*r : (i+1)*r : (i+1)*r], at: at}
+	}
+	return out, nil
 }
 
 // revokeStale gives back the slots past slotMaxAge, of every length: they

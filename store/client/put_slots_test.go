@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/internal/etcdtest"
@@ -38,11 +40,21 @@ func batch(prefix string, from, n, size int) ([]string, [][]byte, []byte) {
 // engine requests; every value reads back exact from another client, and
 // a put of a key that exists succeeds without writing (write-once) and
 // leaves its slot to the next put.
+//
+// The slots come packed (PackedSlots), or one by one as a client that does
+// not ask for them packed gets them.
 func TestReservedPutsRoundTrip(t *testing.T) {
+	for _, packed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("packed=%v", packed), func(t *testing.T) { testReservedPutsRoundTrip(t, packed) })
+	}
+}
+
+func testReservedPutsRoundTrip(t *testing.T, packed bool) {
 	addr := startMaster(t, master.ServiceConfig{}).Addr()
 	tcp := func(c *Config) { c.EngineConfig = engine.Config{Host: "127.0.0.1", Transport: "tcp"} }
 	newClient(t, addr, 16<<20, tcp)
 	w := newClient(t, addr, NoSegment, tcp, reservePuts)
+	w.slots.unpacked = !packed
 	r := newClient(t, addr, NoSegment, tcp)
 	ctx := ctxT(t)
 
@@ -310,4 +322,104 @@ func TestReservedPutsSkipStaleBehindYounger(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, vals[i], v)
 	}
+}
+
+// A reserve answered packed unpacks into the slots the same reserve,
+// asked again with its nonce, answers one by one: names, segments,
+// addresses, sizes and statuses.
+func TestUnpackSlotsMatchesSlots(t *testing.T) {
+	addr := startMaster(t, master.ServiceConfig{}).Addr()
+	newClient(t, addr, 16<<20)
+	newClient(t, addr, 16<<20) // two segments: replicas in both
+	w := newClient(t, addr, NoSegment)
+	ctx := ctxT(t)
+	const n, k = 4096, 24
+	rc := &storepb.ReplicateConfig{ReplicaNum: 2}
+	ask := func(packed bool) *storepb.PutReserveResponse {
+		var resp *storepb.PutReserveResponse
+		require.NoError(t, w.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+			resp, err = rpc.PutReserve(ctx, &storepb.PutReserveRequest{ClientId: w.id, ValueLength: n, Count: k,
+				Config: rc, Nonce: "n1", Packed: packed})
+			return err
+		}))
+		require.NoError(t, resp.Result.AsError())
+		return resp
+	}
+	packed, plain := ask(true), ask(false)
+	require.NotNil(t, packed.Packed)
+	require.Empty(t, packed.Slots)
+	require.Len(t, plain.Slots, k)
+	assert.Len(t, packed.Packed.Segments, 2)
+	got, err := unpackSlots(packed.Packed, n, k, time.Now())
+	require.NoError(t, err)
+	require.Len(t, got, k)
+	for i, s := range plain.Slots {
+		assert.Equal(t, s.Slot, got[i].name)
+		require.Len(t, got[i].reps, 2)
+		for j, r := range s.Replicas {
+			assert.True(t, proto.Equal(r, got[i].reps[j]), "slot %d replica %d: %v, unpacked %v", i, j, r, got[i].reps[j])
+		}
+	}
+}
+
+// A packed answer that does not add up is refused whole.
+func TestUnpackSlotsMalformed(t *testing.T) {
+	seg := &storepb.MemoryReplica{SegmentName: "s", TransportEndpoint: "h:1"}
+	good := func() *storepb.PackedSlots {
+		return &storepb.PackedSlots{Stem: "\x00slot/x/", Index: []uint64{0, 1}, Replicas: 1,
+			Segments: []*storepb.MemoryReplica{seg}, Segment: []uint32{0, 0}, Address: []uint64{4096, 8192}}
+	}
+	got, err := unpackSlots(good(), 4096, 2, time.Now())
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	assert.Equal(t, "\x00slot/x/1", got[1].name)
+	assert.EqualValues(t, 8192, got[1].reps[0].GetMemory().GetBufferAddress())
+	for name, bad := range map[string]func(p *storepb.PackedSlots){
+		"more slots than asked": func(p *storepb.PackedSlots) { p.Index = []uint64{0, 1, 2} },
+		"no slots":              func(p *storepb.PackedSlots) { p.Index = nil },
+		"no replicas":           func(p *storepb.PackedSlots) { p.Replicas = 0 },
+		"replicas overflow":     func(p *storepb.PackedSlots) { p.Replicas = 1 << 31 },
+		"addresses short":       func(p *storepb.PackedSlots) { p.Address = p.Address[:1] },
+		"segments short":        func(p *storepb.PackedSlots) { p.Segment = p.Segment[:1] },
+		"segment out of range":  func(p *storepb.PackedSlots) { p.Segment[1] = 1 },
+		"segment nil":           func(p *storepb.PackedSlots) { p.Segments[0] = nil },
+	} {
+		p := good()
+		p.Segments = slices.Clone(p.Segments)
+		bad(p)
+		_, err := unpackSlots(p, 4096, 2, time.Now())
+		assert.Error(t, err, name)
+	}
+}
+
+// Any bytes a master may answer: unpacked or refused, never a panic, and
+// what unpacks is whole.
+func FuzzUnpackSlots(f *testing.F) {
+	seed, _ := proto.Marshal(&storepb.PackedSlots{Stem: "s/", Index: []uint64{0, 7}, Replicas: 1,
+		Segments: []*storepb.MemoryReplica{{SegmentName: "a"}}, Segment: []uint32{0, 0}, Address: []uint64{1, 2}})
+	f.Add(seed)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p storepb.PackedSlots
+		if proto.Unmarshal(b, &p) != nil {
+			return
+		}
+		got, err := unpackSlots(&p, 4096, 64, time.Now())
+		if err != nil {
+			return
+		}
+		if len(got) != len(p.Index) {
+			t.Fatalf("%d slots of %d", len(got), len(p.Index))
+		}
+		for _, s := range got {
+			if len(s.reps) != int(p.Replicas) {
+				t.Fatalf("%d replicas, want %d", len(s.reps), p.Replicas)
+			}
+			for _, r := range s.reps {
+				if m := r.GetMemory(); m == nil || m.Size != 4096 {
+					t.Fatalf("replica %v", r)
+				}
+			}
+		}
+	})
 }

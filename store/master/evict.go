@@ -46,7 +46,7 @@ func (s *Service) evict(force bool) uint64 {
 // allocates before it lets the next one in, so puts waiting to evict do not
 // take each other's room: the first thing a put does once in is try again,
 // in the room the eviction before it made.
-func (s *Service) startEvicting(ctx context.Context, clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
+func (s *Service) startEvicting(ctx context.Context, clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]replica, uint64, error) {
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
 	for range int(1/max(s.cfg.EvictionRatio, 0.01)) + 2 {

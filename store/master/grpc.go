@@ -249,7 +249,10 @@ func (g *GRPCServer) batchPutStart(ctx context.Context, t string, req *storepb.B
 	results := batchDurable(ctx, svc, len(req.Items), func(i int) (uint64, error) {
 		it := req.Items[i]
 		reps, seq, err := svc.startSeq(ctx, it.GetClientId(), scopeKey(t, it.GetKey()), it.GetValueLength(), it.GetConfig(), upsert)
-		out.Items[i] = &storepb.PutStartResponse{Replicas: reps}
+		out.Items[i] = &storepb.PutStartResponse{}
+		if err == nil {
+			out.Items[i].Replicas = describeLive(reps)
+		}
 		return seq, err
 	})
 	for i, r := range results {

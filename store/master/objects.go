@@ -177,8 +177,9 @@ func (s *Service) start(ctx context.Context, clientID, key string, length uint64
 }
 
 // startSeq is start without waiting for its journal record, whose sequence
-// number it returns: a batch waits once for all its items.
-func (s *Service) startSeq(ctx context.Context, clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
+// number it returns (a batch waits once for all its items), and with the
+// live replicas, copies, not yet described.
+func (s *Service) startSeq(ctx context.Context, clientID, key string, length uint64, cfg *storepb.ReplicateConfig, upsert bool) ([]replica, uint64, error) {
 	if err := s.checkKey(key); err != nil {
 		return nil, 0, err
 	}
@@ -218,17 +219,17 @@ func (s *Service) startSeq(ctx context.Context, clientID, key string, length uin
 }
 
 // started answers a PutStart once its record is durable.
-func (s *Service) started(ctx context.Context, reps []*storepb.Replica, seq uint64, err error) ([]*storepb.Replica, error) {
+func (s *Service) started(ctx context.Context, reps []replica, seq uint64, err error) ([]*storepb.Replica, error) {
 	if err != nil {
 		return nil, err
 	}
 	if err := s.durable(ctx, seq); err != nil {
 		return nil, err
 	}
-	return reps, nil
+	return describeLive(reps), nil
 }
 
-func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]*storepb.Replica, uint64, error) {
+func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *storepb.ReplicateConfig, upsert bool) ([]replica, uint64, error) {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -242,7 +243,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 			if p.client == clientID && p.size == length && p.upsert == upsert {
 				// The client asks again (its first answer was lost in a
 				// failover): the same replicas, once their record is durable.
-				return describeLive(p.replicas), s.lastSeq(), nil
+				return live(p.replicas), s.lastSeq(), nil
 			}
 			if now.Sub(p.started) < s.cfg.PutStartDiscardTimeout {
 				return nil, 0, storeErr(storepb.ObjectAlreadyExists, "%q: a put is in flight", clientKey(key))
@@ -272,7 +273,7 @@ func (s *Service) tryStart(clientID, key string, length uint64, n int, cfg *stor
 	if s.j != nil {
 		seq = s.record(startRecord(clientID, key, o.pending))
 	}
-	return describeLive(reps), seq, nil
+	return live(reps), seq, nil
 }
 
 func (r replica) memory() *storepb.MemoryReplica {

@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -66,7 +67,67 @@ func isSlot(key string) bool { return strings.HasPrefix(key, slotPrefix) }
 // reserves as many as fit and a batch put may start, at least one, else
 // answers as PutStart would.
 func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
-	return s.reserve(ctx, t, clientID, "", length, count, cfg)
+	slots, err := s.reserve(ctx, t, clientID, "", length, count, cfg)
+	return describeSlots(slots), err
+}
+
+// reservedSlot is a slot as a reserve answers it: its name, which is stem
+// followed by the decimal digits of n, and its live replicas (copies).
+type reservedSlot struct {
+	name, stem string
+	n          uint64
+	reps       []replica
+}
+
+// describeSlots is slots as PutSlot messages.
+func describeSlots(slots []reservedSlot) []*storepb.PutSlot {
+	if len(slots) == 0 {
+		return nil
+	}
+	out := make([]*storepb.PutSlot, len(slots))
+	for i, sl := range slots {
+		out[i] = &storepb.PutSlot{Slot: sl.name, Replicas: describeLive(sl.reps)}
+	}
+	return out
+}
+
+// packSlots is slots of length bytes as PackedSlots, or false when they do
+// not pack: of several stems (none a reserve answers), or with replicas
+// striped, of another length or of different counts per slot.
+func packSlots(slots []reservedSlot, length uint64) (*storepb.PackedSlots, bool) {
+	if len(slots) == 0 {
+		return nil, false
+	}
+	r := len(slots[0].reps)
+	p := &storepb.PackedSlots{
+		Stem:     slots[0].stem,
+		Index:    make([]uint64, len(slots)),
+		Replicas: uint32(r),
+		Segment:  make([]uint32, 0, len(slots)*r),
+		Address:  make([]uint64, 0, len(slots)*r),
+	}
+	var segs []*segment // p.Segments' own, in order: a reserve uses few
+	for i, sl := range slots {
+		if sl.stem != p.Stem || len(sl.reps) != r || r == 0 {
+			return nil, false
+		}
+		p.Index[i] = sl.n
+		for _, rep := range sl.reps {
+			if rep.striped() || rep.size != length {
+				return nil, false
+			}
+			k := slices.Index(segs, rep.seg)
+			if k < 0 {
+				k = len(segs)
+				segs = append(segs, rep.seg)
+				p.Segments = append(p.Segments, &storepb.MemoryReplica{SegmentName: rep.seg.name,
+					TransportEndpoint: rep.seg.endpoint, Medium: rep.seg.medium})
+			}
+			p.Segment = append(p.Segment, uint32(k))
+			p.Address = append(p.Address, rep.seg.base+rep.off)
+		}
+	}
+	return p, true
 }
 
 // reserve is PutReserve with the slots named after clientID and nonce,
@@ -76,7 +137,7 @@ func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uin
 // making more that nobody would use until the master reclaims them. A
 // retry that overtook the first call (its connection dropped while the
 // handler ran on) waits for it, so as to answer every slot it made.
-func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
+func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]reservedSlot, error) {
 	switch {
 	case len(nonce) > maxNonce:
 		return nil, storeErr(storepb.InvalidParams, "reserve nonce of %d bytes (max %d)", len(nonce), maxNonce)
@@ -104,10 +165,10 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 	}
 	one.StripeCount = 1
 	cfg = one
-	name := func(int) (string, string) { return slotKey(t, s.slots.stem, s.slots.next()) }
+	stem, num := s.slots.stem, func(int) uint64 { return s.slots.next() }
 	if nonce != "" {
-		stem := slotPrefix + "n/" + clientID + "/" + nonce + "/"
-		name = func(i int) (string, string) { return slotKey(t, stem, uint64(i)) }
+		stem = slotPrefix + "n/" + clientID + "/" + nonce + "/"
+		num = func(i int) uint64 { return uint64(i) }
 		id := t + "\x00" + stem
 		done := make(chan struct{})
 		if prev, busy := s.reserving.LoadOrStore(id, done); busy {
@@ -130,8 +191,8 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		// the first (its segment went), which the loop below answers
 		// as it finds them. The first call of a nonce, the usual case,
 		// looks up one name.
-		if _, key := name(0); s.inFlight(clientID, key, length) != nil {
-			if made := s.reserved(t, clientID, name, length, 0, count); len(made) > 0 {
+		if _, key := slotKey(t, stem, 0); s.inFlight(clientID, key, length) != nil {
+			if made := s.reserved(t, clientID, stem, length, 0, count); len(made) > 0 {
 				// Durable before they were first answered: the first
 				// reserve waited, or failed before it could answer.
 				return made, s.durable(ctx, s.lastSeq())
@@ -139,18 +200,19 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		}
 	}
 	var (
-		out  []*storepb.PutSlot
+		out  []reservedSlot
 		last uint64
 	)
 	for i := range count {
-		slot, key := name(i)
+		n := num(i)
+		slot, key := slotKey(t, stem, n)
 		reps, seq, err := s.startSeq(ctx, clientID, key, length, cfg, false)
 		if err != nil {
 			if nonce != "" {
 				// Slots of an earlier call past this name, still in
 				// flight, are the client's: answered, not left to the
 				// reclaim.
-				out = append(out, s.reserved(t, clientID, name, length, i+1, count)...)
+				out = append(out, s.reserved(t, clientID, stem, length, i+1, count)...)
 				last = s.lastSeq()
 			}
 			if len(out) == 0 {
@@ -158,7 +220,10 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 			}
 			break
 		}
-		out = append(out, &storepb.PutSlot{Slot: slot, Replicas: reps})
+		if out == nil {
+			out = make([]reservedSlot, 0, count)
+		}
+		out = append(out, reservedSlot{name: slot, stem: stem, n: n, reps: reps})
 		last = max(last, seq)
 	}
 	if err := s.durable(ctx, last); err != nil {
@@ -170,17 +235,17 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 // maxNonce bounds the nonce of a reserve, which is part of its slots' names.
 const maxNonce = 64
 
-// reserved returns the slots name(from), ..., name(count-1) of length
+// reserved returns the slots stem+from, ..., stem+(count-1) of length
 // bytes that clientID has in flight: those an earlier reserve under the
 // same names made, as it answered them.
-func (s *Service) reserved(t, clientID string, name func(int) (string, string), length uint64, from, count int) []*storepb.PutSlot {
-	var out []*storepb.PutSlot
+func (s *Service) reserved(t, clientID, stem string, length uint64, from, count int) []reservedSlot {
+	var out []reservedSlot
 	for i := from; i < count; i++ {
-		slot, key := name(i)
+		slot, key := slotKey(t, stem, uint64(i))
 		sh := s.shardOf(key)
 		sh.mu.Lock()
 		if p := s.inFlightLocked(sh, clientID, key, length); p != nil {
-			out = append(out, &storepb.PutSlot{Slot: slot, Replicas: describeLive(p.replicas)})
+			out = append(out, reservedSlot{name: slot, stem: stem, n: uint64(i), reps: live(p.replicas)})
 		}
 		sh.mu.Unlock()
 	}
@@ -309,7 +374,15 @@ func (g *GRPCServer) PutReserve(ctx context.Context, req *storepb.PutReserveRequ
 		return nil, err
 	}
 	slots, err := g.svc.Load().reserve(ctx, t, req.ClientId, req.Nonce, req.ValueLength, int(req.Count), req.Config)
-	return &storepb.PutReserveResponse{Result: storepb.NewResult(err), Slots: slots}, nil
+	resp := &storepb.PutReserveResponse{Result: storepb.NewResult(err)}
+	if req.Packed {
+		if p, ok := packSlots(slots, req.ValueLength); ok {
+			resp.Packed = p
+			return resp, nil
+		}
+	}
+	resp.Slots = describeSlots(slots)
+	return resp, nil
 }
 
 // BatchPutCommit commits each item (Service.commitSeq), then waits once

@@ -70,7 +70,7 @@ func TestPutReserveRetryWaitsForFirst(t *testing.T) {
 	first := <-firstDone
 	require.NoError(t, first.err)
 	require.NoError(t, retry.err)
-	held := s.reserved(DefaultTenant, "a", func(i int) (string, string) { return slotKey(DefaultTenant, slotPrefix+"n/a/nonce1/", uint64(i)) }, L, 0, 4)
+	held := s.reserved(DefaultTenant, "a", slotPrefix+"n/a/nonce1/", L, 0, 4)
 	t.Logf("first answered %d, retry answered %d, slots in flight under the nonce %d", first.n, retry.n, len(held))
 	assert.Equal(t, len(held), retry.n, "every slot in flight under the nonce is in the answer the client got")
 }

@@ -1,6 +1,9 @@
 package master
 
 import (
+	"context"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -146,11 +149,11 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	s.j = j
 	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
 	ctx := t.Context()
-	first, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	first, err := describedReserve(s, ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
 	require.Len(t, first, 4)
 	used := s.Stats().Used
-	again, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	again, err := describedReserve(s, ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
 	assert.Equal(t, first, again, "the same slots, where they were")
 	assert.Equal(t, used, s.Stats().Used, "no space taken twice")
@@ -158,7 +161,7 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	require.NoError(t, commit(s, "a", first[3].Slot, "k3", 1))
 	require.NoError(t, s.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[2].Slot)))
 	used = s.Stats().Used
-	again, err = s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	again, err = describedReserve(s, ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
 	assert.Equal(t, first[:2], again, "only the slots still in flight")
 	assert.Equal(t, used, s.Stats().Used)
@@ -170,7 +173,7 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	s2, _ := newTestService(t, ServiceConfig{})
 	require.NoError(t, s2.restore(st))
 	used = s2.Stats().Used
-	again, err = s2.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	again, err = describedReserve(s2, ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
 	assert.Equal(t, first[:2], again, "the next leader answers them too")
 	assert.Equal(t, used, s2.Stats().Used)
@@ -178,21 +181,21 @@ func TestPutReserveRetryByNonce(t *testing.T) {
 	// The first slot lost (its segment went, or the master reclaimed it):
 	// the retry reserves four again, the second where it was.
 	require.NoError(t, s2.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[0].Slot)))
-	again, err = s2.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	again, err = describedReserve(s2, ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
 	require.Len(t, again, 4)
 	assert.Equal(t, first[1], again[1])
 	assert.Equal(t, used+2*4096, s2.Stats().Used, "the second not reserved twice")
 
-	other, err := s.reserve(ctx, DefaultTenant, "b", "x1", 4096, 2, nil)
+	other, err := describedReserve(s, ctx, DefaultTenant, "b", "x1", 4096, 2, nil)
 	require.NoError(t, err, "b's nonce names b's slots")
 	require.Len(t, other, 2)
 	assert.NotEqual(t, first[2].Slot, other[0].Slot)
-	longer, err := s.reserve(ctx, DefaultTenant, "a", "x2", 8192, 1, nil)
+	longer, err := describedReserve(s, ctx, DefaultTenant, "a", "x2", 8192, 1, nil)
 	require.NoError(t, err)
 	assert.NotContains(t, []string{first[2].Slot, first[3].Slot}, longer[0].Slot)
 
-	_, err = s.reserve(ctx, DefaultTenant, "a", string(make([]byte, maxNonce+1)), 4096, 1, nil)
+	_, err = describedReserve(s, ctx, DefaultTenant, "a", string(make([]byte, maxNonce+1)), 4096, 1, nil)
 	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
 }
 
@@ -203,14 +206,14 @@ func TestPutReserveRetryAnswersSlotsPastALostFirst(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
 	ctx := t.Context()
 	require.NoError(t, s.MountSegment(ctx, "n", seg("1", 1<<20, 4*4096)))
-	first, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	first, err := describedReserve(s, ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
 	require.Len(t, first, 4, "the pool holds exactly four")
 	require.NoError(t, s.PutRevoke(ctx, "a", scopeKey(DefaultTenant, first[0].Slot)))
 	_, err = s.PutStart(ctx, "b", "other", 4096, nil) // takes the room, not evictable
 	require.NoError(t, err)
 
-	again, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
+	again, err := describedReserve(s, ctx, DefaultTenant, "a", "x1", 4096, 4, nil)
 	require.NoError(t, err)
 	assert.Equal(t, first[1:], again)
 	assert.EqualValues(t, 4*4096, s.Stats().Used)
@@ -225,4 +228,61 @@ func TestSlotKey(t *testing.T) {
 		assert.Equal(t, scopeKey(tenant, name), key, "tenant %q", tenant)
 		assert.True(t, isSlot(name))
 	}
+}
+
+// describedReserve is Service.reserve with its slots as the protocol
+// describes them, to compare.
+func describedReserve(s *Service, ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
+	slots, err := s.reserve(ctx, t, clientID, nonce, length, count, cfg)
+	return describeSlots(slots), err
+}
+
+// A reserve's slots pack into arrays that say what PutSlot messages say:
+// each name is the stem and the index, each replica a segment of the
+// table and an address; slots that do not pack are answered one by one.
+func TestPackSlots(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "n1", seg("1", 1<<20, 1<<20)))
+	require.NoError(t, s.MountSegment(ctx, "n2", seg("2", 1<<30, 1<<20)))
+	slots, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 16, &storepb.ReplicateConfig{ReplicaNum: 2})
+	require.NoError(t, err)
+	require.Len(t, slots, 16)
+	p, ok := packSlots(slots, 4096)
+	require.True(t, ok)
+	assert.EqualValues(t, 2, p.Replicas)
+	require.Len(t, p.Segments, 2)
+	for i, d := range describeSlots(slots) {
+		assert.Equal(t, d.Slot, p.Stem+strconv.FormatUint(p.Index[i], 10))
+		require.Len(t, d.Replicas, 2)
+		for j, r := range d.Replicas {
+			k := i*2 + j
+			g := p.Segments[p.Segment[k]]
+			m := r.GetMemory()
+			assert.Equal(t, m.SegmentName, g.SegmentName)
+			assert.Equal(t, m.TransportEndpoint, g.TransportEndpoint)
+			assert.Equal(t, m.Medium, g.Medium)
+			assert.Equal(t, m.BufferAddress, p.Address[k])
+			assert.EqualValues(t, 4096, m.Size)
+		}
+	}
+
+	_, ok = packSlots(slots, 8192)
+	assert.False(t, ok, "replicas of another length")
+	_, ok = packSlots(nil, 4096)
+	assert.False(t, ok, "no slots")
+	other := slices.Clone(slots)
+	other[3].stem = "\x00slot/other/"
+	_, ok = packSlots(other, 4096)
+	assert.False(t, ok, "two stems")
+	other = slices.Clone(slots)
+	other[5].reps = other[5].reps[:1]
+	_, ok = packSlots(other, 4096)
+	assert.False(t, ok, "replica counts differ")
+	other = slices.Clone(slots)
+	r := other[0].reps[0]
+	r.stripes = []replica{r, r}
+	other[0].reps = []replica{r, other[0].reps[1]}
+	_, ok = packSlots(other, 4096)
+	assert.False(t, ok, "striped")
 }

@@ -1252,7 +1252,12 @@ type PutReserveRequest struct {
 	// nonce, unique per reserve and the same on its retries, names the
 	// slots: a retry whose first answer was lost gets the slots the first
 	// reserved instead of new ones (empty: names of the master's).
-	Nonce         string `protobuf:"bytes,5,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	Nonce string `protobuf:"bytes,5,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// packed asks for the slots as PutReserveResponse.packed where they
+	// pack: hundreds of slots then cost a few arrays instead of messages
+	// and strings each. A master that answers slots did not pack them (or
+	// predates the field).
+	Packed        bool `protobuf:"varint,6,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1322,6 +1327,13 @@ func (x *PutReserveRequest) GetNonce() string {
 	return ""
 }
 
+func (x *PutReserveRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
+}
+
 // PutSlot is a put started under a name of the master's, and where to
 // write its value.
 type PutSlot struct {
@@ -1376,17 +1388,110 @@ func (x *PutSlot) GetReplicas() []*Replica {
 	return nil
 }
 
+// PackedSlots is the slots of a reserve as arrays. Slot i is named stem
+// followed by the decimal digits of index[i]; it has `replicas` replicas,
+// each a PROCESSING MemoryReplica of the reserve's value_length bytes, not
+// striped: its j-th is at buffer_address address[k] of
+// segments[segment[k]], k = i * replicas + j.
+type PackedSlots struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Stem     string                 `protobuf:"bytes,1,opt,name=stem,proto3" json:"stem,omitempty"`
+	Index    []uint64               `protobuf:"varint,2,rep,packed,name=index,proto3" json:"index,omitempty"`
+	Replicas uint32                 `protobuf:"varint,3,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// The segments the replicas are in, each once: segment_name,
+	// transport_endpoint and medium (no address, size or stripes).
+	Segments      []*MemoryReplica `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	Segment       []uint32         `protobuf:"varint,5,rep,packed,name=segment,proto3" json:"segment,omitempty"`
+	Address       []uint64         `protobuf:"varint,6,rep,packed,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PackedSlots) Reset() {
+	*x = PackedSlots{}
+	mi := &file_master_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PackedSlots) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PackedSlots) ProtoMessage() {}
+
+func (x *PackedSlots) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PackedSlots.ProtoReflect.Descriptor instead.
+func (*PackedSlots) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PackedSlots) GetStem() string {
+	if x != nil {
+		return x.Stem
+	}
+	return ""
+}
+
+func (x *PackedSlots) GetIndex() []uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return nil
+}
+
+func (x *PackedSlots) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *PackedSlots) GetSegments() []*MemoryReplica {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *PackedSlots) GetSegment() []uint32 {
+	if x != nil {
+		return x.Segment
+	}
+	return nil
+}
+
+func (x *PackedSlots) GetAddress() []uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return nil
+}
+
 type PutReserveResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Result        *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
-	Slots         []*PutSlot             `protobuf:"bytes,2,rep,name=slots,proto3" json:"slots,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Result *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	Slots  []*PutSlot             `protobuf:"bytes,2,rep,name=slots,proto3" json:"slots,omitempty"`
+	// When the request asked for it and the slots pack, instead of slots.
+	Packed        *PackedSlots `protobuf:"bytes,3,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutReserveResponse) Reset() {
 	*x = PutReserveResponse{}
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1503,7 @@ func (x *PutReserveResponse) String() string {
 func (*PutReserveResponse) ProtoMessage() {}
 
 func (x *PutReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1516,7 @@ func (x *PutReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutReserveResponse.ProtoReflect.Descriptor instead.
 func (*PutReserveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{18}
+	return file_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutReserveResponse) GetResult() *Result {
@@ -1424,6 +1529,13 @@ func (x *PutReserveResponse) GetResult() *Result {
 func (x *PutReserveResponse) GetSlots() []*PutSlot {
 	if x != nil {
 		return x.Slots
+	}
+	return nil
+}
+
+func (x *PutReserveResponse) GetPacked() *PackedSlots {
+	if x != nil {
+		return x.Packed
 	}
 	return nil
 }
@@ -1441,7 +1553,7 @@ type PutCommitItem struct {
 
 func (x *PutCommitItem) Reset() {
 	*x = PutCommitItem{}
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1565,7 @@ func (x *PutCommitItem) String() string {
 func (*PutCommitItem) ProtoMessage() {}
 
 func (x *PutCommitItem) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1578,7 @@ func (x *PutCommitItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCommitItem.ProtoReflect.Descriptor instead.
 func (*PutCommitItem) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{19}
+	return file_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PutCommitItem) GetSlot() string {
@@ -1500,7 +1612,7 @@ type BatchPutCommitRequest struct {
 
 func (x *BatchPutCommitRequest) Reset() {
 	*x = BatchPutCommitRequest{}
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1624,7 @@ func (x *BatchPutCommitRequest) String() string {
 func (*BatchPutCommitRequest) ProtoMessage() {}
 
 func (x *BatchPutCommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1637,7 @@ func (x *BatchPutCommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutCommitRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutCommitRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{20}
+	return file_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchPutCommitRequest) GetClientId() string {
@@ -1552,7 +1664,7 @@ type KeyRequest struct {
 
 func (x *KeyRequest) Reset() {
 	*x = KeyRequest{}
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1676,7 @@ func (x *KeyRequest) String() string {
 func (*KeyRequest) ProtoMessage() {}
 
 func (x *KeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1689,7 @@ func (x *KeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRequest.ProtoReflect.Descriptor instead.
 func (*KeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{21}
+	return file_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KeyRequest) GetClientId() string {
@@ -1604,7 +1716,7 @@ type BatchKeyRequest struct {
 
 func (x *BatchKeyRequest) Reset() {
 	*x = BatchKeyRequest{}
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1616,7 +1728,7 @@ func (x *BatchKeyRequest) String() string {
 func (*BatchKeyRequest) ProtoMessage() {}
 
 func (x *BatchKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1629,7 +1741,7 @@ func (x *BatchKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchKeyRequest.ProtoReflect.Descriptor instead.
 func (*BatchKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{22}
+	return file_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BatchKeyRequest) GetClientId() string {
@@ -1661,7 +1773,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1785,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1798,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{23}
+	return file_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetReplicaListResponse) GetResult() *Result {
@@ -1733,7 +1845,7 @@ type BatchGetReplicaListResponse struct {
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1857,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1870,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{24}
+	return file_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BatchGetReplicaListResponse) GetItems() []*GetReplicaListResponse {
@@ -1780,7 +1892,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1792,7 +1904,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1805,7 +1917,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{25}
+	return file_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveRequest) GetClientId() string {
@@ -1840,7 +1952,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1964,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +1977,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{26}
+	return file_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BatchRemoveRequest) GetClientId() string {
@@ -1899,7 +2011,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2023,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2036,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{27}
+	return file_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RemoveAllRequest) GetClientId() string {
@@ -1952,7 +2064,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2076,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2089,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{28}
+	return file_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveByRegexRequest) GetClientId() string {
@@ -2011,7 +2123,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2135,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2148,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{29}
+	return file_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveAllResponse) GetResult() *Result {
@@ -2070,7 +2182,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2082,7 +2194,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2095,7 +2207,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{30}
+	return file_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Segment) GetId() string {
@@ -2164,7 +2276,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2176,7 +2288,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2189,7 +2301,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{31}
+	return file_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MountSegmentRequest) GetClientId() string {
@@ -2216,7 +2328,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2340,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2353,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{32}
+	return file_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() string {
@@ -2268,7 +2380,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2392,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2405,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{33}
+	return file_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() string {
@@ -2319,7 +2431,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2443,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2456,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{34}
+	return file_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PingRequest) GetClientId() string {
@@ -2369,7 +2481,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2493,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2506,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{35}
+	return file_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PingResponse) GetResult() *Result {
@@ -2440,7 +2552,7 @@ type MoveTask struct {
 
 func (x *MoveTask) Reset() {
 	*x = MoveTask{}
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +2564,7 @@ func (x *MoveTask) String() string {
 func (*MoveTask) ProtoMessage() {}
 
 func (x *MoveTask) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +2577,7 @@ func (x *MoveTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTask.ProtoReflect.Descriptor instead.
 func (*MoveTask) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{36}
+	return file_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MoveTask) GetId() uint64 {
@@ -2507,7 +2619,7 @@ type MoveEndRequest struct {
 
 func (x *MoveEndRequest) Reset() {
 	*x = MoveEndRequest{}
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2631,7 @@ func (x *MoveEndRequest) String() string {
 func (*MoveEndRequest) ProtoMessage() {}
 
 func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2644,7 @@ func (x *MoveEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveEndRequest.ProtoReflect.Descriptor instead.
 func (*MoveEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{37}
+	return file_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MoveEndRequest) GetClientId() string {
@@ -2564,7 +2676,7 @@ type WatchObjectsRequest struct {
 
 func (x *WatchObjectsRequest) Reset() {
 	*x = WatchObjectsRequest{}
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2688,7 @@ func (x *WatchObjectsRequest) String() string {
 func (*WatchObjectsRequest) ProtoMessage() {}
 
 func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2701,7 @@ func (x *WatchObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsRequest.ProtoReflect.Descriptor instead.
 func (*WatchObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{38}
+	return file_master_proto_rawDescGZIP(), []int{39}
 }
 
 type ObjectEvent struct {
@@ -2602,7 +2714,7 @@ type ObjectEvent struct {
 
 func (x *ObjectEvent) Reset() {
 	*x = ObjectEvent{}
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2726,7 @@ func (x *ObjectEvent) String() string {
 func (*ObjectEvent) ProtoMessage() {}
 
 func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2739,7 @@ func (x *ObjectEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectEvent.ProtoReflect.Descriptor instead.
 func (*ObjectEvent) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{39}
+	return file_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ObjectEvent) GetKind() ObjectEventKind {
@@ -2657,7 +2769,7 @@ type WatchObjectsResponse struct {
 
 func (x *WatchObjectsResponse) Reset() {
 	*x = WatchObjectsResponse{}
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2781,7 @@ func (x *WatchObjectsResponse) String() string {
 func (*WatchObjectsResponse) ProtoMessage() {}
 
 func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2794,7 @@ func (x *WatchObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchObjectsResponse.ProtoReflect.Descriptor instead.
 func (*WatchObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{40}
+	return file_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchObjectsResponse) GetEvents() []*ObjectEvent {
@@ -2767,19 +2879,28 @@ const file_master_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"L\n" +
 	"\x12BatchPutEndRequest\x126\n" +
-	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\"\xbb\x01\n" +
+	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\"\xd3\x01\n" +
 	"\x11PutReserveRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12!\n" +
 	"\fvalue_length\x18\x02 \x01(\x04R\vvalueLength\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12:\n" +
 	"\x06config\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicateConfigR\x06config\x12\x14\n" +
-	"\x05nonce\x18\x05 \x01(\tR\x05nonce\"U\n" +
+	"\x05nonce\x18\x05 \x01(\tR\x05nonce\x12\x16\n" +
+	"\x06packed\x18\x06 \x01(\bR\x06packed\"U\n" +
 	"\aPutSlot\x12\x12\n" +
 	"\x04slot\x18\x01 \x01(\tR\x04slot\x126\n" +
-	"\breplicas\x18\x02 \x03(\v2\x1a.mooncake.store.v1.ReplicaR\breplicas\"y\n" +
+	"\breplicas\x18\x02 \x03(\v2\x1a.mooncake.store.v1.ReplicaR\breplicas\"\xc5\x01\n" +
+	"\vPackedSlots\x12\x12\n" +
+	"\x04stem\x18\x01 \x01(\tR\x04stem\x12\x14\n" +
+	"\x05index\x18\x02 \x03(\x04R\x05index\x12\x1a\n" +
+	"\breplicas\x18\x03 \x01(\rR\breplicas\x12<\n" +
+	"\bsegments\x18\x04 \x03(\v2 .mooncake.store.v1.MemoryReplicaR\bsegments\x12\x18\n" +
+	"\asegment\x18\x05 \x03(\rR\asegment\x12\x18\n" +
+	"\aaddress\x18\x06 \x03(\x04R\aaddress\"\xb1\x01\n" +
 	"\x12PutReserveResponse\x121\n" +
 	"\x06result\x18\x01 \x01(\v2\x19.mooncake.store.v1.ResultR\x06result\x120\n" +
-	"\x05slots\x18\x02 \x03(\v2\x1a.mooncake.store.v1.PutSlotR\x05slots\"Q\n" +
+	"\x05slots\x18\x02 \x03(\v2\x1a.mooncake.store.v1.PutSlotR\x05slots\x126\n" +
+	"\x06packed\x18\x03 \x01(\v2\x1e.mooncake.store.v1.PackedSlotsR\x06packed\"Q\n" +
 	"\rPutCommitItem\x12\x12\n" +
 	"\x04slot\x18\x01 \x01(\tR\x04slot\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
@@ -2924,7 +3045,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_master_proto_goTypes = []any{
 	(Medium)(0),                         // 0: mooncake.store.v1.Medium
 	(ReplicaStatus)(0),                  // 1: mooncake.store.v1.ReplicaStatus
@@ -2948,29 +3069,30 @@ var file_master_proto_goTypes = []any{
 	(*BatchPutEndRequest)(nil),          // 19: mooncake.store.v1.BatchPutEndRequest
 	(*PutReserveRequest)(nil),           // 20: mooncake.store.v1.PutReserveRequest
 	(*PutSlot)(nil),                     // 21: mooncake.store.v1.PutSlot
-	(*PutReserveResponse)(nil),          // 22: mooncake.store.v1.PutReserveResponse
-	(*PutCommitItem)(nil),               // 23: mooncake.store.v1.PutCommitItem
-	(*BatchPutCommitRequest)(nil),       // 24: mooncake.store.v1.BatchPutCommitRequest
-	(*KeyRequest)(nil),                  // 25: mooncake.store.v1.KeyRequest
-	(*BatchKeyRequest)(nil),             // 26: mooncake.store.v1.BatchKeyRequest
-	(*GetReplicaListResponse)(nil),      // 27: mooncake.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListResponse)(nil), // 28: mooncake.store.v1.BatchGetReplicaListResponse
-	(*RemoveRequest)(nil),               // 29: mooncake.store.v1.RemoveRequest
-	(*BatchRemoveRequest)(nil),          // 30: mooncake.store.v1.BatchRemoveRequest
-	(*RemoveAllRequest)(nil),            // 31: mooncake.store.v1.RemoveAllRequest
-	(*RemoveByRegexRequest)(nil),        // 32: mooncake.store.v1.RemoveByRegexRequest
-	(*RemoveAllResponse)(nil),           // 33: mooncake.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 34: mooncake.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 35: mooncake.store.v1.MountSegmentRequest
-	(*ReMountSegmentRequest)(nil),       // 36: mooncake.store.v1.ReMountSegmentRequest
-	(*UnmountSegmentRequest)(nil),       // 37: mooncake.store.v1.UnmountSegmentRequest
-	(*PingRequest)(nil),                 // 38: mooncake.store.v1.PingRequest
-	(*PingResponse)(nil),                // 39: mooncake.store.v1.PingResponse
-	(*MoveTask)(nil),                    // 40: mooncake.store.v1.MoveTask
-	(*MoveEndRequest)(nil),              // 41: mooncake.store.v1.MoveEndRequest
-	(*WatchObjectsRequest)(nil),         // 42: mooncake.store.v1.WatchObjectsRequest
-	(*ObjectEvent)(nil),                 // 43: mooncake.store.v1.ObjectEvent
-	(*WatchObjectsResponse)(nil),        // 44: mooncake.store.v1.WatchObjectsResponse
+	(*PackedSlots)(nil),                 // 22: mooncake.store.v1.PackedSlots
+	(*PutReserveResponse)(nil),          // 23: mooncake.store.v1.PutReserveResponse
+	(*PutCommitItem)(nil),               // 24: mooncake.store.v1.PutCommitItem
+	(*BatchPutCommitRequest)(nil),       // 25: mooncake.store.v1.BatchPutCommitRequest
+	(*KeyRequest)(nil),                  // 26: mooncake.store.v1.KeyRequest
+	(*BatchKeyRequest)(nil),             // 27: mooncake.store.v1.BatchKeyRequest
+	(*GetReplicaListResponse)(nil),      // 28: mooncake.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListResponse)(nil), // 29: mooncake.store.v1.BatchGetReplicaListResponse
+	(*RemoveRequest)(nil),               // 30: mooncake.store.v1.RemoveRequest
+	(*BatchRemoveRequest)(nil),          // 31: mooncake.store.v1.BatchRemoveRequest
+	(*RemoveAllRequest)(nil),            // 32: mooncake.store.v1.RemoveAllRequest
+	(*RemoveByRegexRequest)(nil),        // 33: mooncake.store.v1.RemoveByRegexRequest
+	(*RemoveAllResponse)(nil),           // 34: mooncake.store.v1.RemoveAllResponse
+	(*Segment)(nil),                     // 35: mooncake.store.v1.Segment
+	(*MountSegmentRequest)(nil),         // 36: mooncake.store.v1.MountSegmentRequest
+	(*ReMountSegmentRequest)(nil),       // 37: mooncake.store.v1.ReMountSegmentRequest
+	(*UnmountSegmentRequest)(nil),       // 38: mooncake.store.v1.UnmountSegmentRequest
+	(*PingRequest)(nil),                 // 39: mooncake.store.v1.PingRequest
+	(*PingResponse)(nil),                // 40: mooncake.store.v1.PingResponse
+	(*MoveTask)(nil),                    // 41: mooncake.store.v1.MoveTask
+	(*MoveEndRequest)(nil),              // 42: mooncake.store.v1.MoveEndRequest
+	(*WatchObjectsRequest)(nil),         // 43: mooncake.store.v1.WatchObjectsRequest
+	(*ObjectEvent)(nil),                 // 44: mooncake.store.v1.ObjectEvent
+	(*WatchObjectsResponse)(nil),        // 45: mooncake.store.v1.WatchObjectsResponse
 }
 var file_master_proto_depIdxs = []int32{
 	8,  // 0: mooncake.store.v1.BatchResult.results:type_name -> mooncake.store.v1.Result
@@ -2987,80 +3109,82 @@ var file_master_proto_depIdxs = []int32{
 	18, // 11: mooncake.store.v1.BatchPutEndRequest.items:type_name -> mooncake.store.v1.PutEndRequest
 	10, // 12: mooncake.store.v1.PutReserveRequest.config:type_name -> mooncake.store.v1.ReplicateConfig
 	13, // 13: mooncake.store.v1.PutSlot.replicas:type_name -> mooncake.store.v1.Replica
-	8,  // 14: mooncake.store.v1.PutReserveResponse.result:type_name -> mooncake.store.v1.Result
-	21, // 15: mooncake.store.v1.PutReserveResponse.slots:type_name -> mooncake.store.v1.PutSlot
-	23, // 16: mooncake.store.v1.BatchPutCommitRequest.items:type_name -> mooncake.store.v1.PutCommitItem
-	8,  // 17: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
-	13, // 18: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
-	27, // 19: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
-	8,  // 20: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
-	0,  // 21: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
-	34, // 22: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
-	34, // 23: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
-	8,  // 24: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
-	2,  // 25: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
-	40, // 26: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
-	11, // 27: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
-	11, // 28: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
-	3,  // 29: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
-	43, // 30: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
-	14, // 31: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
-	18, // 32: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
-	25, // 33: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
-	16, // 34: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	19, // 35: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
-	26, // 36: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
-	20, // 37: mooncake.store.v1.Master.PutReserve:input_type -> mooncake.store.v1.PutReserveRequest
-	24, // 38: mooncake.store.v1.Master.BatchPutCommit:input_type -> mooncake.store.v1.BatchPutCommitRequest
-	14, // 39: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
-	16, // 40: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
-	25, // 41: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
-	26, // 42: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
-	25, // 43: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
-	26, // 44: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
-	29, // 45: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
-	30, // 46: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
-	31, // 47: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
-	32, // 48: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
-	35, // 49: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
-	36, // 50: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
-	37, // 51: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
-	38, // 52: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
-	41, // 53: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
-	42, // 54: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
-	6,  // 55: mooncake.store.v1.Master.JournalFetch:input_type -> mooncake.store.v1.JournalFetchRequest
-	4,  // 56: mooncake.store.v1.Master.JournalTail:input_type -> mooncake.store.v1.JournalTailRequest
-	15, // 57: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
-	8,  // 58: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
-	8,  // 59: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
-	17, // 60: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	9,  // 61: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
-	9,  // 62: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
-	22, // 63: mooncake.store.v1.Master.PutReserve:output_type -> mooncake.store.v1.PutReserveResponse
-	9,  // 64: mooncake.store.v1.Master.BatchPutCommit:output_type -> mooncake.store.v1.BatchResult
-	15, // 65: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
-	17, // 66: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
-	27, // 67: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
-	28, // 68: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
-	8,  // 69: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
-	9,  // 70: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
-	8,  // 71: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
-	9,  // 72: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
-	33, // 73: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
-	33, // 74: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
-	8,  // 75: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
-	8,  // 76: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
-	8,  // 77: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
-	39, // 78: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
-	8,  // 79: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
-	44, // 80: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
-	7,  // 81: mooncake.store.v1.Master.JournalFetch:output_type -> mooncake.store.v1.JournalFetchResponse
-	5,  // 82: mooncake.store.v1.Master.JournalTail:output_type -> mooncake.store.v1.JournalTailResponse
-	57, // [57:83] is the sub-list for method output_type
-	31, // [31:57] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	11, // 14: mooncake.store.v1.PackedSlots.segments:type_name -> mooncake.store.v1.MemoryReplica
+	8,  // 15: mooncake.store.v1.PutReserveResponse.result:type_name -> mooncake.store.v1.Result
+	21, // 16: mooncake.store.v1.PutReserveResponse.slots:type_name -> mooncake.store.v1.PutSlot
+	22, // 17: mooncake.store.v1.PutReserveResponse.packed:type_name -> mooncake.store.v1.PackedSlots
+	24, // 18: mooncake.store.v1.BatchPutCommitRequest.items:type_name -> mooncake.store.v1.PutCommitItem
+	8,  // 19: mooncake.store.v1.GetReplicaListResponse.result:type_name -> mooncake.store.v1.Result
+	13, // 20: mooncake.store.v1.GetReplicaListResponse.replicas:type_name -> mooncake.store.v1.Replica
+	28, // 21: mooncake.store.v1.BatchGetReplicaListResponse.items:type_name -> mooncake.store.v1.GetReplicaListResponse
+	8,  // 22: mooncake.store.v1.RemoveAllResponse.result:type_name -> mooncake.store.v1.Result
+	0,  // 23: mooncake.store.v1.Segment.medium:type_name -> mooncake.store.v1.Medium
+	35, // 24: mooncake.store.v1.MountSegmentRequest.segment:type_name -> mooncake.store.v1.Segment
+	35, // 25: mooncake.store.v1.ReMountSegmentRequest.segments:type_name -> mooncake.store.v1.Segment
+	8,  // 26: mooncake.store.v1.PingResponse.result:type_name -> mooncake.store.v1.Result
+	2,  // 27: mooncake.store.v1.PingResponse.client_status:type_name -> mooncake.store.v1.ClientStatus
+	41, // 28: mooncake.store.v1.PingResponse.tasks:type_name -> mooncake.store.v1.MoveTask
+	11, // 29: mooncake.store.v1.MoveTask.source:type_name -> mooncake.store.v1.MemoryReplica
+	11, // 30: mooncake.store.v1.MoveTask.target:type_name -> mooncake.store.v1.MemoryReplica
+	3,  // 31: mooncake.store.v1.ObjectEvent.kind:type_name -> mooncake.store.v1.ObjectEventKind
+	44, // 32: mooncake.store.v1.WatchObjectsResponse.events:type_name -> mooncake.store.v1.ObjectEvent
+	14, // 33: mooncake.store.v1.Master.PutStart:input_type -> mooncake.store.v1.PutStartRequest
+	18, // 34: mooncake.store.v1.Master.PutEnd:input_type -> mooncake.store.v1.PutEndRequest
+	26, // 35: mooncake.store.v1.Master.PutRevoke:input_type -> mooncake.store.v1.KeyRequest
+	16, // 36: mooncake.store.v1.Master.BatchPutStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	19, // 37: mooncake.store.v1.Master.BatchPutEnd:input_type -> mooncake.store.v1.BatchPutEndRequest
+	27, // 38: mooncake.store.v1.Master.BatchPutRevoke:input_type -> mooncake.store.v1.BatchKeyRequest
+	20, // 39: mooncake.store.v1.Master.PutReserve:input_type -> mooncake.store.v1.PutReserveRequest
+	25, // 40: mooncake.store.v1.Master.BatchPutCommit:input_type -> mooncake.store.v1.BatchPutCommitRequest
+	14, // 41: mooncake.store.v1.Master.UpsertStart:input_type -> mooncake.store.v1.PutStartRequest
+	16, // 42: mooncake.store.v1.Master.BatchUpsertStart:input_type -> mooncake.store.v1.BatchPutStartRequest
+	26, // 43: mooncake.store.v1.Master.GetReplicaList:input_type -> mooncake.store.v1.KeyRequest
+	27, // 44: mooncake.store.v1.Master.BatchGetReplicaList:input_type -> mooncake.store.v1.BatchKeyRequest
+	26, // 45: mooncake.store.v1.Master.ExistKey:input_type -> mooncake.store.v1.KeyRequest
+	27, // 46: mooncake.store.v1.Master.BatchExistKey:input_type -> mooncake.store.v1.BatchKeyRequest
+	30, // 47: mooncake.store.v1.Master.Remove:input_type -> mooncake.store.v1.RemoveRequest
+	31, // 48: mooncake.store.v1.Master.BatchRemove:input_type -> mooncake.store.v1.BatchRemoveRequest
+	32, // 49: mooncake.store.v1.Master.RemoveAll:input_type -> mooncake.store.v1.RemoveAllRequest
+	33, // 50: mooncake.store.v1.Master.RemoveByRegex:input_type -> mooncake.store.v1.RemoveByRegexRequest
+	36, // 51: mooncake.store.v1.Master.MountSegment:input_type -> mooncake.store.v1.MountSegmentRequest
+	37, // 52: mooncake.store.v1.Master.ReMountSegment:input_type -> mooncake.store.v1.ReMountSegmentRequest
+	38, // 53: mooncake.store.v1.Master.UnmountSegment:input_type -> mooncake.store.v1.UnmountSegmentRequest
+	39, // 54: mooncake.store.v1.Master.Ping:input_type -> mooncake.store.v1.PingRequest
+	42, // 55: mooncake.store.v1.Master.MoveEnd:input_type -> mooncake.store.v1.MoveEndRequest
+	43, // 56: mooncake.store.v1.Master.WatchObjects:input_type -> mooncake.store.v1.WatchObjectsRequest
+	6,  // 57: mooncake.store.v1.Master.JournalFetch:input_type -> mooncake.store.v1.JournalFetchRequest
+	4,  // 58: mooncake.store.v1.Master.JournalTail:input_type -> mooncake.store.v1.JournalTailRequest
+	15, // 59: mooncake.store.v1.Master.PutStart:output_type -> mooncake.store.v1.PutStartResponse
+	8,  // 60: mooncake.store.v1.Master.PutEnd:output_type -> mooncake.store.v1.Result
+	8,  // 61: mooncake.store.v1.Master.PutRevoke:output_type -> mooncake.store.v1.Result
+	17, // 62: mooncake.store.v1.Master.BatchPutStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	9,  // 63: mooncake.store.v1.Master.BatchPutEnd:output_type -> mooncake.store.v1.BatchResult
+	9,  // 64: mooncake.store.v1.Master.BatchPutRevoke:output_type -> mooncake.store.v1.BatchResult
+	23, // 65: mooncake.store.v1.Master.PutReserve:output_type -> mooncake.store.v1.PutReserveResponse
+	9,  // 66: mooncake.store.v1.Master.BatchPutCommit:output_type -> mooncake.store.v1.BatchResult
+	15, // 67: mooncake.store.v1.Master.UpsertStart:output_type -> mooncake.store.v1.PutStartResponse
+	17, // 68: mooncake.store.v1.Master.BatchUpsertStart:output_type -> mooncake.store.v1.BatchPutStartResponse
+	28, // 69: mooncake.store.v1.Master.GetReplicaList:output_type -> mooncake.store.v1.GetReplicaListResponse
+	29, // 70: mooncake.store.v1.Master.BatchGetReplicaList:output_type -> mooncake.store.v1.BatchGetReplicaListResponse
+	8,  // 71: mooncake.store.v1.Master.ExistKey:output_type -> mooncake.store.v1.Result
+	9,  // 72: mooncake.store.v1.Master.BatchExistKey:output_type -> mooncake.store.v1.BatchResult
+	8,  // 73: mooncake.store.v1.Master.Remove:output_type -> mooncake.store.v1.Result
+	9,  // 74: mooncake.store.v1.Master.BatchRemove:output_type -> mooncake.store.v1.BatchResult
+	34, // 75: mooncake.store.v1.Master.RemoveAll:output_type -> mooncake.store.v1.RemoveAllResponse
+	34, // 76: mooncake.store.v1.Master.RemoveByRegex:output_type -> mooncake.store.v1.RemoveAllResponse
+	8,  // 77: mooncake.store.v1.Master.MountSegment:output_type -> mooncake.store.v1.Result
+	8,  // 78: mooncake.store.v1.Master.ReMountSegment:output_type -> mooncake.store.v1.Result
+	8,  // 79: mooncake.store.v1.Master.UnmountSegment:output_type -> mooncake.store.v1.Result
+	40, // 80: mooncake.store.v1.Master.Ping:output_type -> mooncake.store.v1.PingResponse
+	8,  // 81: mooncake.store.v1.Master.MoveEnd:output_type -> mooncake.store.v1.Result
+	45, // 82: mooncake.store.v1.Master.WatchObjects:output_type -> mooncake.store.v1.WatchObjectsResponse
+	7,  // 83: mooncake.store.v1.Master.JournalFetch:output_type -> mooncake.store.v1.JournalFetchResponse
+	5,  // 84: mooncake.store.v1.Master.JournalTail:output_type -> mooncake.store.v1.JournalTailResponse
+	59, // [59:85] is the sub-list for method output_type
+	33, // [33:59] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -3078,7 +3202,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
