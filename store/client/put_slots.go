@@ -61,8 +61,9 @@ type slotPool struct {
 	bytes   uint64          // held in free and in flight
 	off     atomic.Bool     // the master has no PutReserve
 	// unpacked: reserves do not ask for their slots packed, as a client
-	// older than PutReserveRequest.packed (tests).
-	unpacked bool
+	// older than PutReserveRequest.packed; set once a packed answer did
+	// not add up (and by tests).
+	unpacked atomic.Bool
 	used     atomic.Uint64   // values committed in slots
 	ctx      context.Context // ends at Close
 	wg       sync.WaitGroup  // reserves in flight
@@ -173,7 +174,7 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	// The nonce is the same on every retry of the call: one whose answer
 	// was lost gets the slots it made rather than more.
 	req := &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc,
-		Nonce: strconv.FormatUint(rand.Uint64(), 36), Packed: !p.unpacked}
+		Nonce: strconv.FormatUint(rand.Uint64(), 36), Packed: !p.unpacked.Load()}
 	var resp *storepb.PutReserveResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.PutReserve(ctx, req)
@@ -190,9 +191,15 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	switch {
 	case err != nil:
 	case resp.Packed != nil:
-		// Malformed, the slots cannot be named: the master reclaims
-		// them after PutStartReleaseTimeout.
-		got, err = unpackSlots(resp.Packed, n, k, now)
+		if got, err = unpackSlots(resp.Packed, n, k, max(int(rc.GetReplicaNum()), 1), now); err != nil {
+			// A master whose packing this client does not read: the
+			// slots it made are given back where they can be named, and
+			// later reserves ask for them one by one.
+			p.unpacked.Store(true)
+			if names := packedNames(resp.Packed, k); len(names) > 0 {
+				_ = c.revoke(ctx, names)
+			}
+		}
 	default:
 		got = make([]slot, len(resp.Slots))
 		for i, s := range resp.Slots {
@@ -215,16 +222,18 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	p.bytes += uint64(len(got)) * n
 }
 
-// unpackSlots is the slots of n bytes a reserve of at most k answered
-// packed, reserved at at, with their replicas made in a few arrays rather
-// than a few allocations each. A packed answer that does not add up is an
-// error, nothing of it used.
-func unpackSlots(p *storepb.PackedSlots, n uint64, k int, at time.Time) ([]slot, error) {
-	ns, r := len(p.GetIndex()), int(p.GetReplicas())
+// unpackSlots is the slots of n bytes a reserve of at most k, of reps
+// replicas each, answered packed, reserved at at, with their replicas made
+// in a few arrays rather than a few allocations each. A packed answer that
+// does not add up is an error, nothing of it used.
+func unpackSlots(p *storepb.PackedSlots, n uint64, k, reps int, at time.Time) ([]slot, error) {
+	ns, r := len(p.GetIndex()), int64(p.GetReplicas())
 	switch {
 	case ns == 0 || ns > k:
 		return nil, fmt.Errorf("store: packed slots: %d slots answer a reserve of %d", ns, k)
-	case r == 0 || len(p.GetSegment()) != ns*r || len(p.GetAddress()) != ns*r:
+	case r <= 0 || r > int64(reps):
+		return nil, fmt.Errorf("store: packed slots: %d replicas each, of %d asked", r, reps)
+	case int64(len(p.GetSegment())) != int64(ns)*r || int64(len(p.GetAddress())) != int64(ns)*r:
 		return nil, fmt.Errorf("store: packed slots: %d slots of %d replicas with %d segments and %d addresses",
 			ns, r, len(p.GetSegment()), len(p.GetAddress()))
 	}
@@ -233,6 +242,26 @@ func unpackSlots(p *storepb.PackedSlots, n uint64, k int, at time.Time) ([]slot,
 			return nil, fmt.Errorf("store: packed slots: segment %d of %d", g, len(p.Segments))
 		}
 	}
+	return unpacked(p, n, int(r), at), nil
+}
+
+// packedNames is the names of the slots of a packed answer to a reserve
+// of at most k, when it holds no more.
+func packedNames(p *storepb.PackedSlots, k int) []string {
+	if len(p.GetIndex()) > k {
+		return nil
+	}
+	names := make([]string, len(p.GetIndex()))
+	for i, x := range p.GetIndex() {
+		names[i] = p.GetStem() + strconv.FormatUint(x, 10)
+	}
+	return names
+}
+
+// unpacked is the slots of a packed answer unpackSlots checked, of r
+// replicas each.
+func unpacked(p *storepb.PackedSlots, n uint64, r int, at time.Time) []slot {
+	ns := len(p.Index)
 	mems := make([]storepb.MemoryReplica, ns*r)
 	locs := make([]storepb.Replica_Memory, ns*r)
 	reps := make([]storepb.Replica, ns*r)
@@ -251,7 +280,7 @@ func unpackSlots(p *storepb.PackedSlots, n uint64, k int, at time.Time) ([]slot,
 		}
 		out[i] = slot{name: p.Stem + string(strconv.AppendUint(d[:0], p.Index[i], 10)), reps: ptrs[i*r : (i+1)*r : (i+1)*r], at: at}
 	}
-	return out, nil
+	return out
 }
 
 // revokeStale gives back the slots past slotMaxAge, of every length: they

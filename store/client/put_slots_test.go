@@ -54,7 +54,7 @@ func testReservedPutsRoundTrip(t *testing.T, packed bool) {
 	tcp := func(c *Config) { c.EngineConfig = engine.Config{Host: "127.0.0.1", Transport: "tcp"} }
 	newClient(t, addr, 16<<20, tcp)
 	w := newClient(t, addr, NoSegment, tcp, reservePuts)
-	w.slots.unpacked = !packed
+	w.slots.unpacked.Store(!packed)
 	r := newClient(t, addr, NoSegment, tcp)
 	ctx := ctxT(t)
 
@@ -350,7 +350,7 @@ func TestUnpackSlotsMatchesSlots(t *testing.T) {
 	require.Empty(t, packed.Slots)
 	require.Len(t, plain.Slots, k)
 	assert.Len(t, packed.Packed.Segments, 2)
-	got, err := unpackSlots(packed.Packed, n, k, time.Now())
+	got, err := unpackSlots(packed.Packed, n, k, 2, time.Now())
 	require.NoError(t, err)
 	require.Len(t, got, k)
 	for i, s := range plain.Slots {
@@ -369,7 +369,7 @@ func TestUnpackSlotsMalformed(t *testing.T) {
 		return &storepb.PackedSlots{Stem: "\x00slot/x/", Index: []uint64{0, 1}, Replicas: 1,
 			Segments: []*storepb.MemoryReplica{seg}, Segment: []uint32{0, 0}, Address: []uint64{4096, 8192}}
 	}
-	got, err := unpackSlots(good(), 4096, 2, time.Now())
+	got, err := unpackSlots(good(), 4096, 2, 1, time.Now())
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 	assert.Equal(t, "\x00slot/x/1", got[1].name)
@@ -379,17 +379,22 @@ func TestUnpackSlotsMalformed(t *testing.T) {
 		"no slots":              func(p *storepb.PackedSlots) { p.Index = nil },
 		"no replicas":           func(p *storepb.PackedSlots) { p.Replicas = 0 },
 		"replicas overflow":     func(p *storepb.PackedSlots) { p.Replicas = 1 << 31 },
-		"addresses short":       func(p *storepb.PackedSlots) { p.Address = p.Address[:1] },
-		"segments short":        func(p *storepb.PackedSlots) { p.Segment = p.Segment[:1] },
-		"segment out of range":  func(p *storepb.PackedSlots) { p.Segment[1] = 1 },
-		"segment nil":           func(p *storepb.PackedSlots) { p.Segments[0] = nil },
+		"more replicas than asked": func(p *storepb.PackedSlots) {
+			p.Replicas, p.Segment, p.Address = 2, []uint32{0, 0, 0, 0}, []uint64{1, 2, 3, 4}
+		},
+		"addresses short":      func(p *storepb.PackedSlots) { p.Address = p.Address[:1] },
+		"segments short":       func(p *storepb.PackedSlots) { p.Segment = p.Segment[:1] },
+		"segment out of range": func(p *storepb.PackedSlots) { p.Segment[1] = 1 },
+		"segment nil":          func(p *storepb.PackedSlots) { p.Segments[0] = nil },
 	} {
 		p := good()
 		p.Segments = slices.Clone(p.Segments)
 		bad(p)
-		_, err := unpackSlots(p, 4096, 2, time.Now())
+		_, err := unpackSlots(p, 4096, 2, 1, time.Now())
 		assert.Error(t, err, name)
 	}
+	assert.Equal(t, []string{"\x00slot/x/0", "\x00slot/x/1"}, packedNames(good(), 2), "names to revoke")
+	assert.Nil(t, packedNames(good(), 1), "more names than asked: none")
 }
 
 // Any bytes a master may answer: unpacked or refused, never a panic, and
@@ -404,7 +409,7 @@ func FuzzUnpackSlots(f *testing.F) {
 		if proto.Unmarshal(b, &p) != nil {
 			return
 		}
-		got, err := unpackSlots(&p, 4096, 64, time.Now())
+		got, err := unpackSlots(&p, 4096, 64, 4, time.Now())
 		if err != nil {
 			return
 		}

@@ -3,7 +3,6 @@ package master
 import (
 	"context"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -93,7 +92,8 @@ func describeSlots(slots []reservedSlot) []*storepb.PutSlot {
 
 // packSlots is slots of length bytes as PackedSlots, or false when they do
 // not pack: of several stems (none a reserve answers), or with replicas
-// striped, of another length or of different counts per slot.
+// striped, of another length, of different counts per slot or on a
+// segment that went since (describeSlots leaves those out).
 func packSlots(slots []reservedSlot, length uint64) (*storepb.PackedSlots, bool) {
 	if len(slots) == 0 {
 		return nil, false
@@ -106,24 +106,24 @@ func packSlots(slots []reservedSlot, length uint64) (*storepb.PackedSlots, bool)
 		Segment:  make([]uint32, 0, len(slots)*r),
 		Address:  make([]uint64, 0, len(slots)*r),
 	}
-	var segs []*segment // p.Segments' own, in order: a reserve uses few
+	segs := map[*segment]uint32{} // index in p.Segments
 	for i, sl := range slots {
 		if sl.stem != p.Stem || len(sl.reps) != r || r == 0 {
 			return nil, false
 		}
 		p.Index[i] = sl.n
 		for _, rep := range sl.reps {
-			if rep.striped() || rep.size != length {
+			if rep.striped() || rep.size != length || rep.dead() {
 				return nil, false
 			}
-			k := slices.Index(segs, rep.seg)
-			if k < 0 {
-				k = len(segs)
-				segs = append(segs, rep.seg)
+			k, ok := segs[rep.seg]
+			if !ok {
+				k = uint32(len(p.Segments))
+				segs[rep.seg] = k
 				p.Segments = append(p.Segments, &storepb.MemoryReplica{SegmentName: rep.seg.name,
 					TransportEndpoint: rep.seg.endpoint, Medium: rep.seg.medium})
 			}
-			p.Segment = append(p.Segment, uint32(k))
+			p.Segment = append(p.Segment, k)
 			p.Address = append(p.Address, rep.seg.base+rep.off)
 		}
 	}

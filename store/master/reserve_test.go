@@ -285,4 +285,10 @@ func TestPackSlots(t *testing.T) {
 	other[0].reps = []replica{r, other[0].reps[1]}
 	_, ok = packSlots(other, 4096)
 	assert.False(t, ok, "striped")
+	dead := slots[0].reps[0].seg
+	dead.dead.Store(true) // as UnmountSegment marks it
+	_, ok = packSlots(slots, 4096)
+	assert.False(t, ok, "a replica on a segment that went: one by one, which leaves it out")
+	assert.Len(t, describeSlots(slots)[0].Replicas, 1)
+	dead.dead.Store(false)
 }
