@@ -72,9 +72,11 @@ func Generate(dir string, hosts ...string) (Files, error) {
 	if err := writePEM(f.CA, "CERTIFICATE", caDER, 0o644); err != nil {
 		return Files{}, err
 	}
+	// A server's certificate is also its client certificate toward the
+	// other servers (an HA master's standby fetching from its leader).
 	server := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "mooncake-go server"},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		DNSNames:    []string{"localhost"},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}

@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -407,8 +408,16 @@ func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 
 // fetchConfig is how a follower reaches the leader to fetch its records.
 type fetchConfig struct {
-	enabled bool // fetch (not with SyncEtcd or TLS)
-	token   string
+	enabled bool // fetch (not with SyncEtcd)
+	peer    peerConfig
+}
+
+// peerConfig is how a master dials the others (a standby its leader, a new
+// leader the standby the last one designated): the token they require,
+// and TLS when they serve it.
+type peerConfig struct {
+	token string
+	tls   *tls.Config // nil: plaintext, as frames
 }
 
 // fetchLoop fetches the leader's records while ctx lasts.
@@ -421,20 +430,29 @@ func (f *follower) fetchLoop(ctx context.Context) {
 	}
 }
 
-// dialMaster dials another master at addr, with token, for the calls
-// masters make to each other.
-func dialMaster(addr, token string) (*grpc.ClientConn, *framerpc.Conn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	var creds []credentials.PerRPCCredentials
-	if token != "" {
-		creds = append(creds, secure.PerRPC(token))
-		opts = append(opts, grpc.WithPerRPCCredentials(creds[0]))
+// dialMaster dials another master at addr as p says, for the calls
+// masters make to each other: over frames in plaintext, over gRPC with
+// TLS (a master serving TLS serves no frames). close ends the connection.
+func dialMaster(addr string, p peerConfig) (rpc storepb.MasterClient, close func(), err error) {
+	creds := insecure.NewCredentials()
+	if p.tls != nil {
+		creds = credentials.NewTLS(p.tls)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	var perRPC []credentials.PerRPCCredentials
+	if p.token != "" {
+		perRPC = append(perRPC, secure.PerRPC(p.token))
+		opts = append(opts, grpc.WithPerRPCCredentials(perRPC[0]))
 	}
 	gc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
-	return gc, framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: gc, Creds: creds, DialTimeout: 2 * time.Second}), nil
+	if p.tls != nil {
+		return storepb.NewMasterClient(gc), func() { _ = gc.Close() }, nil
+	}
+	fc := framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: gc, Creds: perRPC, DialTimeout: 2 * time.Second})
+	return storepb.NewMasterClient(fc), func() { _ = fc.Close(); _ = gc.Close() }, nil
 }
 
 // fetchFromLeader fetches from the leader of the moment until an error.
@@ -443,13 +461,11 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gc, fc, err := dialMaster(addr, f.fetch.token)
+	rpc, closeConn, err := dialMaster(addr, f.fetch.peer)
 	if err != nil {
 		return err
 	}
-	defer gc.Close()
-	defer fc.Close()
-	rpc := storepb.NewMasterClient(fc)
+	defer closeConn()
 	for ctx.Err() == nil {
 		term, after, ok := f.fetchAfter()
 		if !ok {
@@ -583,7 +599,7 @@ func (t *tailStore) take(d string) (uint64, []*storepb.JournalRecord) {
 
 // tailOf returns the records of the standby designated in d (journal/insync):
 // this master's own, or asked of the standby, for up to tailWait.
-func tailOf(ctx context.Context, own *tailStore, d, token string, log *slog.Logger) (map[uint64]*storepb.JournalRecord, error) {
+func tailOf(ctx context.Context, own *tailStore, d string, peer peerConfig, log *slog.Logger) (map[uint64]*storepb.JournalRecord, error) {
 	id, addr := designee(d)
 	var first uint64
 	var recs []*storepb.JournalRecord
@@ -593,7 +609,7 @@ func tailOf(ctx context.Context, own *tailStore, d, token string, log *slog.Logg
 	case id == own.id:
 		first, recs = own.take(d)
 	default:
-		b, err := askTail(ctx, addr, d, token)
+		b, err := askTail(ctx, addr, d, peer)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -613,16 +629,14 @@ func tailOf(ctx context.Context, own *tailStore, d, token string, log *slog.Logg
 
 // askTail asks the standby at addr for its tail under designation d,
 // until it answers or tailWait passes.
-func askTail(ctx context.Context, addr, d, token string) (*storepb.JournalBatch, error) {
+func askTail(ctx context.Context, addr, d string, peer peerConfig) (*storepb.JournalBatch, error) {
 	ctx, cancel := context.WithTimeout(ctx, tailWait)
 	defer cancel()
-	gc, fc, err := dialMaster(addr, token)
+	rpc, closeConn, err := dialMaster(addr, peer)
 	if err != nil {
 		return nil, err
 	}
-	defer gc.Close()
-	defer fc.Close()
-	rpc := storepb.NewMasterClient(fc)
+	defer closeConn()
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, time.Second)
 		resp, err := rpc.JournalTail(cctx, &storepb.JournalTailRequest{Designation: d})

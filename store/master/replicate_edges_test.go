@@ -31,7 +31,7 @@ func TestStandbyAcksNothingAfterHandingItsTail(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, d)
 	// A new leader takes b's tail, as takeOver does.
-	tail, err := askTail(t.Context(), b.Addr(), d, "")
+	tail, err := askTail(t.Context(), b.Addr(), d, peerConfig{})
 	require.NoError(t, err)
 	require.NotEmpty(t, tail.Records)
 

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/mooncake-go/mooncake/internal/etcdtest"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -51,11 +52,20 @@ func leaderAndStandby(t *testing.T, cluster string) (etcd string, a, b *Server, 
 // A warm standby's acknowledgements make puts durable while etcd has none
 // of their records, and the standby, winning, writes them to etcd: no put
 // is lost though the leader died before writing it.
-// The masters require a token, which the standby presents to fetch.
+// The masters require a token, which the standby presents to fetch; with
+// mutual TLS it fetches over TLS, presenting its own certificate.
 func TestStandbyAcksMakePutsDurable(t *testing.T) {
+	files, err := secure.Generate(t.TempDir())
+	require.NoError(t, err)
+	for name, tlsCfg := range map[string]secure.TLS{"token": {}, "mutual TLS": files.ServerTLS()} {
+		t.Run(name, func(t *testing.T) { testStandbyAcksMakePutsDurable(t, tlsCfg) })
+	}
+}
+
+func testStandbyAcksMakePutsDurable(t *testing.T, tlsCfg secure.TLS) {
 	etcd := etcdtest.Start(t)
 	start := func() *Server {
-		s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret",
+		s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret", TLS: tlsCfg,
 			HA: &HAConfig{Etcd: []string{etcd}, ClusterID: "acks", LeaderTTL: 5 * time.Second}})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
@@ -259,4 +269,43 @@ func TestCloseWritesAcknowledgedRecords(t *testing.T) {
 	c := startHA(t, etcd, "close", true)
 	require.Eventually(t, c.Leading, 30*time.Second, 5*time.Millisecond)
 	assert.Equal(t, n, c.Service().Stats().Keys)
+}
+
+// Under mutual TLS a new leader asks the designated standby for its tail
+// over TLS, with its own certificate and the token; a plaintext ask gets
+// nothing.
+func TestAskTailOverTLS(t *testing.T) {
+	files, err := secure.Generate(t.TempDir())
+	require.NoError(t, err)
+	etcd := etcdtest.Start(t)
+	start := func() *Server {
+		s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret", TLS: files.ServerTLS(),
+			HA: &HAConfig{Etcd: []string{etcd}, ClusterID: "tls-tail", LeaderTTL: 5 * time.Second}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a := start()
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	b := start()
+	waitDesignated(t, a)
+	j := etcdJournalOf(t, a)
+	j.holdEtcd.Store(true)
+	t.Cleanup(func() { j.holdEtcd.Store(false) })
+	putMany(t, a.Service(), 10) // acknowledged through b alone
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	d, err := insync(t.Context(), cli, "tls-tail")
+	require.NoError(t, err)
+	require.NotEmpty(t, d)
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	_, err = askTail(ctx, b.Addr(), d, peerConfig{token: "s3cret"})
+	require.Error(t, err, "plaintext to a TLS master")
+	tail, err := askTail(t.Context(), b.Addr(), d, a.peer)
+	require.NoError(t, err)
+	assert.NotEmpty(t, tail.Records)
 }

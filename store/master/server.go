@@ -137,8 +137,11 @@ type HAConfig struct {
 	ColdStandby bool
 	// SyncEtcd makes a put wait for its record to be in etcd, always. Zero:
 	// a warm standby that keeps up is designated, and its acknowledgement
-	// makes a record durable, with etcd written behind (replicate.go); a
-	// master serving TLS takes no standby's acknowledgement either.
+	// makes a record durable, with etcd written behind (replicate.go).
+	// Under TLS the standby fetches over TLS, presenting the master's own
+	// certificate to a leader that asks for one: one the leader does not
+	// take (not valid for client authentication, say) acknowledges
+	// nothing, and puts wait for etcd as with SyncEtcd.
 	SyncEtcd bool
 }
 
@@ -153,6 +156,7 @@ type Server struct {
 	lis    net.Listener
 	grpc   *grpc.Server
 	frames *framerpc.Server // the same calls over plain frames; nil with TLS
+	peer   peerConfig       // how it dials the other masters
 	api    *GRPCServer
 	log    *slog.Logger
 	etcd   *clientv3.Client
@@ -239,7 +243,17 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("master: ServerConfig.TLS: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, peer: peerConfig{token: cfg.Token}}
+	if tlsCfg != nil {
+		// The other masters serve TLS too: verified with the CA of
+		// cfg.TLS (or the system's roots), this master's certificate
+		// presented to those that ask for one (mutual TLS).
+		peer := cfg.TLS
+		peer.ServerName = ""
+		if s.peer.tls, err = peer.Client(); err != nil {
+			return nil, fmt.Errorf("master: ServerConfig.TLS, to dial the other masters: %w", err)
+		}
+	}
 	if h := cfg.HA; h != nil {
 		if len(h.Etcd) == 0 && h.Client == nil {
 			return nil, errors.New("master: HA needs etcd endpoints")
@@ -466,10 +480,10 @@ func (s *Server) campaign(ctx context.Context) {
 }
 
 // fetchConfig is how this master's followers fetch the leader's records:
-// not with SyncEtcd, nor under TLS (the frames are plaintext).
+// not with SyncEtcd.
 func (s *Server) fetchConfig() fetchConfig {
 	h := s.cfg.HA
-	return fetchConfig{enabled: !h.SyncEtcd && !s.cfg.TLS.Enabled(), token: s.cfg.Token}
+	return fetchConfig{enabled: !h.SyncEtcd, peer: s.peer}
 }
 
 // term1 serves one leadership term; f, when not nil, is the follower of
@@ -576,7 +590,7 @@ func (s *Server) takeOver(ctx context.Context, term int64, f *follower, insync s
 	}
 	// The records the last leader acknowledged through its designated
 	// standby and had not written: into etcd, before the journal loads.
-	tail, err := tailOf(ctx, s.tails, insync, s.cfg.Token, s.log)
+	tail, err := tailOf(ctx, s.tails, insync, s.peer, s.log)
 	if err != nil {
 		return nil, nil, 0, false, err
 	}
