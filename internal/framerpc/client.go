@@ -3,6 +3,7 @@ package framerpc
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"math"
@@ -30,9 +31,14 @@ type ConnConfig struct {
 	// to speak framerpc, or a call given grpc.CallOptions. Required.
 	GRPC grpc.ClientConnInterface
 	// Creds add their metadata to every call, as grpc.WithPerRPCCredentials
-	// does. Only those that do not require transport security: the frames
-	// go in plaintext.
+	// does. Without TLS, only those that do not require transport security:
+	// the frames then go in plaintext.
 	Creds []credentials.PerRPCCredentials
+	// TLS, when set, wraps the connection (a server's SplitTLS listener):
+	// its ServerName, when empty, is Addr's host; its NextProtos are ALPN's.
+	// A server that does not complete that handshake gets gRPC (GRPC must
+	// speak TLS too), for Reprobe. Nil: plaintext.
+	TLS *tls.Config
 	// MaxRecvMsgSize and MaxSendMsgSize bound a reply and a request. Zero:
 	// 256 MiB.
 	MaxRecvMsgSize, MaxSendMsgSize int
@@ -89,6 +95,13 @@ func NewConn(cfg ConnConfig) *Conn {
 	}
 	if cfg.PathTimeout <= 0 {
 		cfg.PathTimeout = 13 * time.Second
+	}
+	if cfg.TLS != nil {
+		cfg.TLS = cfg.TLS.Clone()
+		cfg.TLS.NextProtos = []string{ALPN}
+		if cfg.TLS.ServerName == "" {
+			cfg.TLS.ServerName, _, _ = net.SplitHostPort(cfg.Addr)
+		}
 	}
 	return &Conn{cfg: cfg}
 }
@@ -273,6 +286,20 @@ func (c *Conn) dial(ctx context.Context) (*wire, error) {
 	}
 	d, _ := dctx.Deadline()
 	_ = nc.SetDeadline(d)
+	if c.cfg.TLS != nil {
+		tc := tls.Client(nc, c.cfg.TLS)
+		if err := tc.HandshakeContext(dctx); err != nil {
+			_ = nc.Close()
+			if ctxDone(ctx) != nil {
+				return nil, grpcstatus.FromContextError(ctxDone(ctx)).Err()
+			}
+			// A server without framerpc refuses ALPN, and one that
+			// refuses this side's certificate refuses gRPC too, which
+			// then says so to the caller.
+			return nil, errNotFramed
+		}
+		nc = tc
+	}
 	var head [len(Preface)]byte
 	_, werr := io.WriteString(nc, Preface)
 	var rerr error
@@ -521,7 +548,7 @@ func (w *wire) fail(err error) {
 	w.pending = map[uint64]chan answer{}
 	err = w.err
 	w.mu.Unlock()
-	_ = w.c.Close()
+	_ = closeConn(w.c)
 	for _, ch := range pending {
 		ch <- answer{err: err}
 	}

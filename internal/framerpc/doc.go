@@ -18,6 +18,13 @@
 // preface (a server without framerpc) falls back to gRPC, and tries
 // frames again a minute later (ConnConfig.Reprobe).
 //
+// Over TLS, SplitTLS does each connection's handshake, offering the
+// application protocols "h2" (gRPC's) and ALPN ("mcframe1"), and sorts
+// the same way inside it; the gRPC server takes the connections
+// handshaken (Handshaken credentials), its peers' TLS state as their
+// AuthInfo. A Conn with ConnConfig.TLS asks for ALPN: a TLS server
+// without framerpc refuses it, and the Conn falls back.
+//
 // Lifecycle: NewServer, RegisterService for each service, Split the
 // listener (or ServeConn each connection), Close. NewConn over a gRPC
 // connection; it dials on its first call and again after a connection is

@@ -2,6 +2,7 @@ package framerpc
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -93,8 +95,9 @@ func (p *paths) interceptor(next grpc.UnaryServerInterceptor) grpc.UnaryServerIn
 type serverOpts struct {
 	cfg      ServerConfig // its Interceptor runs inside the one counting paths
 	grpcOpts []grpc.ServerOption
-	plain    bool   // a gRPC server alone, without Split
-	addr     string // listen there (a restart); "": any port
+	plain    bool        // a gRPC server alone, without Split
+	addr     string      // listen there (a restart); "": any port
+	tls      *tls.Config // serve TLS: SplitTLS, or gRPC's own with plain
 }
 
 // server is one port serving gRPC and, unless plain, frames.
@@ -120,7 +123,14 @@ func startServer(t *testing.T, impl testServer, o serverOpts) *server {
 	}
 	s := &server{addr: ln.Addr().String(), paths: &paths{}, health: health.NewServer(), served: make(chan struct{})}
 	ic := s.paths.interceptor(o.cfg.Interceptor)
-	s.gs = grpc.NewServer(append([]grpc.ServerOption{grpc.UnaryInterceptor(ic)}, o.grpcOpts...)...)
+	gopts := append([]grpc.ServerOption{grpc.UnaryInterceptor(ic)}, o.grpcOpts...)
+	switch {
+	case o.tls != nil && o.plain:
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(o.tls)))
+	case o.tls != nil:
+		gopts = append(gopts, grpc.Creds(Handshaken(o.tls)))
+	}
+	s.gs = grpc.NewServer(gopts...)
 	s.gs.RegisterService(&testDesc, impl)
 	healthpb.RegisterHealthServer(s.gs, s.health)
 	gln := ln
@@ -130,7 +140,7 @@ func startServer(t *testing.T, impl testServer, o serverOpts) *server {
 		s.fs = NewServer(cfg)
 		s.fs.RegisterService(&testDesc, impl)
 		healthpb.RegisterHealthServer(s.fs, s.health)
-		gln = Split(ln, s.fs)
+		gln = SplitTLS(ln, s.fs, o.tls)
 	}
 	go func() {
 		defer close(s.served)

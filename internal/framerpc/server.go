@@ -89,7 +89,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		_ = c.Close()
+		_ = closeConn(c)
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -101,7 +101,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	sc := &serverConn{s: s, c: c, ctx: ctx, slots: make(chan struct{}, s.cfg.MaxConcurrentCalls)}
 	err := sc.serve()
-	_ = c.Close()
+	_ = closeConn(c)
 	cancel()
 	sc.calls.Wait()
 	s.mu.Lock()
@@ -118,7 +118,7 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	s.closed = true
 	for c := range s.conns {
-		_ = c.Close()
+		_ = closeConn(c)
 	}
 	s.mu.Unlock()
 	s.cancel()
@@ -266,7 +266,7 @@ func (sc *serverConn) write(b []byte) error {
 	_ = sc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	_, err := sc.c.Write(b)
 	if err != nil {
-		_ = sc.c.Close()
+		_ = closeConn(sc.c)
 	}
 	return err
 }

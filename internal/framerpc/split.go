@@ -1,10 +1,15 @@
 package framerpc
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 )
 
 // prefaceTimeout bounds how long a new connection may take to send its
@@ -17,7 +22,25 @@ const prefaceTimeout = 10 * time.Second
 // connection is told apart on its own goroutine, so a slow one holds up
 // no other. Closing the returned listener closes ln.
 func Split(ln net.Listener, s *Server) net.Listener {
-	sl := &splitListener{Listener: ln, s: s, conns: make(chan net.Conn), done: make(chan struct{})}
+	return SplitTLS(ln, s, nil)
+}
+
+// ALPN is the application protocol a framed client over TLS asks for; a
+// server without framerpc (gRPC's, which knows only "h2") refuses the
+// handshake, and the client turns to gRPC.
+const ALPN = "mcframe1"
+
+// SplitTLS is Split of connections that speak TLS with cfg (nil: none):
+// each one's handshake runs on its goroutine, within the time its preface
+// has, and the frames and gRPC's HTTP/2 are told apart inside it. The
+// gRPC server then takes the connections as they are, handshaken: its
+// transport credentials must be Handshaken(cfg).
+func SplitTLS(ln net.Listener, s *Server, cfg *tls.Config) net.Listener {
+	if cfg != nil {
+		cfg = cfg.Clone()
+		cfg.NextProtos = []string{"h2", ALPN}
+	}
+	sl := &splitListener{Listener: ln, s: s, tls: cfg, conns: make(chan net.Conn), done: make(chan struct{})}
 	go sl.accept()
 	return sl
 }
@@ -25,6 +48,7 @@ func Split(ln net.Listener, s *Server) net.Listener {
 type splitListener struct {
 	net.Listener
 	s     *Server
+	tls   *tls.Config   // nil: plaintext
 	conns chan net.Conn // for the gRPC server
 	done  chan struct{} // closed by Close
 
@@ -51,12 +75,24 @@ func (sl *splitListener) accept() {
 	}
 }
 
-// sort reads c's first bytes and passes it on.
+// sort reads c's first bytes (inside TLS, with it) and passes it on.
 func (sl *splitListener) sort(c net.Conn) {
 	var head [len(Preface)]byte
-	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
+	deadline := time.Now().Add(prefaceTimeout)
+	_ = c.SetDeadline(deadline)
+	if sl.tls != nil {
+		tc := tls.Server(c, sl.tls)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			_ = c.Close()
+			return
+		}
+		c = tc
+	}
 	n, err := io.ReadFull(c, head[:])
-	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	switch {
 	case err == nil && string(head[:]) == Preface:
 		sl.s.ServeConn(c)
@@ -108,4 +144,57 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// closeConn closes c at once: a TLS connection without its close_notify,
+// whose write may wait up to 5 s on a peer that stopped reading (a frame
+// says its length, so a cut is never taken for an end).
+func closeConn(c net.Conn) error {
+	for {
+		switch x := c.(type) {
+		case *tls.Conn:
+			c = x.NetConn()
+		case *prefixConn:
+			c = x.Conn
+		default:
+			return c.Close()
+		}
+	}
+}
+
+// ConnectionState is the TLS state of a connection SplitTLS handshook.
+func (c *prefixConn) ConnectionState() tls.ConnectionState {
+	if tc, ok := c.Conn.(*tls.Conn); ok {
+		return tc.ConnectionState()
+	}
+	return tls.ConnectionState{}
+}
+
+// Handshaken returns the gRPC server's transport credentials for the
+// connections of a SplitTLS listener of cfg: their handshake is done, and
+// each is taken as it is, with its TLS state as its peer's AuthInfo.
+func Handshaken(cfg *tls.Config) credentials.TransportCredentials {
+	return handshaken{credentials.NewTLS(cfg)}
+}
+
+type handshaken struct {
+	credentials.TransportCredentials
+}
+
+func (h handshaken) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	tc, ok := c.(interface{ ConnectionState() tls.ConnectionState })
+	if !ok {
+		_ = c.Close()
+		return nil, nil, errors.New("framerpc: a connection not from SplitTLS")
+	}
+	st := tc.ConnectionState()
+	if !st.HandshakeComplete {
+		_ = c.Close()
+		return nil, nil, errors.New("framerpc: a connection without its TLS handshake")
+	}
+	return c, credentials.TLSInfo{State: st, CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil
+}
+
+func (h handshaken) Clone() credentials.TransportCredentials {
+	return handshaken{h.TransportCredentials.Clone()}
 }

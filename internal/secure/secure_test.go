@@ -1,9 +1,17 @@
 package secure
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -68,4 +76,51 @@ func TestGenerate(t *testing.T) {
 	st, err := os.Stat(f.ServerKey)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "keys are the owner's")
+}
+
+// A certificate serves peers that dial each other when it names the host
+// they dial and, under mutual TLS, is valid for client authentication.
+func TestCheckPeer(t *testing.T) {
+	dir := t.TempDir()
+	f, err := Generate(dir, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, host := range []string{"127.0.0.1", "localhost", "node-a"} {
+		if err := f.ServerTLS().CheckPeer(host); err != nil {
+			t.Errorf("%s: %v", host, err)
+		}
+	}
+	if err := f.ServerTLS().CheckPeer("10.9.9.9"); err == nil {
+		t.Error("a certificate for another host passed")
+	}
+	// A server's certificate valid for server authentication alone.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "server only"},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, keyFile := filepath.Join(dir, "so.pem"), filepath.Join(dir, "so-key.pem")
+	if err := writePEM(cert, "CERTIFICATE", der, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := writePEM(keyFile, "PRIVATE KEY", keyDER, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := (TLS{CertFile: cert, KeyFile: keyFile, CAFile: f.CA}).CheckPeer("127.0.0.1"); err == nil {
+		t.Error("under mutual TLS, a certificate without client authentication passed")
+	}
+	if err := (TLS{CertFile: cert, KeyFile: keyFile}).CheckPeer("127.0.0.1"); err != nil {
+		t.Errorf("without mutual TLS: %v", err)
+	}
 }

@@ -90,3 +90,30 @@ func loadPool(file string) (*x509.CertPool, error) {
 	}
 	return pool, nil
 }
+
+// CheckPeer reports why t's certificate cannot serve a server at host
+// among peers that dial each other with it (HA masters): it must name
+// host, and where t is mutual (a CAFile) be valid for client
+// authentication too, presented when this side dials. Nil: it can.
+func (t TLS) CheckPeer(host string) error {
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return fmt.Errorf("secure: TLS certificate %s, key %s: %w", t.CertFile, t.KeyFile, err)
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("secure: TLS certificate %s: %w", t.CertFile, err)
+	}
+	if err := leaf.VerifyHostname(host); err != nil {
+		return fmt.Errorf("secure: TLS certificate %s, which peers verify at %s: %w", t.CertFile, host, err)
+	}
+	if t.CAFile == "" || len(leaf.ExtKeyUsage) == 0 {
+		return nil
+	}
+	for _, u := range leaf.ExtKeyUsage {
+		if u == x509.ExtKeyUsageClientAuth || u == x509.ExtKeyUsageAny {
+			return nil
+		}
+	}
+	return fmt.Errorf("secure: TLS certificate %s is not valid for client authentication, which peers requiring one (mutual TLS) check", t.CertFile)
+}

@@ -51,9 +51,9 @@ type Config struct {
 	// included. Zero: 30 s.
 	RPCTimeout time.Duration
 	// MasterGRPC sends every call to the master over gRPC. Zero: unary
-	// calls go as plain frames on the same port (internal/framerpc), about
-	// half gRPC's latency for a small call, where the master answers them
-	// and the connection is not TLS; gRPC otherwise.
+	// calls go as frames on the same port (internal/framerpc), inside TLS
+	// with MasterTLS, about half gRPC's latency for a small call, where the
+	// master answers them; gRPC otherwise.
 	MasterGRPC bool
 	// PingInterval is the heartbeat period; the master forgets a client
 	// silent for its client TTL (10 s). Zero: 1 s.

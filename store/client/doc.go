@@ -1,8 +1,8 @@
 // Package client is the Mooncake Store client. A client contributes a
 // segment of DRAM to the pool (optionally also an SSD tier), and puts and
 // gets objects: metadata goes to the master over gRPC (its unary calls as
-// plain frames on the same port, internal/framerpc, unless the connection
-// is TLS or Config.MasterGRPC is set), bytes go through the
+// frames on the same port, internal/framerpc, inside TLS with
+// Config.MasterTLS, unless Config.MasterGRPC is set), bytes go through the
 // Transfer Engine straight between the client's memory and the replicas in
 // other clients' segments (a plain copy when the replica is in this
 // process, shared memory on this host, TCP elsewhere).

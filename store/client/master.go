@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -37,9 +38,10 @@ type masterConn struct {
 
 	opts  []grpc.DialOption // credentials: TLS or none, and the token
 	creds []credentials.PerRPCCredentials
-	// framed sends unary calls as frames (internal/framerpc): no TLS, and
-	// not Config.MasterGRPC.
+	// framed sends unary calls as frames (internal/framerpc), inside TLS
+	// with MasterTLS: not with Config.MasterGRPC.
 	framed bool
+	tls    *tls.Config // MasterTLS's; nil: plaintext
 
 	mu     sync.Mutex
 	addr   string
@@ -56,12 +58,12 @@ var errMasterClosed = errors.New("client: master connection closed")
 
 func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 	m := &masterConn{cluster: cfg.ClusterID, timeout: cfg.RPCTimeout}
-	opts, creds, err := credentialOptions(cfg)
+	opts, creds, tc, err := credentialOptions(cfg)
 	if err != nil {
 		return nil, err
 	}
-	m.opts, m.creds = opts, creds
-	m.framed = !cfg.MasterGRPC && !cfg.MasterTLS.Enabled()
+	m.opts, m.creds, m.tls = opts, creds, tc
+	m.framed = !cfg.MasterGRPC
 	if strings.HasPrefix(cfg.Master, "etcd://") {
 		eps := metadata.EtcdEndpoints(cfg.Master)
 		ecfg, err := etcdopt.ConfigTLS(eps, 5*time.Second, cfg.EtcdTLS)
@@ -85,11 +87,12 @@ func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 
 // credentialOptions are the dial options that present cfg's credentials
 // to the master: TLS (MasterTLS) or plaintext, and the per-call ones (the
-// bearer token, the tenant), which it also returns for framed calls.
-func credentialOptions(cfg *Config) ([]grpc.DialOption, []credentials.PerRPCCredentials, error) {
+// bearer token, the tenant), which it also returns for framed calls, with
+// the TLS configuration (nil: plaintext).
+func credentialOptions(cfg *Config) ([]grpc.DialOption, []credentials.PerRPCCredentials, *tls.Config, error) {
 	tc, err := cfg.MasterTLS.Client()
 	if err != nil {
-		return nil, nil, fmt.Errorf("client: Config.MasterTLS: %w", err)
+		return nil, nil, nil, fmt.Errorf("client: Config.MasterTLS: %w", err)
 	}
 	tcreds := insecure.NewCredentials()
 	if tc != nil {
@@ -106,7 +109,7 @@ func credentialOptions(cfg *Config) ([]grpc.DialOption, []credentials.PerRPCCred
 	for _, c := range creds {
 		opts = append(opts, grpc.WithPerRPCCredentials(c))
 	}
-	return opts, creds, nil
+	return opts, creds, tc, nil
 }
 
 // masterKeepalive pings the master while calls or streams are open, and
@@ -168,7 +171,7 @@ func (m *masterConn) current(ctx context.Context) (storepb.MasterClient, uint64,
 	}
 	var cc grpc.ClientConnInterface = conn
 	if m.framed {
-		m.frames = framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: conn, Creds: m.creds, DialTimeout: 2 * time.Second})
+		m.frames = framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: conn, Creds: m.creds, TLS: m.tls, DialTimeout: 2 * time.Second})
 		cc = m.frames
 	}
 	m.conn, m.cc, m.rpc = conn, cc, storepb.NewMasterClient(cc)

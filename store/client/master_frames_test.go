@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/engine"
+	"github.com/mooncake-go/mooncake/internal/secure"
 	"github.com/mooncake-go/mooncake/store/master"
 )
 
@@ -55,4 +56,39 @@ func TestMasterCallsAsFrames(t *testing.T) {
 		assert.True(t, frames.Framed(), "the master did not answer the frames' preface")
 		assert.Positive(t, frames.Calls(), "no call went as a frame")
 	}
+}
+
+// Under mutual TLS the client's calls go as frames inside TLS; a client
+// without a certificate gets nothing, over frames or gRPC.
+func TestMasterCallsAsFramesOverTLS(t *testing.T) {
+	files, err := secure.Generate(t.TempDir())
+	require.NoError(t, err)
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", TLS: files.ServerTLS()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	dial := func(tlsCfg secure.TLS) (*Client, error) {
+		c, err := New(context.Background(), Config{Master: m.Addr(), SegmentSize: 1 << 20, LocalBufferSize: 1 << 20,
+			EngineConfig: engine.Config{Host: "127.0.0.1"}, MasterTLS: tlsCfg, RPCTimeout: 2 * time.Second})
+		if err == nil {
+			t.Cleanup(func() { _ = c.Close() })
+		}
+		return c, err
+	}
+	_, err = dial(secure.TLS{CAFile: files.CA})
+	require.Error(t, err, "a client without a certificate was served")
+
+	c, err := dial(files.ClientTLS())
+	require.NoError(t, err)
+	ctx := ctxT(t)
+	v := value(8, 4096)
+	require.NoError(t, c.Put(ctx, "k", v, nil))
+	got, err := c.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, v, got)
+	c.master.mu.Lock()
+	frames := c.master.frames
+	c.master.mu.Unlock()
+	require.NotNil(t, frames)
+	assert.True(t, frames.Framed(), "the TLS master did not answer the frames' preface")
+	assert.Positive(t, frames.Calls(), "no call went as a frame")
 }

@@ -417,23 +417,32 @@ type fetchConfig struct {
 // and TLS when they serve it.
 type peerConfig struct {
 	token string
-	tls   *tls.Config // nil: plaintext, as frames
+	tls   *tls.Config // nil: plaintext
 }
 
-// fetchLoop fetches the leader's records while ctx lasts.
+// fetchLoop fetches the leader's records while ctx lasts. A failure is a
+// warning at most once a minute (a standby that cannot fetch, say for a
+// certificate the leader refuses, acknowledges nothing, and every put
+// waits for etcd), else debug.
 func (f *follower) fetchLoop(ctx context.Context) {
+	var warned time.Time
 	for ctx.Err() == nil {
 		if err := f.fetchFromLeader(ctx); err != nil && ctx.Err() == nil {
-			f.log.Debug("master: standby: fetching the leader's records", "err", err)
+			if time.Since(warned) >= time.Minute {
+				warned = time.Now()
+				f.log.Warn("master: standby: fetching the leader's records failed: puts wait for etcd until it does", "err", err)
+			} else {
+				f.log.Debug("master: standby: fetching the leader's records", "err", err)
+			}
 			sleep(ctx, 100*time.Millisecond)
 		}
 	}
 }
 
 // dialMaster dials another master at addr as p says, for the calls
-// masters make to each other: over frames in plaintext, over gRPC with
-// TLS (a master serving TLS serves no frames). close ends the connection.
-func dialMaster(addr string, p peerConfig) (rpc storepb.MasterClient, close func(), err error) {
+// masters make to each other: as frames, inside TLS with p.tls (gRPC for
+// a master without them). close ends the connection.
+func dialMaster(addr string, p peerConfig) (fc *framerpc.Conn, close func(), err error) {
 	creds := insecure.NewCredentials()
 	if p.tls != nil {
 		creds = credentials.NewTLS(p.tls)
@@ -448,11 +457,8 @@ func dialMaster(addr string, p peerConfig) (rpc storepb.MasterClient, close func
 	if err != nil {
 		return nil, nil, err
 	}
-	if p.tls != nil {
-		return storepb.NewMasterClient(gc), func() { _ = gc.Close() }, nil
-	}
-	fc := framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: gc, Creds: perRPC, DialTimeout: 2 * time.Second})
-	return storepb.NewMasterClient(fc), func() { _ = fc.Close(); _ = gc.Close() }, nil
+	fc = framerpc.NewConn(framerpc.ConnConfig{Addr: addr, GRPC: gc, Creds: perRPC, TLS: p.tls, DialTimeout: 2 * time.Second})
+	return fc, func() { _ = fc.Close(); _ = gc.Close() }, nil
 }
 
 // fetchFromLeader fetches from the leader of the moment until an error.
@@ -461,11 +467,12 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rpc, closeConn, err := dialMaster(addr, f.fetch.peer)
+	fc, closeConn, err := dialMaster(addr, f.fetch.peer)
 	if err != nil {
 		return err
 	}
 	defer closeConn()
+	rpc := storepb.NewMasterClient(fc)
 	for ctx.Err() == nil {
 		term, after, ok := f.fetchAfter()
 		if !ok {
@@ -632,11 +639,12 @@ func tailOf(ctx context.Context, own *tailStore, d string, peer peerConfig, log 
 func askTail(ctx context.Context, addr, d string, peer peerConfig) (*storepb.JournalBatch, error) {
 	ctx, cancel := context.WithTimeout(ctx, tailWait)
 	defer cancel()
-	rpc, closeConn, err := dialMaster(addr, peer)
+	fc, closeConn, err := dialMaster(addr, peer)
 	if err != nil {
 		return nil, err
 	}
 	defer closeConn()
+	rpc := storepb.NewMasterClient(fc)
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, time.Second)
 		resp, err := rpc.JournalTail(cctx, &storepb.JournalTailRequest{Designation: d})

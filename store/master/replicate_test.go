@@ -308,4 +308,38 @@ func TestAskTailOverTLS(t *testing.T) {
 	tail, err := askTail(t.Context(), b.Addr(), d, a.peer)
 	require.NoError(t, err)
 	assert.NotEmpty(t, tail.Records)
+
+	// As frames, inside TLS.
+	fc, closeConn, err := dialMaster(b.Addr(), a.peer)
+	require.NoError(t, err)
+	defer closeConn()
+	_, err = storepb.NewMasterClient(fc).JournalTail(t.Context(), &storepb.JournalTailRequest{Designation: d})
+	require.NoError(t, err)
+	assert.True(t, fc.Framed(), "the standby did not answer frames over TLS")
+	assert.Positive(t, fc.Calls())
+}
+
+// A standby whose certificate does not name its address (the next leader
+// could not ask it for its records) acknowledges nothing: the leader
+// designates no standby, and puts wait for etcd.
+func TestStandbyWithUnusableCertificateTakesNoPart(t *testing.T) {
+	files, err := secure.Generate(t.TempDir())
+	require.NoError(t, err)
+	etcd := etcdtest.Start(t)
+	start := func(tlsCfg secure.TLS) *Server {
+		s, err := Start(ServerConfig{Listen: "127.0.0.1:0", TLS: tlsCfg,
+			HA: &HAConfig{Etcd: []string{etcd}, ClusterID: "bad-cert", LeaderTTL: 5 * time.Second}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a := start(files.ServerTLS())
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	// The client certificate: valid for client authentication, naming no host.
+	b := start(secure.TLS{CertFile: files.ClientCert, KeyFile: files.ClientKey, CAFile: files.CA})
+	assert.True(t, b.noFetch)
+	putMany(t, a.Service(), 10)
+	time.Sleep(time.Second)
+	_, in := etcdJournalOf(t, a).standbyState()
+	assert.False(t, in, "a standby the next leader could not verify was designated")
 }

@@ -15,7 +15,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/mooncake-go/mooncake/engine/transport/conn"
@@ -152,14 +151,16 @@ const DefaultListen = ":50051"
 // gRPC front on one listener. Under HA it campaigns for leadership, and
 // while it leads serves a Service restored from the journal.
 type Server struct {
-	cfg    ServerConfig
-	lis    net.Listener
-	grpc   *grpc.Server
-	frames *framerpc.Server // the same calls over plain frames; nil with TLS
-	peer   peerConfig       // how it dials the other masters
-	api    *GRPCServer
-	log    *slog.Logger
-	etcd   *clientv3.Client
+	cfg     ServerConfig
+	lis     net.Listener
+	grpc    *grpc.Server
+	frames  *framerpc.Server // the same calls as frames
+	tlsCfg  *tls.Config      // nil: plaintext
+	peer    peerConfig       // how it dials the other masters
+	noFetch bool             // its certificate does not serve it as a standby (CheckPeer)
+	api     *GRPCServer
+	log     *slog.Logger
+	etcd    *clientv3.Client
 
 	metrics *metrics
 	admin   *http.Server
@@ -286,12 +287,12 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 	s.api.serve(nil)
 	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(s.grpcOptions(tlsCfg)...)
-	if tlsCfg == nil {
-		// Clients send their unary calls as frames on the same port
-		// (internal/framerpc), through the same interceptors.
-		s.frames = framerpc.NewServer(framerpc.ServerConfig{Interceptor: framerpc.ChainUnary(s.unaryInterceptors()...),
-			MaxRecvMsgSize: cfg.MaxRecvMsgSize, MaxConcurrentCalls: int(min(cfg.MaxConcurrentStreams, 1<<20)), Log: s.log})
-	}
+	// Clients send their unary calls as frames on the same port
+	// (internal/framerpc), inside TLS when it serves TLS, through the
+	// same interceptors.
+	s.frames = framerpc.NewServer(framerpc.ServerConfig{Interceptor: framerpc.ChainUnary(s.unaryInterceptors()...),
+		MaxRecvMsgSize: cfg.MaxRecvMsgSize, MaxConcurrentCalls: int(min(cfg.MaxConcurrentStreams, 1<<20)), Log: s.log})
+	s.tlsCfg = tlsCfg
 	if cfg.Admin != "" {
 		if s.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			_ = lis.Close()
@@ -336,6 +337,17 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 			s.wg.Go(func() { s.persistLoop(ctx, svc, s.local) })
 		}
 	} else {
+		if tlsCfg != nil {
+			// A standby whose certificate the next leader cannot verify
+			// at its address, or, under mutual TLS, would not take from
+			// it, could not hand over the records it acknowledged: it
+			// acknowledges none.
+			host, _, _ := net.SplitHostPort(s.advertise())
+			if err := cfg.TLS.CheckPeer(host); err != nil {
+				s.noFetch = true
+				s.log.Warn("master: TLS: this master acknowledges no journal records as a standby", "err", err)
+			}
+		}
 		s.tails = &tailStore{id: newStandbyID(), addr: s.advertise()}
 		s.api.tails.Store(s.tails)
 		s.wg.Go(func() { s.campaign(ctx) })
@@ -344,10 +356,7 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 	// before, for a call must find its method registered (a framed
 	// server's RegisterService is not safe against calls running) and,
 	// without HA, the service leading.
-	glis := s.lis
-	if s.frames != nil {
-		glis = framerpc.Split(s.lis, s.frames)
-	}
+	glis := framerpc.SplitTLS(s.lis, s.frames, s.tlsCfg)
 	s.wg.Go(func() {
 		if err := s.grpc.Serve(glis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Error("master: gRPC server stopped", "err", err)
@@ -383,7 +392,9 @@ func (s *Server) grpcOptions(tlsCfg *tls.Config) []grpc.ServerOption {
 		grpc.ChainStreamInterceptor(stream...),
 	}
 	if tlsCfg != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		// SplitTLS handshakes every connection, and sorts frames from
+		// gRPC's inside it.
+		opts = append(opts, grpc.Creds(framerpc.Handshaken(tlsCfg)))
 	}
 	return opts
 }
@@ -400,9 +411,6 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 
 // registrars are the servers the services register on.
 func (s *Server) registrars() []grpc.ServiceRegistrar {
-	if s.frames == nil {
-		return []grpc.ServiceRegistrar{s.grpc}
-	}
 	return []grpc.ServiceRegistrar{s.grpc, s.frames}
 }
 
@@ -483,7 +491,7 @@ func (s *Server) campaign(ctx context.Context) {
 // not with SyncEtcd.
 func (s *Server) fetchConfig() fetchConfig {
 	h := s.cfg.HA
-	return fetchConfig{enabled: !h.SyncEtcd, peer: s.peer}
+	return fetchConfig{enabled: !h.SyncEtcd && !s.noFetch, peer: s.peer}
 }
 
 // term1 serves one leadership term; f, when not nil, is the follower of
