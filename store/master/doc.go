@@ -1,8 +1,8 @@
 // Package master is the Mooncake Store master: the metadata service that
-// clients talk to over gRPC (store/storepb), and without TLS also over
-// plain frames on the same port (internal/framerpc: the same services,
-// interceptors and limits, about half gRPC's latency for a small call),
-// which store clients use. It owns the map from object keys
+// clients talk to over gRPC (store/storepb), and also as frames on the
+// same port, inside TLS when it serves TLS (internal/framerpc: the same
+// services, interceptors and limits, about half gRPC's latency for a small
+// call), which store clients use. It owns the map from object keys
 // to replicas, allocates replica space in the segments that clients mount
 // into the pool, grants leases on reads, evicts near-LRU objects past a high
 // watermark (spilling them to SSD tiers where nodes have one), and, under
