@@ -15,6 +15,17 @@ import (
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
+// startSecureHA starts a master of cluster in etcd that requires a token,
+// and serves TLS with tlsCfg (zero: none).
+func startSecureHA(t *testing.T, etcd, cluster string, tlsCfg secure.TLS) *Server {
+	t.Helper()
+	s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret", TLS: tlsCfg,
+		HA: &HAConfig{Etcd: []string{etcd}, ClusterID: cluster, LeaderTTL: 5 * time.Second}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // etcdJournalOf is s's journal while it leads.
 func etcdJournalOf(t *testing.T, s *Server) *etcdJournal {
 	t.Helper()
@@ -64,16 +75,9 @@ func TestStandbyAcksMakePutsDurable(t *testing.T) {
 
 func testStandbyAcksMakePutsDurable(t *testing.T, tlsCfg secure.TLS) {
 	etcd := etcdtest.Start(t)
-	start := func() *Server {
-		s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret", TLS: tlsCfg,
-			HA: &HAConfig{Etcd: []string{etcd}, ClusterID: "acks", LeaderTTL: 5 * time.Second}})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
-	a := start()
+	a := startSecureHA(t, etcd, "acks", tlsCfg)
 	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := start()
+	b := startSecureHA(t, etcd, "acks", tlsCfg)
 	waitDesignated(t, a)
 
 	j := etcdJournalOf(t, a)
@@ -278,16 +282,9 @@ func TestAskTailOverTLS(t *testing.T) {
 	files, err := secure.Generate(t.TempDir())
 	require.NoError(t, err)
 	etcd := etcdtest.Start(t)
-	start := func() *Server {
-		s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret", TLS: files.ServerTLS(),
-			HA: &HAConfig{Etcd: []string{etcd}, ClusterID: "tls-tail", LeaderTTL: 5 * time.Second}})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
-	a := start()
+	a := startSecureHA(t, etcd, "tls-tail", files.ServerTLS())
 	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := start()
+	b := startSecureHA(t, etcd, "tls-tail", files.ServerTLS())
 	waitDesignated(t, a)
 	j := etcdJournalOf(t, a)
 	j.holdEtcd.Store(true)
@@ -326,17 +323,10 @@ func TestStandbyWithUnusableCertificateTakesNoPart(t *testing.T) {
 	files, err := secure.Generate(t.TempDir())
 	require.NoError(t, err)
 	etcd := etcdtest.Start(t)
-	start := func(tlsCfg secure.TLS) *Server {
-		s, err := Start(ServerConfig{Listen: "127.0.0.1:0", TLS: tlsCfg,
-			HA: &HAConfig{Etcd: []string{etcd}, ClusterID: "bad-cert", LeaderTTL: 5 * time.Second}})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
-	a := start(files.ServerTLS())
+	a := startSecureHA(t, etcd, "bad-cert", files.ServerTLS())
 	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
 	// The client certificate: valid for client authentication, naming no host.
-	b := start(secure.TLS{CertFile: files.ClientCert, KeyFile: files.ClientKey, CAFile: files.CA})
+	b := startSecureHA(t, etcd, "bad-cert", secure.TLS{CertFile: files.ClientCert, KeyFile: files.ClientKey, CAFile: files.CA})
 	assert.True(t, b.noFetch)
 	putMany(t, a.Service(), 10)
 	time.Sleep(time.Second)
