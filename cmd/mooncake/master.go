@@ -33,7 +33,9 @@ change to etcd so that a standby taking over loses no completed put. With
 a warm standby (another master with the same flags) the leader answers a
 put once that standby has its record, and writes etcd behind; only the
 leader and that standby dying within milliseconds of each other loses the
-last puts. --ha_sync_etcd makes every put wait for etcd instead.
+last puts. --ha_sync_etcd makes every put wait for etcd instead; under TLS
+that is the default, and --ha_tls_standby_acks (on every master) lets
+standbys acknowledge over TLS.
 
 With --enable_kv_events the leader publishes a KV event per object key on
 a ZMQ PUB socket (--kv_events_bind_endpoint) as it is stored, removed or
@@ -90,6 +92,7 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	f.String("cluster_id", "mooncake_cluster", "HA cluster name (the etcd key prefix)")
 	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
 	f.Bool("ha_sync_etcd", false, "HA: answer a put once its journal record is in etcd, never on a standby's acknowledgement (by default a warm standby that keeps up acknowledges, and etcd is written milliseconds behind)")
+	f.Bool("ha_tls_standby_acks", false, "HA with TLS: standbys acknowledge too, fetching over TLS with this master's certificate; set it on every master, whose certificates must name their addresses and, with --tls_client_ca_file, be valid for client authentication (checked at start). Without it, under TLS every put waits for etcd")
 	f.Int("max_key_length", master.MaxKeyLen, "longest object key accepted, bytes")
 	f.String("max_value_size", "1TiB", "largest value one put may store (bytes, or 1GiB, 16GB)")
 	f.Int("max_batch_size", master.DefaultMaxBatch, "most keys one batch call may carry")
@@ -180,7 +183,7 @@ func runMaster(cmd *cobra.Command, official []officialFlag) error {
 			return err
 		}
 		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl, EtcdTLS: clientTLS(s.str, "etcd_"),
-			SyncEtcd: s.boolean("ha_sync_etcd")}
+			SyncEtcd: s.boolean("ha_sync_etcd"), TLSStandbyAcks: s.boolean("ha_tls_standby_acks")}
 		if a := rpcAddr; a != "0.0.0.0" && a != "" {
 			cfg.HA.Advertise = cfg.Listen
 		}

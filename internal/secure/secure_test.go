@@ -78,8 +78,9 @@ func TestGenerate(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "keys are the owner's")
 }
 
-// A certificate serves peers that dial each other when it names the host
-// they dial and, under mutual TLS, is valid for client authentication.
+// A certificate serves peers that dial each other when it is signed by
+// the CA they trust, names the host they dial and, under mutual TLS, is
+// valid for client authentication.
 func TestCheckPeer(t *testing.T) {
 	dir := t.TempDir()
 	f, err := Generate(dir, "node-a")
@@ -120,7 +121,12 @@ func TestCheckPeer(t *testing.T) {
 	if err := (TLS{CertFile: cert, KeyFile: keyFile, CAFile: f.CA}).CheckPeer("127.0.0.1"); err == nil {
 		t.Error("under mutual TLS, a certificate without client authentication passed")
 	}
-	if err := (TLS{CertFile: cert, KeyFile: keyFile}).CheckPeer("127.0.0.1"); err != nil {
-		t.Errorf("without mutual TLS: %v", err)
+	// Not signed by a CA the peers trust (the system's roots, without a CAFile).
+	if err := (TLS{CertFile: cert, KeyFile: keyFile}).CheckPeer("127.0.0.1"); err == nil {
+		t.Error("a certificate no root the peers use signed passed")
+	}
+	// The client certificate of f, signed by its CA: names no host.
+	if err := (TLS{CertFile: f.ClientCert, KeyFile: f.ClientKey, CAFile: f.CA}).CheckPeer("127.0.0.1"); err == nil {
+		t.Error("a certificate naming no host passed")
 	}
 }

@@ -92,9 +92,10 @@ func loadPool(file string) (*x509.CertPool, error) {
 }
 
 // CheckPeer reports why t's certificate cannot serve a server at host
-// among peers that dial each other with it (HA masters): it must name
-// host, and where t is mutual (a CAFile) be valid for client
-// authentication too, presented when this side dials. Nil: it can.
+// among peers that dial each other with t (HA masters): they verify it for
+// host against t's CAFile (else the system's roots) and, where t is
+// mutual (a CAFile), take it as a client certificate too, which it must
+// then be valid for. Nil: it can.
 func (t TLS) CheckPeer(host string) error {
 	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 	if err != nil {
@@ -104,16 +105,27 @@ func (t TLS) CheckPeer(host string) error {
 	if err != nil {
 		return fmt.Errorf("secure: TLS certificate %s: %w", t.CertFile, err)
 	}
-	if err := leaf.VerifyHostname(host); err != nil {
-		return fmt.Errorf("secure: TLS certificate %s, which peers verify at %s: %w", t.CertFile, host, err)
-	}
-	if t.CAFile == "" || len(leaf.ExtKeyUsage) == 0 {
-		return nil
-	}
-	for _, u := range leaf.ExtKeyUsage {
-		if u == x509.ExtKeyUsageClientAuth || u == x509.ExtKeyUsageAny {
-			return nil
+	opts := x509.VerifyOptions{DNSName: host, Intermediates: x509.NewCertPool(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	for _, der := range cert.Certificate[1:] {
+		if c, err := x509.ParseCertificate(der); err == nil {
+			opts.Intermediates.AddCert(c)
 		}
 	}
-	return fmt.Errorf("secure: TLS certificate %s is not valid for client authentication, which peers requiring one (mutual TLS) check", t.CertFile)
+	if t.CAFile != "" {
+		if opts.Roots, err = loadPool(t.CAFile); err != nil {
+			return err
+		}
+	}
+	if _, err := leaf.Verify(opts); err != nil {
+		return fmt.Errorf("secure: TLS certificate %s, as peers verify it at %s: %w", t.CertFile, host, err)
+	}
+	if t.CAFile == "" {
+		return nil
+	}
+	opts.DNSName, opts.KeyUsages = "", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	if _, err := leaf.Verify(opts); err != nil {
+		return fmt.Errorf("secure: TLS certificate %s, as a client certificate, which peers requiring one (mutual TLS) verify: %w", t.CertFile, err)
+	}
+	return nil
 }

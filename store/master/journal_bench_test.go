@@ -178,7 +178,8 @@ func BenchmarkStandbyAck(b *testing.B) {
 			}
 			for range 2 {
 				s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler), TLS: tlsCfg,
-					HA: &HAConfig{Etcd: []string{e.Addr()}, Client: e.Client(), ClusterID: "sb-" + mode, SyncEtcd: mode == "sync-etcd"}})
+					HA: &HAConfig{Etcd: []string{e.Addr()}, Client: e.Client(), ClusterID: "sb-" + mode, SyncEtcd: mode == "sync-etcd",
+						TLSStandbyAcks: mode == "acks-tls"}})
 				if err != nil {
 					b.Fatal(err)
 				}

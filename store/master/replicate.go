@@ -420,15 +420,20 @@ type peerConfig struct {
 	tls   *tls.Config // nil: plaintext
 }
 
-// fetchLoop fetches the leader's records while ctx lasts. A failure is a
-// warning at most once a minute (a standby that cannot fetch, say for a
-// certificate the leader refuses, acknowledges nothing, and every put
-// waits for etcd), else debug.
+// fetchLoop fetches the leader's records while ctx lasts. Failures for
+// over 10 s on end are a warning at most once a minute (a standby that
+// cannot fetch, say for a certificate the leader refuses, acknowledges
+// nothing, and every put waits for etcd); shorter ones, as at a leader's
+// change, debug.
 func (f *follower) fetchLoop(ctx context.Context) {
-	var warned time.Time
+	var warned, failing time.Time
 	for ctx.Err() == nil {
+		began := time.Now()
 		if err := f.fetchFromLeader(ctx); err != nil && ctx.Err() == nil {
-			if time.Since(warned) >= time.Minute {
+			if now := time.Now(); failing.IsZero() || now.Sub(began) > 10*time.Second {
+				failing = now // the first failure, or fetching worked meanwhile
+			}
+			if time.Since(failing) > 10*time.Second && time.Since(warned) >= time.Minute {
 				warned = time.Now()
 				f.log.Warn("master: standby: fetching the leader's records failed: puts wait for etcd until it does", "err", err)
 			} else {

@@ -16,14 +16,18 @@ import (
 )
 
 // startSecureHA starts a master of cluster in etcd that requires a token,
-// and serves TLS with tlsCfg (zero: none).
+// and serves TLS with tlsCfg (zero: none), standby acknowledgements on.
 func startSecureHA(t *testing.T, etcd, cluster string, tlsCfg secure.TLS) *Server {
 	t.Helper()
-	s, err := Start(ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret", TLS: tlsCfg,
-		HA: &HAConfig{Etcd: []string{etcd}, ClusterID: cluster, LeaderTTL: 5 * time.Second}})
+	s, err := Start(secureHAConfig(etcd, cluster, tlsCfg))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+func secureHAConfig(etcd, cluster string, tlsCfg secure.TLS) ServerConfig {
+	return ServerConfig{Listen: "127.0.0.1:0", Token: "s3cret", TLS: tlsCfg, HA: &HAConfig{Etcd: []string{etcd},
+		ClusterID: cluster, LeaderTTL: 5 * time.Second, TLSStandbyAcks: tlsCfg.Enabled()}}
 }
 
 // etcdJournalOf is s's journal while it leads.
@@ -316,20 +320,32 @@ func TestAskTailOverTLS(t *testing.T) {
 	assert.Positive(t, fc.Calls())
 }
 
-// A standby whose certificate does not name its address (the next leader
-// could not ask it for its records) acknowledges nothing: the leader
-// designates no standby, and puts wait for etcd.
-func TestStandbyWithUnusableCertificateTakesNoPart(t *testing.T) {
+// Under TLS standbys acknowledge only with TLSStandbyAcks (every master
+// must be able to ask a designated one for its records): without it the
+// leader designates none and puts wait for etcd; with it, a master whose
+// certificate the others could not use does not start.
+func TestTLSStandbyAcksOptIn(t *testing.T) {
 	files, err := secure.Generate(t.TempDir())
 	require.NoError(t, err)
 	etcd := etcdtest.Start(t)
-	a := startSecureHA(t, etcd, "bad-cert", files.ServerTLS())
+	start := func() *Server {
+		cfg := secureHAConfig(etcd, "tls-opt-in", files.ServerTLS())
+		cfg.HA.TLSStandbyAcks = false
+		s, err := Start(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a := start()
 	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	// The client certificate: valid for client authentication, naming no host.
-	b := startSecureHA(t, etcd, "bad-cert", secure.TLS{CertFile: files.ClientCert, KeyFile: files.ClientKey, CAFile: files.CA})
-	assert.True(t, b.noFetch)
+	start()
 	putMany(t, a.Service(), 10)
 	time.Sleep(time.Second)
 	_, in := etcdJournalOf(t, a).standbyState()
-	assert.False(t, in, "a standby the next leader could not verify was designated")
+	assert.False(t, in, "a standby acknowledged under TLS without TLSStandbyAcks")
+
+	// The client certificate: valid for client authentication, naming no host.
+	_, err = Start(secureHAConfig(etcd, "tls-opt-in", secure.TLS{CertFile: files.ClientCert, KeyFile: files.ClientKey, CAFile: files.CA}))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "TLSStandbyAcks")
 }

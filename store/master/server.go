@@ -136,12 +136,18 @@ type HAConfig struct {
 	ColdStandby bool
 	// SyncEtcd makes a put wait for its record to be in etcd, always. Zero:
 	// a warm standby that keeps up is designated, and its acknowledgement
-	// makes a record durable, with etcd written behind (replicate.go).
-	// Under TLS the standby fetches over TLS, presenting the master's own
-	// certificate to a leader that asks for one: one the leader does not
-	// take (not valid for client authentication, say) acknowledges
-	// nothing, and puts wait for etcd as with SyncEtcd.
+	// makes a record durable, with etcd written behind (replicate.go);
+	// under TLS only with TLSStandbyAcks.
 	SyncEtcd bool
+	// TLSStandbyAcks lets a master serving TLS acknowledge as a standby,
+	// fetching over TLS with its own certificate. A next leader must then
+	// be able to ask the designated standby for the records it
+	// acknowledged, so every master of the cluster needs it (all of this
+	// version), with a certificate that names its address and, under
+	// mutual TLS, is valid for client authentication and signed by the CA
+	// the masters trust: Start checks its own (secure.TLS.CheckPeer). Zero:
+	// under TLS every put waits for etcd.
+	TLSStandbyAcks bool
 }
 
 // DefaultListen is the master's default gRPC address.
@@ -151,16 +157,15 @@ const DefaultListen = ":50051"
 // gRPC front on one listener. Under HA it campaigns for leadership, and
 // while it leads serves a Service restored from the journal.
 type Server struct {
-	cfg     ServerConfig
-	lis     net.Listener
-	grpc    *grpc.Server
-	frames  *framerpc.Server // the same calls as frames
-	tlsCfg  *tls.Config      // nil: plaintext
-	peer    peerConfig       // how it dials the other masters
-	noFetch bool             // its certificate does not serve it as a standby (CheckPeer)
-	api     *GRPCServer
-	log     *slog.Logger
-	etcd    *clientv3.Client
+	cfg    ServerConfig
+	lis    net.Listener
+	grpc   *grpc.Server
+	frames *framerpc.Server // the same calls as frames
+	tlsCfg *tls.Config      // nil: plaintext
+	peer   peerConfig       // how it dials the other masters
+	api    *GRPCServer
+	log    *slog.Logger
+	etcd   *clientv3.Client
 
 	metrics *metrics
 	admin   *http.Server
@@ -276,6 +281,11 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 		return nil, &ListenError{Listener: "rpc", Addr: cfg.Listen, Err: err}
 	}
 	s.lis = conn.Limit(lis, conn.Limits{Total: cfg.MaxConns, PerPeer: cfg.MaxConnsPerPeer}, s.log.With("listener", "rpc"))
+	if err := s.checkPeerTLS(); err != nil {
+		_ = lis.Close()
+		s.closeEtcd()
+		return nil, err
+	}
 	if cfg.KVEvents != nil {
 		if s.kv, err = startKVPublisher(*cfg.KVEvents, s.advertise(), s.log); err != nil {
 			_ = lis.Close()
@@ -337,17 +347,6 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 			s.wg.Go(func() { s.persistLoop(ctx, svc, s.local) })
 		}
 	} else {
-		if tlsCfg != nil {
-			// A standby whose certificate the next leader cannot verify
-			// at its address, or, under mutual TLS, would not take from
-			// it, could not hand over the records it acknowledged: it
-			// acknowledges none.
-			host, _, _ := net.SplitHostPort(s.advertise())
-			if err := cfg.TLS.CheckPeer(host); err != nil {
-				s.noFetch = true
-				s.log.Warn("master: TLS: this master acknowledges no journal records as a standby", "err", err)
-			}
-		}
 		s.tails = &tailStore{id: newStandbyID(), addr: s.advertise()}
 		s.api.tails.Store(s.tails)
 		s.wg.Go(func() { s.campaign(ctx) })
@@ -487,11 +486,28 @@ func (s *Server) campaign(ctx context.Context) {
 	}
 }
 
+// checkPeerTLS refuses HAConfig.TLSStandbyAcks with a certificate the
+// other masters could not use: a standby whose certificate a next leader
+// cannot verify at its address, or a leader a standby would not take as a
+// client, could not hand over, or ask for, the records a standby
+// acknowledged.
+func (s *Server) checkPeerTLS() error {
+	h := s.cfg.HA
+	if h == nil || s.peer.tls == nil || !h.TLSStandbyAcks || h.SyncEtcd {
+		return nil
+	}
+	host, _, _ := net.SplitHostPort(s.advertise())
+	if err := s.cfg.TLS.CheckPeer(host); err != nil {
+		return fmt.Errorf("master: HAConfig.TLSStandbyAcks: %w", err)
+	}
+	return nil
+}
+
 // fetchConfig is how this master's followers fetch the leader's records:
-// not with SyncEtcd.
+// not with SyncEtcd, nor under TLS without TLSStandbyAcks.
 func (s *Server) fetchConfig() fetchConfig {
 	h := s.cfg.HA
-	return fetchConfig{enabled: !h.SyncEtcd && !s.noFetch, peer: s.peer}
+	return fetchConfig{enabled: !h.SyncEtcd && (s.tlsCfg == nil || h.TLSStandbyAcks), peer: s.peer}
 }
 
 // term1 serves one leadership term; f, when not nil, is the follower of
