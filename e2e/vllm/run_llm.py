@@ -6,7 +6,9 @@ Writes the generated token ids, one list per prompt, to OUT_JSON. Run in a
 process of its own: vLLM spawns its workers, hence the __main__ guard.
 
 wait_keys {"url", "count", "timeout"}: before exiting, wait until the store
-master's /get_all_keys at url lists at least count keys. vLLM's
+master's /get_all_keys at url lists at least count keys; count "full_blocks":
+as many as the prompts have full blocks at the engine's block size (a GPU's
+vLLM gives sliding-window layers a block size of their own). vLLM's
 MooncakeStoreConnector saves blocks from a daemon thread after a request
 finishes, and an offline engine that shuts down right after generate()
 abandons the saves still in flight (a long-running server would finish them).
@@ -42,13 +44,19 @@ def main() -> None:
     # A GPU host's additions (vllm_harness.ENGINE_ARGS), winning as a server's later flags do.
     args.update(json.loads(os.environ.get("MOONCAKE_E2E_VLLM_ENGINE_ARGS") or "{}"))
     llm = LLM(**args)
+    # What the engine settled on, which may not be what it was asked for.
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    print(f"run_llm: blocks of {block} tokens", flush=True)
     params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
                             detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params)
     with open(sys.argv[2], "w") as f:
         json.dump([list(o.outputs[0].token_ids) for o in outs], f)
     if spec.get("wait_keys"):
-        wait_keys(**spec["wait_keys"])
+        wait = dict(spec["wait_keys"])
+        if wait["count"] == "full_blocks":
+            wait["count"] = sum(len(p) // block for p in spec["prompts"])
+        wait_keys(**wait)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ import pytest
 from mccluster import start_cluster
 from mooncake_go import Store
 from tinymodel import text
-from vllm_harness import (MAX_TOKENS, free_port, http_json, prompts, run_offline, start_servers, stop_process,
-                          wait_line)
+from vllm_harness import (ENGINE_ARGS, MAX_TOKENS, free_port, http_json, prompts, run_offline, start_servers,
+                          stop_process, wait_line)
 
 BLOCK = 128  # vLLM's KV block on the CPU
 # The connector's per-request lines are INFO. The harness's CPU workaround
@@ -53,7 +53,7 @@ def store_keys(cluster) -> list:
         return r.read().decode().split()
 
 
-def expected_keys(ps: list) -> set:
+def expected_keys(ps: list, block: int = BLOCK) -> set:
     """The keys of every full block of ps, computed with vLLM's own block
     hashing (sha256, its default): "tiny@tp0@" and the low 64 bits of the
     block hash, big-endian, as VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 has
@@ -66,8 +66,8 @@ def expected_keys(ps: list) -> set:
     keys = set()
     for p in ps:
         parent = None
-        for i in range(len(p) // BLOCK):
-            parent = ku.hash_block_tokens(fn, parent, p[i * BLOCK:(i + 1) * BLOCK])
+        for i in range(len(p) // block):
+            parent = ku.hash_block_tokens(fn, parent, p[i * block:(i + 1) * block])
             keys.add(f"tiny@tp0@{ku.maybe_convert_block_hash(parent):016x}")
     return keys
 
@@ -77,8 +77,22 @@ def loaded_blocks(log) -> int:
     return sum(int(m.group(1)) for m in re.finditer(r"mooncake-go connector: loaded (\d+) blocks", log.read_text()))
 
 
-def full_blocks(ps) -> int:
-    return sum(len(p) // BLOCK for p in ps)
+def full_blocks(ps, block: int = BLOCK) -> int:
+    return sum(len(p) // block for p in ps)
+
+
+def engine_block(log) -> int:
+    """The block size an offline engine settled on (run_llm.py's line)."""
+    return int(re.search(r"run_llm: blocks of (\d+) tokens", log.read_text()).group(1))
+
+
+def window_blocks(n: int, block: int, window: int) -> int:
+    """The full blocks of an n-token prompt that a reader of a sliding-window
+    model loads when the store holds them all: vLLM leaves out the blocks
+    whose every token lies before the window of the first token it computes
+    (its null block takes their places)."""
+    full = n // block
+    return full - max(0, full * block - window + 1) // block
 
 
 def write_and_read(models, logs, cluster, writer: str, tag: str):
@@ -130,14 +144,18 @@ def test_store_tier_negative_control_other_weights_change_the_answer(models, log
 
 
 def test_store_tier_sliding_window_saves_each_block_before_the_window_frees_it(tmp_path, logs, mooncake_bin):
-    """A sliding-window model (a window of one block) and a chunked prefill
-    (one block a step, two requests at a time): vLLM frees each block once
-    it falls out of the window, long before the whole prompt is computed,
-    and puts its null block in its place. The writer saves every block in
-    the step that fills it; readers of shorter prefixes load the blocks
-    they still read and answer as a run without the connector does. (Saved
-    once the prompt was computed, the early blocks were the null block's
-    bytes, and readers answered differently: 2 of 4 here.)"""
+    """A sliding-window model (a window of 128 tokens, one CPU block) and a
+    chunked prefill (128 tokens a step, two requests at a time): vLLM frees
+    each block once it falls out of the window, long before the whole
+    prompt is computed, and puts its null block in its place. The writer
+    saves every block in the step that fills it; readers of shorter
+    prefixes load the blocks they still read and answer as a run without
+    the connector does. (Saved once the prompt was computed, the early
+    blocks were the null block's bytes, and readers answered differently:
+    2 of 4 here.) On a GPU, vLLM gives sliding-window layers the attention
+    kernel's smallest block (16 tokens for FlashAttention) whatever the
+    block size asked for: the keys and loads follow the block size the
+    engine settled on."""
     import json
 
     import tinymodel
@@ -145,22 +163,29 @@ def test_store_tier_sliding_window_saves_each_block_before_the_window_frees_it(t
     model = tinymodel.write(tmp_path / "sw" / "tiny", 1, sliding_window=BLOCK)
     ps = prompts(n=4, length=3 * BLOCK + 44)
     short = [p[:2 * BLOCK + 44] for p in ps]
-    env = {**ENV, "MOONCAKE_E2E_VLLM_ENGINE_ARGS": json.dumps({"max_num_batched_tokens": BLOCK, "max_num_seqs": 2})}
+    # Added to the host's engine arguments (a GPU host's block size of 128
+    # among them), not in their place.
+    engine_args = {**ENGINE_ARGS, "max_num_batched_tokens": BLOCK, "max_num_seqs": 2}
+    env = {**ENV, "MOONCAKE_E2E_VLLM_ENGINE_ARGS": json.dumps(engine_args)}
     baseline = run_offline(model, short, logs / "sw-baseline.log", env=env)
     cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "512MiB", admin=True)
     try:
         kv = go_kv("kv_both", master=cluster.master)
-        wait = {"url": f"http://127.0.0.1:{cluster.metrics_port}/get_all_keys", "count": full_blocks(ps),
+        wait = {"url": f"http://127.0.0.1:{cluster.metrics_port}/get_all_keys", "count": "full_blocks",
                 "timeout": 60}
         run_offline(model, ps, logs / "sw-writer.log", kv=kv, env=env, wait_keys=wait)
-        assert set(store_keys(cluster)) == expected_keys(ps)
+        block = engine_block(logs / "sw-writer.log")
+        assert set(store_keys(cluster)) == expected_keys(ps, block)
         reader_log = logs / "sw-reader.log"
         read = run_offline(model, short, reader_log, kv=kv, env=env)
     finally:
         cluster.stop()
     assert read == baseline
-    # Each reader loads the one block it reads: the window skipped the first.
-    assert loaded_blocks(reader_log) == len(short), reader_log.read_text()[-3000:]
+    # Each reader loads the blocks it reads (on the CPU one: the window
+    # skips the first).
+    want = sum(window_blocks(len(p), block, window=BLOCK) for p in short)
+    assert want < full_blocks(short, block)
+    assert loaded_blocks(reader_log) == want, reader_log.read_text()[-3000:]
     assert "each step waits for the saves" in (logs / "sw-writer.log").read_text()
 
 
