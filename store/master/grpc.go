@@ -96,10 +96,7 @@ func (g *GRPCServer) JournalTail(ctx context.Context, req *storepb.JournalTailRe
 	first, recs := t.take(req.Designation)
 	resp := &storepb.JournalTailResponse{}
 	if len(recs) > 0 {
-		var err error
-		if resp.Batch, err = proto.Marshal(&storepb.JournalBatch{FirstSeq: first, Records: recs}); err != nil {
-			return nil, status.Error(codes.Internal, err.Error())
-		}
+		resp.Batch = encodeBatch(first, recs)
 	}
 	return resp, nil
 }

@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/mooncake-go/mooncake/internal/etcdtest"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -243,4 +245,39 @@ func TestCloseWritesRecordsOfADroppedStandby(t *testing.T) {
 	require.NoError(t, err)
 	defer cli.Close()
 	require.True(t, inEtcd(t, cli, "closedrop", last), "record %d acknowledged and lost by a leader that closed", last)
+}
+
+// A standby acknowledges while it applies etcd's records or prepares its
+// service (both under its follower's lock, for as long as a large batch
+// or state takes): puts wait for neither.
+func TestStandbyAcksWhileApplying(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startHA(t, etcd, "applying", false)
+	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	f := startFollower(cli, "applying", ServiceConfig{}, fetchConfig{enabled: true},
+		&tailStore{id: newStandbyID(), addr: "127.0.0.1:1"}, slog.New(slog.DiscardHandler))
+	defer f.stop()
+	waitDesignated(t, a)
+	j := etcdJournalOf(t, a)
+	j.holdEtcd.Store(true)
+	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
+
+	svc := a.Service()
+	require.NoError(t, svc.MountSegment(t.Context(), "node", seg("1", 1<<30, 1<<30)))
+	f.mu.Lock() // as a long apply does
+	defer f.mu.Unlock()
+	var last uint64
+	for i := range 10 {
+		key := fmt.Sprintf("obj-%d", i)
+		_, _, err := svc.startSeq(t.Context(), "node", key, 64, nil, false)
+		require.NoError(t, err)
+		last, err = svc.putEndSeq("node", key, 7)
+		require.NoError(t, err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, svc.durable(ctx, last), "the puts waited for the standby's apply")
 }

@@ -233,7 +233,7 @@ func TestTailStore(t *testing.T) {
 	term, after, _ := tl.after(10)
 	assert.Equal(t, int64(7), term)
 	assert.Equal(t, uint64(10), after)
-	tl.fetched(7, 10, []*storepb.JournalRecord{{}, {}, {}})
+	tl.fetched(7, 10, [][]byte{{}, {}, {}})
 	_, after, _ = tl.after(10)
 	assert.Equal(t, uint64(13), after)
 	_, recs := tl.take(designation("other", 7, "h:1"))
@@ -247,7 +247,7 @@ func TestTailStore(t *testing.T) {
 	_, after, _ = tl.after(11) // etcd brought record 11
 	assert.Equal(t, uint64(13), after)
 	assert.Len(t, tl.recs, 2)
-	tl.fetched(7, 12, []*storepb.JournalRecord{{}}) // not where the tail ends
+	tl.fetched(7, 12, [][]byte{{}}) // not where the tail ends
 	assert.Len(t, tl.recs, 2)
 
 	tl.fetched(8, 13, nil) // a new leader answers

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -56,6 +57,10 @@ type follower struct {
 	// applying records (it only drops replicas of segments gone).
 	prepared   *Service
 	preparedAt uint64
+	// applied is last+1 while there is a state, 0 while there is none:
+	// for fetching from the leader, whose acknowledgements must not wait
+	// for an apply or a prepare under mu.
+	applied atomic.Uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -92,6 +97,7 @@ func (f *follower) stop() (st *state, last uint64, prepared *Service, preparedAt
 	defer f.mu.Unlock()
 	st, last, prepared, preparedAt = f.st, f.last, f.prepared, f.preparedAt
 	f.st, f.prepared = nil, nil
+	f.applied.Store(0)
 	if prepared != nil && preparedAt != last {
 		prepared = nil
 	}
@@ -124,6 +130,7 @@ func (f *follower) run(ctx context.Context) {
 			f.log.Warn("master: standby: following the journal failed; loading it again", "err", err)
 			f.mu.Lock()
 			f.st = nil
+			f.applied.Store(0)
 			f.mu.Unlock()
 			sleep(ctx, time.Second)
 		}
@@ -153,6 +160,7 @@ func (f *follower) follow(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	f.st, f.last, f.pending = st, last, pending
+	f.applied.Store(last + 1)
 	err = f.drainLocked()
 	f.mu.Unlock()
 	if err != nil {
@@ -255,6 +263,7 @@ func (f *follower) drainLocked() error {
 			return err
 		}
 		f.last = last
+		f.applied.Store(last + 1)
 	}
 }
 
