@@ -63,10 +63,10 @@
 //   - Standby acknowledgements (replicate.go): a warm standby fetches the
 //     leader's records as they are appended (JournalFetch); the leader
 //     designates one that keeps up, in etcd, and a record is durable once
-//     that standby has it or etcd does, etcd being written behind. A
-//     winner other than the designated standby yields to it while it
-//     lives; the standby, winning, writes to etcd the records it fetched
-//     that etcd lacks. HAConfig.SyncEtcd [--ha_sync_etcd] turns this off.
+//     that standby has it or etcd does, etcd being written behind. A new
+//     leader takes the designated standby's records (its own, or asked of
+//     it over JournalTail) and writes to etcd those etcd lacks before it
+//     loads. HAConfig.SyncEtcd [--ha_sync_etcd] turns this off.
 //
 // # Limits
 //

@@ -60,7 +60,10 @@ import (
 //
 // Lost only when the leader dies and its designated standby is
 // unreachable for tailWait with it: both within the same few
-// milliseconds of records.
+// milliseconds of records. (A standby holds what it fetched as the leader
+// encoded it, checking its framing only, and decodes it when a new leader
+// takes it: a record a leader encoded that framed but did not decode
+// would lose it and those after it, decodeTail.)
 const (
 	behindEvery    = 5 * time.Millisecond
 	standbyTimeout = time.Second
@@ -503,11 +506,15 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 				return errors.New("master: standby: the leader answering was deposed")
 			}
 		default:
-			// Held as the leader sent them: the next fetch acknowledges
-			// them, and decoding waits for a new leader to ask (take).
-			_, recs, err := splitBatch(resp.Batch)
-			if err != nil {
+			// Held as the leader encoded them: the next fetch
+			// acknowledges them, and they are decoded only when a new
+			// leader takes them (decodeTail).
+			first, recs, err := splitBatch(resp.Batch)
+			switch {
+			case err != nil:
 				return fmt.Errorf("master: journal fetch: %w", err)
+			case first != after+1:
+				return fmt.Errorf("master: journal fetch after record %d: the answer starts at %d", after, first)
 			}
 			f.tails.fetched(resp.Term, after, recs)
 		}
@@ -615,32 +622,20 @@ func (t *tailStore) take(d string) (uint64, [][]byte) {
 }
 
 // tailOf returns the records of the standby designated in d (journal/insync):
-// this master's own, or asked of the standby, for up to tailWait.
+// this master's own, or asked of the standby, for up to tailWait; from
+// the first record that does not decode on, none (decodeTail).
 func tailOf(ctx context.Context, own *tailStore, d string, peer peerConfig, log *slog.Logger) (map[uint64]*storepb.JournalRecord, error) {
 	id, addr := designee(d)
 	var first uint64
-	var recs []*storepb.JournalRecord
+	var raw [][]byte
 	switch {
 	case id == "":
 		return nil, nil
 	case id == own.id:
-		var raw [][]byte
 		first, raw = own.take(d)
-		recs = make([]*storepb.JournalRecord, len(raw))
-		for i, r := range raw {
-			recs[i] = new(storepb.JournalRecord)
-			if err := proto.Unmarshal(r, recs[i]); err != nil {
-				// Framed as a record but not one: what the leader sent
-				// from that record on is lost, as with a standby that
-				// does not answer.
-				log.Error("master: a record this standby fetched does not decode: the puts acknowledged through it from that record on are lost",
-					"seq", first+uint64(i), "err", err)
-				recs = recs[:i]
-				break
-			}
-		}
 	default:
-		b, err := askTail(ctx, addr, d, peer)
+		var err error
+		first, raw, err = askTail(ctx, addr, d, peer)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -649,24 +644,43 @@ func tailOf(ctx context.Context, own *tailStore, d string, peer peerConfig, log 
 				"standby", addr, "err", err)
 			return nil, nil
 		}
-		first, recs = b.FirstSeq, b.Records
 	}
-	out := make(map[uint64]*storepb.JournalRecord, len(recs))
-	for i, rec := range recs {
+	return decodeTail(first, raw, log), nil
+}
+
+// decodeTail decodes a standby's tail, records first.., up to the first
+// one that does not decode: a standby holds records framed only
+// (splitBatch), and no leader encodes one that frames but does not
+// decode, but were one to, the records after it could not be written
+// either (a gap: batches after one count as never acknowledged), and a
+// new leader that refused to start would leave the cluster without one.
+func decodeTail(first uint64, raw [][]byte, log *slog.Logger) map[uint64]*storepb.JournalRecord {
+	out := make(map[uint64]*storepb.JournalRecord, len(raw))
+	for i, r := range raw {
+		rec := new(storepb.JournalRecord)
+		if err := proto.Unmarshal(r, rec); err != nil {
+			log.Error("master: a record the designated standby fetched does not decode: the puts acknowledged through it from that record on are lost",
+				"seq", first+uint64(i), "records", len(raw)-i, "err", err)
+			break
+		}
 		out[first+uint64(i)] = rec
 	}
-	return out, nil
+	return out
 }
 
 // splitBatch splits an encoded JournalBatch into its first_seq and its
-// records, still encoded (sub-slices of b), checking only their framing:
-// what a standby needs to hold and acknowledge them, at a small part of
-// a decode's cost.
+// records, still encoded (sub-slices of b, which must not be a buffer
+// reused after: protobuf's decoders copy bytes fields), checking their
+// framing, and their fields' (not what nested messages hold): a standby
+// holds and acknowledges them so, at a small part of a decode's cost.
 func splitBatch(b []byte) (first uint64, recs [][]byte, err error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
+		switch {
+		case n < 0:
 			return 0, nil, fmt.Errorf("master: journal batch: %w", protowire.ParseError(n))
+		case num > protowire.MaxValidNumber:
+			return 0, nil, fmt.Errorf("master: journal batch: field number %d", num)
 		}
 		b = b[n:]
 		switch {
@@ -679,7 +693,7 @@ func splitBatch(b []byte) (first uint64, recs [][]byte, err error) {
 				if err := checkFields(rec); err != nil {
 					return 0, nil, fmt.Errorf("master: journal batch: record %d: %w", len(recs), err)
 				}
-				recs = append(recs, rec)
+				recs = append(recs, rec[:len(rec):len(rec)])
 			}
 		default: // as protobuf does, a field of another wire type too
 			n = protowire.ConsumeFieldValue(num, typ, b)
@@ -692,12 +706,16 @@ func splitBatch(b []byte) (first uint64, recs [][]byte, err error) {
 	return first, recs, nil
 }
 
-// checkFields checks that b is a sequence of well-framed protobuf fields.
+// checkFields checks that b is a sequence of well-framed protobuf fields
+// of numbers protobuf decodes.
 func checkFields(b []byte) error {
 	for len(b) > 0 {
-		_, _, n := protowire.ConsumeField(b)
+		num, _, n := protowire.ConsumeField(b)
 		if n < 0 {
 			return protowire.ParseError(n)
+		}
+		if num > protowire.MaxValidNumber {
+			return fmt.Errorf("field number %d", num)
 		}
 		b = b[n:]
 	}
@@ -724,12 +742,12 @@ func encodeBatch(first uint64, recs [][]byte) []byte {
 
 // askTail asks the standby at addr for its tail under designation d,
 // until it answers or tailWait passes.
-func askTail(ctx context.Context, addr, d string, peer peerConfig) (*storepb.JournalBatch, error) {
+func askTail(ctx context.Context, addr, d string, peer peerConfig) (first uint64, recs [][]byte, err error) {
 	ctx, cancel := context.WithTimeout(ctx, tailWait)
 	defer cancel()
 	fc, closeConn, err := dialMaster(addr, peer)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	defer closeConn()
 	rpc := storepb.NewMasterClient(fc)
@@ -738,14 +756,10 @@ func askTail(ctx context.Context, addr, d string, peer peerConfig) (*storepb.Jou
 		resp, err := rpc.JournalTail(cctx, &storepb.JournalTailRequest{Designation: d})
 		ccancel()
 		if err == nil {
-			var b storepb.JournalBatch
-			if err := proto.Unmarshal(resp.Batch, &b); err != nil {
-				return nil, fmt.Errorf("master: journal tail: %w", err)
-			}
-			return &b, nil
+			return splitBatch(resp.Batch)
 		}
 		if ctx.Err() != nil {
-			return nil, err
+			return 0, nil, err
 		}
 		sleep(ctx, 100*time.Millisecond)
 	}

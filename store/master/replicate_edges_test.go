@@ -33,9 +33,9 @@ func TestStandbyAcksNothingAfterHandingItsTail(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, d)
 	// A new leader takes b's tail, as takeOver does.
-	tail, err := askTail(t.Context(), b.Addr(), d, peerConfig{})
+	_, tail, err := askTail(t.Context(), b.Addr(), d, peerConfig{})
 	require.NoError(t, err)
-	require.NotEmpty(t, tail.Records)
+	require.NotEmpty(t, tail)
 
 	// a goes on: its next put must wait for etcd, which it cannot reach.
 	svc := a.Service()
@@ -277,7 +277,12 @@ func TestStandbyAcksWhileApplying(t *testing.T) {
 		last, err = svc.putEndSeq("node", key, 7)
 		require.NoError(t, err)
 	}
+	require.NotZero(t, last)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, svc.durable(ctx, last), "the puts waited for the standby's apply")
+	f.tails.mu.Lock()
+	held := f.tails.first + uint64(len(f.tails.recs)) - 1
+	f.tails.mu.Unlock()
+	require.GreaterOrEqual(t, held, last, "acknowledged records the standby does not hold")
 }

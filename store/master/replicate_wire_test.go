@@ -1,11 +1,17 @@
 package master
 
 import (
+	"bytes"
+	"log/slog"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -56,6 +62,7 @@ func TestSplitBatchRefusesMalformed(t *testing.T) {
 		"record not fields":      {0x12, 0x02, 0x0a, 0x05},
 		"bad tag":                {0x80},
 		"field 0":                {0x00, 0x01},
+		"field past protobuf's":  {0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x10, 0x00},
 	} {
 		_, _, err := splitBatch(b)
 		assert.Error(t, err, name)
@@ -69,16 +76,65 @@ func TestSplitBatchRefusesMalformed(t *testing.T) {
 	assert.Len(t, raw, len(wireRecords()))
 }
 
-// Whatever splitBatch accepts, protobuf frames the same way: as many
-// records, each the bytes protobuf decodes at that place; and whatever
-// protobuf decodes, splitBatch accepts.
+// rawBatch is JournalBatch's wire form with its records left as bytes.
+func rawBatch(t testing.TB) protoreflect.MessageDescriptor {
+	fd, err := protodesc.NewFile(&descriptorpb.FileDescriptorProto{
+		Name: proto.String("rawbatch.proto"), Package: proto.String("test"), Syntax: proto.String("proto3"),
+		MessageType: []*descriptorpb.DescriptorProto{{
+			Name: proto.String("RawBatch"),
+			Field: []*descriptorpb.FieldDescriptorProto{
+				{Name: proto.String("first_seq"), Number: proto.Int32(1), JsonName: proto.String("firstSeq"),
+					Type:  descriptorpb.FieldDescriptorProto_TYPE_UINT64.Enum(),
+					Label: descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum()},
+				{Name: proto.String("records"), Number: proto.Int32(2), JsonName: proto.String("records"),
+					Type:  descriptorpb.FieldDescriptorProto_TYPE_BYTES.Enum(),
+					Label: descriptorpb.FieldDescriptorProto_LABEL_REPEATED.Enum()},
+			},
+		}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd.Messages().Get(0)
+}
+
+// splitBatch frames a batch as protobuf does: it accepts what protobuf
+// decodes as a batch of byte records whose fields frame (checkFields),
+// and nothing else, with the same first_seq and records; whatever
+// protobuf decodes as a JournalBatch, it accepts; and encodeBatch encodes
+// what protobuf decodes to the same batch.
 func FuzzSplitBatch(f *testing.F) {
+	md := rawBatch(f)
 	b, _ := proto.Marshal(&storepb.JournalBatch{FirstSeq: 9, Records: wireRecords()})
 	f.Add(b)
 	f.Add([]byte{0x12, 0x03, 0x0a, 0x01, 0x00})
 	f.Add([]byte{0x18, 0x07, 0x12, 0x00})
+	f.Add([]byte{0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x10, 0x00})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		first, raw, err := splitBatch(data)
+		rb := dynamicpb.NewMessage(md)
+		rerr := proto.Unmarshal(data, rb)
+		framed := rerr == nil
+		if framed {
+			recs := rb.Get(md.Fields().ByNumber(2)).List()
+			for i := range recs.Len() {
+				framed = framed && checkFields(recs.Get(i).Bytes()) == nil
+			}
+		}
+		if framed != (err == nil) {
+			t.Fatalf("splitBatch: %v; protobuf: %v, framed %v", err, rerr, framed)
+		}
+		if err == nil {
+			recs := rb.Get(md.Fields().ByNumber(2)).List()
+			if first != rb.Get(md.Fields().ByNumber(1)).Uint() || len(raw) != recs.Len() {
+				t.Fatalf("split %d, %d records; protobuf %v", first, len(raw), rb)
+			}
+			for i, r := range raw {
+				if !bytes.Equal(r, recs.Get(i).Bytes()) {
+					t.Fatalf("record %d: % x, protobuf % x", i, r, recs.Get(i).Bytes())
+				}
+			}
+		}
 		var batch storepb.JournalBatch
 		perr := proto.Unmarshal(data, &batch)
 		if perr == nil && err != nil {
@@ -103,4 +159,25 @@ func FuzzSplitBatch(f *testing.F) {
 			t.Fatalf("encodeBatch: %v", err)
 		}
 	})
+}
+
+// A tail is decoded up to the first record that does not decode: the
+// records after it could not be written to etcd but after a gap.
+func TestDecodeTailStopsAtARecordThatDoesNotDecode(t *testing.T) {
+	var raw [][]byte
+	for _, rec := range wireRecords()[:3] {
+		b, err := proto.Marshal(rec)
+		require.NoError(t, err)
+		raw = append(raw, b)
+	}
+	bad := []byte{0x0a, 0x02, 0xff, 0xfe} // a mount whose bytes are no fields
+	var probe storepb.JournalRecord
+	require.Error(t, proto.Unmarshal(bad, &probe))
+	require.NoError(t, checkFields(bad), "frames")
+	got := decodeTail(40, append(append(raw[:2:2], bad), raw[2]), slog.New(slog.DiscardHandler))
+	require.Len(t, got, 2)
+	for i, rec := range wireRecords()[:2] {
+		assert.True(t, proto.Equal(rec, got[40+uint64(i)]), "record %d", i)
+	}
+	assert.Len(t, decodeTail(40, raw, slog.New(slog.DiscardHandler)), 3)
 }
