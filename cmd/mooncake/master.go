@@ -92,7 +92,8 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	f.String("cluster_id", "mooncake_cluster", "HA cluster name (the etcd key prefix)")
 	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
 	f.Bool("ha_sync_etcd", false, "HA: answer a put once its journal record is in etcd, never on a standby's acknowledgement (by default a warm standby that keeps up acknowledges, and etcd is written milliseconds behind)")
-	f.Bool("ha_tls_standby_acks", false, "HA with TLS: standbys acknowledge too, fetching over TLS with this master's certificate; set it on every master, whose certificates must name their addresses and, with --tls_client_ca_file, be valid for client authentication (checked at start). Without it, under TLS every put waits for etcd")
+	f.Bool("ha_tls_standby_acks", false, "HA with TLS: standbys acknowledge too, fetching over TLS with this master's certificate; set it on every master, whose certificates must name their addresses (or --ha_peer_server_name) and, with --tls_client_ca_file, be valid for client authentication (checked at start). Without it, under TLS every put waits for etcd")
+	f.String("ha_peer_server_name", "", "HA with TLS: the name masters verify one another's certificates for, instead of each one's address (one certificate for every master, e.g. a Kubernetes Service's name)")
 	f.Int("max_key_length", master.MaxKeyLen, "longest object key accepted, bytes")
 	f.String("max_value_size", "1TiB", "largest value one put may store (bytes, or 1GiB, 16GB)")
 	f.Int("max_batch_size", master.DefaultMaxBatch, "most keys one batch call may carry")
@@ -183,7 +184,8 @@ func runMaster(cmd *cobra.Command, official []officialFlag) error {
 			return err
 		}
 		cfg.HA = &master.HAConfig{Etcd: list, ClusterID: s.str("cluster_id"), LeaderTTL: ttl, EtcdTLS: clientTLS(s.str, "etcd_"),
-			SyncEtcd: s.boolean("ha_sync_etcd"), TLSStandbyAcks: s.boolean("ha_tls_standby_acks")}
+			SyncEtcd: s.boolean("ha_sync_etcd"), TLSStandbyAcks: s.boolean("ha_tls_standby_acks"),
+			PeerServerName: s.str("ha_peer_server_name")}
 		if a := rpcAddr; a != "0.0.0.0" && a != "" {
 			cfg.HA.Advertise = cfg.Listen
 		}

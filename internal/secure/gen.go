@@ -39,6 +39,17 @@ func (f Files) ClientTLS() TLS {
 // that has no PKI of its own (`mooncake up --secure`); the CA's key is not
 // kept, so the set cannot grow: generate another.
 func Generate(dir string, hosts ...string) (Files, error) {
+	return generate(dir, true, hosts)
+}
+
+// GenerateFor is Generate with a server certificate for hosts alone, not
+// the loopback names: for peers that verify one another by a name of
+// their own (HA masters with HAConfig.PeerServerName).
+func GenerateFor(dir string, hosts ...string) (Files, error) {
+	return generate(dir, false, hosts)
+}
+
+func generate(dir string, loopback bool, hosts []string) (Files, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Files{}, fmt.Errorf("secure: %w", err)
 	}
@@ -77,8 +88,10 @@ func Generate(dir string, hosts ...string) (Files, error) {
 	server := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "mooncake-go server"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:    []string{"localhost"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+	}
+	if loopback {
+		server.DNSNames = []string{"localhost"}
+		server.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {

@@ -95,6 +95,19 @@ func TestCheckPeer(t *testing.T) {
 	if err := f.ServerTLS().CheckPeer("10.9.9.9"); err == nil {
 		t.Error("a certificate for another host passed")
 	}
+	// GenerateFor's names its hosts alone.
+	named, err := GenerateFor(t.TempDir(), "masters.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := named.ServerTLS().CheckPeer("masters.test"); err != nil {
+		t.Errorf("masters.test: %v", err)
+	}
+	for _, host := range []string{"127.0.0.1", "localhost"} {
+		if err := named.ServerTLS().CheckPeer(host); err == nil {
+			t.Errorf("GenerateFor's certificate passed for %s", host)
+		}
+	}
 	// A server's certificate valid for server authentication alone.
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -69,19 +69,38 @@ func leaderAndStandby(t *testing.T, cluster string) (etcd string, a, b *Server, 
 // is lost though the leader died before writing it.
 // The masters require a token, which the standby presents to fetch; with
 // mutual TLS it fetches over TLS, presenting its own certificate.
+// With HAConfig.PeerServerName the masters verify one another for that
+// name, whatever addresses they advertise: one certificate naming only it
+// serves them all.
 func TestStandbyAcksMakePutsDurable(t *testing.T) {
 	files, err := secure.Generate(t.TempDir())
 	require.NoError(t, err)
-	for name, tlsCfg := range map[string]secure.TLS{"token": {}, "mutual TLS": files.ServerTLS()} {
-		t.Run(name, func(t *testing.T) { testStandbyAcksMakePutsDurable(t, tlsCfg) })
+	named, err := secure.GenerateFor(t.TempDir(), peerName)
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		tls  secure.TLS
+		peer string
+	}{"token": {}, "mutual TLS": {tls: files.ServerTLS()}, "mutual TLS, one name": {named.ServerTLS(), peerName}} {
+		t.Run(name, func(t *testing.T) { testStandbyAcksMakePutsDurable(t, tc.tls, tc.peer) })
 	}
 }
 
-func testStandbyAcksMakePutsDurable(t *testing.T, tlsCfg secure.TLS) {
+// peerName is the one name of TestStandbyAcksMakePutsDurable's masters.
+const peerName = "masters.mooncake.test"
+
+func testStandbyAcksMakePutsDurable(t *testing.T, tlsCfg secure.TLS, peer string) {
 	etcd := etcdtest.Start(t)
-	a := startSecureHA(t, etcd, "acks", tlsCfg)
+	start := func() *Server {
+		cfg := secureHAConfig(etcd, "acks", tlsCfg)
+		cfg.HA.PeerServerName = peer
+		s, err := Start(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a := start()
 	require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
-	b := startSecureHA(t, etcd, "acks", tlsCfg)
+	b := start()
 	waitDesignated(t, a)
 
 	j := etcdJournalOf(t, a)
@@ -348,4 +367,20 @@ func TestTLSStandbyAcksOptIn(t *testing.T) {
 	_, err = Start(secureHAConfig(etcd, "tls-opt-in", secure.TLS{CertFile: files.ClientCert, KeyFile: files.ClientKey, CAFile: files.CA}))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "TLSStandbyAcks")
+
+	// A certificate for one name, not the address: only with that name as
+	// HAConfig.PeerServerName.
+	named, err := secure.GenerateFor(t.TempDir(), peerName)
+	require.NoError(t, err)
+	_, err = Start(secureHAConfig(etcd, "tls-opt-in", named.ServerTLS()))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "TLSStandbyAcks")
+	cfg := secureHAConfig(etcd, "tls-opt-in", named.ServerTLS())
+	cfg.HA.PeerServerName = "other." + peerName
+	_, err = Start(cfg)
+	require.Error(t, err)
+	cfg.HA.PeerServerName = peerName
+	s, err := Start(cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
 }

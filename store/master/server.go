@@ -148,6 +148,12 @@ type HAConfig struct {
 	// the masters trust: Start checks its own (secure.TLS.CheckPeer). Zero:
 	// under TLS every put waits for etcd.
 	TLSStandbyAcks bool
+	// PeerServerName, under TLS, is the name the masters verify one
+	// another's certificates for, instead of the address each advertises:
+	// one certificate for every master (a Kubernetes Service's name, say,
+	// where pods advertise addresses no certificate names ahead). Zero:
+	// the advertised host.
+	PeerServerName string
 }
 
 // DefaultListen is the master's default gRPC address.
@@ -256,6 +262,9 @@ func Start(cfg ServerConfig) (_ *Server, err error) {
 		// presented to those that ask for one (mutual TLS).
 		peer := cfg.TLS
 		peer.ServerName = ""
+		if cfg.HA != nil {
+			peer.ServerName = cfg.HA.PeerServerName
+		}
 		if s.peer.tls, err = peer.Client(); err != nil {
 			return nil, fmt.Errorf("master: ServerConfig.TLS, to dial the other masters: %w", err)
 		}
@@ -497,6 +506,7 @@ func (s *Server) checkPeerTLS() error {
 		return nil
 	}
 	host, _, _ := net.SplitHostPort(s.advertise())
+	host = cmp.Or(h.PeerServerName, host)
 	if err := s.cfg.TLS.CheckPeer(host); err != nil {
 		return fmt.Errorf("master: HAConfig.TLSStandbyAcks: %w", err)
 	}
