@@ -54,6 +54,7 @@ func addClientTLSFlags(f *pflag.FlagSet, prefix, server string) {
 	f.String(prefix+"tls_ca_file", "", "PEM CA bundle verifying "+server+": TLS on (empty: plaintext)")
 	f.String(prefix+"tls_cert_file", "", "PEM client certificate presented to "+server+" (mutual TLS)")
 	f.String(prefix+"tls_key_file", "", "PEM key of --"+prefix+"tls_cert_file")
+	f.String(prefix+"tls_server_name", "", "the name "+server+"'s certificate must carry (empty: the host dialed), e.g. a Service's name for masters that advertise pod IPs")
 }
 
 // addEtcdTLSFlags adds the TLS flags of an etcd client.
@@ -75,5 +76,6 @@ func serverTLS(str func(string) string) secure.TLS {
 
 // clientTLS reads addClientTLSFlags' flags of prefix.
 func clientTLS(str func(string) string, prefix string) secure.TLS {
-	return secure.TLS{CertFile: str(prefix + "tls_cert_file"), KeyFile: str(prefix + "tls_key_file"), CAFile: str(prefix + "tls_ca_file")}
+	return secure.TLS{CertFile: str(prefix + "tls_cert_file"), KeyFile: str(prefix + "tls_key_file"), CAFile: str(prefix + "tls_ca_file"),
+		ServerName: str(prefix + "tls_server_name")}
 }

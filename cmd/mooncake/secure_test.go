@@ -272,3 +272,28 @@ func TestConductorTLSFlags(t *testing.T) {
 	_ = resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// --master_tls_server_name: a node verifies a master whose certificate
+// names no address it dials (one name for every master, e.g. a Service's)
+// for that name; without it the node refuses the master.
+func TestNodeMasterTLSServerName(t *testing.T) {
+	files, err := secure.GenerateFor(t.TempDir(), "masters.mooncake.test")
+	require.NoError(t, err)
+	m := selfCommand(t, "master", "--rpc_address", "127.0.0.1", "--rpc_port", "0",
+		"--metrics_host", "127.0.0.1", "--metrics_port", "0",
+		"--tls_cert_file", files.ServerCert, "--tls_key_file", files.ServerKey)
+	rpc := field(startProc(t, m, "master listening"), "rpc=")
+	nodeArgs := []string{"node", "--master", rpc, "--global_segment_size", "16MiB", "--local_buffer_size", "1MiB",
+		"--local_hostname", "127.0.0.1", "--master_tls_ca_file", files.CA}
+
+	bare := selfCommand(t, nodeArgs...)
+	bare.Stderr = nil
+	// It retries its mount until the RPC deadline (30 s), then names the cause.
+	timer := time.AfterFunc(90*time.Second, func() { _ = bare.Process.Kill() })
+	out, err := bare.CombinedOutput()
+	timer.Stop()
+	require.Error(t, err, "the node took a certificate for another name: %s", out)
+	assert.Contains(t, string(out), "certificate")
+
+	startProc(t, selfCommand(t, append(nodeArgs, "--master_tls_server_name", "masters.mooncake.test")...), cluster.ReadyLine(""))
+}

@@ -110,7 +110,7 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 	var nodes []*exec.Cmd
 	var segs []string
 	for range 2 {
-		cmd := selfCommand(t, "node", "--master", m.Addr(), "--global_segment_size", "64MiB",
+		cmd := selfCommand(t, "node", "--master", m.Addr(), "--global_segment_size", "128MiB",
 			"--local_hostname", "127.0.0.1", "--transport", "tcp")
 		line := startProc(t, cmd, "node ready segment=")
 		nodes, segs = append(nodes, cmd), append(segs, strings.TrimPrefix(line, "node ready segment="))
@@ -119,7 +119,10 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	const size = 16 << 10
+	// At most 4 x maxPuts objects, 75 MiB of each 128 MiB segment: none is
+	// evicted, which would take objects put before the kill (a fast
+	// machine filled 64 MiB segments within the second before it).
+	const size, maxPuts = 16 << 10, 1200
 	var (
 		mu      sync.Mutex
 		acked   []string
@@ -140,7 +143,10 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 				default:
 				}
 				key := fmt.Sprintf("g%d-%d", g, i)
-				err := c.Put(ctx, key, payload(key, size), &client.ReplicateConfig{Replicas: 2})
+				err := errors.New("not put")
+				if i < maxPuts {
+					err = c.Put(ctx, key, payload(key, size), &client.ReplicateConfig{Replicas: 2})
+				}
 				mu.Lock()
 				if err == nil {
 					acked = append(acked, key)
@@ -149,7 +155,7 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 					default:
 						before[key] = true
 					}
-				} else {
+				} else if i < maxPuts {
 					putsErr++
 				}
 				pick := ""

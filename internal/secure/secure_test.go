@@ -95,7 +95,7 @@ func TestCheckPeer(t *testing.T) {
 	if err := f.ServerTLS().CheckPeer("10.9.9.9"); err == nil {
 		t.Error("a certificate for another host passed")
 	}
-	// GenerateFor's names its hosts alone.
+	// GenerateFor's certificate names its hosts alone.
 	named, err := GenerateFor(t.TempDir(), "masters.test")
 	if err != nil {
 		t.Fatal(err)

@@ -379,6 +379,7 @@ func TestTLSStandbyAcksOptIn(t *testing.T) {
 	cfg.HA.PeerServerName = "other." + peerName
 	_, err = Start(cfg)
 	require.Error(t, err)
+	assert.Contains(t, err.Error(), "TLSStandbyAcks")
 	cfg.HA.PeerServerName = peerName
 	s, err := Start(cfg)
 	require.NoError(t, err)

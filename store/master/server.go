@@ -143,7 +143,8 @@ type HAConfig struct {
 	// fetching over TLS with its own certificate. A next leader must then
 	// be able to ask the designated standby for the records it
 	// acknowledged, so every master of the cluster needs it (all of this
-	// version), with a certificate that names its address and, under
+	// version), with a certificate that names its address (or
+	// PeerServerName) and, under
 	// mutual TLS, is valid for client authentication and signed by the CA
 	// the masters trust: Start checks its own (secure.TLS.CheckPeer). Zero:
 	// under TLS every put waits for etcd.
@@ -152,7 +153,9 @@ type HAConfig struct {
 	// another's certificates for, instead of the address each advertises:
 	// one certificate for every master (a Kubernetes Service's name, say,
 	// where pods advertise addresses no certificate names ahead). Zero:
-	// the advertised host.
+	// the advertised host. The same on every master: a next leader
+	// verifies the designated standby as its own setting says, so set it
+	// on every master before TLSStandbyAcks.
 	PeerServerName string
 }
 
@@ -497,7 +500,8 @@ func (s *Server) campaign(ctx context.Context) {
 
 // checkPeerTLS refuses HAConfig.TLSStandbyAcks with a certificate the
 // other masters could not use: a standby whose certificate a next leader
-// cannot verify at its address, or a leader a standby would not take as a
+// cannot verify at its address (or for PeerServerName), or a leader a
+// standby would not take as a
 // client, could not hand over, or ask for, the records a standby
 // acknowledged.
 func (s *Server) checkPeerTLS() error {
@@ -506,8 +510,13 @@ func (s *Server) checkPeerTLS() error {
 		return nil
 	}
 	host, _, _ := net.SplitHostPort(s.advertise())
-	host = cmp.Or(h.PeerServerName, host)
+	if h.PeerServerName != "" {
+		host = h.PeerServerName
+	}
 	if err := s.cfg.TLS.CheckPeer(host); err != nil {
+		if h.PeerServerName == "" {
+			return fmt.Errorf("master: HAConfig.TLSStandbyAcks: %w (for a name every master's certificate carries instead, HAConfig.PeerServerName)", err)
+		}
 		return fmt.Errorf("master: HAConfig.TLSStandbyAcks: %w", err)
 	}
 	return nil
