@@ -198,14 +198,7 @@ func TestStandbyTailBounded(t *testing.T) {
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 	svc := a.Service()
 	require.NoError(t, svc.MountSegment(t.Context(), "node", seg("1", 1<<30, 1<<30)))
-	var last uint64
-	for i := range 200 {
-		key := fmt.Sprintf("obj-%d", i)
-		_, _, err := svc.startSeq(t.Context(), "node", key, 64, nil, false)
-		require.NoError(t, err)
-		last, err = svc.putEndSeq("node", key, 7)
-		require.NoError(t, err)
-	}
+	last := putRecords(t, svc, 200)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
 	require.ErrorIs(t, svc.durable(ctx, last), context.DeadlineExceeded, "acknowledged by a standby with a full tail")
@@ -269,14 +262,7 @@ func TestStandbyAcksWhileApplying(t *testing.T) {
 	require.NoError(t, svc.MountSegment(t.Context(), "node", seg("1", 1<<30, 1<<30)))
 	f.mu.Lock() // as a long apply does
 	defer f.mu.Unlock()
-	var last uint64
-	for i := range 10 {
-		key := fmt.Sprintf("obj-%d", i)
-		_, _, err := svc.startSeq(t.Context(), "node", key, 64, nil, false)
-		require.NoError(t, err)
-		last, err = svc.putEndSeq("node", key, 7)
-		require.NoError(t, err)
-	}
+	last := putRecords(t, svc, 10)
 	require.NotZero(t, last)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -285,4 +271,18 @@ func TestStandbyAcksWhileApplying(t *testing.T) {
 	held := f.tails.first + uint64(len(f.tails.recs)) - 1
 	f.tails.mu.Unlock()
 	require.GreaterOrEqual(t, held, last, "acknowledged records the standby does not hold")
+}
+
+// putRecords puts n objects through svc (a segment "1" of client "node"
+// mounted) without waiting for their records, and returns the last one.
+func putRecords(t *testing.T, svc *Service, n int) (last uint64) {
+	t.Helper()
+	for i := range n {
+		key := fmt.Sprintf("obj-%d", i)
+		_, _, err := svc.startSeq(t.Context(), "node", key, 64, nil, false)
+		require.NoError(t, err)
+		last, err = svc.putEndSeq("node", key, 7)
+		require.NoError(t, err)
+	}
+	return last
 }
