@@ -94,7 +94,7 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	f.String("leader_ttl", "3s", "HA leader lease: how long a dead leader holds the cluster")
 	f.Bool("ha_sync_etcd", false, "HA: answer a put once its journal record is in etcd, never on a standby's acknowledgement (by default a warm standby that keeps up acknowledges, and etcd is written milliseconds behind)")
 	f.Bool("ha_tls_standby_acks", false, "HA with TLS: standbys acknowledge too, fetching over TLS with this master's certificate; set it on every master, whose certificates must name their addresses (or --ha_peer_server_name) and, with --tls_client_ca_file, be valid for client authentication (checked at start). Without it, under TLS every put waits for etcd")
-	f.String("ha_peer_server_name", "", "HA with TLS: the name masters verify one another's certificates for, instead of each one's address (one certificate for every master, e.g. a Kubernetes Service's name); the same on every master, set before --ha_tls_standby_acks")
+	f.String("ha_peer_server_name", "", "HA with TLS: the name masters verify one another's certificates for, instead of each one's address (one certificate for every master, e.g. a Kubernetes Service's name); the same on every master: in a running cluster, roll it onto every master before turning --ha_tls_standby_acks on")
 	f.Int("max_key_length", master.MaxKeyLen, "longest object key accepted, bytes")
 	f.String("max_value_size", "1TiB", "largest value one put may store (bytes, or 1GiB, 16GB)")
 	f.Int("max_batch_size", master.DefaultMaxBatch, "most keys one batch call may carry")

@@ -54,7 +54,7 @@ func addClientTLSFlags(f *pflag.FlagSet, prefix, server string) {
 	f.String(prefix+"tls_ca_file", "", "PEM CA bundle verifying "+server+": TLS on (empty: plaintext)")
 	f.String(prefix+"tls_cert_file", "", "PEM client certificate presented to "+server+" (mutual TLS)")
 	f.String(prefix+"tls_key_file", "", "PEM key of --"+prefix+"tls_cert_file")
-	f.String(prefix+"tls_server_name", "", "the name "+server+"'s certificate must carry (empty: the host dialed), e.g. a Service's name for masters that advertise pod IPs")
+	f.String(prefix+"tls_server_name", "", "the name "+server+"'s certificate must carry (empty: the host dialed); needs --"+prefix+"tls_ca_file or a certificate")
 }
 
 // addEtcdTLSFlags adds the TLS flags of an etcd client.

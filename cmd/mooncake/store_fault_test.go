@@ -119,10 +119,10 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	// At most 4 x maxPuts objects, 75 MiB of each 128 MiB segment: none is
-	// evicted, which would take objects put before the kill (a fast
+	// At most maxObjects acknowledged, 75 MiB of each 128 MiB segment: none
+	// is evicted, which would take objects put before the kill (a fast
 	// machine filled 64 MiB segments within the second before it).
-	const size, maxPuts = 16 << 10, 1200
+	const size, maxObjects = 16 << 10, 4800
 	var (
 		mu      sync.Mutex
 		acked   []string
@@ -131,6 +131,8 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 		wg      sync.WaitGroup
 		killed  = make(chan struct{})
 		putsErr int
+		// putsAfter: puts tried after the kill.
+		putsAfter int
 	)
 	before := map[string]bool{}
 	for g := range 4 {
@@ -143,8 +145,11 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 				default:
 				}
 				key := fmt.Sprintf("g%d-%d", g, i)
+				mu.Lock()
+				full := len(acked) >= maxObjects
+				mu.Unlock()
 				err := errors.New("not put")
-				if i < maxPuts {
+				if !full {
 					err = c.Put(ctx, key, payload(key, size), &client.ReplicateConfig{Replicas: 2})
 				}
 				mu.Lock()
@@ -155,8 +160,15 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 					default:
 						before[key] = true
 					}
-				} else if i < maxPuts {
+				} else if !full {
 					putsErr++
+				}
+				select {
+				case <-killed:
+					if !full {
+						putsAfter++
+					}
+				default:
 				}
 				pick := ""
 				if len(acked) > 0 {
@@ -175,7 +187,12 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(time.Second)
+	// The kill comes half way through the puts, however fast they go.
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked) >= maxObjects/2
+	}, time.Minute, time.Millisecond, "the puts before the kill")
 	require.NoError(t, nodes[0].Process.Signal(syscall.SIGKILL))
 	close(killed)
 	time.Sleep(3 * time.Second) // past the client TTL: the master forgets the node
@@ -186,6 +203,7 @@ func TestNodeKilledDuringLoad(t *testing.T) {
 	defer mu.Unlock()
 	require.Empty(t, wrong, "gets returned wrong bytes")
 	require.NotEmpty(t, before)
+	require.Positive(t, len(acked)-len(before)+putsAfter, "no put ran after the kill")
 	t.Logf("%d puts acknowledged (%d before the kill), %d failed", len(acked), len(before), putsErr)
 	deadline := time.Now().Add(5 * time.Second)
 	for m.Service().Stats().Segments != 1 && time.Now().Before(deadline) {

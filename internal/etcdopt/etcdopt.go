@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/mooncake-go/mooncake/internal/secure"
 )
@@ -50,5 +51,11 @@ func ConfigTLS(endpoints []string, dialTimeout time.Duration, t secure.TLS) (cli
 		return cfg, fmt.Errorf("etcd TLS: %w", err)
 	}
 	cfg.TLS = tc
+	if tc != nil && t.ServerName != "" {
+		// The etcd client names each address's TLS server after the
+		// endpoint's host, over the config's ServerName: only the
+		// channel's authority goes before that.
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithAuthority(t.ServerName))
+	}
 	return cfg, nil
 }

@@ -143,3 +143,13 @@ func TestCheckPeer(t *testing.T) {
 		t.Error("a certificate naming no host passed")
 	}
 }
+
+// A client's server name alone would leave TLS off: refused.
+func TestClientServerNameNeedsTLS(t *testing.T) {
+	if _, err := (TLS{ServerName: "masters.test"}).Client(); err == nil {
+		t.Error("a server name alone gave a plaintext client")
+	}
+	if c, err := (TLS{}).Client(); c != nil || err != nil {
+		t.Errorf("zero: %v, %v", c, err)
+	}
+}

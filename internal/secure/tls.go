@@ -54,8 +54,12 @@ func (t TLS) Server() (*tls.Config, error) {
 }
 
 // Client is the client configuration t names; nil, nil when t is zero.
+// A ServerName alone is refused: it would leave TLS off.
 func (t TLS) Client() (*tls.Config, error) {
 	if !t.Enabled() {
+		if t.ServerName != "" {
+			return nil, fmt.Errorf("secure: TLS server name %q without a CA file or a certificate, which turn TLS on", t.ServerName)
+		}
 		return nil, nil
 	}
 	cfg := &tls.Config{ServerName: t.ServerName, MinVersion: tls.VersionTLS12}
