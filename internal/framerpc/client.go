@@ -376,8 +376,9 @@ func (c *Conn) Close() error {
 type wire struct {
 	c       net.Conn
 	maxRecv int
-	wmu     writeLock // one frame at a time
-	buf     []byte    // the frame being written, under wmu
+	wmu     writeLock     // one frame at a time
+	buf     []byte        // the frame being written, under wmu
+	wdl     writeDeadline // under wmu
 
 	mu      sync.Mutex
 	next    uint64
@@ -411,7 +412,7 @@ func (w *wire) call(ctx context.Context, method string, timeout time.Duration, m
 	}
 	b, err := appendCall(w.buf[:0], id, timeout, method, md, msg)
 	if err == nil {
-		_ = w.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+		w.wdl.refresh(w.c)
 		if _, werr := w.c.Write(b); werr != nil {
 			w.close(werr)
 		}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -99,7 +100,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	// The calls of a connection end with it, as gRPC's end with their
 	// transport: nobody is left to hear their answers.
 	ctx, cancel := context.WithCancel(s.ctx)
-	sc := &serverConn{s: s, c: c, ctx: ctx, slots: make(chan struct{}, s.cfg.MaxConcurrentCalls)}
+	sc := &serverConn{s: s, c: c, ctx: ctx, slots: make(chan struct{}, s.cfg.MaxConcurrentCalls), work: make(chan job)}
 	err := sc.serve()
 	_ = closeConn(c)
 	cancel()
@@ -131,9 +132,28 @@ type serverConn struct {
 	c     net.Conn
 	ctx   context.Context // ends with the connection
 	slots chan struct{}   // one per call running
-	calls sync.WaitGroup
-	wmu   sync.Mutex // one answer at a time
+	calls sync.WaitGroup  // the workers
+	wmu   sync.Mutex      // one answer at a time
+	wdl   writeDeadline   // under wmu
+	// Calls run on workers kept between calls (up to idleWorkers waiting
+	// for one): a goroutine started for each call would grow its stack
+	// through the handler's depth (the interceptors, the context's
+	// deadline, protobuf's decoder) on every call.
+	work chan job
+	idle atomic.Int32
 }
+
+// job is a call read and the frame that holds it.
+type job struct {
+	c    call
+	fb   *frameBuf
+	body []byte
+}
+
+// idleWorkers is how many workers a connection keeps waiting for calls:
+// a client's calls mostly come one or two at a time, and the collector
+// shrinks the stacks of those that wait long.
+const idleWorkers = 4
 
 func (sc *serverConn) serve() error {
 	if _, err := io.WriteString(sc.c, Preface); err != nil {
@@ -162,13 +182,36 @@ func (sc *serverConn) serve() error {
 			return err // the stream cannot be trusted past a bad frame
 		}
 		sc.slots <- struct{}{}
-		sc.calls.Add(1)
-		go func() {
-			defer func() { <-sc.slots; sc.calls.Done() }()
-			sc.run(c)
-			// c.msg, in body, was decoded (copied) or refused by now.
-			putFrame(fb, body)
-		}()
+		j := job{c, fb, body}
+		select {
+		case sc.work <- j: // a worker was waiting
+		default:
+			sc.calls.Add(1)
+			go sc.worker(j)
+		}
+	}
+}
+
+// worker runs j, then the calls handed to it while it waits, until more
+// than idleWorkers wait or the connection ends.
+func (sc *serverConn) worker(j job) {
+	defer sc.calls.Done()
+	for {
+		sc.run(j.c)
+		// c.msg, in body, was decoded (copied) or refused by now.
+		putFrame(j.fb, j.body)
+		<-sc.slots
+		if sc.idle.Add(1) > idleWorkers {
+			sc.idle.Add(-1)
+			return
+		}
+		select {
+		case j = <-sc.work:
+			sc.idle.Add(-1)
+		case <-sc.ctx.Done():
+			sc.idle.Add(-1)
+			return
+		}
 	}
 }
 
@@ -263,7 +306,7 @@ func (sc *serverConn) answerErr(id uint64, st *status.Status) error {
 func (sc *serverConn) write(b []byte) error {
 	sc.wmu.Lock()
 	defer sc.wmu.Unlock()
-	_ = sc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	sc.wdl.refresh(sc.c)
 	_, err := sc.c.Write(b)
 	if err != nil {
 		_ = closeConn(sc.c)
@@ -274,6 +317,18 @@ func (sc *serverConn) write(b []byte) error {
 // writeTimeout bounds the write of one frame to a peer that stopped
 // reading.
 const writeTimeout = 30 * time.Second
+
+// writeDeadline is a connection's write deadline, kept between half of
+// writeTimeout and writeTimeout ahead of every write: it is set again
+// only when less than half is left, not before every frame.
+type writeDeadline struct{ at time.Time }
+
+func (d *writeDeadline) refresh(c net.Conn) {
+	if now := time.Now(); d.at.Sub(now) < writeTimeout/2 {
+		d.at = now.Add(writeTimeout)
+		_ = c.SetWriteDeadline(d.at)
+	}
+}
 
 // setLen sets the length of the frame b to what follows it.
 func setLen(b []byte) []byte {

@@ -62,6 +62,10 @@ type etcdJournal struct {
 	recentFirst uint64        // the seq of recent[0]
 	appended    chan struct{} // closed at the next append; nil: nobody waits
 	rep         replication
+	// writerDue: the writer looks at the queue again by itself (a write
+	// landing, or a paced write's turn while a standby acknowledges), so
+	// an append need not wake it until journalOverlap records wait.
+	writerDue bool
 
 	advMu sync.Mutex // one advance at a time: callbacks run in order
 
@@ -104,8 +108,11 @@ func (j *etcdJournal) append(rec *storepb.JournalRecord, done func()) uint64 {
 			j.appended = nil
 		}
 	}
+	wakeless := j.writerDue && len(j.queue) < journalOverlap
 	j.mu.Unlock()
-	j.signal()
+	if !wakeless {
+		j.signal()
+	}
 	return seq
 }
 
@@ -235,6 +242,7 @@ func (j *etcdJournal) run() {
 		// Dispatch while there is room and work.
 		j.mu.Lock()
 		closed, failed := j.closed, j.err != nil
+		j.writerDue = false
 		var batch []entry
 		if !closed && !failed && len(j.queue) > 0 && !j.holdEtcd.Load() && (inflight == 0 || inflight < journalDepth && len(j.queue) >= journalOverlap) {
 			if wait := behindEvery - time.Since(lastWrite); j.rep.insync && len(j.queue) < journalOverlap && wait > 0 {
@@ -245,6 +253,9 @@ func (j *etcdJournal) run() {
 				batch, j.queue = j.queue, nil
 			}
 		}
+		// Woken by a landing, or by the paced write's turn (a standby
+		// that stops acknowledging wakes it: checkStandby).
+		j.writerDue = len(batch) == 0 && (inflight > 0 || later != nil && j.rep.insync)
 		j.mu.Unlock()
 		if (closed || failed) && inflight == 0 {
 			return

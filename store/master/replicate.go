@@ -482,16 +482,20 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 	}
 	defer closeConn()
 	rpc := storepb.NewMasterClient(fc)
+	// A fetch the leader does not answer within fetchWait and 2 to 4
+	// seconds fails: the fetches of 2 seconds share a deadline (one each
+	// was a tenth of an acknowledgement's CPU).
+	dl := sharedDeadline{parent: ctx}
+	defer dl.stop()
 	for ctx.Err() == nil {
 		term, after, ok := f.fetchAfter()
 		if !ok {
 			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
-		cctx, cancel := context.WithTimeout(ctx, fetchWait+2*time.Second)
+		cctx := dl.get(fetchWait+2*time.Second, fetchWait+4*time.Second)
 		resp, err := rpc.JournalFetch(cctx, &storepb.JournalFetchRequest{Standby: f.tails.id, Addr: f.tails.addr, Term: term,
 			After: after, WaitMs: uint32(fetchWait / time.Millisecond)})
-		cancel()
 		switch {
 		case err != nil:
 			return err
@@ -520,6 +524,30 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// sharedDeadline is a context for the calls made in a stretch of time,
+// whose deadline leaves each at least least and at most most.
+type sharedDeadline struct {
+	parent context.Context
+	ctx    context.Context
+	cancel context.CancelFunc
+	until  time.Time
+}
+
+func (d *sharedDeadline) get(least, most time.Duration) context.Context {
+	if d.ctx == nil || time.Until(d.until) < least {
+		d.stop()
+		d.until = time.Now().Add(most)
+		d.ctx, d.cancel = context.WithDeadline(d.parent, d.until)
+	}
+	return d.ctx
+}
+
+func (d *sharedDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
 }
 
 // fetchAfter is the record to fetch after, and the term of the leader it

@@ -2,8 +2,10 @@ package master
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -180,4 +182,36 @@ func TestDecodeTailStopsAtARecordThatDoesNotDecode(t *testing.T) {
 		assert.True(t, proto.Equal(rec, got[40+uint64(i)]), "record %d", i)
 	}
 	assert.Len(t, decodeTail(40, raw, slog.New(slog.DiscardHandler)), 3)
+}
+
+// The fetches of a stretch share one deadline, which leaves each at least
+// least and at most most, and ends with its parent.
+func TestSharedDeadline(t *testing.T) {
+	parent, cancel := context.WithCancel(context.Background())
+	d := sharedDeadline{parent: parent}
+	const least, most = 200 * time.Millisecond, 400 * time.Millisecond
+	first := d.get(least, most)
+	until, ok := first.Deadline()
+	if left := time.Until(until); !ok || left > most || left < least {
+		t.Fatalf("deadline %v ahead (set %v), want %v to %v", left, ok, least, most)
+	}
+	if d.get(least, most) != first {
+		t.Fatal("a fetch soon after got a context of its own")
+	}
+	time.Sleep(most - least + 20*time.Millisecond)
+	second := d.get(least, most)
+	if second == first {
+		t.Fatal("a fetch with less than least left got the old deadline")
+	}
+	if first.Err() == nil {
+		t.Fatal("the context replaced was not cancelled")
+	}
+	if until2, _ := second.Deadline(); time.Until(until2) < least {
+		t.Fatalf("the new deadline is %v ahead, want at least %v", time.Until(until2), least)
+	}
+	cancel()
+	if second.Err() == nil {
+		t.Fatal("the shared context outlived its parent")
+	}
+	d.stop()
 }
