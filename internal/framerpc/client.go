@@ -436,8 +436,8 @@ func (w *wire) call(ctx context.Context, method string, timeout time.Duration, m
 
 // writeLock is the wire's write lock. A call waits for it only while
 // its context lives: the call holding it may be blocked in a write to a
-// server that stopped reading (until writeTimeout, or the kernel's
-// PathTimeout), and the calls behind it end at their deadlines, as
+// server that stopped reading (for 15-30 s, writeDeadline, or the
+// kernel's PathTimeout), and the calls behind it end at their deadlines, as
 // gRPC's end while they wait for flow control.
 type writeLock chan struct{}
 

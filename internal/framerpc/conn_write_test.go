@@ -11,7 +11,7 @@ import (
 
 // A server that stopped reading (a frozen process: its kernel still
 // acknowledges, its socket buffers are full) holds the call whose frame
-// is being written until writeTimeout; the calls behind that write end
+// is being written for 15-30 s (writeDeadline); the calls behind that write end
 // at their own deadlines, as gRPC's do while they wait for flow control,
 // so that the client's heartbeat and retries (a failover under HA) are
 // not held 30 s behind it.

@@ -201,6 +201,7 @@ func (sc *serverConn) worker(j job) {
 		// c.msg, in body, was decoded (copied) or refused by now.
 		putFrame(j.fb, j.body)
 		<-sc.slots
+		j = job{} // its frame went back to the pool
 		if sc.idle.Add(1) > idleWorkers {
 			sc.idle.Add(-1)
 			return
@@ -315,7 +316,8 @@ func (sc *serverConn) write(b []byte) error {
 }
 
 // writeTimeout bounds the write of one frame to a peer that stopped
-// reading.
+// reading: the write fails after writeTimeout/2 to writeTimeout
+// (writeDeadline).
 const writeTimeout = 30 * time.Second
 
 // writeDeadline is a connection's write deadline, kept between half of

@@ -46,6 +46,9 @@ func TestWorkersKeptBetweenCalls(t *testing.T) {
 			t.Fatalf("call %d: %q, %v", i, got, err)
 		}
 	}
+	if !c.Framed() || s.paths.framed.Load() != 51 {
+		t.Fatalf("%d of 51 calls framed (Framed %v)", s.paths.framed.Load(), c.Framed())
+	}
 	mu.Lock()
 	n := len(ran)
 	mu.Unlock()

@@ -242,7 +242,6 @@ func (j *etcdJournal) run() {
 		// Dispatch while there is room and work.
 		j.mu.Lock()
 		closed, failed := j.closed, j.err != nil
-		j.writerDue = false
 		var batch []entry
 		if !closed && !failed && len(j.queue) > 0 && !j.holdEtcd.Load() && (inflight == 0 || inflight < journalDepth && len(j.queue) >= journalOverlap) {
 			if wait := behindEvery - time.Since(lastWrite); j.rep.insync && len(j.queue) < journalOverlap && wait > 0 {

@@ -493,7 +493,7 @@ func (f *follower) fetchFromLeader(ctx context.Context) error {
 			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
-		cctx := dl.get(fetchWait+2*time.Second, fetchWait+4*time.Second)
+		cctx := dl.get(time.Now(), fetchWait+2*time.Second, fetchWait+4*time.Second)
 		resp, err := rpc.JournalFetch(cctx, &storepb.JournalFetchRequest{Standby: f.tails.id, Addr: f.tails.addr, Term: term,
 			After: after, WaitMs: uint32(fetchWait / time.Millisecond)})
 		switch {
@@ -535,10 +535,10 @@ type sharedDeadline struct {
 	until  time.Time
 }
 
-func (d *sharedDeadline) get(least, most time.Duration) context.Context {
-	if d.ctx == nil || time.Until(d.until) < least {
+func (d *sharedDeadline) get(now time.Time, least, most time.Duration) context.Context {
+	if d.ctx == nil || d.until.Sub(now) < least {
 		d.stop()
-		d.until = time.Now().Add(most)
+		d.until = now.Add(most)
 		d.ctx, d.cancel = context.WithDeadline(d.parent, d.until)
 	}
 	return d.ctx

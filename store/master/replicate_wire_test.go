@@ -189,29 +189,29 @@ func TestDecodeTailStopsAtARecordThatDoesNotDecode(t *testing.T) {
 func TestSharedDeadline(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
 	d := sharedDeadline{parent: parent}
-	const least, most = 200 * time.Millisecond, 400 * time.Millisecond
-	first := d.get(least, most)
-	until, ok := first.Deadline()
-	if left := time.Until(until); !ok || left > most || left < least {
-		t.Fatalf("deadline %v ahead (set %v), want %v to %v", left, ok, least, most)
+	defer d.stop()
+	const least, most = time.Hour, 2 * time.Hour
+	now := time.Now()
+	first := d.get(now, least, most)
+	if until, ok := first.Deadline(); !ok || !until.Equal(now.Add(most)) {
+		t.Fatalf("deadline %v (set %v), want %v", until, ok, now.Add(most))
 	}
-	if d.get(least, most) != first {
-		t.Fatal("a fetch soon after got a context of its own")
+	if d.get(now.Add(most-least), least, most) != first {
+		t.Fatal("a fetch with least left got a context of its own")
 	}
-	time.Sleep(most - least + 20*time.Millisecond)
-	second := d.get(least, most)
+	later := now.Add(most - least + time.Second)
+	second := d.get(later, least, most)
 	if second == first {
 		t.Fatal("a fetch with less than least left got the old deadline")
 	}
 	if first.Err() == nil {
 		t.Fatal("the context replaced was not cancelled")
 	}
-	if until2, _ := second.Deadline(); time.Until(until2) < least {
-		t.Fatalf("the new deadline is %v ahead, want at least %v", time.Until(until2), least)
+	if until, _ := second.Deadline(); !until.Equal(later.Add(most)) {
+		t.Fatalf("the new deadline is %v, want %v", until, later.Add(most))
 	}
 	cancel()
 	if second.Err() == nil {
 		t.Fatal("the shared context outlived its parent")
 	}
-	d.stop()
 }
