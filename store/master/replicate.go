@@ -67,7 +67,6 @@ import (
 const (
 	behindEvery    = 5 * time.Millisecond
 	standbyTimeout = time.Second
-	standbyCheck   = 100 * time.Millisecond
 	// fetchWait is how long a fetch waits for a record; a standby idle
 	// that long fetches again, which tells the leader it lives.
 	fetchWait = 250 * time.Millisecond
@@ -83,6 +82,11 @@ const (
 	// standby for its tail before it goes on without.
 	tailWait = 5 * time.Second
 )
+
+// standbyCheck is how often the journal's writer checks its standby,
+// looking at its queue too. A variable for tests, which make it long to
+// show that appends wake the writer when they must.
+var standbyCheck = 100 * time.Millisecond
 
 // maxTail bounds the records a standby holds that etcd has not shown it:
 // one cut off from etcd, not from the leader, would otherwise fetch and

@@ -286,3 +286,33 @@ func putRecords(t *testing.T, svc *Service, n int) (last uint64) {
 	}
 	return last
 }
+
+// While a standby acknowledges, the writer writes etcd behind, on a
+// timer it arms at the first record after a write; the records after that
+// do not wake it (writerDue). Every record still reaches etcd, with the
+// writer's periodic check, which would cover a missed wakeup, an hour
+// away.
+func TestStandbyAcksEtcdWrittenBehind(t *testing.T) {
+	defer func(d time.Duration) { standbyCheck = d }(standbyCheck)
+	standbyCheck = time.Hour
+	_, _, _, j := leaderAndStandby(t, "behind")
+	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: "k"}}}
+	for round := range 3 {
+		var last uint64
+		for range journalOverlap / 2 { // fewer than wake the writer by their number
+			last = j.append(rec, nil)
+		}
+		require.NoError(t, j.wait(t.Context(), last), "round %d: acknowledged", round)
+		j.mu.Lock()
+		insync := j.rep.insync
+		j.mu.Unlock()
+		require.True(t, insync, "round %d: the standby acknowledges", round)
+		require.Eventually(t, func() bool {
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			return j.etcdDone >= last
+		}, 10*time.Second, time.Millisecond, "round %d: etcd has the records through %d", round, last)
+		// Quiet: the writer idles until the next record wakes it.
+		time.Sleep(3 * behindEvery)
+	}
+}
