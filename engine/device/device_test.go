@@ -47,6 +47,27 @@ func child(mode string) error {
 		if device.Present() == nil {
 			return errors.New("Present did not find the loaded driver")
 		}
+	case "later":
+		// Nothing new loaded: Present does not look again; the driver
+		// loaded by another (a framework) is found at the next call.
+		if device.Present() != nil {
+			return errors.New("Present found a driver nobody loaded")
+		}
+		n := device.Probes()
+		for range 3 {
+			if device.Present() != nil {
+				return errors.New("Present found a driver nobody loaded")
+			}
+		}
+		if device.Probes() != n {
+			return fmt.Errorf("Present looked %d more times with nothing loaded since", device.Probes()-n)
+		}
+		if err := devicetest.LoadElsewhere(); err != nil {
+			return err
+		}
+		if device.Present() == nil {
+			return errors.New("Present did not find the driver another loaded")
+		}
 	default:
 		return fmt.Errorf("unknown mode %q", mode)
 	}
@@ -63,13 +84,15 @@ func runChild(t *testing.T, mode string, env ...string) {
 }
 
 // TestLoading: no driver is a clear, remembered error; Present never loads
-// a driver, and finds one that is loaded.
+// a driver, and finds one that is loaded, by Load or by another (looking
+// again only once the process has loaded a library since it last looked).
 func TestLoading(t *testing.T) {
 	devicetest.RequireDouble(t)
 	runChild(t, "nodriver", "MC_CUDA_DRIVER=/nonexistent/libcuda.so.1")
 	runChild(t, "nodriver", "MC_CUDA_DRIVER=none")
 	runChild(t, "nodriver", "MC_CUDA_DRIVER="+os.Getenv("MC_CUDA_DRIVER"), "MC_FAKECUDA_DEVICES=0")
 	runChild(t, "present")
+	runChild(t, "later")
 }
 
 func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

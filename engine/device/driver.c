@@ -1,6 +1,9 @@
+#define _GNU_SOURCE /* dl_iterate_phdr's dlpi_adds */
 #include "driver.h"
 
 #include <dlfcn.h>
+#include <link.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -213,4 +216,19 @@ CUresult mc_driver_free_device(int dev, uint64_t ptr) {
     CUresult r = use(dev);
     if (r != MC_CUDA_SUCCESS) return r;
     return drv.mem_free((CUdeviceptr)ptr);
+}
+
+/* first_adds keeps the loader's count of objects added, from the first
+ * object it reports, and stops there. */
+static int first_adds(struct dl_phdr_info *info, size_t size, void *data) {
+    if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) {
+        *(unsigned long long *)data = info->dlpi_adds;
+    }
+    return 1;
+}
+
+unsigned long long mc_loader_adds(void) {
+    unsigned long long adds = 0;
+    dl_iterate_phdr(first_adds, &adds);
+    return adds;
 }

@@ -19,6 +19,9 @@
  * MC_DRIVER_DL, err holds the reason. */
 int mc_driver_load(const char *path, int noload, char *err, size_t errlen);
 int mc_driver_devices(int *count);
+/* mc_loader_adds is how many objects the dynamic loader has added to the
+ * process so far (it only grows), 0 where the loader does not say. */
+unsigned long long mc_loader_adds(void);
 const char *mc_driver_error_string(CUresult r);
 
 /* mc_driver_locate sets *type to the memory type of ptr (0: memory the

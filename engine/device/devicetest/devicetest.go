@@ -16,6 +16,7 @@ package devicetest
 //     ((void (*)(const char *, int, int))f)(name, nth, code);
 // }
 // static void mc_call_reset(void *f) { ((void (*)(void))f)(); }
+// static int mc_open_elsewhere(const char *lib) { return dlopen(lib, RTLD_NOW | RTLD_LOCAL) != NULL; }
 import "C"
 
 import (
@@ -151,4 +152,15 @@ func RequireGPUs(t testing.TB, n int) {
 	if d.Devices() < n {
 		t.Skipf("needs %d GPUs; the driver (%s) has %d", n, d.Path(), d.Devices())
 	}
+}
+
+// LoadElsewhere opens the driver MC_CUDA_DRIVER names as a framework
+// that uses CUDA would, not through package device.
+func LoadElsewhere() error {
+	lib := C.CString(os.Getenv("MC_CUDA_DRIVER"))
+	defer C.free(unsafe.Pointer(lib))
+	if C.mc_open_elsewhere(lib) == 0 {
+		return fmt.Errorf("devicetest: dlopen %s failed", os.Getenv("MC_CUDA_DRIVER"))
+	}
+	return nil
 }
