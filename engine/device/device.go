@@ -23,6 +23,7 @@ package device
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -47,10 +48,11 @@ var (
 	mu      sync.Mutex
 	loaded  *Driver
 	loadErr error // of a full Load; sticky
-	// The driver at absentPath was not loaded when the dynamic loader had
-	// added absentAdds objects to the process: Present looks again only
-	// once it has added more. The look, a dlopen that finds nothing, cost
-	// every put and get of unregistered memory ~4 us.
+	// The process had not loaded the driver at absentPath when the
+	// dynamic loader's count of objects added (mc_loader_adds) was
+	// absentAdds: Present looks again only once the count has grown. The
+	// look, a dlopen that finds nothing, cost every put and get of
+	// unregistered memory ~4 us.
 	absentPath string
 	absentAdds uint64
 	// probes counts Present's looks (tests).
@@ -94,18 +96,25 @@ func Present() *Driver {
 	if loadErr != nil {
 		return nil
 	}
+	// The count is read before the look: a load that ends after the read
+	// has grown it, and the next call looks again.
 	p, adds := path(), uint64(C.mc_loader_adds())
 	if adds != 0 && adds == absentAdds && p == absentPath {
 		return nil
 	}
 	probes++
-	if d, err := open(p, true); err == nil {
+	d, err := open(p, true)
+	switch {
+	case err == nil:
 		loaded = d
-	} else {
+	case errors.Is(err, errNotLoaded):
 		absentPath, absentAdds = p, adds
 	}
 	return loaded
 }
+
+// errNotLoaded: the process has not loaded the driver (open with noload).
+var errNotLoaded = errors.New("not loaded in this process")
 
 func open(p string, noload bool) (*Driver, error) {
 	if p == "none" {
@@ -120,6 +129,8 @@ func open(p string, noload bool) (*Driver, error) {
 	}
 	r := C.mc_driver_load(cp, nl, &msg[0], C.size_t(len(msg)))
 	switch {
+	case r == C.MC_DRIVER_NOT_LOADED:
+		return nil, fmt.Errorf("%w: %s: %w", ErrNoDriver, p, errNotLoaded)
 	case r == C.MC_DRIVER_DL:
 		return nil, fmt.Errorf("%w: %s", ErrNoDriver, C.GoString(&msg[0]))
 	case r != 0:

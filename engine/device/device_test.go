@@ -62,6 +62,13 @@ func child(mode string) error {
 		if device.Probes() != n {
 			return fmt.Errorf("Present looked %d more times with nothing loaded since", device.Probes()-n)
 		}
+		// Another driver named: looked for once.
+		drv := os.Getenv("MC_CUDA_DRIVER")
+		os.Setenv("MC_CUDA_DRIVER", "/nonexistent/libcuda.so.1")
+		if device.Present() != nil || device.Present() != nil || device.Probes() != n+1 {
+			return fmt.Errorf("another driver named: %d looks, want 1", device.Probes()-n)
+		}
+		os.Setenv("MC_CUDA_DRIVER", drv)
 		if err := devicetest.LoadElsewhere(); err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-#define _GNU_SOURCE /* dl_iterate_phdr's dlpi_adds */
+#define _GNU_SOURCE /* dl_iterate_phdr and struct dl_phdr_info */
 #include "driver.h"
 
 #include <dlfcn.h>
@@ -50,7 +50,7 @@ int mc_driver_load(const char *path, int noload, char *err, size_t errlen) {
     if (drv.lib == NULL) {
         const char *e = dlerror();
         snprintf(err, errlen, "%s", noload ? "not loaded in this process" : (e ? e : "dlopen failed"));
-        return MC_DRIVER_DL;
+        return noload ? MC_DRIVER_NOT_LOADED : MC_DRIVER_DL;
     }
     struct {
         void **slot;

@@ -13,14 +13,18 @@
 /* MC_DRIVER_DL: the library could not be loaded or lacks an entry point;
  * the message says which. Otherwise results are CUresult values. */
 #define MC_DRIVER_DL (-1)
+/* MC_DRIVER_NOT_LOADED: with noload, the process has not loaded the
+ * library. */
+#define MC_DRIVER_NOT_LOADED (-2)
 
 /* mc_driver_load opens the driver at path (noload: only if the process has
  * it loaded already), resolves its entry points and initialises it. On
  * MC_DRIVER_DL, err holds the reason. */
 int mc_driver_load(const char *path, int noload, char *err, size_t errlen);
 int mc_driver_devices(int *count);
-/* mc_loader_adds is how many objects the dynamic loader has added to the
- * process so far (it only grows), 0 where the loader does not say. */
+/* mc_loader_adds is a count that grows whenever the dynamic loader may
+ * have added an object to the process (glibc: the objects it added; musl:
+ * its successful dlopen calls), 0 where it does not say. */
 unsigned long long mc_loader_adds(void);
 const char *mc_driver_error_string(CUresult r);
 

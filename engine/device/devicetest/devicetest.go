@@ -157,6 +157,9 @@ func RequireGPUs(t testing.TB, n int) {
 // LoadElsewhere opens the driver MC_CUDA_DRIVER names as a framework
 // that uses CUDA would, not through package device.
 func LoadElsewhere() error {
+	if os.Getenv("MC_CUDA_DRIVER") == "" {
+		return fmt.Errorf("devicetest: MC_CUDA_DRIVER names no driver (Setup)")
+	}
 	lib := C.CString(os.Getenv("MC_CUDA_DRIVER"))
 	defer C.free(unsafe.Pointer(lib))
 	if C.mc_open_elsewhere(lib) == 0 {
