@@ -64,7 +64,7 @@ func storeEngine(h uint64) (*engine.Engine, error) {
 // op_timeout_ms.
 func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 	c, err := readStruct(p, p.struct_size, "mc_store_config_t", C.MC_STORE_CONFIG_SIZE_V1, C.MC_STORE_CONFIG_SIZE_V2,
-		C.MC_STORE_CONFIG_SIZE_V3, C.MC_STORE_CONFIG_SIZE_V4, C.MC_STORE_CONFIG_SIZE_V5)
+		C.MC_STORE_CONFIG_SIZE_V3, C.MC_STORE_CONFIG_SIZE_V4, C.MC_STORE_CONFIG_SIZE_V5, C.MC_STORE_CONFIG_SIZE_V6)
 	if err != nil {
 		return client.Config{}, 0, err
 	}
@@ -88,7 +88,7 @@ func storeConfig(p *C.mc_store_config_t) (client.Config, time.Duration, error) {
 		// ABI 1.8: a caller of an older header has zeros here (NULL).
 		Token: cmp.Or(cString(p.auth_token), os.Getenv("MC_AUTH_TOKEN")),
 		MasterTLS: secure.TLS{CAFile: cString(p.tls_ca_file), CertFile: cString(p.tls_cert_file),
-			KeyFile: cString(p.tls_key_file)},
+			KeyFile: cString(p.tls_key_file), ServerName: cString(p.tls_server_name)}, // ServerName: ABI 1.12
 		// ABI 1.10; zero: the client reads MOONCAKE_TENANT_ID.
 		TenantID: cString(p.tenant_id),
 	}

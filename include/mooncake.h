@@ -164,9 +164,10 @@ extern "C" {
  * 1.9: dummy clients (mc_dummy_*).
  * 1.10: mc_store_config_t.tenant_id (MC_STORE_CONFIG_SIZE_V5);
  * MC_STORE_ERR_TENANT_QUOTA_EXCEEDED.
- * 1.11: mc_replicate_config_t.stripe_count (MC_REPLICATE_CONFIG_SIZE_V2). */
+ * 1.11: mc_replicate_config_t.stripe_count (MC_REPLICATE_CONFIG_SIZE_V2).
+ * 1.12: mc_store_config_t.tls_server_name (MC_STORE_CONFIG_SIZE_V6). */
 #define MC_ABI_VERSION_MAJOR 1
-#define MC_ABI_VERSION_MINOR 11
+#define MC_ABI_VERSION_MINOR 12
 #define MC_ABI_VERSION ((MC_ABI_VERSION_MAJOR << 16) | MC_ABI_VERSION_MINOR)
 
 /* mc_abi_version returns the MC_ABI_VERSION the library was built with. */
@@ -542,6 +543,13 @@ typedef struct mc_store_config {
      * the master holds each to its quota. Letters, digits and -_.:@/, at
      * most 128 bytes. NULL: MOONCAKE_TENANT_ID, else "default". */
     const char *tenant_id;
+    /* ABI 1.12 (MC_STORE_CONFIG_SIZE_V6): the name the master's
+     * certificate must carry, where it is not the host dialed (a
+     * Kubernetes Service's name for masters reached at pod addresses, the
+     * name the masters' own --ha_peer_server_name verifies). It needs TLS
+     * on (tls_ca_file or a client certificate); alone it is refused.
+     * NULL: the host of master, or of the leader etcd names. */
+    const char *tls_server_name;
 } mc_store_config_t;
 
 /* Sizes of the versions of mc_store_config_t (see VERSIONING). */
@@ -550,6 +558,7 @@ typedef struct mc_store_config {
 #define MC_STORE_CONFIG_SIZE_V3 (offsetof(mc_store_config_t, report_existing) + sizeof(uint32_t)) /* ABI 1.7 */
 #define MC_STORE_CONFIG_SIZE_V4 (offsetof(mc_store_config_t, te_secret) + sizeof(const char *)) /* ABI 1.8 */
 #define MC_STORE_CONFIG_SIZE_V5 (offsetof(mc_store_config_t, tenant_id) + sizeof(const char *)) /* ABI 1.10 */
+#define MC_STORE_CONFIG_SIZE_V6 (offsetof(mc_store_config_t, tls_server_name) + sizeof(const char *)) /* ABI 1.12 */
 
 /* mc_store_config_init zeroes *cfg and sets struct_size. */
 static inline void mc_store_config_init(mc_store_config_t *cfg) {

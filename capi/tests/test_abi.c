@@ -40,7 +40,8 @@ void test_struct_versions(void) {
     CHECK(MC_STORE_CONFIG_SIZE_V2 < MC_STORE_CONFIG_SIZE_V3);
     CHECK(MC_STORE_CONFIG_SIZE_V3 < MC_STORE_CONFIG_SIZE_V4);
     CHECK(MC_STORE_CONFIG_SIZE_V4 < MC_STORE_CONFIG_SIZE_V5);
-    CHECK(MC_STORE_CONFIG_SIZE_V5 <= sizeof(mc_store_config_t));
+    CHECK(MC_STORE_CONFIG_SIZE_V5 < MC_STORE_CONFIG_SIZE_V6);
+    CHECK(MC_STORE_CONFIG_SIZE_V6 <= sizeof(mc_store_config_t));
     CHECK(MC_REPLICATE_CONFIG_SIZE_V1 < MC_REPLICATE_CONFIG_SIZE_V2);
     CHECK(MC_REPLICATE_CONFIG_SIZE_V2 <= sizeof(mc_replicate_config_t));
 
@@ -83,6 +84,11 @@ void test_struct_versions(void) {
              MC_ERR_STRUCT_SIZE);
     CHECK(strstr(err.message, "no published version") != NULL);
     CHECK_EQ(s, 0);
+    /* ABI 1.12's tls_server_name without TLS on: refused, not plaintext. */
+    sc.tls_server_name = "masters.test";
+    CHECK_EQ(mc_store_create(&sc, &s, &err), MC_STORE_ERR_INVALID_PARAMS);
+    CHECK(strstr(err.message, "TLS server name") != NULL);
+    CHECK_EQ(s, 0);
 }
 
 /* The store side against a real store: a version 1 config (ABI 1.0, no
@@ -100,6 +106,11 @@ void test_store_struct_versions(void) {
     mc_store_t s = 0;
     /* 0xff bytes read as op_timeout_ms would be out of range */
     REQUIRE_MC(MC_OK, mc_store_create(as_version(&b, &sc, sizeof sc, MC_STORE_CONFIG_SIZE_V1, 0xff), &s, &E));
+    /* ABI 1.10's size: garbage where tls_server_name is now is not read
+     * (read, it would be a wild pointer, or a name without TLS). */
+    mc_store_t v5 = 0;
+    CHECK_MC(MC_OK, mc_store_create(as_version(&b, &sc, sizeof sc, MC_STORE_CONFIG_SIZE_V5, 0xff), &v5, &E));
+    if (v5 != 0) CHECK_MC(MC_OK, mc_store_close(v5, &E));
 
     char key[64];
     snprintf(key, sizeof key, "capi-%d-versions", (int)getpid());

@@ -60,3 +60,26 @@ def test_credentials(secure_cluster, monkeypatch):
     monkeypatch.setenv("MC_AUTH_TOKEN", token)
     with open_store(c.master, **tls) as s:
         assert s.get(k) == b"secret"
+
+
+def test_tls_server_name(secure_cluster, monkeypatch):
+    """tls_server_name (ABI 1.12) is the name the master's certificate is
+    checked for, not the host dialed: the cluster's certificate names
+    localhost and 127.0.0.1, the store dials 127.0.0.1."""
+    c, d = secure_cluster
+    monkeypatch.delenv("MC_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("MC_TE_SECRET", raising=False)
+    creds = dict(auth_token=(d / "token").read_text().strip(), tls_ca_file=str(d / "ca.pem"),
+                 tls_cert_file=str(d / "client.pem"), tls_key_file=str(d / "client-key.pem"),
+                 te_secret=(d / "te_secret").read_text().strip())
+    k = f"named-{uuid.uuid4().hex}"
+    with open_store(c.master, tls_server_name="localhost", **creds) as s:
+        s.put(k, b"named")
+        assert s.get(k) == b"named"
+    # A name the certificate does not carry: refused, though the host
+    # dialed is one it does (a store that ignored the name would connect).
+    with pytest.raises(errors.MooncakeError, match="certificate"):
+        open_store(c.master, tls_server_name="masters.invalid", **creds)
+    # A name without TLS: refused before dialing, not plaintext.
+    with pytest.raises(errors.InvalidParams, match="TLS server name"):
+        open_store(c.master, tls_server_name="localhost", auth_token=creds["auth_token"])

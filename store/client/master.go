@@ -92,7 +92,8 @@ func dialMaster(ctx context.Context, cfg *Config) (*masterConn, error) {
 func credentialOptions(cfg *Config) ([]grpc.DialOption, []credentials.PerRPCCredentials, *tls.Config, error) {
 	tc, err := cfg.MasterTLS.Client()
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("client: Config.MasterTLS: %w", err)
+		// The caller's settings: a file missing, a server name without TLS.
+		return nil, nil, nil, &storepb.Error{Code: storepb.InvalidParams, Msg: "client: Config.MasterTLS", Err: err}
 	}
 	tcreds := insecure.NewCredentials()
 	if tc != nil {

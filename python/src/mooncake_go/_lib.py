@@ -128,6 +128,7 @@ class StoreConfig(Structure):
         ("tls_key_file", c_char_p),
         ("te_secret", c_char_p),
         ("tenant_id", c_char_p),  # ABI 1.10
+        ("tls_server_name", c_char_p),  # ABI 1.12
     ]
 
 

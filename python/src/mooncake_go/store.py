@@ -133,6 +133,12 @@ class Store(_lib.Owned):
         peer must know (``mooncake up --secure`` writes one), for the engine
         the store starts [the environment's MC_TE_SECRET, else none].
         These five need ABI 1.8; an older library raises ValueError.
+    :param tls_server_name: the name the master's certificate must carry,
+        where it is not the host dialed: a Kubernetes Service's name for
+        masters reached at their pods' addresses [the host of ``master``,
+        or of the leader etcd names]. It needs TLS on (``tls_ca_file`` or
+        a client certificate) and ABI 1.12; an older library raises
+        ValueError.
     :param tenant_id: the tenant whose objects this store puts and sees
         (Mooncake's ``tenant_id``; docs/tenants.md): two tenants never see
         each other's objects, even under the same key, and the master
@@ -163,6 +169,7 @@ class Store(_lib.Owned):
         tls_key_file: Optional[str] = None,
         te_secret: Optional[str] = None,
         tenant_id: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
     ):
         cfg = _lib.StoreConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
@@ -195,6 +202,10 @@ class Store(_lib.Owned):
             cfg.te_secret = _lib.cstr(te_secret)
         elif any(c is not None for c in creds):
             raise ValueError("auth_token, tls_* and te_secret: the library is older than ABI 1.8 and cannot present credentials")
+        if lib.mc_abi_version() & 0xFFFF >= _SERVER_NAME_MINOR:
+            cfg.tls_server_name = _lib.cstr(tls_server_name)
+        elif tls_server_name is not None:
+            raise ValueError("tls_server_name: the library is older than ABI 1.12 and verifies the host dialed")
         if tenant_id is None:
             tenant_id = os.environ.get("MOONCAKE_TENANT_ID") or None
         if lib.mc_abi_version() & 0xFFFF >= _TENANT_MINOR:
@@ -726,6 +737,8 @@ _REPORT_EXISTING_MINOR = 7
 _CREDENTIALS_MINOR = 8
 # The ABI minor of mc_store_config_t.tenant_id.
 _TENANT_MINOR = 10
+# The ABI minor of mc_store_config_t.tls_server_name.
+_SERVER_NAME_MINOR = 12
 
 
 def _new_bytes(size: int):
