@@ -64,7 +64,7 @@ type etcdJournal struct {
 	rep         replication
 	// writerDue: the writer looks at the queue again by itself (a write
 	// landing, or a paced write's turn while a standby acknowledges), so
-	// an append need not wake it until journalOverlap records wait.
+	// an append need not wake it until wakeAt records wait.
 	writerDue bool
 
 	advMu sync.Mutex // one advance at a time: callbacks run in order
@@ -108,12 +108,24 @@ func (j *etcdJournal) append(rec *storepb.JournalRecord, done func()) uint64 {
 			j.appended = nil
 		}
 	}
-	wakeless := j.writerDue && len(j.queue) < journalOverlap
+	wakeless := j.writerDue && len(j.queue) < j.wakeAt()
 	j.mu.Unlock()
 	if !wakeless {
 		j.signal()
 	}
 	return seq
+}
+
+// wakeAt is how many records wait when the writer, idle or with a write in
+// flight, starts a write without its own cue (a landing, a paced write's
+// turn): behindBatch while a standby acknowledges, journalOverlap (another
+// write beside the one in flight) when records wait for etcd. j.mu is
+// held.
+func (j *etcdJournal) wakeAt() int {
+	if j.rep.insync {
+		return behindBatch
+	}
+	return journalOverlap
 }
 
 // advance makes durable the records through the last one in etcd, or the
@@ -226,8 +238,8 @@ type written struct {
 // may land out of order; a failed one fails the journal, and the records
 // after it, though in etcd, are never acknowledged (a new leader loads up
 // to the gap and deletes the rest). While a standby acknowledges, writes
-// start at most every behindEvery unless journalOverlap records wait:
-// etcd's CPU is then spent on fewer, larger transactions.
+// start at most every behindEvery unless behindBatch records wait: etcd's
+// CPU is then spent on fewer, larger transactions.
 func (j *etcdJournal) run() {
 	defer close(j.done)
 	landed := make(chan written, journalDepth)
@@ -244,7 +256,7 @@ func (j *etcdJournal) run() {
 		closed, failed := j.closed, j.err != nil
 		var batch []entry
 		if !closed && !failed && len(j.queue) > 0 && !j.holdEtcd.Load() && (inflight == 0 || inflight < journalDepth && len(j.queue) >= journalOverlap) {
-			if wait := behindEvery - time.Since(lastWrite); j.rep.insync && len(j.queue) < journalOverlap && wait > 0 {
+			if wait := behindEvery - time.Since(lastWrite); j.rep.insync && len(j.queue) < behindBatch && wait > 0 {
 				if later == nil {
 					later = time.After(wait)
 				}

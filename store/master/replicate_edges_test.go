@@ -316,3 +316,41 @@ func TestStandbyAcksEtcdWrittenBehind(t *testing.T) {
 		time.Sleep(3 * behindEvery)
 	}
 }
+
+// While a standby acknowledges, etcd is written every behindEvery or once
+// behindBatch records wait. With behindEvery and the writer's periodic
+// check an hour away, fewer records wait acknowledged and unwritten, and
+// the one that makes behindBatch wakes the writer, which writes them all.
+func TestStandbyAcksEtcdWrittenPerBatch(t *testing.T) {
+	// Restored after the servers stop (cleanups run last first): the
+	// writer reads behindEvery on every turn.
+	t.Cleanup(func(c, e time.Duration) func() {
+		return func() { standbyCheck, behindEvery = c, e }
+	}(standbyCheck, behindEvery))
+	standbyCheck, behindEvery = time.Hour, time.Hour
+	_, _, _, j := leaderAndStandby(t, "batch")
+	queued := func() (queue int, etcdDone uint64) {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return len(j.queue), j.etcdDone
+	}
+	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Drop{Drop: &storepb.JournalDrop{Key: "k"}}}
+	// A writer that has not written yet writes at once; after that its
+	// writes are paced.
+	last := j.append(rec, nil)
+	require.NoError(t, j.wait(t.Context(), last))
+	q, _ := queued()
+	for range behindBatch - 1 - q {
+		last = j.append(rec, nil)
+	}
+	require.NoError(t, j.wait(t.Context(), last), "acknowledged by the standby")
+	time.Sleep(100 * time.Millisecond)
+	q, done := queued()
+	require.Equal(t, behindBatch-1, q, "records waiting")
+	require.Less(t, done, last, "etcd written before behindBatch records waited")
+	last = j.append(rec, nil)
+	require.Eventually(t, func() bool {
+		_, done := queued()
+		return done >= last
+	}, 10*time.Second, time.Millisecond, "etcd has the records through %d", last)
+}
