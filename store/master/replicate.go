@@ -59,8 +59,9 @@ import (
 //     deletes its designations (the live one and one being dropped) too.
 //
 // Lost only when the leader dies and its designated standby is
-// unreachable for tailWait with it: both within the same few
-// milliseconds of records. (A standby holds what it fetched as the leader
+// unreachable for tailWait with it: both within the records etcd has not
+// yet, the last ~25 ms of them (behindEvery; more while etcd is slow to
+// land a write). (A standby holds what it fetched as the leader
 // encoded it, checking its framing only, and decodes it when a new leader
 // takes it: a record a leader encoded that framed but did not decode
 // would lose it and those after it, decodeTail.)
@@ -95,11 +96,13 @@ const (
 // show that appends wake the writer when they must.
 var standbyCheck = 100 * time.Millisecond
 
-// behindEvery is the longest etcd waits for the records a standby has
-// acknowledged, unless behindBatch of them wait: the records that only
-// the leader and its standby hold are at most that old. A variable for
-// tests, which make it long to show that behindBatch records wake the
-// writer.
+// behindEvery is how long, after a write to etcd started, the records a
+// standby has acknowledged wait for the next, unless behindBatch of them
+// wait; a write in flight is waited for too (its landing wakes the writer,
+// with up to journalDepth in flight once behindBatch wait). So the records
+// that only the leader and its standby hold are about that old, older
+// while etcd is slow to land a write. A variable for tests, which make it
+// long to show that behindBatch records wake the writer.
 var behindEvery = 25 * time.Millisecond
 
 // maxTail bounds the records a standby holds that etcd has not shown it:

@@ -317,6 +317,21 @@ func TestStandbyAcksEtcdWrittenBehind(t *testing.T) {
 	}
 }
 
+// The count of waiting records at which an append wakes a writer with a
+// write in flight or a paced one pending: another write beside the one in
+// flight when records wait for etcd (puts wait for them), a paced write's
+// early start while a standby acknowledges.
+func TestEtcdJournalWakeAt(t *testing.T) {
+	var j etcdJournal
+	if got := j.wakeAt(); got != journalOverlap {
+		t.Errorf("records waiting for etcd: wakeAt %d, want journalOverlap %d", got, journalOverlap)
+	}
+	j.rep.insync = true
+	if got := j.wakeAt(); got != behindBatch {
+		t.Errorf("a standby acknowledging: wakeAt %d, want behindBatch %d", got, behindBatch)
+	}
+}
+
 // While a standby acknowledges, etcd is written every behindEvery or once
 // behindBatch records wait. With behindEvery and the writer's periodic
 // check an hour away, fewer records wait acknowledged and unwritten, and
