@@ -293,6 +293,15 @@ func (c *Conn) dial(ctx context.Context) (*wire, error) {
 			if ctxDone(ctx) != nil {
 				return nil, grpcstatus.FromContextError(ctxDone(ctx)).Err()
 			}
+			var cv *tls.CertificateVerificationError
+			if errors.As(err, &cv) {
+				// This side refused the server's certificate (its CA, its
+				// names, its dates): gRPC would refuse it the same way,
+				// and asking again changes nothing until a certificate
+				// or a setting does. Said at once, not retried to the
+				// caller's deadline as a server that is not there.
+				return nil, grpcstatus.Errorf(codes.Unauthenticated, "framerpc: %s: the server's certificate: %v", c.cfg.Addr, err)
+			}
 			// A server without framerpc refuses ALPN, and one that
 			// refuses this side's certificate refuses gRPC too, which
 			// then says so to the caller.

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,6 +121,28 @@ func TestTLSConnFallsBackToGRPC(t *testing.T) {
 	}
 	if c.Framed() || s.paths.grpc.Load() != 1 {
 		t.Fatalf("Framed %v, gRPC calls %d: want gRPC", c.Framed(), s.paths.grpc.Load())
+	}
+}
+
+// A Conn that cannot verify the server's certificate (another CA's) says
+// so at once, as Unauthenticated with the cause, and does not turn to gRPC,
+// which would refuse it the same way as a server not there (Unavailable,
+// which callers retry to their deadline).
+func TestTLSServerCertificateRefused(t *testing.T) {
+	srv, _, _ := tlsPair(t)
+	_, other, _ := tlsPair(t) // a client of another CA
+	s := startServer(t, handlerFunc(echo), serverOpts{tls: srv})
+	c := newConnTLS(t, s.addr, other)
+	_, err := rpc(ctxTimeout(t, 10*time.Second), c, []byte("x"))
+	wantCode(t, err, codes.Unauthenticated)
+	if !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("%v: the cause is not named", err)
+	}
+	if !c.Framed() {
+		t.Error("the Conn turned to gRPC")
+	}
+	if n := s.paths.framed.Load() + s.paths.grpc.Load(); n != 0 {
+		t.Errorf("%d calls reached the server", n)
 	}
 }
 
