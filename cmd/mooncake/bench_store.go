@@ -28,6 +28,8 @@ func newBenchStoreCmd() *cobra.Command {
 		masters    int
 		syncEtcd   bool
 		reserve    bool
+		cpuprofile string
+		memprofile string
 	)
 	c := &cobra.Command{
 		Use:   "store",
@@ -110,6 +112,20 @@ each run unless --master points at one.`,
 					return fmt.Errorf("--systems: %q is not one of ours, tcp, memcpy, redis, official", s)
 				}
 			}
+			if cpuprofile != "" {
+				stopProfile, err := startCPUProfile(cpuprofile)
+				if err != nil {
+					return err
+				}
+				defer stopProfile()
+			}
+			if memprofile != "" {
+				defer func() {
+					if err := writeAllocsProfile(memprofile); err != nil {
+						fmt.Fprintln(cmd.ErrOrStderr(), err)
+					}
+				}()
+			}
 			results := make([][]store.Result, len(runs))
 			var skipped []string
 			for r := range repeat {
@@ -160,6 +176,8 @@ each run unless --master points at one.`,
 	f.IntVar(&masters, "masters", 1, "our masters with --ha (more than one: standbys, which acknowledge journal records)")
 	f.BoolVar(&syncEtcd, "sync-etcd", false, "with --ha: puts wait for etcd even with a standby")
 	f.BoolVar(&reserve, "reserve-puts", false, "our clients put into space reserved ahead (client.Config.ReservePuts)")
+	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process (clients, and our master unless --master) over all runs here")
+	f.StringVar(&memprofile, "memprofile", "", "write this process's allocations (pprof's allocs profile) at the end here")
 	c.AddCommand(newBenchStoreTCPServerCmd())
 	return c
 }

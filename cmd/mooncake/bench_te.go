@@ -222,3 +222,17 @@ func startCPUProfile(path string) (stop func(), err error) {
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
+
+// writeAllocsProfile writes the allocations made so far (pprof's allocs
+// profile: objects and bytes by call stack) to path.
+func writeAllocsProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	return f.Close()
+}

@@ -172,10 +172,13 @@ func (g *GRPCServer) existKey(key string) *storepb.Result {
 // items that succeeded fail together if the journal does.
 func batchDurable(ctx context.Context, svc *Service, n int, f func(i int) (uint64, error)) []*storepb.Result {
 	out := make([]*storepb.Result, n)
+	oks := make([]storepb.Result, n) // one allocation for the usual answers
 	var last uint64
 	for i := range n {
 		seq, err := f(i)
-		out[i] = storepb.NewResult(err)
+		if out[i] = &oks[i]; err != nil {
+			out[i] = storepb.NewResult(err)
+		}
 		last = max(last, seq)
 	}
 	if err := svc.durable(ctx, last); err != nil {
