@@ -83,6 +83,7 @@ config file starts this master unchanged. A flag neither has still fails.`,
 	f.String("default_kv_soft_pin_ttl", "1800000", "soft-pin lifetime, milliseconds (or a duration: 30m)")
 	f.String("put_start_discard_timeout_sec", "30", "age after which another client may pre-empt an unfinished put")
 	f.String("put_start_release_timeout_sec", "600", "age after which an unfinished put's space is reclaimed")
+	f.String("remount_hold_sec", "10", "how long a segment that comes back (ReMountSegment) unknown to this master takes no new replicas: clients may still write there into space granted before this master restarted without a journal or expired the segment's client; 0 turns it off")
 	f.String("allocation_strategy", master.StrategyRandom, "random, free_ratio_first or local_first")
 	f.String("stripe_min_size", "0", "puts of at least this size (bytes, or 64MiB) are striped over --stripe_count segments unless they say otherwise; 0: never")
 	f.Int("stripe_count", master.DefaultStripeCount, "pieces of a striped replica, each on its own segment (of its own host where there are enough)")
@@ -151,11 +152,18 @@ func runMaster(cmd *cobra.Command, official []officialFlag) error {
 		{"default_kv_soft_pin_ttl", time.Millisecond, &svc.SoftPinTTL},
 		{"put_start_discard_timeout_sec", time.Second, &svc.PutStartDiscardTimeout},
 		{"put_start_release_timeout_sec", time.Second, &svc.PutStartReleaseTimeout},
+		{"remount_hold_sec", time.Second, &svc.RemountHold},
 	}
 	for _, d := range durs {
 		if *d.dst, err = s.duration(d.key, d.unit); err != nil {
 			return err
 		}
+	}
+	switch {
+	case svc.RemountHold < 0:
+		return fmt.Errorf("--remount_hold_sec is negative (%v)", svc.RemountHold)
+	case svc.RemountHold == 0:
+		svc.RemountHold = -1 // off (zero is the Service's default)
 	}
 	if err := masterLimits(s, &cfg); err != nil {
 		return err

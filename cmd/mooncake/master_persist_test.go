@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/client"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // A master without HA, with --enable_snapshot, is killed (-9) twice during
@@ -101,5 +103,55 @@ func TestMasterKilledRestartsWithItsState(t *testing.T) {
 	for i, k := range acked {
 		require.NoError(t, errs[i], k)
 		assert.True(t, ok[i], k)
+	}
+}
+
+// A master without a journal is killed and started again: the node that
+// outlives it mounts its segment again (told to), and the new master keeps
+// new replicas off it for --remount_hold_sec, saying so in the puts it
+// refuses; --remount_hold_sec 0 lets them in at once.
+func TestMasterRestartHoldsRemountedSegment(t *testing.T) {
+	for _, hold := range []string{"2", "0"} {
+		t.Run("hold="+hold, func(t *testing.T) {
+			port := strconv.Itoa(freePort(t))
+			var proc *exec.Cmd
+			start := func() {
+				proc = selfCommand(t, "master", "--rpc_address", "127.0.0.1", "--rpc_port", port, "--metrics_port", "-1",
+					"--remount_hold_sec", hold)
+				startProc(t, proc, "master listening rpc=")
+			}
+			start()
+			addr := "127.0.0.1:" + port
+			node, err := client.New(context.Background(), client.Config{Master: addr, SegmentSize: 32 << 20,
+				LocalBufferSize: 16 << 20, PingInterval: 100 * time.Millisecond, EngineConfig: engine.Config{Host: "127.0.0.1"}})
+			require.NoError(t, err)
+			defer node.Close()
+			c := pureClient(t, addr)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			require.NoError(t, c.Put(ctx, "before", payload("before", 4096), nil), "a first mount is not held")
+
+			require.NoError(t, proc.Process.Signal(syscall.SIGKILL))
+			_ = proc.Wait()
+			start()
+			var heldSince time.Time
+			for i := 0; ; i++ {
+				err := c.Put(ctx, "after", payload("after", 4096), nil)
+				if err == nil {
+					break
+				}
+				require.ErrorIs(t, err, storepb.ErrNoAvailableHandle, "put %d after the restart", i)
+				if strings.Contains(err.Error(), "held") && heldSince.IsZero() {
+					heldSince = time.Now()
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if hold == "0" {
+				assert.True(t, heldSince.IsZero(), "a put was refused for a hold turned off")
+				return
+			}
+			require.False(t, heldSince.IsZero(), "no put was refused for the hold")
+			assert.Greater(t, time.Since(heldSince), time.Second, "the hold ended early")
+		})
 	}
 }

@@ -149,7 +149,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	}
 	// ReMountSegment registers the client even without a segment, so the
 	// master knows it before its first ping.
-	if err = c.remount(ctx); err != nil {
+	if err = c.remount(ctx, false); err != nil {
 		return nil, fmt.Errorf("client: mount: %w", err)
 	}
 	hctx, stop := context.WithCancel(context.Background())
@@ -171,14 +171,16 @@ func (c *Client) segments() []*storepb.Segment {
 	return out
 }
 
-func (c *Client) remount(ctx context.Context) error {
+// remount mounts the client's segments, again (told to) or for the first
+// time.
+func (c *Client) remount(ctx context.Context, again bool) error {
 	segs := c.segments()
 	ssd := c.ssd != nil && c.ssd.failed() == nil
 	if ssd {
 		segs = segs[:len(segs)-1] // the tier mounts with its objects (mountSSD)
 	}
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
-		r, err := rpc.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: c.id, Segments: segs})
+		r, err := rpc.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: c.id, Segments: segs, Again: again})
 		if err != nil {
 			return err
 		}
@@ -236,7 +238,7 @@ func (c *Client) heartbeat(ctx context.Context) {
 		case st == storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT:
 			c.log.Info("store: master asks for a remount")
 			c.forgetSlots()
-			if err := c.remount(ctx); err != nil && ctx.Err() == nil {
+			if err := c.remount(ctx, true); err != nil && ctx.Err() == nil {
 				c.log.Warn("store: remount failed", "err", err)
 			}
 		}

@@ -316,6 +316,10 @@ func (c *Client) revokeStale(ctx context.Context) {
 // came from is gone (it restarted or another took over without knowing
 // this client). A new master that has not replayed them may have given
 // their space to other puts, so writing into them could overwrite those.
+// The master's side of it: a segment its owner mounts again (told to, as
+// here) takes no new replicas for the master's RemountHold, twice
+// slotMaxAge, so that a client that has not heard yet cannot reach them
+// with a slot either.
 func (c *Client) forgetSlots() {
 	if n := len(c.dropSlots()); n > 0 {
 		c.log.Info("store: slots of a previous master dropped", "slots", n)

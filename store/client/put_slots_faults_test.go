@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/store/master"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // reserving reports whether a reserve is in flight.
@@ -45,7 +47,9 @@ func TestReservedSlotsNotWrittenAfterMasterRestart(t *testing.T) {
 	// The master restarts, empty, at the same address; the node mounts
 	// its segment again and another client fills it from its start.
 	require.NoError(t, m.Close())
-	m, err = master.Start(master.ServerConfig{Listen: addr})
+	// The master's hold of remounted segments off: what this checks is
+	// the client's own part, dropping its slots when told to remount.
+	m, err = master.Start(master.ServerConfig{Listen: addr, Service: master.ServiceConfig{RemountHold: -1}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Service().Stats().Segments == 1 }, 5*time.Second, time.Millisecond)
 	keys, vals, _ := batch("x", 0, slotsMin+1, size)
@@ -61,6 +65,79 @@ func TestReservedSlotsNotWrittenAfterMasterRestart(t *testing.T) {
 	for i, k := range keys {
 		require.NoError(t, errs[i], k)
 		require.True(t, bytes.Equal(vals[i], got[i]), "%s was overwritten by a write into a slot of the old master", k)
+	}
+}
+
+// A client that does not hear of the restart (its pings far apart, or
+// failing) may use the slots it holds until they reach slotMaxAge. The new
+// master holds the segment mounted again for RemountHold, which outlasts
+// what is left of their life (by default twice slotMaxAge), so their space
+// goes to nobody else before they are unusable. Without the hold (the
+// negative control) an object put on the new master is overwritten.
+func TestRemountHoldOutlivesOldSlots(t *testing.T) {
+	for _, hold := range []bool{true, false} {
+		t.Run(fmt.Sprint("hold=", hold), func(t *testing.T) {
+			m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = m.Close() }) // the one running then
+			addr := m.Addr()
+			ping := func(c *Config) { c.PingInterval = 20 * time.Millisecond }
+			deaf := func(c *Config) { c.PingInterval = time.Hour }
+			newClient(t, addr, 16<<20, ping)
+			w := newClient(t, addr, NoSegment, reservePuts, deaf)
+			r := newClient(t, addr, NoSegment, ping)
+			ctx := ctxT(t)
+			const size = 4096
+			require.NoError(t, w.Put(ctx, "a", value(1, size), nil))
+			require.Eventually(t, func() bool { return w.slotsHeld(size) == slotsMin }, 5*time.Second, time.Millisecond)
+			// A second of life left in each slot, and a hold of 1.5 s.
+			w.slots.mu.Lock()
+			for i := range w.slots.free[size] {
+				w.slots.free[size][i].at = time.Now().Add(time.Second - slotMaxAge)
+			}
+			w.slots.mu.Unlock()
+			cfg := master.ServiceConfig{RemountHold: 1500 * time.Millisecond}
+			if !hold {
+				cfg.RemountHold = -1
+			}
+
+			require.NoError(t, m.Close())
+			m, err = master.Start(master.ServerConfig{Listen: addr, Service: cfg})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return m.Service().Stats().Segments == 1 }, 5*time.Second, time.Millisecond)
+			// Another client puts as soon as the master takes its values.
+			keys, vals, _ := batch("x", 0, slotsMin+1, size)
+			start := time.Now()
+			require.Eventually(t, func() bool {
+				for i, err := range r.BatchPut(ctx, keys, vals, nil) {
+					if err != nil && !errors.Is(err, storepb.ErrObjectAlreadyExists) {
+						require.ErrorIs(t, err, storepb.ErrNoAvailableHandle, keys[i])
+						return false
+					}
+				}
+				return true
+			}, 5*time.Second, 10*time.Millisecond)
+			if hold {
+				assert.GreaterOrEqual(t, time.Since(start), time.Second, "the puts waited for the hold")
+			}
+
+			// The writer puts on, into what it holds as slots.
+			for i := range slotsMin {
+				require.NoError(t, w.Put(ctx, fmt.Sprintf("y%d", i), value(uint64(1000+i), size), nil))
+			}
+			got, errs := r.BatchGet(ctx, keys)
+			intact := 0
+			for i := range keys {
+				if errs[i] == nil && bytes.Equal(vals[i], got[i]) {
+					intact++
+				}
+			}
+			if hold {
+				assert.Equal(t, len(keys), intact, "an object was overwritten by a write into a slot of the old master")
+			} else {
+				assert.Less(t, intact, len(keys), "without the hold the old slots' writes land on the new objects")
+			}
+		})
 	}
 }
 

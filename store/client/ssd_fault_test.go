@@ -332,7 +332,7 @@ func TestSSDFailingDiskReads(t *testing.T) {
 		require.Equal(t, value(uint64(100+i), size), got)
 	}
 	// A heartbeat's remount (the master restarted, say) leaves it out.
-	require.NoError(t, node.remount(ctx))
+	require.NoError(t, node.remount(ctx, true))
 	assert.Zero(t, m.Service().Stats().DiskCapacity)
 }
 

@@ -310,7 +310,7 @@ func drainedReplica(o *object, segs []string) (replica, bool) {
 func (s *Service) drainTargetLocked(o *object, src replica, segs, targets []string) (replica, bool) {
 	var cands []*segment
 	for _, sg := range s.segList {
-		if sg.medium != storepb.Medium_MEDIUM_DRAM || sg.dead.Load() || sg.drain != 0 || slices.Contains(segs, sg.name) {
+		if sg.medium != storepb.Medium_MEDIUM_DRAM || sg.dead.Load() || sg.drain != 0 || s.heldLocked(sg) || slices.Contains(segs, sg.name) {
 			continue
 		}
 		if len(targets) > 0 && !slices.Contains(targets, sg.name) {

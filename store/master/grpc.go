@@ -463,7 +463,7 @@ func (g *GRPCServer) ReMountSegment(ctx context.Context, req *storepb.ReMountSeg
 	if req == nil {
 		return nil, errNilRequest
 	}
-	return storepb.NewResult(g.svc.Load().ReMountSegment(ctx, req.ClientId, req.Segments)), nil
+	return storepb.NewResult(g.svc.Load().ReMountSegment(ctx, req.ClientId, req.Segments, req.Again)), nil
 }
 
 // UnmountSegment removes a segment and the replicas on it.

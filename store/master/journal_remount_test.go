@@ -28,7 +28,8 @@ func TestReplayAfterExpiryAndRemount(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "the expiry took the object with its segment")
 
-	require.NoError(t, s.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}))
+	require.NoError(t, s.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}, true))
+	clock.Advance(s.cfg.RemountHold)   // held after the remount until then
 	put(t, s, "a", "after", 4096, nil) // the space before had
 	want := view(s)
 
@@ -46,7 +47,7 @@ func TestReplayAfterExpiryAndRemount(t *testing.T) {
 // after it (the segment mounted again, same id, and a new object where an
 // old one was), it holds the new object only.
 func TestSnapshotBetweenExpiryAndSweep(t *testing.T) {
-	s, _ := newTestService(t, ServiceConfig{})
+	s, clock := newTestService(t, ServiceConfig{})
 	j := &memJournal{}
 	s.j = j
 	ctx := t.Context()
@@ -63,7 +64,8 @@ func TestSnapshotBetweenExpiryAndSweep(t *testing.T) {
 	chunks, seq := s.snapshot(snapChunkObjs)
 	s.sweepDead()
 
-	require.NoError(t, s.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}))
+	require.NoError(t, s.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}, true))
+	clock.Advance(s.cfg.RemountHold)
 	put(t, s, "a", "after", 4096, nil)
 	want := view(s)
 

@@ -35,6 +35,10 @@ type segment struct {
 	// drain is the segment's drain status (admin_drain.go): 0, or
 	// segDraining or segDrained, when it takes no new replicas. Under segMu.
 	drain uint8
+	// heldUntil, while in the future, keeps new replicas off a segment
+	// mounted again by ReMountSegment (ServiceConfig.RemountHold). Under
+	// segMu.
+	heldUntil time.Time
 }
 
 // client is what the master knows of a client: its segments and when it
@@ -67,7 +71,15 @@ func (s *Service) MountSegment(ctx context.Context, clientID string, seg *storep
 // ReMountSegment mounts every segment of segs for clientID, as a client
 // does after a Ping answered NEED_REMOUNT. It is idempotent and registers
 // the client even with no segments (a client that only reads).
-func (s *Service) ReMountSegment(ctx context.Context, clientID string, segs []*storepb.Segment) error {
+//
+// With again (the client mounts them again, told to), a segment this
+// master did not have mounted comes back from a master that restarted
+// without a journal, or from a client this one expired: clients may still
+// hold space in it granted then (a put started, slots reserved) and write
+// there, unknown to this master. Such a segment takes no new replicas for
+// ServiceConfig.RemountHold, so that those writes land in space nobody
+// else was given.
+func (s *Service) ReMountSegment(ctx context.Context, clientID string, segs []*storepb.Segment, again bool) error {
 	if clientID == "" {
 		return storeErr(storepb.InvalidParams, "empty client id")
 	}
@@ -80,10 +92,14 @@ func (s *Service) ReMountSegment(ctx context.Context, clientID string, segs []*s
 	s.touchLocked(clientID)
 	var last uint64
 	for _, seg := range segs {
+		_, known := s.segs[seg.Id]
 		seq, err := s.mountLocked(clientID, seg)
 		if err != nil {
 			s.segMu.Unlock()
 			return err
+		}
+		if again && !known && s.cfg.RemountHold > 0 {
+			s.segs[seg.Id].heldUntil = s.now().Add(s.cfg.RemountHold)
 		}
 		last = max(last, seq)
 	}
@@ -456,7 +472,7 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 		if len(out) == n {
 			return true
 		}
-		if !placeable(sg) {
+		if !s.placeableLocked(sg) {
 			return false
 		}
 		for _, r := range out {
@@ -472,9 +488,38 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 	return out
 }
 
-// placeable reports whether puts may go to sg: DRAM, not being drained
-// (SSD tiers take spills).
-func placeable(sg *segment) bool { return sg.medium == storepb.Medium_MEDIUM_DRAM && sg.drain == 0 }
+// placeableLocked reports whether puts may go to sg: DRAM (SSD tiers take
+// spills), not being drained, not held after a remount. segMu is held.
+func (s *Service) placeableLocked(sg *segment) bool {
+	return sg.medium == storepb.Medium_MEDIUM_DRAM && sg.drain == 0 && !s.heldLocked(sg)
+}
+
+// held returns how many segments are held after a remount, and the
+// longest time one is held for yet.
+func (s *Service) held() (n int, left time.Duration) {
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	for _, sg := range s.segList {
+		if s.heldLocked(sg) {
+			n++
+			left = max(left, sg.heldUntil.Sub(s.now()))
+		}
+	}
+	return n, left
+}
+
+// heldLocked reports whether sg is held after a remount, ending a hold
+// that has run out. segMu is held.
+func (s *Service) heldLocked(sg *segment) bool {
+	switch {
+	case sg.heldUntil.IsZero():
+		return false
+	case s.now().Before(sg.heldUntil):
+		return true
+	}
+	sg.heldUntil = time.Time{}
+	return false
+}
 
 // placeLocked calls visit with the segments in placement order until it
 // returns true: the preferred segments (by name; a client may mount
@@ -538,7 +583,7 @@ func (s *Service) allocStripedLocked(clientID string, size uint64, n, k int, cfg
 	var cands []*segment
 	seen := make(map[*segment]bool)
 	s.placeLocked(clientID, cfg, func(sg *segment) bool {
-		if placeable(sg) && !seen[sg] {
+		if s.placeableLocked(sg) && !seen[sg] {
 			seen[sg] = true
 			cands = append(cands, sg)
 		}

@@ -70,6 +70,12 @@ const (
 	DefaultShards                 = 1024
 )
 
+// DefaultRemountHold is ServiceConfig.RemountHold's default (Mooncake has
+// none): twice a slot's usable age (store/client slotMaxAge), and ten of a
+// client's pings, in which a client that held space the master forgot
+// hears of the change and drops its slots.
+const DefaultRemountHold = 10 * time.Second
+
 // Intervals of the Run loop, as Mooncake's eviction thread and client
 // monitor.
 const (
@@ -101,6 +107,12 @@ type ServiceConfig struct {
 	// PutStartReleaseTimeout is the age after which the Run loop frees an
 	// unfinished PutStart's space. Zero means 10min.
 	PutStartReleaseTimeout time.Duration
+	// RemountHold is how long a segment mounted again by ReMountSegment,
+	// unknown to this master, takes no new replicas: clients may still
+	// write there into space an earlier master (one restarted without a
+	// journal) or this one (before it expired the segment's client)
+	// granted. Zero means 10s, negative none.
+	RemountHold time.Duration
 	// Shards is the number of metadata shards (one mutex each) keys are
 	// hashed over. Zero means 1024.
 	Shards int
@@ -194,6 +206,7 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	c.SoftPinTTL = cmp.Or(c.SoftPinTTL, DefaultSoftPinTTL)
 	c.ClientTTL = cmp.Or(c.ClientTTL, DefaultClientTTL)
 	c.PutStartDiscardTimeout = cmp.Or(c.PutStartDiscardTimeout, DefaultPutStartDiscardTimeout)
+	c.RemountHold = cmp.Or(c.RemountHold, DefaultRemountHold)
 	c.PutStartReleaseTimeout = cmp.Or(c.PutStartReleaseTimeout, DefaultPutStartReleaseTimeout)
 	c.EvictionHighWatermark = cmp.Or(c.EvictionHighWatermark, DefaultEvictionHighWatermark)
 	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)

@@ -495,13 +495,13 @@ func TestClientExpiry(t *testing.T) {
 	_, st = s.Ping("a")
 	assert.Equal(t, storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT, st)
 	segs := []*storepb.Segment{seg("1", 0, 1<<20), seg("3", 2<<32, 1<<20)}
-	require.NoError(t, s.ReMountSegment(t.Context(), "a", segs))
-	require.NoError(t, s.ReMountSegment(t.Context(), "a", segs)) // idempotent
+	require.NoError(t, s.ReMountSegment(t.Context(), "a", segs, false))
+	require.NoError(t, s.ReMountSegment(t.Context(), "a", segs, false)) // idempotent
 	_, st = s.Ping("a")
 	assert.Equal(t, storepb.ClientStatus_CLIENT_STATUS_OK, st)
 	assert.Equal(t, 3, s.Stats().Segments)
 	// A remount cannot take another client's segment.
-	require.ErrorIs(t, s.ReMountSegment(t.Context(), "a", []*storepb.Segment{seg("2", 0, 10)}), storepb.ErrInvalidParams)
+	require.ErrorIs(t, s.ReMountSegment(t.Context(), "a", []*storepb.Segment{seg("2", 0, 10)}, false), storepb.ErrInvalidParams)
 }
 
 func TestZombiePutStart(t *testing.T) {

@@ -52,7 +52,7 @@ func BenchmarkSlotPutCycle(b *testing.B) {
 				cycle()
 			}
 			objects := float64(next - keys)
-			b.ReportMetric(float64((threadCPU() - c).Nanoseconds())/objects, "cpu-ns/object")
+			b.ReportMetric(float64((threadCPU()-c).Nanoseconds())/objects, "cpu-ns/object")
 			b.ReportMetric(objects/float64(b.N), "objects/op")
 		})
 	}

@@ -169,7 +169,7 @@ func (s *Service) allocDiskLocked(client string, size uint64) (replica, bool) {
 func (s *Service) allocOnLocked(m storepb.Medium, client string, size uint64) (replica, bool) {
 	var segs []*segment
 	for _, sg := range s.segList {
-		if sg.medium == m && sg.drain == 0 {
+		if sg.medium == m && sg.drain == 0 && !s.heldLocked(sg) {
 			segs = append(segs, sg)
 		}
 	}

@@ -2319,9 +2319,16 @@ func (x *MountSegmentRequest) GetSegment() *Segment {
 }
 
 type ReMountSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Segments      []*Segment             `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Segments []*Segment             `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	// The client mounts these segments again, told to (NEED_REMOUNT): they
+	// served this master before it expired the client, or an earlier master,
+	// and clients may still write into space granted in them then. A master
+	// that does not know a segment so mounted takes no new replicas into it
+	// for a while (its --remount_hold_sec). False for a client's first mount,
+	// and from clients that do not know the field.
+	Again         bool `protobuf:"varint,3,opt,name=again,proto3" json:"again,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2368,6 +2375,13 @@ func (x *ReMountSegmentRequest) GetSegments() []*Segment {
 		return x.Segments
 	}
 	return nil
+}
+
+func (x *ReMountSegmentRequest) GetAgain() bool {
+	if x != nil {
+		return x.Again
+	}
+	return false
 }
 
 type UnmountSegmentRequest struct {
@@ -2953,10 +2967,11 @@ const file_master_proto_rawDesc = "" +
 	"\x06medium\x18\b \x01(\x0e2\x19.mooncake.store.v1.MediumR\x06medium\"h\n" +
 	"\x13MountSegmentRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
-	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\"l\n" +
+	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\"\x82\x01\n" +
 	"\x15ReMountSegmentRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x126\n" +
-	"\bsegments\x18\x02 \x03(\v2\x1a.mooncake.store.v1.SegmentR\bsegments\"S\n" +
+	"\bsegments\x18\x02 \x03(\v2\x1a.mooncake.store.v1.SegmentR\bsegments\x12\x14\n" +
+	"\x05again\x18\x03 \x01(\bR\x05again\"S\n" +
 	"\x15UnmountSegmentRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +

@@ -1,0 +1,98 @@
+package master
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
+)
+
+// A segment that comes back through ReMountSegment unknown to the master
+// (it restarted without a journal, or expired the client) takes no new
+// replicas for RemountHold: clients may still write into space granted
+// before. Other segments take them; once the hold has run out, it does.
+func TestRemountedSegmentHeld(t *testing.T) {
+	s, clock := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	require.NoError(t, s.ReMountSegment(ctx, "b", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
+	for i := range 8 {
+		reps := put(t, s, "c", string(rune('k'+i)), 4096, nil)
+		require.Len(t, reps, 1)
+		assert.Equal(t, "node-1", mem(reps[0]).SegmentName, "put %d went to the held segment", i)
+	}
+	// Two replicas asked: only one segment may take one.
+	reps := put(t, s, "c", "two", 4096, &storepb.ReplicateConfig{ReplicaNum: 2})
+	assert.Len(t, reps, 1)
+
+	// Nothing left but the held segment: no room, with the hold named.
+	require.NoError(t, s.UnmountSegment(ctx, "a", "1"))
+	_, err := s.PutStart(ctx, "c", "full", 4096, nil)
+	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
+	assert.ErrorContains(t, err, "held")
+
+	clock.Advance(DefaultRemountHold - time.Millisecond)
+	_, err = s.PutStart(ctx, "c", "full", 4096, nil)
+	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle, "the hold lasts RemountHold")
+	clock.Advance(time.Millisecond)
+	reps = put(t, s, "c", "after", 4096, nil)
+	assert.Equal(t, "node-2", mem(reps[0]).SegmentName)
+}
+
+// A segment the master has mounted, mounted again (a client told to
+// remount that the master still knew, or a new leader that has the segment
+// from the journal), keeps taking replicas; so does one a client mounts for
+// the first time (again false: its first ReMountSegment, which registers
+// it), and any with the hold off.
+func TestRemountHoldOnlyForUnknownSegments(t *testing.T) {
+	ctx := t.Context()
+	s, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	require.NoError(t, s.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}, true))
+	put(t, s, "a", "known", 4096, nil)
+
+	first, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, first.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}, false))
+	put(t, first, "a", "first", 4096, nil)
+
+	off, _ := newTestService(t, ServiceConfig{RemountHold: -1})
+	require.NoError(t, off.ReMountSegment(ctx, "a", []*storepb.Segment{seg("1", 1<<20, 1<<20)}, true))
+	put(t, off, "a", "off", 4096, nil)
+}
+
+// Spills and drains do not move objects into a held segment either: their
+// copies would land where a client may still write.
+func TestRemountHoldKeepsMovesOut(t *testing.T) {
+	s, clock := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	put(t, s, "c", "k", 4096, nil)
+	require.NoError(t, s.ReMountSegment(ctx, "b", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
+
+	s.segMu.Lock()
+	held := s.segs["2"]
+	_, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
+	s.segMu.Unlock()
+	require.True(t, ok, "segment 1 has room")
+	s.segMu.Lock()
+	s.segs["1"].drain = segDraining
+	_, ok = s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
+	sh := s.shardOf("k")
+	sh.mu.Lock()
+	o := sh.objects["k"]
+	_, drainOK := s.drainTargetLocked(o, o.replicas[0], []string{"node-1"}, nil)
+	sh.mu.Unlock()
+	s.segMu.Unlock()
+	assert.False(t, ok, "a move went to the held segment")
+	assert.False(t, drainOK, "a drain went to the held segment")
+
+	clock.Advance(DefaultRemountHold)
+	s.segMu.Lock()
+	r, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
+	s.segMu.Unlock()
+	require.True(t, ok)
+	assert.Same(t, held, r.seg)
+}
