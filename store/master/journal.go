@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -561,6 +562,9 @@ func (s *Service) restore(st *state) error {
 			return fmt.Errorf("master: restore segment %s: %w", id, err)
 		}
 		sg := newSegment(m.ClientId, m.Segment, a, len(s.segList))
+		if m.HeldUntilUnixMs != 0 {
+			sg.heldUntil = time.UnixMilli(m.HeldUntilUnixMs) // heldLocked ends a hold past
+		}
 		s.segs[id] = sg
 		s.segList = append(s.segList, sg)
 		if sg.medium == storepb.Medium_MEDIUM_DISK {
@@ -793,12 +797,17 @@ func recordKey(rec *storepb.JournalRecord) string {
 	return ""
 }
 
-// mountOf is sg's mount record.
+// mountOf is sg's mount record, with its hold after a remount. segMu is
+// held.
 func mountOf(sg *segment) *storepb.JournalMount {
-	return &storepb.JournalMount{ClientId: sg.client, Segment: &storepb.Segment{
+	m := &storepb.JournalMount{ClientId: sg.client, Segment: &storepb.Segment{
 		Id: sg.id, Name: sg.name, Base: sg.base, Size: sg.size, TransportEndpoint: sg.endpoint, HostId: sg.hostID,
 		Protocol: "tcp", Medium: sg.medium,
 	}}
+	if !sg.heldUntil.IsZero() {
+		m.HeldUntilUnixMs = sg.heldUntil.UnixMilli()
+	}
+	return m
 }
 
 // objectState is o, of key, as a snapshot holds it. Replicas on segments

@@ -96,3 +96,38 @@ func TestRemountHoldKeepsMovesOut(t *testing.T) {
 	require.True(t, ok)
 	assert.Same(t, held, r.seg)
 }
+
+// The hold is in the mount's journal record and in snapshots: a new leader
+// (or a master restored from its files) keeps the segment held for what is
+// left of it.
+func TestRemountHoldSurvivesFailover(t *testing.T) {
+	s, clock := newTestService(t, ServiceConfig{})
+	j := &memJournal{}
+	s.j = j
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	require.NoError(t, s.ReMountSegment(ctx, "b", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
+	clock.Advance(DefaultRemountHold / 2)
+	chunks, _ := s.snapshot(snapChunkObjs)
+
+	fromJournal := newState()
+	for _, r := range j.recs {
+		require.NoError(t, fromJournal.apply(r))
+	}
+	fromSnapshot := newState()
+	for _, c := range chunks {
+		fromSnapshot.loadChunk(c)
+	}
+	for name, st := range map[string]*state{"journal": fromJournal, "snapshot": fromSnapshot} {
+		t.Run(name, func(t *testing.T) {
+			s2, clock2 := newTestService(t, ServiceConfig{})
+			clock2.Advance(DefaultRemountHold / 2)
+			require.NoError(t, s2.restore(st))
+			require.NoError(t, s2.UnmountSegment(ctx, "a", "1"))
+			_, err := s2.PutStart(ctx, "c", "k", 4096, nil)
+			require.ErrorIs(t, err, storepb.ErrNoAvailableHandle, "the new leader put into the held segment")
+			clock2.Advance(DefaultRemountHold / 2)
+			put(t, s2, "c", "k", 4096, nil)
+		})
+	}
+}

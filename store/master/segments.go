@@ -60,7 +60,7 @@ func (s *Service) MountSegment(ctx context.Context, clientID string, seg *storep
 		return err
 	}
 	s.segMu.Lock()
-	seq, err := s.mountLocked(clientID, seg)
+	seq, err := s.mountLocked(clientID, seg, time.Time{})
 	s.segMu.Unlock()
 	if err != nil {
 		return err
@@ -91,15 +91,16 @@ func (s *Service) ReMountSegment(ctx context.Context, clientID string, segs []*s
 	s.segMu.Lock()
 	s.touchLocked(clientID)
 	var last uint64
+	var hold time.Time
+	if again && s.cfg.RemountHold > 0 {
+		// Milliseconds, as the journal keeps it.
+		hold = time.UnixMilli(s.now().Add(s.cfg.RemountHold).UnixMilli())
+	}
 	for _, seg := range segs {
-		_, known := s.segs[seg.Id]
-		seq, err := s.mountLocked(clientID, seg)
+		seq, err := s.mountLocked(clientID, seg, hold)
 		if err != nil {
 			s.segMu.Unlock()
 			return err
-		}
-		if again && !known && s.cfg.RemountHold > 0 {
-			s.segs[seg.Id].heldUntil = s.now().Add(s.cfg.RemountHold)
 		}
 		last = max(last, seq)
 	}
@@ -121,9 +122,10 @@ func checkSegment(seg *storepb.Segment) error {
 	return nil
 }
 
-// mountLocked mounts seg and returns the sequence number of its journal
-// record (0 when already mounted, or without a journal).
-func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, error) {
+// mountLocked mounts seg, held from new replicas until heldUntil when it
+// is not mounted yet (zero: not held), and returns the sequence number of
+// its journal record (0 when already mounted, or without a journal).
+func (s *Service) mountLocked(clientID string, seg *storepb.Segment, heldUntil time.Time) (uint64, error) {
 	if old, ok := s.segs[seg.Id]; ok {
 		if old.client != clientID {
 			return 0, storeErr(storepb.InvalidParams, "segment %s is mounted by another client", seg.Id)
@@ -136,6 +138,7 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 		return 0, storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
 	}
 	sg := newSegment(clientID, seg, a, len(s.segList))
+	sg.heldUntil = heldUntil
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
 	if sg.medium == storepb.Medium_MEDIUM_DISK {
@@ -146,8 +149,11 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment) (uint64, er
 	if sg.hostID != "" {
 		c.hostID = sg.hostID
 	}
-	return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
-		ClientId: clientID, Segment: seg}}}), nil
+	m := &storepb.JournalMount{ClientId: clientID, Segment: seg}
+	if !heldUntil.IsZero() {
+		m.HeldUntilUnixMs = heldUntil.UnixMilli()
+	}
+	return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: m}}), nil
 }
 
 // newSegment is seg, mounted by clientID at position idx of segList, with

@@ -102,11 +102,15 @@ func (x *ReplicaLocation) GetStripes() []*ReplicaLocation {
 }
 
 type JournalMount struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Segment       *Segment               `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Segment  *Segment               `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	// Mounted again (ReMountSegmentRequest.again) unknown to the leader: the
+	// segment takes no new replicas until then (Unix milliseconds; 0: none),
+	// on a next leader too.
+	HeldUntilUnixMs int64 `protobuf:"varint,3,opt,name=held_until_unix_ms,json=heldUntilUnixMs,proto3" json:"held_until_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *JournalMount) Reset() {
@@ -151,6 +155,13 @@ func (x *JournalMount) GetSegment() *Segment {
 		return x.Segment
 	}
 	return nil
+}
+
+func (x *JournalMount) GetHeldUntilUnixMs() int64 {
+	if x != nil {
+		return x.HeldUntilUnixMs
+	}
+	return 0
 }
 
 type JournalUnmount struct {
@@ -1052,10 +1063,11 @@ const file_journal_proto_rawDesc = "" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12<\n" +
-	"\astripes\x18\x04 \x03(\v2\".mooncake.store.v1.ReplicaLocationR\astripes\"a\n" +
+	"\astripes\x18\x04 \x03(\v2\".mooncake.store.v1.ReplicaLocationR\astripes\"\x8e\x01\n" +
 	"\fJournalMount\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
-	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\"/\n" +
+	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\x12+\n" +
+	"\x12held_until_unix_ms\x18\x03 \x01(\x03R\x0fheldUntilUnixMs\"/\n" +
 	"\x0eJournalUnmount\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\",\n" +
