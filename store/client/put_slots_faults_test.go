@@ -52,6 +52,10 @@ func TestReservedSlotsNotWrittenAfterMasterRestart(t *testing.T) {
 	m, err = master.Start(master.ServerConfig{Listen: addr, Service: master.ServiceConfig{RemountHold: -1}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Service().Stats().Segments == 1 }, 5*time.Second, time.Millisecond)
+	// The writer hears of the restart at its next ping, and drops its
+	// slots (else it could still write into them meanwhile: that window
+	// is the master's hold's to close, TestRemountHoldOutlivesOldSlots).
+	require.Eventually(t, func() bool { return w.slotsHeld(size) == 0 }, 5*time.Second, time.Millisecond)
 	keys, vals, _ := batch("x", 0, slotsMin+1, size)
 	for i, err := range r.BatchPut(ctx, keys, vals, nil) {
 		require.NoError(t, err, keys[i])
@@ -90,13 +94,14 @@ func TestRemountHoldOutlivesOldSlots(t *testing.T) {
 			const size = 4096
 			require.NoError(t, w.Put(ctx, "a", value(1, size), nil))
 			require.Eventually(t, func() bool { return w.slotsHeld(size) == slotsMin }, 5*time.Second, time.Millisecond)
-			// A second of life left in each slot, and a hold of 1.5 s.
+			// Three seconds of life left in each slot, and a hold of four:
+			// as the default hold outlasts a whole slot's life.
 			w.slots.mu.Lock()
 			for i := range w.slots.free[size] {
-				w.slots.free[size][i].at = time.Now().Add(time.Second - slotMaxAge)
+				w.slots.free[size][i].at = time.Now().Add(3*time.Second - slotMaxAge)
 			}
 			w.slots.mu.Unlock()
-			cfg := master.ServiceConfig{RemountHold: 1500 * time.Millisecond}
+			cfg := master.ServiceConfig{RemountHold: 4 * time.Second}
 			if !hold {
 				cfg.RemountHold = -1
 			}
@@ -116,9 +121,9 @@ func TestRemountHoldOutlivesOldSlots(t *testing.T) {
 					}
 				}
 				return true
-			}, 5*time.Second, 10*time.Millisecond)
+			}, 10*time.Second, 10*time.Millisecond)
 			if hold {
-				assert.GreaterOrEqual(t, time.Since(start), time.Second, "the puts waited for the hold")
+				assert.GreaterOrEqual(t, time.Since(start), 3*time.Second, "the puts waited for the hold")
 			}
 
 			// The writer puts on, into what it holds as slots.

@@ -102,6 +102,7 @@ var gauges = []gauge{
 	{"master_active_clients", "Clients the master knows.", func(s Stats) float64 { return float64(s.Clients) }},
 	{"master_value_bytes", "Bytes of readable values, one replica each.", func(s Stats) float64 { return float64(s.ValueBytes) }},
 	{"master_mounted_segments", "Mounted segments.", func(s Stats) float64 { return float64(s.Segments) }},
+	{"master_held_segments", "Mounted segments held from new replicas after a remount (--remount_hold_sec).", func(s Stats) float64 { return float64(s.HeldSegments) }},
 }
 
 var counters = []gauge{

@@ -215,8 +215,8 @@ func (s *Service) startSeq(ctx context.Context, clientID, key string, length uin
 		s.needEvict.Store(true)
 	}
 	s.allocFailures.Add(1)
-	if n, left := s.held(); n > 0 {
-		return nil, 0, storeErr(storepb.NoAvailableHandle, "no segment has %d bytes free (%d held for up to %v more: mounted again, unknown to this master)",
+	if n, left := s.heldFor(length); n > 0 {
+		return nil, 0, storeErr(storepb.NoAvailableHandle, "no segment taking new replicas has %d bytes free; %d more held for up to %v after a remount (--remount_hold_sec)",
 			length, n, left.Round(time.Millisecond))
 	}
 	return nil, 0, storeErr(storepb.NoAvailableHandle, "no segment has %d bytes free", length)

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -27,12 +28,19 @@ func TestRemountedSegmentHeld(t *testing.T) {
 	// Two replicas asked: only one segment may take one.
 	reps := put(t, s, "c", "two", 4096, &storepb.ReplicateConfig{ReplicaNum: 2})
 	assert.Len(t, reps, 1)
+	// Striped: every piece on the segment not held.
+	reps = put(t, s, "c", "striped", 4*minPiece, &storepb.ReplicateConfig{StripeCount: 2})
+	require.Len(t, reps, 1)
+	assert.Equal(t, "node-1", mem(reps[0]).SegmentName)
+	for _, p := range mem(reps[0]).Stripes {
+		assert.Equal(t, "node-1", p.SegmentName, "a piece went to the held segment")
+	}
 
 	// Nothing left but the held segment: no room, with the hold named.
 	require.NoError(t, s.UnmountSegment(ctx, "a", "1"))
 	_, err := s.PutStart(ctx, "c", "full", 4096, nil)
 	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
-	assert.ErrorContains(t, err, "held")
+	assert.ErrorContains(t, err, "1 more held for up to")
 
 	clock.Advance(DefaultRemountHold - time.Millisecond)
 	_, err = s.PutStart(ctx, "c", "full", 4096, nil)
@@ -72,26 +80,29 @@ func TestRemountHoldKeepsMovesOut(t *testing.T) {
 	put(t, s, "c", "k", 4096, nil)
 	require.NoError(t, s.ReMountSegment(ctx, "b", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
 
+	// The owner's own segment first, as a move prefers: not while held.
 	s.segMu.Lock()
 	held := s.segs["2"]
-	_, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
+	r, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
 	s.segMu.Unlock()
 	require.True(t, ok, "segment 1 has room")
+	assert.Equal(t, "1", r.seg.id, "a move went to the held segment")
+	// Segment 1 drained: nowhere left for a move or a drain's copy.
+	sh := s.shardOf("k")
+	sh.mu.Lock() // a shard's lock before segMu, as everywhere
 	s.segMu.Lock()
 	s.segs["1"].drain = segDraining
 	_, ok = s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
-	sh := s.shardOf("k")
-	sh.mu.Lock()
 	o := sh.objects["k"]
 	_, drainOK := s.drainTargetLocked(o, o.replicas[0], []string{"node-1"}, nil)
-	sh.mu.Unlock()
 	s.segMu.Unlock()
+	sh.mu.Unlock()
 	assert.False(t, ok, "a move went to the held segment")
 	assert.False(t, drainOK, "a drain went to the held segment")
 
 	clock.Advance(DefaultRemountHold)
 	s.segMu.Lock()
-	r, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
+	r, ok = s.allocOnLocked(storepb.Medium_MEDIUM_DRAM, "b", 4096)
 	s.segMu.Unlock()
 	require.True(t, ok)
 	assert.Same(t, held, r.seg)
@@ -130,4 +141,28 @@ func TestRemountHoldSurvivesFailover(t *testing.T) {
 			put(t, s2, "c", "k", 4096, nil)
 		})
 	}
+}
+
+// A put that only a held segment could take fails at once: it evicts
+// nothing and leaves no eviction forced, which would take the first
+// objects put once the hold ends (a master restarted without a journal has
+// every segment held and nothing else to evict).
+func TestRemountHoldForcesNoEviction(t *testing.T) {
+	s, clock := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.ReMountSegment(ctx, "b", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
+	for i := range 3 {
+		_, err := s.PutStart(ctx, "c", fmt.Sprint("early", i), 4096, nil)
+		require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
+	}
+	assert.False(t, s.needEvict.Load(), "a refused put forced the next eviction")
+	assert.Equal(t, 1, s.Stats().HeldSegments)
+
+	clock.Advance(DefaultRemountHold)
+	assert.Zero(t, s.Stats().HeldSegments)
+	put(t, s, "c", "first", 4096, nil)
+	s.Evict() // the Run loop's next round
+	ok, err := s.ExistKey("first")
+	require.NoError(t, err)
+	assert.True(t, ok, "the first object put after the hold was evicted")
 }

@@ -427,13 +427,16 @@ func (s *Service) usageLocked(m storepb.Medium) (capacity, used uint64) {
 }
 
 // fitsAnywhere reports whether some segment could ever hold n bytes, or,
-// cut into k pieces, enough segments each their piece.
+// cut into k pieces, enough segments each their piece. Segments held after
+// a remount do not count: a put that only they could take fails at once
+// rather than evict for room it would not be given (and leave the next
+// eviction forced, to take the first objects put once the hold ends).
 func (s *Service) fitsAnywhere(n uint64, k int) bool {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	piece, fit := pieceSize(n, k), 0
 	for _, sg := range s.segList {
-		if sg.medium != storepb.Medium_MEDIUM_DRAM {
+		if sg.medium != storepb.Medium_MEDIUM_DRAM || s.heldLocked(sg) {
 			continue
 		}
 		if sz := sg.alloc.Size(); sz >= n {
@@ -500,13 +503,13 @@ func (s *Service) placeableLocked(sg *segment) bool {
 	return sg.medium == storepb.Medium_MEDIUM_DRAM && sg.drain == 0 && !s.heldLocked(sg)
 }
 
-// held returns how many segments are held after a remount, and the
-// longest time one is held for yet.
-func (s *Service) held() (n int, left time.Duration) {
+// heldFor returns how many segments held after a remount could hold size
+// bytes when their hold ends, and the longest time one is held for yet.
+func (s *Service) heldFor(size uint64) (n int, left time.Duration) {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	for _, sg := range s.segList {
-		if s.heldLocked(sg) {
+		if s.heldLocked(sg) && sg.size >= size {
 			n++
 			left = max(left, sg.heldUntil.Sub(s.now()))
 		}

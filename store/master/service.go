@@ -364,6 +364,7 @@ type Stats struct {
 	ValueBytes    uint64 // bytes of readable values (one replica each)
 	Clients       int    // clients known to the master
 	Segments      int    // mounted segments
+	HeldSegments  int    // of those, held from new replicas after a remount (RemountHold)
 	EvictedKeys   uint64 // objects evicted since start
 	EvictedBytes  uint64 // bytes freed by eviction since start
 	Discarded     uint64 // zombie puts pre-empted by a new PutStart
@@ -378,6 +379,11 @@ func (s *Service) Stats() Stats {
 	st.Capacity, st.Used = s.usageLocked(storepb.Medium_MEDIUM_DRAM)
 	st.DiskCapacity, st.DiskUsed = s.usageLocked(storepb.Medium_MEDIUM_DISK)
 	st.Clients, st.Segments = len(s.clients), len(s.segs)
+	for _, sg := range s.segList {
+		if s.heldLocked(sg) {
+			st.HeldSegments++
+		}
+	}
 	s.segMu.Unlock()
 	now := s.now()
 	for i := range s.shards {
