@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/store/client"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -38,10 +37,7 @@ func TestMasterKilledRestartsWithItsState(t *testing.T) {
 	}
 	start()
 	addr := "127.0.0.1:" + port
-	node, err := client.New(context.Background(), client.Config{Master: addr, SegmentSize: 128 << 20,
-		LocalBufferSize: 16 << 20, RPCTimeout: 20 * time.Second, EngineConfig: engine.Config{Host: "127.0.0.1"}})
-	require.NoError(t, err)
-	defer node.Close()
+	nodeClient(t, client.Config{Master: addr, SegmentSize: 128 << 20, RPCTimeout: 20 * time.Second})
 	c := pureClient(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -122,10 +118,7 @@ func TestMasterRestartHoldsRemountedSegment(t *testing.T) {
 			}
 			start()
 			addr := "127.0.0.1:" + port
-			node, err := client.New(context.Background(), client.Config{Master: addr, SegmentSize: 32 << 20,
-				LocalBufferSize: 16 << 20, PingInterval: 100 * time.Millisecond, EngineConfig: engine.Config{Host: "127.0.0.1"}})
-			require.NoError(t, err)
-			defer node.Close()
+			nodeClient(t, client.Config{Master: addr, SegmentSize: 32 << 20, PingInterval: 100 * time.Millisecond})
 			c := pureClient(t, addr)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -154,4 +147,16 @@ func TestMasterRestartHoldsRemountedSegment(t *testing.T) {
 			assert.Greater(t, time.Since(heldSince), time.Second, "the hold ended early")
 		})
 	}
+}
+
+// nodeClient is a client holding a segment in this process, as a storage
+// node, on loopback with 16 MiB of staging; closed when the test ends.
+func nodeClient(t *testing.T, cfg client.Config) *client.Client {
+	t.Helper()
+	cfg.LocalBufferSize = 16 << 20
+	cfg.EngineConfig.Host = "127.0.0.1"
+	c, err := client.New(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

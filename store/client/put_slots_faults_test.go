@@ -26,30 +26,46 @@ func (c *Client) reserving() bool {
 	return false
 }
 
+// restartSize is the values' size in the tests of a master's restart.
+const restartSize = 4096
+
+// slotsBeforeRestart starts a master (*m, closed when the test ends, as
+// whichever master *m then is), a storage node and a reader pinging every
+// 20 ms, and a writer pinging every writerPing that holds slotsMin slots
+// of restartSize bytes; it returns the master's address, the writer and
+// the reader.
+func slotsBeforeRestart(t *testing.T, m **master.Server, writerPing time.Duration) (string, *Client, *Client) {
+	t.Helper()
+	var err error
+	*m, err = master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = (*m).Close() })
+	addr := (*m).Addr()
+	ping := func(c *Config) { c.PingInterval = 20 * time.Millisecond }
+	newClient(t, addr, 16<<20, ping)
+	w := newClient(t, addr, NoSegment, reservePuts, func(c *Config) { c.PingInterval = writerPing })
+	r := newClient(t, addr, NoSegment, ping)
+	require.NoError(t, w.Put(ctxT(t), "a", value(1, restartSize), nil))
+	require.Eventually(t, func() bool { return w.slotsHeld(restartSize) == slotsMin }, 5*time.Second, time.Millisecond)
+	return addr, w, r
+}
+
 // A master restarted without a journal knows no slot of its predecessor,
 // and gives their space to new puts once the segments are mounted again.
 // A client must not write a value into a slot reserved from the old master:
 // it would overwrite an object put since on the new one.
 func TestReservedSlotsNotWrittenAfterMasterRestart(t *testing.T) {
-	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = m.Close() }) // the one running then
-	addr := m.Addr()
-	ping := func(c *Config) { c.PingInterval = 20 * time.Millisecond }
-	newClient(t, addr, 16<<20, ping)
-	w := newClient(t, addr, NoSegment, reservePuts, ping)
-	r := newClient(t, addr, NoSegment, ping)
+	var m *master.Server
+	addr, w, r := slotsBeforeRestart(t, &m, 20*time.Millisecond)
 	ctx := ctxT(t)
-	const size = 4096
-	require.NoError(t, w.Put(ctx, "a", value(1, size), nil))
-	require.Eventually(t, func() bool { return w.slotsHeld(size) == slotsMin }, 5*time.Second, time.Millisecond)
+	const size = restartSize
 
 	// The master restarts, empty, at the same address; the node mounts
 	// its segment again and another client fills it from its start.
 	require.NoError(t, m.Close())
 	// The master's hold of remounted segments off: what this checks is
 	// the client's own part, dropping its slots when told to remount.
-	m, err = master.Start(master.ServerConfig{Listen: addr, Service: master.ServiceConfig{RemountHold: -1}})
+	m, err := master.Start(master.ServerConfig{Listen: addr, Service: master.ServiceConfig{RemountHold: -1}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Service().Stats().Segments == 1 }, 5*time.Second, time.Millisecond)
 	// The writer hears of the restart at its next ping, and drops its
@@ -81,19 +97,10 @@ func TestReservedSlotsNotWrittenAfterMasterRestart(t *testing.T) {
 func TestRemountHoldOutlivesOldSlots(t *testing.T) {
 	for _, hold := range []bool{true, false} {
 		t.Run(fmt.Sprint("hold=", hold), func(t *testing.T) {
-			m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = m.Close() }) // the one running then
-			addr := m.Addr()
-			ping := func(c *Config) { c.PingInterval = 20 * time.Millisecond }
-			deaf := func(c *Config) { c.PingInterval = time.Hour }
-			newClient(t, addr, 16<<20, ping)
-			w := newClient(t, addr, NoSegment, reservePuts, deaf)
-			r := newClient(t, addr, NoSegment, ping)
+			var m *master.Server
+			addr, w, r := slotsBeforeRestart(t, &m, time.Hour) // the writer never pings
 			ctx := ctxT(t)
-			const size = 4096
-			require.NoError(t, w.Put(ctx, "a", value(1, size), nil))
-			require.Eventually(t, func() bool { return w.slotsHeld(size) == slotsMin }, 5*time.Second, time.Millisecond)
+			const size = restartSize
 			// Three seconds of life left in each slot, and a hold of four:
 			// as the default hold outlasts a whole slot's life.
 			w.slots.mu.Lock()
@@ -107,7 +114,7 @@ func TestRemountHoldOutlivesOldSlots(t *testing.T) {
 			}
 
 			require.NoError(t, m.Close())
-			m, err = master.Start(master.ServerConfig{Listen: addr, Service: cfg})
+			m, err := master.Start(master.ServerConfig{Listen: addr, Service: cfg})
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return m.Service().Stats().Segments == 1 }, 5*time.Second, time.Millisecond)
 			// Another client puts as soon as the master takes its values.
