@@ -327,6 +327,9 @@ type segmentDetail struct {
 	AllocatorUsedBytes     uint64  `json:"allocator_used_bytes"`
 	AllocatorCapacityBytes uint64  `json:"allocator_capacity_bytes"`
 	AllocatorUsagePercent  float64 `json:"allocator_usage_percent"`
+	// Ours: while a segment mounted again takes no new replicas
+	// (--remount_hold_sec), what is left of that, in milliseconds.
+	HeldForMs int64 `json:"held_for_ms,omitempty"`
 }
 
 func getSegmentsDetail(svc *Service, w http.ResponseWriter, _ *http.Request) {
@@ -341,6 +344,7 @@ func getSegmentsDetail(svc *Service, w http.ResponseWriter, _ *http.Request) {
 			TEEndpoint: sg.endpoint, Protocol: sg.protocol, Status: segStatusNames[cmp.Or(int(sg.drain), segmentOK)],
 			AllocatorUsedBytes: sg.used, AllocatorCapacityBytes: sg.size,
 			AllocatorUsagePercent: float64(sg.used) / float64(sg.size) * 100,
+			HeldForMs:             sg.heldFor.Milliseconds(),
 		}
 	}
 	writeJSON(w, http.StatusOK, struct {
@@ -464,7 +468,8 @@ func batchQueryKeys(svc *Service, w http.ResponseWriter, r *http.Request) {
 type segmentView struct {
 	id, name, client, endpoint, protocol string
 	base, size, used                     uint64
-	drain                                uint8 // 0, or segDraining, segDrained
+	drain                                uint8         // 0, or segDraining, segDrained
+	heldFor                              time.Duration // what is left of a hold after a remount
 }
 
 // dramSegments returns the mounted DRAM segments by name, then id. SSD
@@ -475,8 +480,12 @@ func (s *Service) dramSegments() []segmentView {
 	out := make([]segmentView, 0, len(s.segList))
 	for _, sg := range s.segList {
 		if sg.medium == storepb.Medium_MEDIUM_DRAM {
-			out = append(out, segmentView{id: sg.id, name: sg.name, client: sg.client, endpoint: sg.endpoint,
-				protocol: sg.protocol, base: sg.base, size: sg.size, used: sg.alloc.Used(), drain: sg.drain})
+			v := segmentView{id: sg.id, name: sg.name, client: sg.client, endpoint: sg.endpoint,
+				protocol: sg.protocol, base: sg.base, size: sg.size, used: sg.alloc.Used(), drain: sg.drain}
+			if s.heldLocked(sg) {
+				v.heldFor = sg.heldUntil.Sub(s.now())
+			}
+			out = append(out, v)
 		}
 	}
 	s.segMu.Unlock()

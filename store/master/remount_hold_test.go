@@ -1,6 +1,7 @@
 package master
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -165,4 +166,37 @@ func TestRemountHoldForcesNoEviction(t *testing.T) {
 	ok, err := s.ExistKey("first")
 	require.NoError(t, err)
 	assert.True(t, ok, "the first object put after the hold was evicted")
+}
+
+// Over gRPC, again marks the remount; the admin server's segment details
+// show what is left of the hold, and the metrics count the segment held.
+func TestRemountHoldOverGRPCAndAdmin(t *testing.T) {
+	m, c := startAdminMaster(t, ServerConfig{})
+	ctx := t.Context()
+	for _, r := range []*storepb.ReMountSegmentRequest{
+		{ClientId: "first", Segments: []*storepb.Segment{seg("1", 1<<20, 1<<20)}},
+		{ClientId: "again", Segments: []*storepb.Segment{seg("2", 4<<20, 1<<20)}, Again: true},
+	} {
+		res, err := c.ReMountSegment(ctx, r)
+		require.NoError(t, err)
+		require.NoError(t, res.AsError())
+	}
+	var d struct {
+		Segments []struct {
+			ID     string `json:"segment_id"`
+			HeldMs *int64 `json:"held_for_ms"`
+		} `json:"segments"`
+	}
+	a := adminDo(t, m, "GET", "/get_segments_detail")
+	require.NoError(t, json.Unmarshal([]byte(a.body), &d), a.body)
+	require.Len(t, d.Segments, 2)
+	for _, sg := range d.Segments {
+		if sg.ID == "1" {
+			assert.Nil(t, sg.HeldMs, "a first mount is not held")
+			continue
+		}
+		require.NotNil(t, sg.HeldMs, a.body)
+		assert.InDelta(t, DefaultRemountHold.Milliseconds(), *sg.HeldMs, 5000)
+	}
+	assert.Contains(t, adminDo(t, m, "GET", "/metrics").body, "master_held_segments 1")
 }
