@@ -189,7 +189,7 @@ func (c *Client) remount(ctx context.Context, again bool) error {
 	if err != nil || !ssd {
 		return err
 	}
-	return c.mountSSD(ctx)
+	return c.mountSSD(ctx, again)
 }
 
 // heartbeat pings the master every PingInterval and remounts when the

@@ -236,9 +236,10 @@ func (x *ssdIndex) verify(f *os.File, size int64, log *slog.Logger) int {
 }
 
 // mountSSD mounts the tier with the objects its index holds (Tier's
-// MountDisk), and forgets those the master did not take. A master without
-// the Tier service gets a plain mount.
-func (c *Client) mountSSD(ctx context.Context) error {
+// MountDisk), again (told to) or for the first time, and forgets those the
+// master did not take. A master without the Tier service gets a plain
+// mount.
+func (c *Client) mountSSD(ctx context.Context, again bool) error {
 	t := c.ssd
 	objs := t.index.objects()
 	var taken []bool
@@ -249,7 +250,7 @@ func (c *Client) mountSSD(ctx context.Context) error {
 		if conn == nil {
 			return status.Error(codes.Unavailable, "client: no master connection")
 		}
-		r, err := storepb.NewTierClient(conn).MountDisk(ctx, &storepb.MountDiskRequest{ClientId: c.id, Segment: t.seg, Objects: objs})
+		r, err := storepb.NewTierClient(conn).MountDisk(ctx, &storepb.MountDiskRequest{ClientId: c.id, Segment: t.seg, Objects: objs, Again: again})
 		if status.Code(err) == codes.Unimplemented {
 			r, err := rpc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: c.id, Segment: t.seg})
 			if err != nil {

@@ -200,3 +200,35 @@ func TestRemountHoldOverGRPCAndAdmin(t *testing.T) {
 	}
 	assert.Contains(t, adminDo(t, m, "GET", "/metrics").body, "master_held_segments 1")
 }
+
+// An SSD tier mounted again (MountDisk with again) that the master does
+// not know takes no spill or offload for the hold; its objects are taken
+// at once. A tier's first mount is not held.
+func TestRemountHoldSSDTier(t *testing.T) {
+	s, clock := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	first, again := seg("1", 1<<20, 1<<20), seg("2", 4<<20, 1<<20)
+	first.Medium, again.Medium = storepb.Medium_MEDIUM_DISK, storepb.Medium_MEDIUM_DISK
+	_, err := s.MountDisk(ctx, "a", first, nil, false)
+	require.NoError(t, err)
+	taken, err := s.MountDisk(ctx, "b", again, []*storepb.DiskObject{{Key: "k", Offset: 0, Size: 100, Checksum: 1}}, true)
+	require.NoError(t, err)
+	assert.Equal(t, []bool{true}, taken)
+
+	alloc := func() (string, bool) {
+		s.segMu.Lock()
+		defer s.segMu.Unlock()
+		r, ok := s.allocOnLocked(storepb.Medium_MEDIUM_DISK, "b", 4096) // b's own tier first
+		if !ok {
+			return "", false
+		}
+		return r.seg.id, true
+	}
+	id, ok := alloc()
+	require.True(t, ok)
+	assert.Equal(t, "1", id, "a copy went to the held tier")
+	clock.Advance(DefaultRemountHold)
+	id, ok = alloc()
+	require.True(t, ok)
+	assert.Equal(t, "2", id)
+}

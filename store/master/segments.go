@@ -91,11 +91,7 @@ func (s *Service) ReMountSegment(ctx context.Context, clientID string, segs []*s
 	s.segMu.Lock()
 	s.touchLocked(clientID)
 	var last uint64
-	var hold time.Time
-	if again && s.cfg.RemountHold > 0 {
-		// Milliseconds, as the journal keeps it.
-		hold = time.UnixMilli(s.now().Add(s.cfg.RemountHold).UnixMilli())
-	}
+	hold := s.remountHoldEnd(again)
 	for _, seg := range segs {
 		seq, err := s.mountLocked(clientID, seg, hold)
 		if err != nil {
@@ -149,11 +145,17 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment, heldUntil t
 	if sg.hostID != "" {
 		c.hostID = sg.hostID
 	}
+	return s.record(mountRecord(clientID, seg, heldUntil)), nil
+}
+
+// mountRecord is the journal record of clientID's mount of seg, held
+// until heldUntil (zero: not held).
+func mountRecord(clientID string, seg *storepb.Segment, heldUntil time.Time) *storepb.JournalRecord {
 	m := &storepb.JournalMount{ClientId: clientID, Segment: seg}
 	if !heldUntil.IsZero() {
 		m.HeldUntilUnixMs = heldUntil.UnixMilli()
 	}
-	return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: m}}), nil
+	return &storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: m}}
 }
 
 // newSegment is seg, mounted by clientID at position idx of segList, with
@@ -495,6 +497,16 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 		return len(out) == n
 	})
 	return out
+}
+
+// remountHoldEnd is when a hold that starts now ends, for a segment
+// mounted again (again) unknown to the master; zero: none. Milliseconds,
+// as the journal keeps it.
+func (s *Service) remountHoldEnd(again bool) time.Time {
+	if !again || s.cfg.RemountHold <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(s.now().Add(s.cfg.RemountHold).UnixMilli())
 }
 
 // placeableLocked reports whether puts may go to sg: DRAM (SSD tiers take

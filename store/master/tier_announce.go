@@ -161,8 +161,10 @@ func (g *goneValues) known(key string, size uint64, sum uint32) {
 // MountDisk mounts seg, clientID's SSD tier, with objs, the objects its
 // file holds, and reports which objects it took. A repeated MountDisk
 // (same segment, same client) mounts nothing again and reports the objects
-// that have a replica at their place on seg.
-func (s *Service) MountDisk(ctx context.Context, clientID string, seg *storepb.Segment, objs []*storepb.DiskObject) ([]bool, error) {
+// that have a replica at their place on seg. With again (the client was
+// told to remount), a tier this master does not know takes no new copies
+// for RemountHold, as ReMountSegment's segments.
+func (s *Service) MountDisk(ctx context.Context, clientID string, seg *storepb.Segment, objs []*storepb.DiskObject, again bool) ([]bool, error) {
 	if clientID == "" {
 		return nil, storeErr(storepb.InvalidParams, "empty client id")
 	}
@@ -200,6 +202,7 @@ func (s *Service) MountDisk(ctx context.Context, clientID string, seg *storepb.S
 		return nil, storeErr(storepb.InvalidParams, "segment %s: %v", seg.Id, err)
 	}
 	sg := newSegment(clientID, seg, a, len(s.segList))
+	sg.heldUntil = s.remountHoldEnd(again)
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
 	s.diskTiers.Add(1)
@@ -208,8 +211,7 @@ func (s *Service) MountDisk(ctx context.Context, clientID string, seg *storepb.S
 	if sg.hostID != "" {
 		c.hostID = sg.hostID
 	}
-	last := s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{
-		ClientId: clientID, Segment: seg}}})
+	last := s.record(mountRecord(clientID, seg, sg.heldUntil))
 	s.segMu.Unlock()
 
 	for _, i := range cand {
@@ -310,6 +312,6 @@ func (t *TierServer) MountDisk(ctx context.Context, req *storepb.MountDiskReques
 	if req == nil {
 		return nil, errNilRequest
 	}
-	taken, err := t.g.svc.Load().MountDisk(ctx, req.ClientId, req.Segment, req.Objects)
+	taken, err := t.g.svc.Load().MountDisk(ctx, req.ClientId, req.Segment, req.Objects, req.Again)
 	return &storepb.MountDiskResponse{Result: storepb.NewResult(err), Taken: taken}, nil
 }

@@ -53,7 +53,7 @@ func TestMountDiskRefusesGoneValues(t *testing.T) {
 		{Key: "replaced", Offset: 128, Size: 100, Checksum: 2},
 		{Key: "evicted", Offset: 256, Size: 100, Checksum: 4},
 		{Key: "again", Offset: 384, Size: 100, Checksum: 5},
-	})
+	}, false)
 	require.NoError(t, err)
 	assert.Equal(t, []bool{false, false, true, true}, taken)
 	ok, err := s.ExistKey("removed")
@@ -97,7 +97,7 @@ func TestMountDiskRefusesForgottenReplacedValues(t *testing.T) {
 		{Key: "evicted", Offset: 0, Size: 100, Checksum: 1},
 		{Key: "lost", Offset: 128, Size: 100, Checksum: 3},
 		{Key: "kept", Offset: 256, Size: 100, Checksum: 5},
-	})
+	}, false)
 	require.NoError(t, err)
 	assert.Equal(t, []bool{false, false, true}, taken)
 }

@@ -35,7 +35,7 @@ func TestMountDiskTakesWhatFits(t *testing.T) {
 		{Key: "outside", Offset: 4000, Size: 200, Checksum: 1},
 		{Key: "new", Offset: 2048, Size: 100, Checksum: 9}, // the key again
 	}
-	taken, err := s.MountDisk(ctx, "b", disk, objs)
+	taken, err := s.MountDisk(ctx, "b", disk, objs, false)
 	require.NoError(t, err)
 	assert.Equal(t, []bool{true, true, false, false, false, false, false}, taken)
 
@@ -67,9 +67,9 @@ func TestMountDiskTakesWhatFits(t *testing.T) {
 	assert.Equal(t, uint64(256), used, "the taken objects' spans, and only those, are allocated")
 
 	// Repeated (its answer lost): nothing changes, the answer is the same.
-	again, err := s.MountDisk(ctx, "b", disk, objs)
+	again, err := s.MountDisk(ctx, "b", disk, objs, false)
 	require.NoError(t, err)
 	assert.Equal(t, taken, again)
-	_, err = s.MountDisk(ctx, "c", disk, objs)
+	_, err = s.MountDisk(ctx, "c", disk, objs, false)
 	assert.ErrorIs(t, err, storepb.ErrInvalidParams, "another client's segment")
 }

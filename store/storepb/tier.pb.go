@@ -97,10 +97,13 @@ func (x *DiskObject) GetChecksum() uint32 {
 }
 
 type MountDiskRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Segment       *Segment               `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
-	Objects       []*DiskObject          `protobuf:"bytes,3,rep,name=objects,proto3" json:"objects,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Segment  *Segment               `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	Objects  []*DiskObject          `protobuf:"bytes,3,rep,name=objects,proto3" json:"objects,omitempty"`
+	// As ReMountSegmentRequest.again: the tier is mounted again, told to; a
+	// master that does not know it takes no new copies into it for a while.
+	Again         bool `protobuf:"varint,4,opt,name=again,proto3" json:"again,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,6 +157,13 @@ func (x *MountDiskRequest) GetObjects() []*DiskObject {
 		return x.Objects
 	}
 	return nil
+}
+
+func (x *MountDiskRequest) GetAgain() bool {
+	if x != nil {
+		return x.Again
+	}
+	return false
 }
 
 type MountDiskResponse struct {
@@ -219,11 +229,12 @@ const file_tier_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x1a\n" +
-	"\bchecksum\x18\x04 \x01(\rR\bchecksum\"\x9e\x01\n" +
+	"\bchecksum\x18\x04 \x01(\rR\bchecksum\"\xb4\x01\n" +
 	"\x10MountDiskRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
 	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\x127\n" +
-	"\aobjects\x18\x03 \x03(\v2\x1d.mooncake.store.v1.DiskObjectR\aobjects\"\\\n" +
+	"\aobjects\x18\x03 \x03(\v2\x1d.mooncake.store.v1.DiskObjectR\aobjects\x12\x14\n" +
+	"\x05again\x18\x04 \x01(\bR\x05again\"\\\n" +
 	"\x11MountDiskResponse\x121\n" +
 	"\x06result\x18\x01 \x01(\v2\x19.mooncake.store.v1.ResultR\x06result\x12\x14\n" +
 	"\x05taken\x18\x02 \x03(\bR\x05taken2^\n" +
