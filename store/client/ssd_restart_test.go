@@ -153,3 +153,25 @@ func TestSSDTierRestartKeepsNewerValue(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(value(1, size), got))
 }
+
+// A node with an SSD tier outlives a master restarted without a journal:
+// told to remount, it mounts its DRAM segment and its tier again (again),
+// and the new master holds both from new replicas and copies for the
+// remount hold, while it takes the tier's objects at once.
+func TestNodeWithTierRemountedHeld(t *testing.T) {
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() }) // the one running then
+	addr := m.Addr()
+	node := newClient(t, addr, 8<<20, withSSD(t.TempDir(), 8<<20))
+	offloadAll(t, m, node, 4, 4096)
+	require.Zero(t, m.Service().Stats().HeldSegments, "a first mount is held")
+
+	require.NoError(t, m.Close())
+	m, err = master.Start(master.ServerConfig{Listen: addr})
+	require.NoError(t, err)
+	// The tier's objects are taken at once.
+	require.Eventually(t, func() bool { st := m.Service().Stats(); return st.Segments == 2 && st.Keys == 4 },
+		5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 2, m.Service().Stats().HeldSegments, "the DRAM segment and the tier, mounted again")
+}

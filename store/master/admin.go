@@ -344,7 +344,7 @@ func getSegmentsDetail(svc *Service, w http.ResponseWriter, _ *http.Request) {
 			TEEndpoint: sg.endpoint, Protocol: sg.protocol, Status: segStatusNames[cmp.Or(int(sg.drain), segmentOK)],
 			AllocatorUsedBytes: sg.used, AllocatorCapacityBytes: sg.size,
 			AllocatorUsagePercent: float64(sg.used) / float64(sg.size) * 100,
-			HeldForMs:             sg.heldFor.Milliseconds(),
+			HeldForMs:             int64((sg.heldFor + time.Millisecond - 1) / time.Millisecond), // under 1 ms shows 1
 		}
 	}
 	writeJSON(w, http.StatusOK, struct {

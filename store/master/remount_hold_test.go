@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -199,6 +201,17 @@ func TestRemountHoldOverGRPCAndAdmin(t *testing.T) {
 		assert.InDelta(t, DefaultRemountHold.Milliseconds(), *sg.HeldMs, 5000)
 	}
 	assert.Contains(t, adminDo(t, m, "GET", "/metrics").body, "master_held_segments 1")
+
+	// An SSD tier mounted again over the Tier service is held too.
+	conn, err := grpc.NewClient(m.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	tier := seg("3", 16<<20, 1<<20)
+	tier.Medium = storepb.Medium_MEDIUM_DISK
+	res, err := storepb.NewTierClient(conn).MountDisk(ctx, &storepb.MountDiskRequest{ClientId: "again", Segment: tier, Again: true})
+	require.NoError(t, err)
+	require.NoError(t, res.Result.AsError())
+	assert.Equal(t, 2, m.Service().Stats().HeldSegments)
 }
 
 // An SSD tier mounted again (MountDisk with again) that the master does
@@ -231,4 +244,58 @@ func TestRemountHoldSSDTier(t *testing.T) {
 	id, ok = alloc()
 	require.True(t, ok)
 	assert.Equal(t, "2", id)
+}
+
+// A hold is a wall-clock time once it is in the journal: a clock stepped
+// back, or a new leader whose clock is behind, holds a segment no longer
+// than RemountHold from when it looks; a master with the hold turned off
+// keeps none it restores.
+func TestRemountHoldBoundedByClock(t *testing.T) {
+	s, clock := newTestService(t, ServiceConfig{})
+	j := &memJournal{}
+	s.j = j
+	ctx := t.Context()
+	require.NoError(t, s.ReMountSegment(ctx, "b", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
+	clock.Advance(-time.Hour) // the clock stepped back
+	_, err := s.PutStart(ctx, "c", "k", 4096, nil)
+	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
+	clock.Advance(DefaultRemountHold)
+	put(t, s, "c", "k", 4096, nil)
+
+	st := newState()
+	for _, r := range j.recs {
+		require.NoError(t, st.apply(r))
+	}
+	behind, clock2 := newTestService(t, ServiceConfig{})
+	clock2.Advance(-time.Hour) // a leader an hour behind the one that wrote it
+	require.NoError(t, behind.restore(st))
+	assert.Equal(t, 1, behind.Stats().HeldSegments)
+	clock2.Advance(DefaultRemountHold)
+	assert.Zero(t, behind.Stats().HeldSegments, "held longer than RemountHold")
+
+	off, _ := newTestService(t, ServiceConfig{RemountHold: -1})
+	require.NoError(t, off.restore(st))
+	assert.Zero(t, off.Stats().HeldSegments, "a hold restored with the hold turned off")
+}
+
+// A put's failure names held segments only where they could take it: a
+// held SSD tier takes no puts, and a value larger than any held segment
+// would not fit once the hold ends either.
+func TestRemountHoldMessage(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	tier := seg("3", 16<<20, 8<<20)
+	tier.Medium = storepb.Medium_MEDIUM_DISK
+	_, err := s.MountDisk(ctx, "b", tier, nil, true)
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Stats().HeldSegments)
+	_, err = s.PutStart(ctx, "c", "big", 2<<20, nil)
+	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
+	assert.NotContains(t, err.Error(), "held")
+
+	require.NoError(t, s.ReMountSegment(ctx, "d", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
+	_, err = s.PutStart(ctx, "c", "big", 2<<20, nil)
+	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
+	assert.NotContains(t, err.Error(), "held", "a 1 MiB segment held cannot take 2 MiB")
 }

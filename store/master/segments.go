@@ -428,17 +428,18 @@ func (s *Service) usageLocked(m storepb.Medium) (capacity, used uint64) {
 	return capacity, used
 }
 
-// fitsAnywhere reports whether some segment could ever hold n bytes, or,
-// cut into k pieces, enough segments each their piece. Segments held after
-// a remount do not count: a put that only they could take fails at once
-// rather than evict for room it would not be given (and leave the next
-// eviction forced, to take the first objects put once the hold ends).
+// fitsAnywhere reports whether some segment that takes puts could ever
+// hold n bytes, or, cut into k pieces, enough of them each their piece.
+// Segments draining or held after a remount do not count: a put that only
+// they could take fails at once rather than evict for room it would not be
+// given (and leave the next eviction forced, to take the first objects put
+// once a hold ends).
 func (s *Service) fitsAnywhere(n uint64, k int) bool {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	piece, fit := pieceSize(n, k), 0
 	for _, sg := range s.segList {
-		if sg.medium != storepb.Medium_MEDIUM_DRAM || s.heldLocked(sg) {
+		if !s.placeableLocked(sg) {
 			continue
 		}
 		if sz := sg.alloc.Size(); sz >= n {
@@ -500,13 +501,14 @@ func (s *Service) allocate(clientID string, size uint64, n int, cfg *storepb.Rep
 }
 
 // remountHoldEnd is when a hold that starts now ends, for a segment
-// mounted again (again) unknown to the master; zero: none. Milliseconds,
-// as the journal keeps it.
+// mounted again (again) unknown to the master; zero: none. In memory it
+// keeps the clock's monotonic reading; the journal keeps its wall-clock
+// milliseconds.
 func (s *Service) remountHoldEnd(again bool) time.Time {
 	if !again || s.cfg.RemountHold <= 0 {
 		return time.Time{}
 	}
-	return time.UnixMilli(s.now().Add(s.cfg.RemountHold).UnixMilli())
+	return s.now().Add(s.cfg.RemountHold)
 }
 
 // placeableLocked reports whether puts may go to sg: DRAM (SSD tiers take
@@ -521,7 +523,7 @@ func (s *Service) heldFor(size uint64) (n int, left time.Duration) {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	for _, sg := range s.segList {
-		if s.heldLocked(sg) && sg.size >= size {
+		if sg.medium == storepb.Medium_MEDIUM_DRAM && s.heldLocked(sg) && sg.size >= size {
 			n++
 			left = max(left, sg.heldUntil.Sub(s.now()))
 		}
@@ -532,10 +534,21 @@ func (s *Service) heldFor(size uint64) (n int, left time.Duration) {
 // heldLocked reports whether sg is held after a remount, ending a hold
 // that has run out. segMu is held.
 func (s *Service) heldLocked(sg *segment) bool {
-	switch {
-	case sg.heldUntil.IsZero():
+	if sg.heldUntil.IsZero() {
 		return false
-	case s.now().Before(sg.heldUntil):
+	}
+	now := s.now()
+	if s.cfg.RemountHold <= 0 {
+		sg.heldUntil = time.Time{} // a hold from the journal, turned off since
+		return false
+	}
+	if sg.heldUntil.Sub(now) > s.cfg.RemountHold {
+		// A hold from the journal is a wall-clock time: a clock stepped
+		// back, or a leader's clock behind its predecessor's, holds no
+		// longer than a hold that starts now.
+		sg.heldUntil = now.Add(s.cfg.RemountHold)
+	}
+	if now.Before(sg.heldUntil) {
 		return true
 	}
 	sg.heldUntil = time.Time{}
