@@ -371,7 +371,8 @@ func cmpU64(a, b uint64) int {
 // object's other replicas (and pieces) stay.
 func (s *Service) drainMovedLocked(t *moveTask, o *object) uint64 {
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
-		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], OnlyFrom: true}}}
+		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], OnlyFrom: true,
+		Id: t.moveEndID()}}}
 	now := s.now()
 	leased, until := o.lease.After(now), o.lease
 	src := t.src

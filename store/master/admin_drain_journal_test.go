@@ -26,7 +26,7 @@ func TestDrainMoveJournalKeepsOtherReplicas(t *testing.T) {
 	_, err := s.startDrain([]string{drained}, nil, 0)
 	require.NoError(t, err)
 	owner := "c" + drained[len("node-"):]
-	tasks := s.takeTasks(owner)
+	tasks := s.takeTasks(t.Context(), owner)
 	require.Len(t, tasks, 1, "the drain's move")
 	require.NoError(t, s.MoveEnd(ctx, owner, tasks[0].Id, true))
 	got, _, _, _, err := s.GetReplicaList("k")

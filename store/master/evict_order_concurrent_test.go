@@ -53,7 +53,7 @@ func TestEvictOrderConcurrent(t *testing.T) {
 				case op < 65:
 					_ = s.Remove(ctx, key, true)
 				case op < 80:
-					for _, task := range s.takeTasks("c1") {
+					for _, task := range s.takeTasks(t.Context(), "c1") {
 						_ = s.MoveEnd(ctx, "c1", task.Id, r.IntN(4) != 0)
 					}
 				default:

@@ -322,7 +322,7 @@ func TestEvictOrderMoves(t *testing.T) {
 	// The first 20 offloads end: those are plain again, and an unforced
 	// eviction (15%) takes them (DRAM only: their SSD copies stay) before
 	// any moving object.
-	tasks := s.takeTasks("c1")
+	tasks := s.takeTasks(t.Context(), "c1")
 	require.Len(t, tasks, n)
 	slices.SortFunc(tasks, func(a, b *storepb.MoveTask) int { return cmp.Compare(a.Id, b.Id) })
 	for _, task := range tasks[:20] {

@@ -67,7 +67,7 @@ func TestEvictOrderRandomTiers(t *testing.T) {
 				case op < 58:
 					_ = s.Remove(ctx, key, r.IntN(2) == 0)
 				case op < 68:
-					for _, task := range s.takeTasks("c1") {
+					for _, task := range s.takeTasks(t.Context(), "c1") {
 						_ = s.MoveEnd(ctx, "c1", task.Id, r.IntN(5) != 0)
 					}
 				case op < 72:

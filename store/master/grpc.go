@@ -475,11 +475,11 @@ func (g *GRPCServer) UnmountSegment(ctx context.Context, req *storepb.UnmountSeg
 }
 
 // Ping records a client as alive; an unknown client is told to remount.
-func (g *GRPCServer) Ping(_ context.Context, req *storepb.PingRequest) (*storepb.PingResponse, error) {
+func (g *GRPCServer) Ping(ctx context.Context, req *storepb.PingRequest) (*storepb.PingResponse, error) {
 	if req == nil {
 		return nil, errNilRequest
 	}
-	v, st, tasks := g.svc.Load().PingTasks(req.ClientId)
+	v, st, tasks := g.svc.Load().PingTasks(ctx, req.ClientId)
 	return &storepb.PingResponse{Result: storepb.NewResult(nil), ViewVersion: v, ClientStatus: st, Tasks: tasks}, nil
 }
 

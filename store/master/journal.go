@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -361,11 +362,16 @@ var ErrBadRecord = errors.New("master: journal record does not fit the state")
 type state struct {
 	segs    map[string]*storepb.JournalMount
 	objects map[string]*storepb.ObjectState
-	snapSeq uint64 // the snapshot the state was loaded from (0: none)
+	// moves are the targets handed out for copies not ended yet, by move
+	// id; lastMoveID is the highest id handed out.
+	moves      map[uint64]*storepb.JournalMoveStart
+	lastMoveID uint64
+	snapSeq    uint64 // the snapshot the state was loaded from (0: none)
 }
 
 func newState() *state {
-	return &state{segs: make(map[string]*storepb.JournalMount), objects: make(map[string]*storepb.ObjectState)}
+	return &state{segs: make(map[string]*storepb.JournalMount), objects: make(map[string]*storepb.ObjectState),
+		moves: make(map[uint64]*storepb.JournalMoveStart)}
 }
 
 // apply replays one record. Records are the leader's own, in its order; one
@@ -436,8 +442,18 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 				delete(st.objects, op.Drop.Key)
 			}
 		}
+	case *storepb.JournalRecord_MoveStart:
+		m := op.MoveStart
+		if m.Id == 0 || m.To == nil {
+			return fmt.Errorf("%w: move start without an id or a target", ErrBadRecord)
+		}
+		st.moves[m.Id] = m
+		st.lastMoveID = max(st.lastMoveID, m.Id)
+	case *storepb.JournalRecord_MoveAbort:
+		delete(st.moves, op.MoveAbort.Id)
 	case *storepb.JournalRecord_Move:
 		mv := op.Move
+		delete(st.moves, mv.Id) // its target is the replica's now
 		o := st.objects[mv.Key]
 		if o == nil || mv.From == nil || mv.To == nil {
 			return fmt.Errorf("%w: move of %q without the object", ErrBadRecord, mv.Key)
@@ -481,6 +497,7 @@ func (st *state) unmountClient(clientID string) map[string]bool {
 // Objects left without replicas stay until restore, as records after this
 // one may still name them (the leader's sweep ran after its record).
 // Objects whose keys skip reports true are left alone (nil: none is).
+// Move targets on them go: their space went with the segment.
 func (st *state) dropOn(gone map[string]bool, skip func(key string) bool) {
 	if len(gone) == 0 {
 		return
@@ -488,6 +505,7 @@ func (st *state) dropOn(gone map[string]bool, skip func(key string) bool) {
 	on := func(l *storepb.ReplicaLocation) bool {
 		return slices.ContainsFunc(pieceLocs(l), func(p *storepb.ReplicaLocation) bool { return gone[p.SegmentId] })
 	}
+	maps.DeleteFunc(st.moves, func(_ uint64, m *storepb.JournalMoveStart) bool { return on(m.To) })
 	for key, o := range st.objects {
 		if skip != nil && skip(key) {
 			continue
@@ -548,6 +566,11 @@ func (s *Service) restore(st *state) error {
 			delete(st.objects, key)
 		}
 	}
+	for id, m := range st.moves {
+		if len(keep([]*storepb.ReplicaLocation{m.To})) == 0 {
+			delete(st.moves, id)
+		}
+	}
 	if bad != nil {
 		return bad
 	}
@@ -555,6 +578,7 @@ func (s *Service) restore(st *state) error {
 	s.segMu.Lock()
 	defer s.segMu.Unlock()
 	s.segs, s.segList, s.clients, s.deferred = make(map[string]*segment), nil, make(map[string]*client), nil
+	s.tasks, s.nextTask = make(map[uint64]*moveTask), max(s.nextTask, st.lastMoveID)
 	s.diskTiers.Store(0)
 	for id, m := range st.segs {
 		a, err := alloc.Restore(m.Segment.Size, used[id])
@@ -586,6 +610,14 @@ func (s *Service) restore(st *state) error {
 			}
 		}
 		return out
+	}
+	// A move the last leader handed out may still be copying into its
+	// target: the target stays taken until the client reports (the object
+	// is not told: its move ends as one whose object went, orphanLocked)
+	// or the move expires.
+	for id, m := range st.moves {
+		s.tasks[id] = &moveTask{id: id, key: m.Key, dst: reps([]*storepb.ReplicaLocation{m.To})[0],
+			client: m.ClientId, created: now, handed: true, journaled: true}
 	}
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
@@ -661,6 +693,7 @@ func (s *Service) snapshotShards() (*state, uint64, error) {
 	for _, sg := range s.segList {
 		st.segs[sg.id] = mountOf(sg)
 	}
+	st.lastMoveID = s.movesLocked(st.moves)
 	s.segMu.Unlock()
 	defer tap.stopTap()
 
@@ -774,6 +807,10 @@ func (st *state) applyAfter(rec *storepb.JournalRecord, seq uint64, copied func(
 		}
 		return st.apply(rec)
 	}
+	if mv := rec.GetMove(); mv != nil {
+		// The moves were copied with the segments, before any shard.
+		delete(st.moves, mv.Id)
+	}
 	if key := recordKey(rec); key != "" && skip(key) {
 		return nil
 	}
@@ -810,6 +847,18 @@ func mountOf(sg *segment) *storepb.JournalMount {
 	return m
 }
 
+// movesLocked adds the moves whose targets are journaled, on segments not
+// being unmounted, to moves, and returns the highest move id handed out
+// (every id a record may name is at most that). segMu is held.
+func (s *Service) movesLocked(moves map[uint64]*storepb.JournalMoveStart) uint64 {
+	for _, t := range s.tasks {
+		if t.journaled && !t.dst.dead() {
+			moves[t.id] = t.startRecord().GetMoveStart()
+		}
+	}
+	return s.nextTask
+}
+
 // objectState is o, of key, as a snapshot holds it. Replicas on segments
 // unmounted but not swept yet are left out, as the sweep will drop them:
 // the segment may be mounted again, same id, in the records after.
@@ -827,7 +876,7 @@ func objectState(key string, o *object) *storepb.ObjectState {
 // chunks is st as snapshot chunks: the segments, then the objects, at
 // most perChunk a chunk.
 func (st *state) chunks(perChunk int) []*storepb.SnapshotChunk {
-	first := &storepb.SnapshotChunk{}
+	first := &storepb.SnapshotChunk{LastMoveId: st.lastMoveID, Moves: slices.Collect(maps.Values(st.moves))}
 	for _, m := range st.segs {
 		first.Segments = append(first.Segments, m)
 	}
@@ -858,6 +907,9 @@ func (s *Service) snapshotLocked(perChunk int) (chunks []*storepb.SnapshotChunk,
 	for _, sg := range s.segList {
 		first.Segments = append(first.Segments, mountOf(sg))
 	}
+	moves := make(map[uint64]*storepb.JournalMoveStart)
+	first.LastMoveId = s.movesLocked(moves)
+	first.Moves = slices.Collect(maps.Values(moves))
 	s.segMu.Unlock()
 	chunks = append(chunks, first)
 	cur := first
@@ -879,6 +931,10 @@ func (st *state) loadChunk(c *storepb.SnapshotChunk) {
 	for _, m := range c.Segments {
 		st.segs[m.Segment.GetId()] = m
 	}
+	for _, m := range c.Moves {
+		st.moves[m.Id] = m
+	}
+	st.lastMoveID = max(st.lastMoveID, c.LastMoveId)
 	for _, o := range c.Objects {
 		st.objects[o.Key] = o
 	}

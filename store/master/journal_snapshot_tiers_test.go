@@ -57,7 +57,7 @@ func TestSnapshotShardsWithTiers(t *testing.T) {
 		case op < 62:
 			_ = s.Remove(ctx, k, true)
 		case op < 80:
-			for _, task := range s.takeTasks("a") {
+			for _, task := range s.takeTasks(t.Context(), "a") {
 				_ = s.MoveEnd(ctx, "a", task.Id, ok)
 			}
 		case op < 88:
@@ -119,7 +119,7 @@ func TestSnapshotShardsWithTiers(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	// Moves still queued or orphaned hold SSD space no record names.
-	for _, task := range s.takeTasks("a") {
+	for _, task := range s.takeTasks(t.Context(), "a") {
 		_ = s.MoveEnd(ctx, "a", task.Id, false)
 	}
 	clk.Advance(moveTaskTTL)

@@ -43,7 +43,8 @@ func (j *memJournal) last() uint64 {
 }
 
 // view is what must survive a failover: objects, their replicas by
-// segment and address, and the allocators' use.
+// segment and address, the allocators' use, and the targets of moves
+// handed out.
 func view(s *Service) []string {
 	var out []string
 	for i := range s.shards {
@@ -65,6 +66,11 @@ func view(s *Service) []string {
 	}
 	for _, sg := range s.segList {
 		out = append(out, fmt.Sprintf("seg %s client=%s used=%d", sg.id, sg.client, sg.alloc.Used()))
+	}
+	for _, m := range s.tasks {
+		if m.journaled && !m.dst.dead() {
+			out = append(out, fmt.Sprintf("move %d of %s by %s to %s@%d+%d", m.id, m.key, m.client, m.dst.seg.id, m.dst.off, m.dst.size))
+		}
 	}
 	sort.Strings(out)
 	return out
@@ -98,7 +104,7 @@ func TestJournalReplayRebuildsState(t *testing.T) {
 	require.NoError(t, s.Remove(t.Context(), "k2", true))
 	// SSD moves: the offloads queued by the puts, done by client a.
 	moved := 0
-	for _, task := range s.takeTasks("a") {
+	for _, task := range s.takeTasks(t.Context(), "a") {
 		// k1's offload finds the object replaced by the upsert.
 		if err := s.MoveEnd(t.Context(), "a", task.Id, true); err == nil {
 			moved++
@@ -163,6 +169,9 @@ func TestJournalApplyRejectsNonsense(t *testing.T) {
 		{"end without start", &storepb.JournalRecord{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{Key: "k"}}}},
 		{"mount without segment", &storepb.JournalRecord{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{}}}},
 		{"move without object", &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{Key: "k"}}}},
+		{"move start without id", &storepb.JournalRecord{Op: &storepb.JournalRecord_MoveStart{MoveStart: &storepb.JournalMoveStart{
+			Key: "k", To: &storepb.ReplicaLocation{SegmentId: "1", Size: 100}}}}},
+		{"move start without target", &storepb.JournalRecord{Op: &storepb.JournalRecord_MoveStart{MoveStart: &storepb.JournalMoveStart{Id: 1, Key: "k"}}}},
 		{"empty record", &storepb.JournalRecord{}},
 	}
 	for _, c := range cases {
@@ -201,6 +210,11 @@ func FuzzJournal(f *testing.F) {
 			Replicas: []*storepb.ReplicaLocation{{SegmentId: "1", Offset: 4096, Size: 200, Stripes: []*storepb.ReplicaLocation{
 				{SegmentId: "1", Offset: 4096, Size: 120}, {SegmentId: "2", Offset: 0, Size: 80}}}}}}},
 		{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{ClientId: "a", Key: "s", Checksum: 2}}},
+		{Op: &storepb.JournalRecord_MoveStart{MoveStart: &storepb.JournalMoveStart{Id: 3, ClientId: "b", Key: "s",
+			To: &storepb.ReplicaLocation{SegmentId: "2", Offset: 4096, Size: 200}}}},
+		{Op: &storepb.JournalRecord_MoveStart{MoveStart: &storepb.JournalMoveStart{Id: 4, ClientId: "b", Key: "s",
+			To: &storepb.ReplicaLocation{SegmentId: "2", Offset: 8192, Size: 200}}}},
+		{Op: &storepb.JournalRecord_MoveAbort{MoveAbort: &storepb.JournalMoveAbort{Id: 4}}},
 	}
 	b, _ := proto.Marshal(&storepb.JournalBatch{FirstSeq: 1, Records: seedRecs})
 	f.Add(b)
@@ -235,6 +249,11 @@ func FuzzJournal(f *testing.F) {
 							}
 						})
 					}
+				}
+			}
+			for _, m := range s.tasks {
+				if m.dst.seg == sg {
+					used = append(used, alloc.Span{Off: m.dst.off, Size: m.dst.size})
 				}
 			}
 			if off, ok := sg.alloc.Alloc(64); ok && slices.ContainsFunc(used, func(u alloc.Span) bool { return off < u.Off+u.Size && u.Off < off+64 }) {

@@ -300,7 +300,7 @@ func TestKVEventsMedia(t *testing.T) {
 	require.NoError(t, svc.MountSegment(t.Context(), "a", disk))
 
 	put(t, svc, "a", "k", 4096, nil)
-	tasks := svc.takeTasks("a")
+	tasks := svc.takeTasks(t.Context(), "a")
 	require.Len(t, tasks, 1, "the put queues an offload")
 	require.NoError(t, svc.MoveEnd(t.Context(), "a", tasks[0].Id, true))
 	sh := svc.shardOf("k")

@@ -284,8 +284,9 @@ func (p *promotionCounts) ended(t *moveTask, ok bool) {
 	}
 }
 
-// promotion reports whether t copies an SSD tier replica back to DRAM.
-func (t *moveTask) promotion() bool { return t.src.onDisk() && !t.dst.onDisk() }
+// promotion reports whether t copies an SSD tier replica back to DRAM (a
+// move restored from the journal, without its source, is none).
+func (t *moveTask) promotion() bool { return t.src.seg != nil && t.src.onDisk() && !t.dst.onDisk() }
 
 // snake turns a gRPC method name into Mooncake's metric stem:
 // "BatchGetReplicaList" -> "batch_get_replica_list".

@@ -249,7 +249,7 @@ func TestMetricPromotions(t *testing.T) {
 	disk.Medium = storepb.Medium_MEDIUM_DISK
 	require.NoError(t, svc.MountSegment(ctx, "a", disk))
 	put(t, svc, "a", "k", 4096, nil)
-	tasks := svc.takeTasks("a")
+	tasks := svc.takeTasks(t.Context(), "a")
 	require.Len(t, tasks, 1, "the put queues an offload")
 	require.NoError(t, svc.MoveEnd(ctx, "a", tasks[0].Id, true))
 	before := metricValues(t, adminDo(t, m, "GET", "/metrics").body)
@@ -263,7 +263,7 @@ func TestMetricPromotions(t *testing.T) {
 		sh.mu.Unlock()
 		_, _, _, _, err := svc.GetReplicaList("k")
 		require.NoError(t, err)
-		tasks := svc.takeTasks("a")
+		tasks := svc.takeTasks(t.Context(), "a")
 		require.Len(t, tasks, 1, "the read queues a promotion")
 		assert.Equal(t, 1.0, metricValues(t, adminDo(t, m, "GET", "/metrics").body)["master_promotion_in_flight"])
 		require.NoError(t, svc.MoveEnd(ctx, "a", tasks[0].Id, ok))

@@ -378,12 +378,12 @@ func (s *Service) Ping(clientID string) (viewVersion uint64, status storepb.Clie
 }
 
 // PingTasks is Ping that also hands the client the moves queued for it.
-func (s *Service) PingTasks(clientID string) (uint64, storepb.ClientStatus, []*storepb.MoveTask) {
+func (s *Service) PingTasks(ctx context.Context, clientID string) (uint64, storepb.ClientStatus, []*storepb.MoveTask) {
 	v, st := s.Ping(clientID)
 	if st != storepb.ClientStatus_CLIENT_STATUS_OK {
 		return v, st, nil
 	}
-	return v, st, s.takeTasks(clientID)
+	return v, st, s.takeTasks(ctx, clientID)
 }
 
 // ExpireClients forgets clients not seen within ClientTTL and unmounts

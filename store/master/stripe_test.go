@@ -252,7 +252,7 @@ func TestDrainMovesAPiece(t *testing.T) {
 	_, err := s.startDrain([]string{drained}, nil, 0)
 	require.NoError(t, err)
 	owner := "c" + drained[len("node-"):]
-	tasks := s.takeTasks(owner)
+	tasks := s.takeTasks(t.Context(), owner)
 	require.Len(t, tasks, 1, "the drain's move of the piece")
 	assert.Empty(t, tasks[0].Source.Stripes, "a move is of one piece")
 	assert.Equal(t, uint64(2<<20), tasks[0].Source.Size)
@@ -291,7 +291,7 @@ func TestStripedNotSpilled(t *testing.T) {
 	put(t, s, "c1", "k", 12<<20, &storepb.ReplicateConfig{StripeCount: 3})
 	tasks := func() (n int) {
 		for _, c := range []string{"c1", "c2", "c3"} {
-			n += len(s.takeTasks(c))
+			n += len(s.takeTasks(t.Context(), c))
 		}
 		return n
 	}
@@ -444,7 +444,7 @@ func TestDrainMoveRacingSourceUnmount(t *testing.T) {
 		id := drained[len("node-"):]
 		_, err := s.startDrain([]string{drained}, nil, 0)
 		require.NoError(t, err)
-		tasks := s.takeTasks("c" + id)
+		tasks := s.takeTasks(t.Context(), "c"+id)
 		require.Len(t, tasks, 1)
 
 		s.shards[0].mu.Lock() // the sweep waits here
@@ -507,7 +507,7 @@ func TestMoveOfReplacedValueIsDropped(t *testing.T) {
 	disk.Medium = storepb.Medium_MEDIUM_DISK
 	require.NoError(t, s.MountSegment(t.Context(), "c1", disk))
 	v1 := put(t, s, "c1", "k", 1<<20, nil)
-	tasks := s.takeTasks("c1")
+	tasks := s.takeTasks(t.Context(), "c1")
 	require.Len(t, tasks, 1, "the offload of v1")
 	for sum := uint32(8); sum <= 9; sum++ {
 		_, err := s.UpsertStart(t.Context(), "c1", "k", 1<<20, nil)

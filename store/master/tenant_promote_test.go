@@ -27,7 +27,7 @@ func TestTenantQuotaCountsPromotions(t *testing.T) {
 	// k1 goes to SSD and leaves DRAM.
 	k1 := scopeKey("a", "k1")
 	put(t, s, "c1", k1, unit, nil)
-	tasks := s.takeTasks("c1")
+	tasks := s.takeTasks(t.Context(), "c1")
 	require.Len(t, tasks, 1, "the put queues an offload")
 	require.NoError(t, s.MoveEnd(ctx, "c1", tasks[0].Id, true))
 	sh := s.shardOf(k1)
@@ -53,7 +53,7 @@ func TestTenantQuotaCountsPromotions(t *testing.T) {
 	_, _, _, _, err = s.GetReplicaList(k1)
 	require.NoError(t, err)
 	promoted := false
-	for _, task := range s.takeTasks("c1") { // k2's offload, and k1's promotion
+	for _, task := range s.takeTasks(t.Context(), "c1") { // k2's offload, and k1's promotion
 		promoted = promoted || task.Target.Medium == storepb.Medium_MEDIUM_DRAM
 		require.NoError(t, s.MoveEnd(ctx, "c1", task.Id, true))
 	}

@@ -30,6 +30,12 @@ import (
 // objects; while one is full, evictions degrade to plain drops. Bytes on
 // SSD carry the object's checksum like any replica, so a failing disk
 // gives read errors, never wrong bytes.
+//
+// With a journal, a move's target is journaled before the ping hands the
+// move out, and its end (done or given up) when it ends: a next leader
+// keeps the space a copy may still be writing into from new puts, as a
+// move whose object went (orphanLocked), until the client reports or the
+// move expires.
 
 // moveTaskTTL bounds how long a move may take before its target space is
 // reclaimed and the object may be moved again.
@@ -52,7 +58,36 @@ type moveTask struct {
 	client  string // owner of src: who copies
 	created time.Time
 	handed  bool
-	drain   *drainJob // a drain's move (admin_drain.go): src leaves once copied
+	// journaled: handed out with a JournalMoveStart, so that a next leader
+	// keeps dst taken too; its end is journaled (moveEndID, abortLocked).
+	journaled bool
+	drain     *drainJob // a drain's move (admin_drain.go): src leaves once copied
+}
+
+// moveEndID is the id a JournalMove ending t carries: its own when its
+// start was journaled, else 0.
+func (t *moveTask) moveEndID() uint64 {
+	if t.journaled {
+		return t.id
+	}
+	return 0
+}
+
+// startRecord is t's JournalMoveStart.
+func (t *moveTask) startRecord() *storepb.JournalRecord {
+	return &storepb.JournalRecord{Op: &storepb.JournalRecord_MoveStart{MoveStart: &storepb.JournalMoveStart{
+		Id: t.id, ClientId: t.client, Key: t.key, To: locations([]replica{t.dst})[0]}}}
+}
+
+// abortLocked gives t's target back and journals that, when t's start was
+// journaled: a next leader frees it too. The record goes before any use of
+// the space could be journaled, so whatever a new leader knows of that use
+// it knows of the abort. segMu is held.
+func (s *Service) abortLocked(t *moveTask) {
+	s.freeLocked([]replica{t.dst})
+	if t.journaled {
+		s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_MoveAbort{MoveAbort: &storepb.JournalMoveAbort{Id: t.id}}})
+	}
 }
 
 func (t *moveTask) proto() *storepb.MoveTask {
@@ -226,17 +261,41 @@ func (s *Service) orphanLocked(o *object) {
 }
 
 // takeTasks returns the moves queued for clientID not handed out yet.
-func (s *Service) takeTasks(clientID string) []*storepb.MoveTask {
+// With a journal each target is journaled first (JournalMoveStart) and
+// handed out once that is durable: a next leader then keeps the space the
+// client may be copying into from new puts, until the move ends or
+// expires. Moves whose records did not land are handed out again later.
+func (s *Service) takeTasks(ctx context.Context, clientID string) []*storepb.MoveTask {
 	s.segMu.Lock()
-	defer s.segMu.Unlock()
-	var out []*storepb.MoveTask
+	var (
+		out    []*storepb.MoveTask
+		handed []*moveTask
+		seq    uint64
+	)
 	for _, t := range s.tasks {
 		if t.client == clientID && !t.handed && t.o != nil && len(out) < maxTasksPerPing {
 			t.handed = true
+			if s.j != nil && !t.journaled {
+				t.journaled = true
+				s.record(t.startRecord())
+			}
+			handed = append(handed, t)
 			out = append(out, t.proto())
 		}
 	}
-	slices.SortFunc(out, func(a, b *storepb.MoveTask) int { return int(a.Id - b.Id) })
+	if len(handed) > 0 && s.j != nil {
+		seq = s.j.last() // a move handed out again has its record before
+	}
+	s.segMu.Unlock()
+	if err := s.durable(ctx, seq); err != nil {
+		s.segMu.Lock()
+		for _, t := range handed {
+			t.handed = false
+		}
+		s.segMu.Unlock()
+		return nil
+	}
+	slices.SortFunc(out, func(a, b *storepb.MoveTask) int { return cmp.Compare(a.Id, b.Id) })
 	return out
 }
 
@@ -266,7 +325,7 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 	live := o != nil && sh.objects[t.key] == o && !t.dst.seg.dead.Load() &&
 		slices.ContainsFunc(o.replicas, func(r replica) bool { return r.holds(t.src) })
 	if !ok || !live {
-		s.freeLocked([]replica{t.dst})
+		s.abortLocked(t)
 		s.segMu.Unlock()
 		s.promo.ended(t, ok)
 		s.drainEnded(t, ok)
@@ -277,7 +336,8 @@ func (s *Service) MoveEnd(ctx context.Context, clientID string, id uint64, ok bo
 	}
 	s.segMu.Unlock()
 	rec := &storepb.JournalRecord{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{
-		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], KeepFrom: !t.spill}}}
+		Key: t.key, From: locations([]replica{t.src})[0], To: locations([]replica{t.dst})[0], KeepFrom: !t.spill,
+		Id: t.moveEndID()}}}
 	var seq uint64
 	media := s.kvMediaOf(o.replicas)
 	if t.drain != nil {
@@ -338,7 +398,7 @@ func (s *Service) expireTasks() {
 		}
 		s.spilling -= min(s.spilling, t.freeing)
 		t.freeing = 0
-		s.freeLocked([]replica{t.dst})
+		s.abortLocked(t)
 		s.segMu.Unlock()
 		sh.mu.Unlock()
 		if t.promotion() {

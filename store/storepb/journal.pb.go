@@ -588,7 +588,10 @@ type JournalMove struct {
 	KeepFrom bool                   `protobuf:"varint,4,opt,name=keep_from,json=keepFrom,proto3" json:"keep_from,omitempty"`
 	// With keep_from false: only from leaves, the object's other replicas
 	// stay (a drain's move); without, every DRAM replica leaves (a spill).
-	OnlyFrom      bool `protobuf:"varint,5,opt,name=only_from,json=onlyFrom,proto3" json:"only_from,omitempty"`
+	OnlyFrom bool `protobuf:"varint,5,opt,name=only_from,json=onlyFrom,proto3" json:"only_from,omitempty"`
+	// The move's id when its target was journaled (JournalMoveStart): that
+	// reservation ends here, its space now the replica's. 0: none was.
+	Id            uint64 `protobuf:"varint,6,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -658,6 +661,131 @@ func (x *JournalMove) GetOnlyFrom() bool {
 	return false
 }
 
+func (x *JournalMove) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// JournalMoveStart: the target of move id, handed to client_id to copy
+// key's replica into. Its space stays taken, on a next leader too, until
+// the move ends (JournalMove with the id) or is given up
+// (JournalMoveAbort): a copy may be writing there, so no put may get it.
+type JournalMoveStart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	ClientId      string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	To            *ReplicaLocation       `protobuf:"bytes,4,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalMoveStart) Reset() {
+	*x = JournalMoveStart{}
+	mi := &file_journal_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalMoveStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalMoveStart) ProtoMessage() {}
+
+func (x *JournalMoveStart) ProtoReflect() protoreflect.Message {
+	mi := &file_journal_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalMoveStart.ProtoReflect.Descriptor instead.
+func (*JournalMoveStart) Descriptor() ([]byte, []int) {
+	return file_journal_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *JournalMoveStart) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *JournalMoveStart) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *JournalMoveStart) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *JournalMoveStart) GetTo() *ReplicaLocation {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+// JournalMoveAbort: move id ended without moving (failed, expired, or its
+// object changed); its target's space is free.
+type JournalMoveAbort struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalMoveAbort) Reset() {
+	*x = JournalMoveAbort{}
+	mi := &file_journal_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalMoveAbort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalMoveAbort) ProtoMessage() {}
+
+func (x *JournalMoveAbort) ProtoReflect() protoreflect.Message {
+	mi := &file_journal_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalMoveAbort.ProtoReflect.Descriptor instead.
+func (*JournalMoveAbort) Descriptor() ([]byte, []int) {
+	return file_journal_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *JournalMoveAbort) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
 type JournalRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Op:
@@ -671,6 +799,8 @@ type JournalRecord struct {
 	//	*JournalRecord_Drop
 	//	*JournalRecord_Move
 	//	*JournalRecord_Commit
+	//	*JournalRecord_MoveStart
+	//	*JournalRecord_MoveAbort
 	Op            isJournalRecord_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -678,7 +808,7 @@ type JournalRecord struct {
 
 func (x *JournalRecord) Reset() {
 	*x = JournalRecord{}
-	mi := &file_journal_proto_msgTypes[10]
+	mi := &file_journal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +820,7 @@ func (x *JournalRecord) String() string {
 func (*JournalRecord) ProtoMessage() {}
 
 func (x *JournalRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[10]
+	mi := &file_journal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +833,7 @@ func (x *JournalRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalRecord.ProtoReflect.Descriptor instead.
 func (*JournalRecord) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{10}
+	return file_journal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *JournalRecord) GetOp() isJournalRecord_Op {
@@ -794,6 +924,24 @@ func (x *JournalRecord) GetCommit() *JournalCommit {
 	return nil
 }
 
+func (x *JournalRecord) GetMoveStart() *JournalMoveStart {
+	if x != nil {
+		if x, ok := x.Op.(*JournalRecord_MoveStart); ok {
+			return x.MoveStart
+		}
+	}
+	return nil
+}
+
+func (x *JournalRecord) GetMoveAbort() *JournalMoveAbort {
+	if x != nil {
+		if x, ok := x.Op.(*JournalRecord_MoveAbort); ok {
+			return x.MoveAbort
+		}
+	}
+	return nil
+}
+
 type isJournalRecord_Op interface {
 	isJournalRecord_Op()
 }
@@ -834,6 +982,14 @@ type JournalRecord_Commit struct {
 	Commit *JournalCommit `protobuf:"bytes,9,opt,name=commit,proto3,oneof"`
 }
 
+type JournalRecord_MoveStart struct {
+	MoveStart *JournalMoveStart `protobuf:"bytes,10,opt,name=move_start,json=moveStart,proto3,oneof"`
+}
+
+type JournalRecord_MoveAbort struct {
+	MoveAbort *JournalMoveAbort `protobuf:"bytes,11,opt,name=move_abort,json=moveAbort,proto3,oneof"`
+}
+
 func (*JournalRecord_Mount) isJournalRecord_Op() {}
 
 func (*JournalRecord_Unmount) isJournalRecord_Op() {}
@@ -852,6 +1008,10 @@ func (*JournalRecord_Move) isJournalRecord_Op() {}
 
 func (*JournalRecord_Commit) isJournalRecord_Op() {}
 
+func (*JournalRecord_MoveStart) isJournalRecord_Op() {}
+
+func (*JournalRecord_MoveAbort) isJournalRecord_Op() {}
+
 // JournalBatch is one etcd value of the log: consecutive records from
 // first_seq on.
 type JournalBatch struct {
@@ -864,7 +1024,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_journal_proto_msgTypes[11]
+	mi := &file_journal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1036,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[11]
+	mi := &file_journal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1049,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{11}
+	return file_journal_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *JournalBatch) GetFirstSeq() uint64 {
@@ -922,7 +1082,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_journal_proto_msgTypes[12]
+	mi := &file_journal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1094,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[12]
+	mi := &file_journal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1107,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{12}
+	return file_journal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ObjectState) GetKey() string {
@@ -1002,16 +1162,20 @@ func (x *ObjectState) GetPending() *JournalStart {
 // SnapshotChunk is one etcd value of a snapshot; the first chunk carries
 // the segments.
 type SnapshotChunk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Segments      []*JournalMount        `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty"`
-	Objects       []*ObjectState         `protobuf:"bytes,2,rep,name=objects,proto3" json:"objects,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Segments []*JournalMount        `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty"`
+	Objects  []*ObjectState         `protobuf:"bytes,2,rep,name=objects,proto3" json:"objects,omitempty"`
+	// The first chunk: the moves whose targets are taken, and the highest
+	// move id handed out so far (a next leader numbers its moves after it).
+	Moves         []*JournalMoveStart `protobuf:"bytes,3,rep,name=moves,proto3" json:"moves,omitempty"`
+	LastMoveId    uint64              `protobuf:"varint,4,opt,name=last_move_id,json=lastMoveId,proto3" json:"last_move_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_journal_proto_msgTypes[13]
+	mi := &file_journal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1187,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[13]
+	mi := &file_journal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1200,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{13}
+	return file_journal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SnapshotChunk) GetSegments() []*JournalMount {
@@ -1051,6 +1215,20 @@ func (x *SnapshotChunk) GetObjects() []*ObjectState {
 		return x.Objects
 	}
 	return nil
+}
+
+func (x *SnapshotChunk) GetMoves() []*JournalMoveStart {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetLastMoveId() uint64 {
+	if x != nil {
+		return x.LastMoveId
+	}
+	return 0
 }
 
 var File_journal_proto protoreflect.FileDescriptor
@@ -1095,13 +1273,21 @@ const file_journal_proto_rawDesc = "" +
 	"\vJournalDrop\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\tdram_only\x18\x02 \x01(\bR\bdramOnly\x12\x1b\n" +
-	"\tdisk_only\x18\x03 \x01(\bR\bdiskOnly\"\xc5\x01\n" +
+	"\tdisk_only\x18\x03 \x01(\bR\bdiskOnly\"\xd5\x01\n" +
 	"\vJournalMove\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
 	"\x04from\x18\x02 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x04from\x122\n" +
 	"\x02to\x18\x03 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x02to\x12\x1b\n" +
 	"\tkeep_from\x18\x04 \x01(\bR\bkeepFrom\x12\x1b\n" +
-	"\tonly_from\x18\x05 \x01(\bR\bonlyFrom\"\x99\x04\n" +
+	"\tonly_from\x18\x05 \x01(\bR\bonlyFrom\x12\x0e\n" +
+	"\x02id\x18\x06 \x01(\x04R\x02id\"\x85\x01\n" +
+	"\x10JournalMoveStart\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x122\n" +
+	"\x02to\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x02to\"\"\n" +
+	"\x10JournalMoveAbort\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xa5\x05\n" +
 	"\rJournalRecord\x127\n" +
 	"\x05mount\x18\x01 \x01(\v2\x1f.mooncake.store.v1.JournalMountH\x00R\x05mount\x12=\n" +
 	"\aunmount\x18\x02 \x01(\v2!.mooncake.store.v1.JournalUnmountH\x00R\aunmount\x12:\n" +
@@ -1111,7 +1297,12 @@ const file_journal_proto_rawDesc = "" +
 	"\x06revoke\x18\x06 \x01(\v2 .mooncake.store.v1.JournalRevokeH\x00R\x06revoke\x124\n" +
 	"\x04drop\x18\a \x01(\v2\x1e.mooncake.store.v1.JournalDropH\x00R\x04drop\x124\n" +
 	"\x04move\x18\b \x01(\v2\x1e.mooncake.store.v1.JournalMoveH\x00R\x04move\x12:\n" +
-	"\x06commit\x18\t \x01(\v2 .mooncake.store.v1.JournalCommitH\x00R\x06commitB\x04\n" +
+	"\x06commit\x18\t \x01(\v2 .mooncake.store.v1.JournalCommitH\x00R\x06commit\x12D\n" +
+	"\n" +
+	"move_start\x18\n" +
+	" \x01(\v2#.mooncake.store.v1.JournalMoveStartH\x00R\tmoveStart\x12D\n" +
+	"\n" +
+	"move_abort\x18\v \x01(\v2#.mooncake.store.v1.JournalMoveAbortH\x00R\tmoveAbortB\x04\n" +
 	"\x02op\"g\n" +
 	"\fJournalBatch\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12:\n" +
@@ -1123,10 +1314,13 @@ const file_journal_proto_rawDesc = "" +
 	"\breplicas\x18\x04 \x03(\v2\".mooncake.store.v1.ReplicaLocationR\breplicas\x12\x16\n" +
 	"\x06writer\x18\x05 \x01(\tR\x06writer\x12\x19\n" +
 	"\bhard_pin\x18\x06 \x01(\bR\ahardPin\x129\n" +
-	"\apending\x18\a \x01(\v2\x1f.mooncake.store.v1.JournalStartR\apending\"\x86\x01\n" +
+	"\apending\x18\a \x01(\v2\x1f.mooncake.store.v1.JournalStartR\apending\"\xe3\x01\n" +
 	"\rSnapshotChunk\x12;\n" +
 	"\bsegments\x18\x01 \x03(\v2\x1f.mooncake.store.v1.JournalMountR\bsegments\x128\n" +
-	"\aobjects\x18\x02 \x03(\v2\x1e.mooncake.store.v1.ObjectStateR\aobjectsB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
+	"\aobjects\x18\x02 \x03(\v2\x1e.mooncake.store.v1.ObjectStateR\aobjects\x129\n" +
+	"\x05moves\x18\x03 \x03(\v2#.mooncake.store.v1.JournalMoveStartR\x05moves\x12 \n" +
+	"\flast_move_id\x18\x04 \x01(\x04R\n" +
+	"lastMoveIdB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
 
 var (
 	file_journal_proto_rawDescOnce sync.Once
@@ -1140,49 +1334,55 @@ func file_journal_proto_rawDescGZIP() []byte {
 	return file_journal_proto_rawDescData
 }
 
-var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_journal_proto_goTypes = []any{
-	(*ReplicaLocation)(nil), // 0: mooncake.store.v1.ReplicaLocation
-	(*JournalMount)(nil),    // 1: mooncake.store.v1.JournalMount
-	(*JournalUnmount)(nil),  // 2: mooncake.store.v1.JournalUnmount
-	(*JournalExpire)(nil),   // 3: mooncake.store.v1.JournalExpire
-	(*JournalStart)(nil),    // 4: mooncake.store.v1.JournalStart
-	(*JournalEnd)(nil),      // 5: mooncake.store.v1.JournalEnd
-	(*JournalCommit)(nil),   // 6: mooncake.store.v1.JournalCommit
-	(*JournalRevoke)(nil),   // 7: mooncake.store.v1.JournalRevoke
-	(*JournalDrop)(nil),     // 8: mooncake.store.v1.JournalDrop
-	(*JournalMove)(nil),     // 9: mooncake.store.v1.JournalMove
-	(*JournalRecord)(nil),   // 10: mooncake.store.v1.JournalRecord
-	(*JournalBatch)(nil),    // 11: mooncake.store.v1.JournalBatch
-	(*ObjectState)(nil),     // 12: mooncake.store.v1.ObjectState
-	(*SnapshotChunk)(nil),   // 13: mooncake.store.v1.SnapshotChunk
-	(*Segment)(nil),         // 14: mooncake.store.v1.Segment
+	(*ReplicaLocation)(nil),  // 0: mooncake.store.v1.ReplicaLocation
+	(*JournalMount)(nil),     // 1: mooncake.store.v1.JournalMount
+	(*JournalUnmount)(nil),   // 2: mooncake.store.v1.JournalUnmount
+	(*JournalExpire)(nil),    // 3: mooncake.store.v1.JournalExpire
+	(*JournalStart)(nil),     // 4: mooncake.store.v1.JournalStart
+	(*JournalEnd)(nil),       // 5: mooncake.store.v1.JournalEnd
+	(*JournalCommit)(nil),    // 6: mooncake.store.v1.JournalCommit
+	(*JournalRevoke)(nil),    // 7: mooncake.store.v1.JournalRevoke
+	(*JournalDrop)(nil),      // 8: mooncake.store.v1.JournalDrop
+	(*JournalMove)(nil),      // 9: mooncake.store.v1.JournalMove
+	(*JournalMoveStart)(nil), // 10: mooncake.store.v1.JournalMoveStart
+	(*JournalMoveAbort)(nil), // 11: mooncake.store.v1.JournalMoveAbort
+	(*JournalRecord)(nil),    // 12: mooncake.store.v1.JournalRecord
+	(*JournalBatch)(nil),     // 13: mooncake.store.v1.JournalBatch
+	(*ObjectState)(nil),      // 14: mooncake.store.v1.ObjectState
+	(*SnapshotChunk)(nil),    // 15: mooncake.store.v1.SnapshotChunk
+	(*Segment)(nil),          // 16: mooncake.store.v1.Segment
 }
 var file_journal_proto_depIdxs = []int32{
 	0,  // 0: mooncake.store.v1.ReplicaLocation.stripes:type_name -> mooncake.store.v1.ReplicaLocation
-	14, // 1: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
+	16, // 1: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
 	0,  // 2: mooncake.store.v1.JournalStart.replicas:type_name -> mooncake.store.v1.ReplicaLocation
 	0,  // 3: mooncake.store.v1.JournalMove.from:type_name -> mooncake.store.v1.ReplicaLocation
 	0,  // 4: mooncake.store.v1.JournalMove.to:type_name -> mooncake.store.v1.ReplicaLocation
-	1,  // 5: mooncake.store.v1.JournalRecord.mount:type_name -> mooncake.store.v1.JournalMount
-	2,  // 6: mooncake.store.v1.JournalRecord.unmount:type_name -> mooncake.store.v1.JournalUnmount
-	3,  // 7: mooncake.store.v1.JournalRecord.expire:type_name -> mooncake.store.v1.JournalExpire
-	4,  // 8: mooncake.store.v1.JournalRecord.start:type_name -> mooncake.store.v1.JournalStart
-	5,  // 9: mooncake.store.v1.JournalRecord.end:type_name -> mooncake.store.v1.JournalEnd
-	7,  // 10: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
-	8,  // 11: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
-	9,  // 12: mooncake.store.v1.JournalRecord.move:type_name -> mooncake.store.v1.JournalMove
-	6,  // 13: mooncake.store.v1.JournalRecord.commit:type_name -> mooncake.store.v1.JournalCommit
-	10, // 14: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
-	0,  // 15: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
-	4,  // 16: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
-	1,  // 17: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
-	12, // 18: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	0,  // 5: mooncake.store.v1.JournalMoveStart.to:type_name -> mooncake.store.v1.ReplicaLocation
+	1,  // 6: mooncake.store.v1.JournalRecord.mount:type_name -> mooncake.store.v1.JournalMount
+	2,  // 7: mooncake.store.v1.JournalRecord.unmount:type_name -> mooncake.store.v1.JournalUnmount
+	3,  // 8: mooncake.store.v1.JournalRecord.expire:type_name -> mooncake.store.v1.JournalExpire
+	4,  // 9: mooncake.store.v1.JournalRecord.start:type_name -> mooncake.store.v1.JournalStart
+	5,  // 10: mooncake.store.v1.JournalRecord.end:type_name -> mooncake.store.v1.JournalEnd
+	7,  // 11: mooncake.store.v1.JournalRecord.revoke:type_name -> mooncake.store.v1.JournalRevoke
+	8,  // 12: mooncake.store.v1.JournalRecord.drop:type_name -> mooncake.store.v1.JournalDrop
+	9,  // 13: mooncake.store.v1.JournalRecord.move:type_name -> mooncake.store.v1.JournalMove
+	6,  // 14: mooncake.store.v1.JournalRecord.commit:type_name -> mooncake.store.v1.JournalCommit
+	10, // 15: mooncake.store.v1.JournalRecord.move_start:type_name -> mooncake.store.v1.JournalMoveStart
+	11, // 16: mooncake.store.v1.JournalRecord.move_abort:type_name -> mooncake.store.v1.JournalMoveAbort
+	12, // 17: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
+	0,  // 18: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
+	4,  // 19: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
+	1,  // 20: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
+	14, // 21: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
+	10, // 22: mooncake.store.v1.SnapshotChunk.moves:type_name -> mooncake.store.v1.JournalMoveStart
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_journal_proto_init() }
@@ -1191,7 +1391,7 @@ func file_journal_proto_init() {
 		return
 	}
 	file_master_proto_init()
-	file_journal_proto_msgTypes[10].OneofWrappers = []any{
+	file_journal_proto_msgTypes[12].OneofWrappers = []any{
 		(*JournalRecord_Mount)(nil),
 		(*JournalRecord_Unmount)(nil),
 		(*JournalRecord_Expire)(nil),
@@ -1201,6 +1401,8 @@ func file_journal_proto_init() {
 		(*JournalRecord_Drop)(nil),
 		(*JournalRecord_Move)(nil),
 		(*JournalRecord_Commit)(nil),
+		(*JournalRecord_MoveStart)(nil),
+		(*JournalRecord_MoveAbort)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1208,7 +1410,7 @@ func file_journal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_journal_proto_rawDesc), len(file_journal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
