@@ -563,7 +563,7 @@ func (s *Server) term1(ctx context.Context, l *ha.Leadership, f *follower) error
 	s.lead(svc)
 	stats := svc.Stats()
 	s.log.Info("master: leading", "term", l.Term(), "addr", s.lis.Addr().String(), "records", last, "warm", warm,
-		"objects", stats.Keys, "segments", stats.Segments, "load", time.Since(start).Round(time.Millisecond))
+		"objects", stats.Keys, "segments", stats.Segments, "moves", len(st.moves), "load", time.Since(start).Round(time.Millisecond))
 	tctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = svc.Run(tctx) })
