@@ -876,7 +876,7 @@ func objectState(key string, o *object) *storepb.ObjectState {
 // chunks is st as snapshot chunks: the segments, then the objects, at
 // most perChunk a chunk.
 func (st *state) chunks(perChunk int) []*storepb.SnapshotChunk {
-	first := &storepb.SnapshotChunk{LastMoveId: st.lastMoveID, Moves: slices.Collect(maps.Values(st.moves))}
+	first := &storepb.SnapshotChunk{LastMoveId: st.lastMoveID}
 	for _, m := range st.segs {
 		first.Segments = append(first.Segments, m)
 	}
@@ -888,6 +888,20 @@ func (st *state) chunks(perChunk int) []*storepb.SnapshotChunk {
 			chunks = append(chunks, cur)
 		}
 		cur.Objects = append(cur.Objects, o)
+	}
+	return addMoves(chunks, slices.Collect(maps.Values(st.moves)), perChunk)
+}
+
+// addMoves puts moves into chunks, filling the last one up to perChunk
+// objects and moves together and adding more as needed.
+func addMoves(chunks []*storepb.SnapshotChunk, moves []*storepb.JournalMoveStart, perChunk int) []*storepb.SnapshotChunk {
+	cur := chunks[len(chunks)-1]
+	for _, m := range moves {
+		if len(cur.Objects)+len(cur.Moves) >= perChunk {
+			cur = &storepb.SnapshotChunk{}
+			chunks = append(chunks, cur)
+		}
+		cur.Moves = append(cur.Moves, m)
 	}
 	return chunks
 }
@@ -909,7 +923,6 @@ func (s *Service) snapshotLocked(perChunk int) (chunks []*storepb.SnapshotChunk,
 	}
 	moves := make(map[uint64]*storepb.JournalMoveStart)
 	first.LastMoveId = s.movesLocked(moves)
-	first.Moves = slices.Collect(maps.Values(moves))
 	s.segMu.Unlock()
 	chunks = append(chunks, first)
 	cur := first
@@ -923,7 +936,7 @@ func (s *Service) snapshotLocked(perChunk int) (chunks []*storepb.SnapshotChunk,
 		}
 		s.shards[i].mu.Unlock()
 	}
-	return chunks, seq
+	return addMoves(chunks, slices.Collect(maps.Values(moves)), perChunk), seq
 }
 
 // loadChunk adds a snapshot chunk to st.

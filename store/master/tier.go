@@ -45,6 +45,10 @@ const moveTaskTTL = 30 * time.Second
 // asks again at once while there are more.
 const maxTasksPerPing = 256
 
+// taskRecordWait bounds how long a ping waits for the records of the moves
+// it hands out: a slow journal delays moves, not the client's heartbeat.
+const taskRecordWait = 500 * time.Millisecond
+
 // moveTask is an offload or spill (src DRAM -> dst SSD) or a promotion
 // (src SSD -> dst DRAM) in flight.
 type moveTask struct {
@@ -264,7 +268,9 @@ func (s *Service) orphanLocked(o *object) {
 // With a journal each target is journaled first (JournalMoveStart) and
 // handed out once that is durable: a next leader then keeps the space the
 // client may be copying into from new puts, until the move ends or
-// expires. Moves whose records did not land are handed out again later.
+// expires. Moves whose records did not land within taskRecordWait (the
+// answer is a ping's) are handed out again later. A move whose source or
+// target went with its segment is never handed out: it expires.
 func (s *Service) takeTasks(ctx context.Context, clientID string) []*storepb.MoveTask {
 	s.segMu.Lock()
 	var (
@@ -273,7 +279,8 @@ func (s *Service) takeTasks(ctx context.Context, clientID string) []*storepb.Mov
 		seq    uint64
 	)
 	for _, t := range s.tasks {
-		if t.client == clientID && !t.handed && t.o != nil && len(out) < maxTasksPerPing {
+		if t.client == clientID && !t.handed && t.o != nil && len(out) < maxTasksPerPing &&
+			!t.src.dead() && !t.dst.dead() {
 			t.handed = true
 			if s.j != nil && !t.journaled {
 				t.journaled = true
@@ -287,6 +294,8 @@ func (s *Service) takeTasks(ctx context.Context, clientID string) []*storepb.Mov
 		seq = s.j.last() // a move handed out again has its record before
 	}
 	s.segMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, taskRecordWait)
+	defer cancel()
 	if err := s.durable(ctx, seq); err != nil {
 		s.segMu.Lock()
 		for _, t := range handed {
