@@ -101,14 +101,18 @@ class MooncakeGoConnector(RemoteConnector):
         for addr, n in self.registered_regions:
             store.register_buffer(addr, n)
 
-    def _cover(self, store: Store, objs: Sequence[MemoryObj]) -> None:
-        """Registers the tensor storage of every object outside the
-        registered regions (with this client; a later client gets them from
-        _register_all). A registered storage that overlaps a new one was
-        freed (live storages never overlap), so it is unregistered first."""
+    def _cover(self, store: Store, objs: Sequence[MemoryObj], addrs: Sequence[int], sizes: Sequence[int]) -> None:
+        """Registers the tensor storage of every object (at addrs, of sizes)
+        outside the registered regions (with this client; a later client
+        gets them from _register_all). A registered storage that overlaps a
+        new one was freed (live storages never overlap), so it is
+        unregistered first. The usual batch lies in LMCache's pool, one
+        region: one check for all."""
+        lo, hi = min(addrs), max(p + n for p, n in zip(addrs, sizes))
         with self._regions_lock:
-            for o in objs:
-                p, n = o.data_ptr, o.get_size()
+            if any(a <= lo and hi <= a + m for a, m in self._regions):
+                return
+            for o, p, n in zip(objs, addrs, sizes):
                 if any(a <= p and p + n <= a + m for a, m in self._regions):
                     continue
                 raw = getattr(o, "raw_data", None)
@@ -142,14 +146,19 @@ class MooncakeGoConnector(RemoteConnector):
         fut.add_done_callback(release)
         return await asyncio.shield(fut)
 
-    async def _batch(self, store: Store, fn, names: List[str], objs: Sequence[MemoryObj], *extra) -> list:
-        """fn(names, addresses, sizes, *extra) over objs, cut into up to
+    @staticmethod
+    def _spans(objs: Sequence[MemoryObj]) -> Tuple[List[int], List[int]]:
+        """The objects' addresses and sizes, read once per batch (each is a
+        call into LMCache and torch)."""
+        return [o.data_ptr for o in objs], [o.get_size() for o in objs]
+
+    async def _batch(self, store: Store, fn, names: List[str], objs: Sequence[MemoryObj],
+                     addrs: List[int], sizes: List[int], *extra) -> list:
+        """fn(names, addrs, sizes, *extra) over objs, cut into up to
         settings.streams slices run at once (the store checksums and copies
         a slice on one thread; slices use the other cores and overlap one
         slice's master round trips with another's copies). One result per
         name; a slice whose whole call failed gives its error for each."""
-        addrs = [o.data_ptr for o in objs]
-        sizes = [o.get_size() for o in objs]
         n = len(names)
         k = max(1, min(self.settings.streams, n, sum(sizes) // max(self.settings.stream_min_bytes, 1)))
         cuts = [n * i // k for i in range(k + 1)]
@@ -189,8 +198,9 @@ class MooncakeGoConnector(RemoteConnector):
             return
         store = self._store()
         names = [k.to_string() for k in keys]
-        self._cover(store, memory_objs)
-        results = await self._batch(store, store.batch_put_from, names, memory_objs, self.replicate)
+        addrs, sizes = self._spans(memory_objs)
+        self._cover(store, memory_objs, addrs, sizes)
+        results = await self._batch(store, store.batch_put_from, names, memory_objs, addrs, sizes, self.replicate)
         bad = [(n, r) for n, r in zip(names, results) if r is not None and not isinstance(r, ObjectAlreadyExists)]
         if bad:
             for _, r in bad:
@@ -226,8 +236,9 @@ class MooncakeGoConnector(RemoteConnector):
         held = [objs[i] for i in idx]
         names = [keys[i].to_string() for i in idx]
         try:
-            self._cover(store, held)
-            results = await self._batch(store, store.batch_get_into, names, held)
+            addrs, sizes = self._spans(held)
+            self._cover(store, held, addrs, sizes)
+            results = await self._batch(store, store.batch_get_into, names, held, addrs, sizes)
         except MooncakeError as e:  # registering a memory object's storage failed
             self._link.failed(store, e)
             results = [e] * len(held)
