@@ -420,3 +420,33 @@ func TestMoveNotHandedOnSegmentGone(t *testing.T) {
 	s.expireTasks()
 	assert.Empty(t, s.tasks)
 }
+
+// A spill whose source segment goes is detached from its object: the
+// object goes with its last replica, the spill is never handed out, and
+// its DRAM bytes no longer count as being freed (eviction would otherwise
+// take that much too little until the move expired).
+func TestSweepDetachesMoves(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
+	put(t, s, "a", "k", moveUnit, nil) // no tier yet: no offload
+	disk := seg("2", 1<<30, 16*moveUnit)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	require.NoError(t, s.MountSegment(ctx, "a", disk))
+	sh := s.shardOf("k")
+	sh.mu.Lock()
+	s.evictLocked(sh, "k", sh.objects["k"], false)
+	task := sh.objects["k"].moving
+	sh.mu.Unlock()
+	require.NotNil(t, task, "the eviction spills")
+	require.Equal(t, uint64(moveUnit), s.spilling)
+
+	require.NoError(t, s.UnmountSegment(ctx, "a", "1"))
+	ok, err := s.ExistKey("k")
+	require.NoError(t, err)
+	require.False(t, ok)
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	assert.Nil(t, task.o, "the spill still names the object gone")
+	assert.Zero(t, s.spilling, "the spill's DRAM bytes still count as on their way out")
+}

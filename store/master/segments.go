@@ -249,6 +249,13 @@ func (s *Service) sweepDead() {
 					o.pending = nil
 				}
 			}
+			if t := o.moving; t != nil && (o.empty() || t.src.dead() || t.dst.dead()) {
+				// The move cannot end well: its object goes, or its source
+				// or target went. Detached, it frees its target when the
+				// client reports or it expires, and a spill's DRAM bytes
+				// stop counting as on their way out.
+				s.orphanLocked(o)
+			}
 			if o.empty() {
 				if was {
 					sh.gone.forgot(key, o.size, o.checksum) // tier_announce.go
