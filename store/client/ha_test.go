@@ -3,7 +3,6 @@ package client
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -365,49 +364,4 @@ func TestFailoverKeepsStripes(t *testing.T) {
 			check(cs[3], n+8)
 		})
 	}
-}
-
-// Moves to and from an SSD tier run through a failover: the standby
-// follows their records live, the new leader keeps the targets handed out
-// taken and hands out moves of its own, and every object either reads
-// back byte-exact or is gone (dropped by an eviction that found no SSD
-// copy), never damaged.
-func TestFailoverWithSSDMoves(t *testing.T) {
-	etcd, leader, standby := startHAPair(t, 100000)
-	haCfg := func(c *Config) { c.Master = "etcd://" + etcd; c.ClusterID = "t" }
-	node := newClient(t, "", 4<<20, haCfg, withSSD(t.TempDir(), 64<<20))
-	reader := newClient(t, "", NoSegment, haCfg)
-	ctx := ctxT(t)
-
-	const n, size = 48, 256 << 10 // 12 MiB through a 4 MiB pool
-	moves := func(m *master.Server) uint64 {
-		st := m.Service().Stats()
-		return st.Offloaded + st.Spilled
-	}
-	for i := range n {
-		if i == n/2 {
-			require.Positive(t, moves(leader), "moves before the failover")
-			require.NoError(t, leader.Close())
-			require.Same(t, standby, waitLeader(t, standby))
-		}
-		key := fmt.Sprintf("s%d", i)
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			assert.NoError(c, node.Put(ctx, key, value(uint64(i), size), nil))
-		}, 10*time.Second, 20*time.Millisecond, key)
-		time.Sleep(20 * time.Millisecond) // a put rate the node's copies keep up with
-	}
-	require.Eventually(t, func() bool { return moves(standby) > 0 }, 10*time.Second, 10*time.Millisecond,
-		"the new leader moves nothing")
-	read := 0
-	for i := range n {
-		got, err := reader.Get(ctx, fmt.Sprintf("s%d", i))
-		if errors.Is(err, storepb.ErrObjectNotFound) {
-			continue
-		}
-		require.NoError(t, err, "s%d", i)
-		require.Equal(t, value(uint64(i), size), got, "s%d", i)
-		read++
-	}
-	t.Logf("%d of %d objects read back; new leader: %+v", read, n, standby.Service().Stats())
-	assert.Greater(t, read, n/2, "most objects survive")
 }

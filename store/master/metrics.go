@@ -103,6 +103,7 @@ var gauges = []gauge{
 	{"master_value_bytes", "Bytes of readable values, one replica each.", func(s Stats) float64 { return float64(s.ValueBytes) }},
 	{"master_mounted_segments", "Mounted segments.", func(s Stats) float64 { return float64(s.Segments) }},
 	{"master_held_segments", "Mounted segments held from new replicas after a remount (--remount_hold_sec).", func(s Stats) float64 { return float64(s.HeldSegments) }},
+	{"master_moves_in_flight", "SSD-tier and drain moves handed to clients and not ended, those a new leader restored included.", func(s Stats) float64 { return float64(s.MovesInFlight) }},
 }
 
 var counters = []gauge{

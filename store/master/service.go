@@ -365,6 +365,7 @@ type Stats struct {
 	Clients       int    // clients known to the master
 	Segments      int    // mounted segments
 	HeldSegments  int    // of those, held from new replicas after a remount (RemountHold)
+	MovesInFlight int    // moves handed to clients and not ended (restored ones included)
 	EvictedKeys   uint64 // objects evicted since start
 	EvictedBytes  uint64 // bytes freed by eviction since start
 	Discarded     uint64 // zombie puts pre-empted by a new PutStart
@@ -382,6 +383,11 @@ func (s *Service) Stats() Stats {
 	for _, sg := range s.segList {
 		if s.heldLocked(sg) {
 			st.HeldSegments++
+		}
+	}
+	for _, t := range s.tasks {
+		if t.handed {
+			st.MovesInFlight++
 		}
 	}
 	s.segMu.Unlock()
