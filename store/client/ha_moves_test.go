@@ -124,7 +124,8 @@ func TestFailoverKeepsMovesInFlight(t *testing.T) {
 	haCfg := func(c *Config) { c.Master = "etcd://" + etcd; c.ClusterID = "t" }
 	node := newClient(t, "", 64<<20, haCfg, withSSD(t.TempDir(), 128<<20))
 	reader := newClient(t, "", NoSegment, haCfg)
-	ctx := ctxT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // past a move's expiry, below
+	defer cancel()
 
 	const batch, size = 24, 256 << 10
 	var keys []string
@@ -174,10 +175,12 @@ func TestFailoverKeepsMovesInFlight(t *testing.T) {
 		leader, standby = standby, start()
 	}
 	require.Positive(t, restored, "no failover caught a move in flight")
-	// The node's reports end them.
+	// The node's reports end them. (Should the batch's offloads have gone
+	// out in two pings and the second's answer been lost with the leader,
+	// those wait for their expiry, 30 s.)
 	ended := time.Now()
 	require.Eventually(t, func() bool { return leader.Service().Stats().MovesInFlight == 0 },
-		10*time.Second, 10*time.Millisecond, "the restored moves never ended")
+		45*time.Second, 10*time.Millisecond, "the restored moves never ended")
 	t.Logf("the restored moves ended after %v", time.Since(ended).Round(time.Millisecond))
 
 	for i, k := range keys {

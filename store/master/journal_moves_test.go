@@ -450,3 +450,59 @@ func TestSweepDetachesMoves(t *testing.T) {
 	assert.Nil(t, task.o, "the spill still names the object gone")
 	assert.Zero(t, s.spilling, "the spill's DRAM bytes still count as on their way out")
 }
+
+// Between a segment's removal and the sweep of its objects (the window a
+// ping or a remount can fall in), a move onto it is not handed out.
+func TestMoveNotHandedBeforeSweep(t *testing.T) {
+	s, clk := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
+	disk := seg("2", 1<<30, 16*moveUnit)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	require.NoError(t, s.MountSegment(ctx, "a", disk))
+	put(t, s, "a", "k", moveUnit, nil)
+	for _, tk := range s.takeTasks(ctx, "a") {
+		require.NoError(t, s.MoveEnd(ctx, "a", tk.Id, true))
+	}
+	sh := s.shardOf("k")
+	sh.mu.Lock()
+	s.evictLocked(sh, "k", sh.objects["k"], true)
+	sh.mu.Unlock()
+	clk.Advance(time.Second)
+	_, _, _, _, err := s.GetReplicaList("k") // queues the promotion into "1"
+	require.NoError(t, err)
+	s.segMu.Lock()
+	s.segs["1"].dead.Store(true) // as removeSegLocked leaves it for the sweep
+	s.segMu.Unlock()
+	assert.Empty(t, s.takeTasks(ctx, "a"), "a promotion into a removed segment was handed out")
+}
+
+// A spill whose target tier goes while its object stays (a DRAM replica
+// left) is detached too: the object may be moved again, and its DRAM
+// bytes no longer count as on their way out.
+func TestSweepDetachesMoveToGoneTier(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
+	put(t, s, "a", "k", moveUnit, nil) // no tier yet: no offload
+	disk := seg("2", 1<<30, 16*moveUnit)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	require.NoError(t, s.MountSegment(ctx, "a", disk))
+	sh := s.shardOf("k")
+	sh.mu.Lock()
+	s.evictLocked(sh, "k", sh.objects["k"], false)
+	task := sh.objects["k"].moving
+	sh.mu.Unlock()
+	require.NotNil(t, task, "the eviction spills")
+
+	require.NoError(t, s.UnmountSegment(ctx, "a", "2"))
+	ok, err := s.ExistKey("k")
+	require.NoError(t, err)
+	require.True(t, ok, "k keeps its DRAM replica")
+	sh.mu.Lock()
+	assert.Nil(t, sh.objects["k"].moving, "k still waits for a spill into a gone tier")
+	sh.mu.Unlock()
+	s.segMu.Lock()
+	defer s.segMu.Unlock()
+	assert.Zero(t, s.spilling, "the spill's DRAM bytes still count as on their way out")
+}
