@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -19,6 +18,59 @@ import (
 // takes four.
 const moveUnit = 16 << 10
 
+// mountTier mounts client a's DRAM segment "1" of four units and, if
+// tier, its SSD tier "2".
+func mountTier(t *testing.T, s *Service, tier bool) {
+	t.Helper()
+	require.NoError(t, s.MountSegment(t.Context(), "a", seg("1", 1<<20, 4*moveUnit)))
+	if tier {
+		disk := seg("2", 1<<30, 16*moveUnit)
+		disk.Medium = storepb.Medium_MEDIUM_DISK
+		require.NoError(t, s.MountSegment(t.Context(), "a", disk))
+	}
+}
+
+// evict runs key's eviction (forced: its DRAM replica goes, as it has an
+// SSD copy; else it spills) and returns the object's move then.
+func evict(s *Service, key string, force bool) *moveTask {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s.evictLocked(sh, key, sh.objects[key], force)
+	if o := sh.objects[key]; o != nil {
+		return o.moving
+	}
+	return nil
+}
+
+// promotionQueued puts k on a's tier alone (offloaded, its DRAM replica
+// evicted) and reads it, which queues its promotion into "1".
+func promotionQueued(t *testing.T, s *Service, clk *fakeClock) {
+	t.Helper()
+	put(t, s, "a", "k", moveUnit, nil)
+	tasks := s.takeTasks(t.Context(), "a")
+	require.Len(t, tasks, 1, "the put's offload")
+	require.NoError(t, s.MoveEnd(t.Context(), "a", tasks[0].Id, true))
+	evict(s, "k", true)
+	clk.Advance(time.Second)
+	_, _, _, _, err := s.GetReplicaList("k")
+	require.NoError(t, err)
+}
+
+// spillQueued puts k in a's DRAM before the tier is mounted (no offload)
+// and evicts it, which queues its spill; it returns the spill.
+func spillQueued(t *testing.T, s *Service) *moveTask {
+	t.Helper()
+	mountTier(t, s, false)
+	put(t, s, "a", "k", moveUnit, nil)
+	disk := seg("2", 1<<30, 16*moveUnit)
+	disk.Medium = storepb.Medium_MEDIUM_DISK
+	require.NoError(t, s.MountSegment(t.Context(), "a", disk))
+	task := evict(s, "k", false)
+	require.NotNil(t, task, "the eviction spills")
+	return task
+}
+
 // promotionHanded sets up client a with a DRAM segment of four units and
 // an SSD tier, an object k on SSD only, and a read of it whose promotion
 // into DRAM has been handed to a: a copies into the returned target.
@@ -26,23 +78,9 @@ func promotionHanded(t *testing.T, j journal) (*Service, *fakeClock, *storepb.Mo
 	t.Helper()
 	s, clk := newTestService(t, ServiceConfig{})
 	s.j = j
-	ctx := t.Context()
-	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
-	disk := seg("2", 1<<30, 16*moveUnit)
-	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, s.MountSegment(ctx, "a", disk))
-	put(t, s, "a", "k", moveUnit, nil)
-	tasks := s.takeTasks(ctx, "a")
-	require.Len(t, tasks, 1, "the put's offload")
-	require.NoError(t, s.MoveEnd(ctx, "a", tasks[0].Id, true))
-	sh := s.shardOf("k")
-	sh.mu.Lock()
-	s.evictLocked(sh, "k", sh.objects["k"], true)
-	sh.mu.Unlock()
-	clk.Advance(time.Second)
-	_, _, _, _, err := s.GetReplicaList("k")
-	require.NoError(t, err)
-	tasks = s.takeTasks(ctx, "a")
+	mountTier(t, s, true)
+	promotionQueued(t, s, clk)
+	tasks := s.takeTasks(t.Context(), "a")
 	require.Len(t, tasks, 1, "the read's promotion")
 	require.Equal(t, storepb.Medium_MEDIUM_DRAM, tasks[0].Target.Medium)
 	return s, clk, tasks[0]
@@ -251,10 +289,7 @@ func TestMoveTargetInSnapshot(t *testing.T) {
 			for _, tk := range s.takeTasks(ctx, "a") {
 				require.NoError(t, s.MoveEnd(ctx, "a", tk.Id, true))
 			}
-			sh := s.shardOf("k2")
-			sh.mu.Lock()
-			s.evictLocked(sh, "k2", sh.objects["k2"], true)
-			sh.mu.Unlock()
+			evict(s, "k2", true)
 			clk.Advance(time.Second)
 			_, _, _, _, err = s.GetReplicaList("k2")
 			require.NoError(t, err)
@@ -317,14 +352,7 @@ func TestMoveEndsDuringSnapshot(t *testing.T) {
 // and read back) as of seq and the file journal in dir after it.
 func restoredFrom(t *testing.T, chunks []*storepb.SnapshotChunk, dir string, seq uint64) *Service {
 	t.Helper()
-	st := newState()
-	for _, c := range chunks {
-		b, err := proto.Marshal(c)
-		require.NoError(t, err)
-		var back storepb.SnapshotChunk
-		require.NoError(t, proto.Unmarshal(b, &back))
-		st.loadChunk(&back)
-	}
+	st := loadChunks(t, chunks)
 	_, err := replayFile(filepath.Join(dir, journalName(1)), st, seq, false, slog.Default())
 	require.NoError(t, err)
 	s, _ := newTestService(t, ServiceConfig{})
@@ -339,10 +367,7 @@ func TestMoveHandedOnlyOnceDurable(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
 	s.j = j
 	ctx := t.Context()
-	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
-	disk := seg("2", 1<<30, 16*moveUnit)
-	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, s.MountSegment(ctx, "a", disk))
+	mountTier(t, s, true)
 	put(t, s, "a", "k", moveUnit, nil)
 	j.fail = true
 	assert.Empty(t, s.takeTasks(ctx, "a"), "handed out before its record was durable")
@@ -389,24 +414,10 @@ func TestMoveNotHandedOnSegmentGone(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
 	s.j = j
 	ctx := t.Context()
-	dram := seg("1", 1<<20, 4*moveUnit)
-	require.NoError(t, s.MountSegment(ctx, "a", dram))
-	disk := seg("2", 1<<30, 16*moveUnit)
-	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, s.MountSegment(ctx, "a", disk))
-	put(t, s, "a", "k", moveUnit, nil)
-	for _, tk := range s.takeTasks(ctx, "a") {
-		require.NoError(t, s.MoveEnd(ctx, "a", tk.Id, true))
-	}
-	sh := s.shardOf("k")
-	sh.mu.Lock()
-	s.evictLocked(sh, "k", sh.objects["k"], true)
-	sh.mu.Unlock()
-	clk.Advance(time.Second)
-	_, _, _, _, err := s.GetReplicaList("k") // queues the promotion into "1"
-	require.NoError(t, err)
+	mountTier(t, s, true)
+	promotionQueued(t, s, clk)
 	require.NoError(t, s.UnmountSegment(ctx, "a", "1"))
-	require.NoError(t, s.MountSegment(ctx, "a", dram))
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
 	for i := range 4 {
 		put(t, s, "a", fmt.Sprint("new", i), moveUnit, nil)
 	}
@@ -428,17 +439,7 @@ func TestMoveNotHandedOnSegmentGone(t *testing.T) {
 func TestSweepDetachesMoves(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
 	ctx := t.Context()
-	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
-	put(t, s, "a", "k", moveUnit, nil) // no tier yet: no offload
-	disk := seg("2", 1<<30, 16*moveUnit)
-	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, s.MountSegment(ctx, "a", disk))
-	sh := s.shardOf("k")
-	sh.mu.Lock()
-	s.evictLocked(sh, "k", sh.objects["k"], false)
-	task := sh.objects["k"].moving
-	sh.mu.Unlock()
-	require.NotNil(t, task, "the eviction spills")
+	task := spillQueued(t, s)
 	require.Equal(t, uint64(moveUnit), s.spilling)
 
 	require.NoError(t, s.UnmountSegment(ctx, "a", "1"))
@@ -455,26 +456,12 @@ func TestSweepDetachesMoves(t *testing.T) {
 // ping or a remount can fall in), a move onto it is not handed out.
 func TestMoveNotHandedBeforeSweep(t *testing.T) {
 	s, clk := newTestService(t, ServiceConfig{})
-	ctx := t.Context()
-	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
-	disk := seg("2", 1<<30, 16*moveUnit)
-	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, s.MountSegment(ctx, "a", disk))
-	put(t, s, "a", "k", moveUnit, nil)
-	for _, tk := range s.takeTasks(ctx, "a") {
-		require.NoError(t, s.MoveEnd(ctx, "a", tk.Id, true))
-	}
-	sh := s.shardOf("k")
-	sh.mu.Lock()
-	s.evictLocked(sh, "k", sh.objects["k"], true)
-	sh.mu.Unlock()
-	clk.Advance(time.Second)
-	_, _, _, _, err := s.GetReplicaList("k") // queues the promotion into "1"
-	require.NoError(t, err)
+	mountTier(t, s, true)
+	promotionQueued(t, s, clk)
 	s.segMu.Lock()
 	s.segs["1"].dead.Store(true) // as removeSegLocked leaves it for the sweep
 	s.segMu.Unlock()
-	assert.Empty(t, s.takeTasks(ctx, "a"), "a promotion into a removed segment was handed out")
+	assert.Empty(t, s.takeTasks(t.Context(), "a"), "a promotion into a removed segment was handed out")
 }
 
 // A spill whose target tier goes while its object stays (a DRAM replica
@@ -483,22 +470,12 @@ func TestMoveNotHandedBeforeSweep(t *testing.T) {
 func TestSweepDetachesMoveToGoneTier(t *testing.T) {
 	s, _ := newTestService(t, ServiceConfig{})
 	ctx := t.Context()
-	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 4*moveUnit)))
-	put(t, s, "a", "k", moveUnit, nil) // no tier yet: no offload
-	disk := seg("2", 1<<30, 16*moveUnit)
-	disk.Medium = storepb.Medium_MEDIUM_DISK
-	require.NoError(t, s.MountSegment(ctx, "a", disk))
-	sh := s.shardOf("k")
-	sh.mu.Lock()
-	s.evictLocked(sh, "k", sh.objects["k"], false)
-	task := sh.objects["k"].moving
-	sh.mu.Unlock()
-	require.NotNil(t, task, "the eviction spills")
-
+	spillQueued(t, s)
 	require.NoError(t, s.UnmountSegment(ctx, "a", "2"))
 	ok, err := s.ExistKey("k")
 	require.NoError(t, err)
 	require.True(t, ok, "k keeps its DRAM replica")
+	sh := s.shardOf("k")
 	sh.mu.Lock()
 	assert.Nil(t, sh.objects["k"].moving, "k still waits for a spill into a gone tier")
 	sh.mu.Unlock()

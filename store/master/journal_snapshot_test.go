@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -229,14 +228,7 @@ func TestSnapshotShardsEqualsStateAtSeq(t *testing.T) {
 	j.close()
 
 	for _, sn := range snaps {
-		st := newState()
-		for _, c := range sn.chunks {
-			b, err := proto.Marshal(c)
-			require.NoError(t, err)
-			var back storepb.SnapshotChunk
-			require.NoError(t, proto.Unmarshal(b, &back))
-			st.loadChunk(&back)
-		}
+		st := loadChunks(t, sn.chunks)
 		_, err := replayFile(filepath.Join(dir, journalName(1)), st, sn.seq, false, slog.Default())
 		require.NoError(t, err, "replay after snapshot %d", sn.seq)
 		s2, _ := newTestService(t, ServiceConfig{Shards: 8})

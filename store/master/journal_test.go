@@ -76,6 +76,21 @@ func view(s *Service) []string {
 	return out
 }
 
+// loadChunks is a state loaded from snapshot chunks as a new leader reads
+// them: marshalled and read back.
+func loadChunks(t *testing.T, chunks []*storepb.SnapshotChunk) *state {
+	t.Helper()
+	st := newState()
+	for _, c := range chunks {
+		b, err := proto.Marshal(c)
+		require.NoError(t, err)
+		var back storepb.SnapshotChunk
+		require.NoError(t, proto.Unmarshal(b, &back))
+		st.loadChunk(&back)
+	}
+	return st
+}
+
 // Replaying the journal of a busy service (puts, upserts, revokes,
 // removals, evictions, an unmount, an expiry, SSD moves) rebuilds its
 // durable state exactly, and so does a snapshot plus the records after it.
@@ -148,14 +163,7 @@ func TestJournalReplayRebuildsState(t *testing.T) {
 			break
 		}
 	}
-	st := newState()
-	for _, c := range chunks {
-		b, err := proto.Marshal(c)
-		require.NoError(t, err)
-		var back storepb.SnapshotChunk
-		require.NoError(t, proto.Unmarshal(b, &back))
-		st.loadChunk(&back)
-	}
+	st := loadChunks(t, chunks)
 	clk.Advance(moveTaskTTL)
 	s.expireTasks() // "after"'s offload
 	assert.Equal(t, view(s), replay(j.recs[seq:], st))
