@@ -41,6 +41,9 @@ type OursConfig struct {
 	// ReservePuts sets client.Config.ReservePuts: puts write into space
 	// reserved during the puts before them, one master round trip each.
 	ReservePuts bool
+	// NoAutoSlots sets client.Config.NoAutoSlots: without ReservePuts,
+	// every put starts on the master.
+	NoAutoSlots bool
 }
 
 // RunOurs measures o against our store: it starts a cluster for the
@@ -104,7 +107,7 @@ func newOursWorker(ctx context.Context, o Options, cfg OursConfig, master, trans
 		seg = max(cfg.Capacity/int64(o.Clients), 2*int64(o.BatchSize)*int64(o.ValueSize)+(64<<20))
 	}
 	c, err := client.New(ctx, client.Config{Master: master, SegmentSize: seg, LocalBufferSize: 8 << 20,
-		EngineConfig: engine.Config{Host: "127.0.0.1", Transport: transport}, ReservePuts: cfg.ReservePuts})
+		EngineConfig: engine.Config{Host: "127.0.0.1", Transport: transport}, ReservePuts: cfg.ReservePuts, NoAutoSlots: cfg.NoAutoSlots})
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,7 @@ func newBenchStoreCmd() *cobra.Command {
 		masters    int
 		syncEtcd   bool
 		reserve    bool
+		noAuto     bool
 		cpuprofile string
 		memprofile string
 	)
@@ -79,7 +80,7 @@ each run unless --master points at one.`,
 				switch strings.TrimSpace(s) {
 				case store.Ours, "ours":
 					for _, t := range strings.Split(topologies, ",") {
-						cfg := store.OursConfig{Topology: strings.TrimSpace(t), Master: master, HA: ha, Masters: masters, SyncEtcd: syncEtcd, ReservePuts: reserve,
+						cfg := store.OursConfig{Topology: strings.TrimSpace(t), Master: master, HA: ha, Masters: masters, SyncEtcd: syncEtcd, ReservePuts: reserve, NoAutoSlots: noAuto,
 							NodeCommand: []string{self, "node", "--local_buffer_size", "8MiB"}}
 						runs = append(runs, system{store.Ours, cfg.Topology, func(o store.Options) (store.Result, error) {
 							return store.RunOurs(ctx, o, cfg)
@@ -175,7 +176,8 @@ each run unless --master points at one.`,
 	f.BoolVar(&ha, "ha", false, "start our master with the etcd journal, as mooncake up does")
 	f.IntVar(&masters, "masters", 1, "our masters with --ha (more than one: standbys, which acknowledge journal records)")
 	f.BoolVar(&syncEtcd, "sync-etcd", false, "with --ha: puts wait for etcd even with a standby")
-	f.BoolVar(&reserve, "reserve-puts", false, "our clients put into space reserved ahead (client.Config.ReservePuts)")
+	f.BoolVar(&reserve, "reserve-puts", false, "our clients put values of every length into space reserved ahead (client.Config.ReservePuts)")
+	f.BoolVar(&noAuto, "no-auto-slots", false, "without --reserve-puts, every put of ours starts on the master, small values too (client.Config.NoAutoSlots)")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process (clients, and our master unless --master) over all runs here")
 	f.StringVar(&memprofile, "memprofile", "", "write this process's allocations (pprof's allocs profile) at the end here")
 	c.AddCommand(newBenchStoreTCPServerCmd())

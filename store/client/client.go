@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,6 +86,9 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	if cfg.TenantID, err = tenantOf(cfg.TenantID); err != nil {
 		return nil, err
 	}
+	if v := os.Getenv("MC_STORE_AUTO_SLOTS"); v == "0" || strings.EqualFold(v, "false") {
+		cfg.NoAutoSlots = true
+	}
 	cfg.SegmentSize = cmp.Or(cfg.SegmentSize, DefaultSegmentSize)
 	cfg.LocalBufferSize = cmp.Or(cfg.LocalBufferSize, DefaultLocalBufferSize)
 	cfg.RPCTimeout = cmp.Or(cfg.RPCTimeout, DefaultRPCTimeout)
@@ -154,7 +158,7 @@ func New(ctx context.Context, cfg Config) (c *Client, err error) {
 	}
 	hctx, stop := context.WithCancel(context.Background())
 	c.stop = stop
-	c.slots.init(hctx)
+	c.slots.init(hctx, !c.cfg.ReservePuts)
 	c.wg.Add(1)
 	go c.heartbeat(hctx)
 	return c, nil

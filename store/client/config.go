@@ -80,12 +80,20 @@ type Config struct {
 	// The client then holds up to 64 MiB of the pool reserved (counted as
 	// allocated, never evicted) for as long as it puts, gives slots back
 	// once they are too old to use (5 s, at the next ping) and all of them
-	// at Close. Experimental: a master that restarts without a journal
-	// knows none of the slots, and the client learns of it at its next
-	// ping (it then drops them); a put within that PingInterval could
-	// still write into space the new master gave to another object. Zero:
-	// every put starts on the master when it is put.
+	// at Close. A master that restarts without a journal knows none of
+	// the slots; the client drops them at its next ping, and the master
+	// holds the segments mounted again meanwhile (its RemountHold), so
+	// that no slot reaches space it gave again. Zero: values of at most
+	// 64 KiB still get slots (see NoAutoSlots); others start on the
+	// master when they are put.
 	ReservePuts bool
+	// NoAutoSlots turns off the slots a client without ReservePuts takes
+	// for small values: values of at most 64 KiB, once it has put two of
+	// a length, with at most 4 MiB of the pool reserved. Zero: small
+	// values put again and again commit with one round trip, unless
+	// MC_STORE_AUTO_SLOTS is 0 or false (for clients through the C ABI
+	// and Python).
+	NoAutoSlots bool
 	// ReportExisting makes a put (Put, PutFrom, the batch puts and puts of
 	// parts; not an upsert) of a key that exists fail with
 	// ObjectAlreadyExists, the value stored left as it is. Zero: such a

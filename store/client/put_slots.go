@@ -26,6 +26,13 @@ import (
 // the master (see store/master/reserve.go), so every invariant of a put
 // holds for them; what the client adds is never to use one near the age
 // at which the master may reclaim it.
+//
+// Without Config.ReservePuts a client still uses slots for small values,
+// where a put's round trips to the master are most of its time: values of
+// at most autoSlotMaxLen bytes, once it has put autoSlotSeen values of
+// that length (a client that puts a value of some length once reserves
+// nothing for it), within autoSlotBytes. Slots of a length that went
+// unused (given back stale) wait for that many puts of it again.
 
 const (
 	// slotMaxAge is how old a slot may be and still take a value: far
@@ -43,6 +50,20 @@ const (
 	// machine and went the slow way; with eight, one in a hundred.
 	slotsAhead = 8
 	slotsMin   = 16
+
+	// autoSlotMaxLen is the longest value that gets slots without
+	// ReservePuts: above it a put's bytes, not its round trips, take
+	// most of its time, and a batch's slots would hold megabytes.
+	autoSlotMaxLen = 64 << 10
+	// autoSlotSeen is how many values of a length a client puts before
+	// it reserves slots of that length without ReservePuts.
+	autoSlotSeen = 2
+	// autoSlotBytes bounds the space a client holds in slots without
+	// ReservePuts: slotsAhead batches of 128 x 4 KiB, 64 values of 64 KiB.
+	autoSlotBytes = 4 << 20
+	// autoSlotLengths bounds the lengths the client counts puts of
+	// without ReservePuts; past it the counts start again.
+	autoSlotLengths = 64
 )
 
 // slot is a put the master started under its own name, not yet committed.
@@ -67,6 +88,10 @@ type slotPool struct {
 	used     atomic.Uint64   // values committed in slots
 	ctx      context.Context // ends at Close
 	wg       sync.WaitGroup  // reserves in flight
+	// auto: slots for small values only (no ReservePuts); seen counts
+	// the puts of each length until it has slots.
+	auto bool
+	seen map[uint64]int
 }
 
 // slotsFor reports whether a put may use slots: a put (not an upsert) with
@@ -74,7 +99,36 @@ type slotPool struct {
 // A tenant's client does without: its tenant may have a quota, which
 // slots would take from.
 func (c *Client) slotsFor(rc *ReplicateConfig, upsert bool) bool {
-	return !upsert && rc == &c.cfg.Replicate && c.cfg.TenantID == "" && c.cfg.ReservePuts && !c.slots.off.Load()
+	return !upsert && rc == &c.cfg.Replicate && c.cfg.TenantID == "" && !c.slots.off.Load() &&
+		(c.cfg.ReservePuts || !c.cfg.NoAutoSlots)
+}
+
+// budget is the most space the pool holds in slots.
+func (p *slotPool) budget() uint64 {
+	if p.auto {
+		return autoSlotBytes
+	}
+	return slotMaxBytes
+}
+
+// wants reports whether the pool reserves slots of n bytes for a put of
+// k values of that length (p.mu held): always with ReservePuts, else for
+// small values put often enough.
+func (p *slotPool) wants(n uint64, k int) bool {
+	if !p.auto {
+		return true
+	}
+	if n > autoSlotMaxLen {
+		return false
+	}
+	if p.seen[n] >= autoSlotSeen {
+		return true
+	}
+	if _, ok := p.seen[n]; !ok && len(p.seen) >= autoSlotLengths {
+		clear(p.seen)
+	}
+	p.seen[n] += k
+	return p.seen[n] >= autoSlotSeen
 }
 
 // takeSlots gives items a slot of their length where the pool has one,
@@ -151,7 +205,10 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 	for n, k := range want {
 		// Full is also no more than the budget lets the pool hold: half
 		// of a full it can never reach would reserve on every batch.
-		have, room := len(p.free[n]), int((slotMaxBytes-min(p.bytes, slotMaxBytes))/n)
+		if !p.wants(n, k) {
+			continue
+		}
+		have, room := len(p.free[n]), int((p.budget()-min(p.bytes, p.budget()))/n)
 		full := min(max(slotsAhead*k, slotsMin), have+room)
 		if 2*have >= full {
 			continue
@@ -299,6 +356,7 @@ func (c *Client) revokeStale(ctx context.Context) {
 			if now.Sub(s.at) > slotMaxAge {
 				stale = append(stale, s.name)
 				p.bytes -= n
+				delete(p.seen, n) // unused: counted again before more
 			} else {
 				kept = append(kept, s)
 			}
@@ -397,6 +455,7 @@ func (c *Client) commit(ctx context.Context, items []*putItem) (again []*putItem
 }
 
 // init readies the pool; reserves end with ctx (the client's life).
-func (p *slotPool) init(ctx context.Context) {
+func (p *slotPool) init(ctx context.Context, auto bool) {
 	p.free, p.filling, p.refused, p.ctx = map[uint64][]slot{}, map[uint64]bool{}, map[uint64]bool{}, ctx
+	p.auto, p.seen = auto, map[uint64]int{}
 }

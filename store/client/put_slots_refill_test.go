@@ -39,9 +39,7 @@ func masterCounter(t *testing.T, m *master.Server, name string) int {
 // put's commit).
 func TestReserveLargeValuesNotEveryPut(t *testing.T) {
 	const size = 8 << 20 // slotMaxBytes holds 8 of them, under slotsMin
-	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0"})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = m.Close() })
+	m := startAdminMaster(t)
 	newClient(t, m.Addr(), 160<<20)
 	w := newClient(t, m.Addr(), NoSegment, reservePuts)
 	ctx := ctxT(t)

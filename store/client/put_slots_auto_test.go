@@ -1,0 +1,135 @@
+package client
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/master"
+)
+
+// Without ReservePuts a client takes slots for small values it puts again
+// and again: none for a length put once, slotsMin after the second put of
+// it, which the third put commits into; none for values over
+// autoSlotMaxLen; at most autoSlotBytes in all. Every value reads back.
+func TestAutoSlots(t *testing.T) {
+	m := startAdminMaster(t)
+	newClient(t, m.Addr(), 64<<20)
+	w := newClient(t, m.Addr(), NoSegment)
+	ctx := ctxT(t)
+	put := func(key string, seed uint64, n int) {
+		t.Helper()
+		require.NoError(t, w.Put(ctx, key, value(seed, n), nil))
+		w.slots.wg.Wait()
+	}
+	const small = 4096
+	put("a", 1, small)
+	assert.Zero(t, w.slotsHeld(small), "a length put once reserves nothing")
+	put("b", 2, small)
+	assert.Equal(t, slotsMin, w.slotsHeld(small), "the second put of a length reserves")
+	put("c", 3, small)
+	assert.EqualValues(t, 1, w.slots.used.Load(), "the third put went into a slot")
+	assert.Equal(t, 1, masterCounter(t, m, "master_put_reserve_requests_total"))
+
+	const big = autoSlotMaxLen + 1
+	put("big0", 4, big)
+	put("big1", 5, big)
+	put("big2", 6, big)
+	assert.Zero(t, w.slotsHeld(big), "no slots for values over autoSlotMaxLen")
+
+	// A batch of 128 x 64 KiB asks for slotsAhead batches' worth, and gets
+	// what autoSlotBytes leaves.
+	keys, vals, _ := batch("m", 0, 128, autoSlotMaxLen)
+	for i, err := range w.BatchPut(ctx, keys, vals, nil) {
+		require.NoError(t, err, keys[i])
+	}
+	w.slots.wg.Wait()
+	held := w.slotsHeld(small)*small + w.slotsHeld(autoSlotMaxLen)*autoSlotMaxLen
+	assert.Positive(t, w.slotsHeld(autoSlotMaxLen))
+	assert.LessOrEqual(t, held, autoSlotBytes)
+
+	for i, k := range keys {
+		v, err := w.Get(ctx, k)
+		require.NoError(t, err, k)
+		require.Equal(t, vals[i], v, k)
+	}
+	for i, k := range []string{"a", "b", "c"} {
+		v, err := w.Get(ctx, k)
+		require.NoError(t, err, k)
+		require.Equal(t, value(uint64(i+1), small), v, k)
+	}
+}
+
+// Slots of a length that went unused are given back stale, and the length
+// is counted again: one more put of it reserves nothing, the next does.
+func TestAutoSlotsCountAgainAfterStale(t *testing.T) {
+	m := startMaster(t, master.ServiceConfig{})
+	newClient(t, m.Addr(), 16<<20)
+	w := newClient(t, m.Addr(), NoSegment)
+	ctx := ctxT(t)
+	for i := range 2 {
+		require.NoError(t, w.Put(ctx, string(rune('a'+i)), value(uint64(i), 1000), nil))
+	}
+	w.slots.wg.Wait()
+	require.Equal(t, slotsMin, w.slotsHeld(1000))
+	w.slots.mu.Lock()
+	for i := range w.slots.free[1000] {
+		w.slots.free[1000][i].at = time.Now().Add(-2 * slotMaxAge)
+	}
+	w.slots.mu.Unlock()
+	w.revokeStale(ctx)
+	require.Zero(t, w.slotsHeld(1000))
+
+	require.NoError(t, w.Put(ctx, "c", value(3, 1000), nil))
+	w.slots.wg.Wait()
+	assert.Zero(t, w.slotsHeld(1000), "the first put after the stale slots reserves nothing")
+	require.NoError(t, w.Put(ctx, "d", value(4, 1000), nil))
+	w.slots.wg.Wait()
+	assert.Equal(t, slotsMin, w.slotsHeld(1000))
+	assert.Zero(t, w.slots.used.Load())
+}
+
+// NoAutoSlots: every put starts on the master.
+func TestNoAutoSlots(t *testing.T) {
+	m := startAdminMaster(t)
+	newClient(t, m.Addr(), 16<<20)
+	w := newClient(t, m.Addr(), NoSegment, func(c *Config) { c.NoAutoSlots = true })
+	ctx := ctxT(t)
+	keys, vals, _ := batch("k", 0, 64, 4096)
+	for range 3 {
+		for i, err := range w.BatchPut(ctx, keys, vals, nil) {
+			require.NoError(t, err, keys[i])
+		}
+		w.slots.wg.Wait()
+	}
+	assert.Zero(t, w.slotsHeld(4096))
+	assert.Zero(t, w.slots.used.Load())
+	assert.Zero(t, masterCounter(t, m, "master_put_reserve_requests_total"))
+}
+
+// startAdminMaster starts a master with its admin port, for its metrics.
+func startAdminMaster(t *testing.T) *master.Server {
+	m, err := master.Start(master.ServerConfig{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// MC_STORE_AUTO_SLOTS=0 turns them off as NoAutoSlots does.
+func TestAutoSlotsEnvOff(t *testing.T) {
+	t.Setenv("MC_STORE_AUTO_SLOTS", "0")
+	m := startMaster(t, master.ServiceConfig{})
+	newClient(t, m.Addr(), 16<<20)
+	w := newClient(t, m.Addr(), NoSegment)
+	assert.True(t, w.cfg.NoAutoSlots)
+	keys, vals, _ := batch("k", 0, 8, 4096)
+	for range 2 {
+		for i, err := range w.BatchPut(ctxT(t), keys, vals, nil) {
+			require.NoError(t, err, keys[i])
+		}
+		w.slots.wg.Wait()
+	}
+	assert.Zero(t, w.slotsHeld(4096))
+}
