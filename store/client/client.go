@@ -267,6 +267,15 @@ func (c *Client) Close() error {
 		c.gate.Lock() // the puts and gets in progress finish first
 		c.shut = true
 		c.gate.Unlock()
+		// Reserves on the wire end first (bounded), so that their slots
+		// are given back below: one canceled may still be made by the
+		// master after its reclaim (put_slots.go, reclaimLost) ran.
+		reserved := make(chan struct{})
+		go func() { c.slots.wg.Wait(); close(reserved) }()
+		select {
+		case <-reserved:
+		case <-time.After(5 * time.Second):
+		}
 		c.stop()
 		c.wg.Wait()
 		c.slots.wg.Wait()

@@ -82,14 +82,17 @@ type Config struct {
 	// once they are too old to use (5 s, at the next ping) and all of them
 	// at Close. A master that restarts without a journal knows none of
 	// the slots; the client drops them at its next ping, and the master
-	// holds the segments mounted again meanwhile (its RemountHold), so
-	// that no slot reaches space it gave again. Zero: values of at most
-	// 64 KiB still get slots (see NoAutoSlots); others start on the
-	// master when they are put.
+	// holds the segments mounted again meanwhile (its RemountHold, 10 s
+	// by default, twice a slot's life), which bounds the window in which
+	// a slot could reach space it gave again (docs/tiers-restarts.md).
+	// Zero: values of at most 64 KiB still get slots (see NoAutoSlots);
+	// others start on the master when they are put.
 	ReservePuts bool
 	// NoAutoSlots turns off the slots a client without ReservePuts takes
 	// for small values: values of at most 64 KiB, once it has put two of
-	// a length, with at most 4 MiB of the pool reserved. Zero: small
+	// a length within 5 s, about half as many as it put in the last 5 s,
+	// with at most 4 MiB of values reserved (times their replicas), and
+	// no more per reserve than 1/64 of the pool. Zero: small
 	// values put again and again commit with one round trip, unless
 	// MC_STORE_AUTO_SLOTS is 0 or false (for clients through the C ABI
 	// and Python).

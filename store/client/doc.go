@@ -28,6 +28,11 @@
 // (a KV cache layer by layer): StartPutSession is the PutStart,
 // BatchPutRanges writes pieces into the reserved replicas with no master
 // round trip, EndPutSession is the PutEnd (RevokePutSession the revoke).
+// Values of at most 64 KiB that a client puts again and again (and every
+// value with Config.ReservePuts) go into put slots instead: space reserved
+// on the master while the puts before them were written, written and then
+// committed with one master call (BatchPutCommit) in place of PutStart and
+// PutEnd (put_slots.go).
 //
 // Get looks the replicas up (BatchGetReplicaList, which grants a lease),
 // reads from the nearest complete one — DRAM before SSD; this process,

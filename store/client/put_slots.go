@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -30,9 +32,13 @@ import (
 // Without Config.ReservePuts a client still uses slots for small values,
 // where a put's round trips to the master are most of its time: values of
 // at most autoSlotMaxLen bytes, once it has put autoSlotSeen values of
-// that length (a client that puts a value of some length once reserves
-// nothing for it), within autoSlotBytes. Slots of a length that went
-// unused (given back stale) wait for that many puts of it again.
+// that length within slotMaxAge (a client that puts a value of some length
+// now and then reserves nothing for it), within autoSlotBytes, and as many
+// as half the puts of that length seen in the last slotMaxAge (at least a
+// batch), so that a slow writer's slots are used before they are stale.
+// Those reserves are bounded (PutReserveRequest.bounded): the master
+// answers no more than a small share of its pool holds. Slots of a length
+// that went unused (stale) wait for autoSlotSeen puts of it again.
 
 const (
 	// slotMaxAge is how old a slot may be and still take a value: far
@@ -62,8 +68,11 @@ const (
 	// ReservePuts: slotsAhead batches of 128 x 4 KiB, 64 values of 64 KiB.
 	autoSlotBytes = 4 << 20
 	// autoSlotLengths bounds the lengths the client counts puts of
-	// without ReservePuts; past it the counts start again.
+	// without ReservePuts; past it those without slots are forgotten.
 	autoSlotLengths = 64
+	// refuseFor is how long a length the master refused slots of goes
+	// without: the refusal may be the pool's size, which nodes change.
+	refuseFor = time.Minute
 )
 
 // slot is a put the master started under its own name, not yet committed.
@@ -77,10 +86,10 @@ type slot struct {
 type slotPool struct {
 	mu      sync.Mutex
 	free    map[uint64][]slot
-	filling map[uint64]bool // a reserve of that length is in flight
-	refused map[uint64]bool // the master refused slots of that length
-	bytes   uint64          // held in free and in flight
-	off     atomic.Bool     // the master has no PutReserve
+	filling map[uint64]bool      // a reserve of that length is in flight
+	refused map[uint64]time.Time // when the master refused slots of that length
+	bytes   uint64               // held in free and in flight
+	off     atomic.Bool          // the master has no PutReserve
 	// unpacked: reserves do not ask for their slots packed, as a client
 	// older than PutReserveRequest.packed; set once a packed answer did
 	// not add up (and by tests).
@@ -88,10 +97,17 @@ type slotPool struct {
 	used     atomic.Uint64   // values committed in slots
 	ctx      context.Context // ends at Close
 	wg       sync.WaitGroup  // reserves in flight
-	// auto: slots for small values only (no ReservePuts); seen counts
-	// the puts of each length until it has slots.
+	// auto: slots for small values only (no ReservePuts), by the puts
+	// of each length seen.
 	auto bool
-	seen map[uint64]int
+	use  map[uint64]*lengthUse
+}
+
+// lengthUse is what an auto pool saw of the puts of one length.
+type lengthUse struct {
+	on    bool      // slots are reserved for it
+	puts  int       // values put since since
+	since time.Time // the start of the count, at most slotMaxAge ago
 }
 
 // slotsFor reports whether a put may use slots: a put (not an upsert) with
@@ -111,24 +127,45 @@ func (p *slotPool) budget() uint64 {
 	return slotMaxBytes
 }
 
-// wants reports whether the pool reserves slots of n bytes for a put of
-// k values of that length (p.mu held): always with ReservePuts, else for
-// small values put often enough.
-func (p *slotPool) wants(n uint64, k int) bool {
+// wants returns how many slots of n bytes the pool may hold after a put
+// of k values of that length at now (p.mu held), 0 for none: any number
+// with ReservePuts, else for small values put often enough, half of those
+// put in the last slotMaxAge and at least k.
+func (p *slotPool) wants(n uint64, k int, now time.Time) int {
 	if !p.auto {
-		return true
+		return math.MaxInt
 	}
 	if n > autoSlotMaxLen {
-		return false
+		return 0
 	}
-	if p.seen[n] >= autoSlotSeen {
-		return true
+	u := p.use[n]
+	if u == nil {
+		if len(p.use) >= autoSlotLengths {
+			maps.DeleteFunc(p.use, func(_ uint64, u *lengthUse) bool { return !u.on })
+			if len(p.use) >= autoSlotLengths {
+				clear(p.use)
+			}
+		}
+		u = &lengthUse{since: now}
+		p.use[n] = u
 	}
-	if _, ok := p.seen[n]; !ok && len(p.seen) >= autoSlotLengths {
-		clear(p.seen)
+	if now.Sub(u.since) > slotMaxAge {
+		u.puts, u.since = 0, now
 	}
-	p.seen[n] += k
-	return p.seen[n] >= autoSlotSeen
+	u.puts += k
+	if !u.on && u.puts < autoSlotSeen {
+		return 0
+	}
+	u.on = true
+	return max(k, u.puts/2)
+}
+
+// unused notes that slots of n bytes went stale (p.mu held): an auto pool
+// reserves more only after autoSlotSeen puts of that length again.
+func (p *slotPool) unused(n uint64) {
+	if u := p.use[n]; u != nil {
+		u.on, u.puts = false, 0
+	}
 }
 
 // takeSlots gives items a slot of their length where the pool has one,
@@ -147,6 +184,7 @@ func (c *Client) takeSlots(ctx context.Context, items []*putItem) (rest []*putIt
 			stale = append(stale, free[0].name)
 			p.bytes -= n
 			free = free[1:]
+			p.unused(n)
 		}
 		p.free[n] = free
 	}
@@ -197,6 +235,7 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 	for _, it := range items {
 		want[it.size()]++
 	}
+	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ctx == nil || p.ctx.Err() != nil {
@@ -205,16 +244,17 @@ func (c *Client) refill(rc *storepb.ReplicateConfig, items []*putItem) {
 	for n, k := range want {
 		// Full is also no more than the budget lets the pool hold: half
 		// of a full it can never reach would reserve on every batch.
-		if !p.wants(n, k) {
+		most := p.wants(n, k, now)
+		if most == 0 {
 			continue
 		}
 		have, room := len(p.free[n]), int((p.budget()-min(p.bytes, p.budget()))/n)
-		full := min(max(slotsAhead*k, slotsMin), have+room)
+		full := min(max(slotsAhead*k, slotsMin), have+room, most)
 		if 2*have >= full {
 			continue
 		}
 		k = full - have
-		if k <= 0 || p.filling[n] || p.refused[n] {
+		if k <= 0 || p.filling[n] || now.Sub(p.refused[n]) < refuseFor {
 			continue
 		}
 		p.filling[n] = true
@@ -231,7 +271,7 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	// The nonce is the same on every retry of the call: one whose answer
 	// was lost gets the slots it made rather than more.
 	req := &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc,
-		Nonce: strconv.FormatUint(rand.Uint64(), 36), Packed: !p.unpacked.Load()}
+		Nonce: strconv.FormatUint(rand.Uint64(), 36), Packed: !p.unpacked.Load(), Bounded: p.auto}
 	var resp *storepb.PutReserveResponse
 	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
 		resp, err = rpc.PutReserve(ctx, req)
@@ -242,6 +282,10 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	})
 	if err == nil {
 		err = resp.Result.AsError()
+	} else if resp == nil && !p.off.Load() {
+		// No answer (the call failed, or Close canceled it on the wire):
+		// the master may have made the slots all the same.
+		c.reclaimLost(ctx, req)
 	}
 	now := time.Now()
 	var got []slot
@@ -268,7 +312,7 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	if errors.Is(err, storepb.ErrInvalidParams) {
 		// The length, or slots for this client: asking again gets the
 		// same answer. Puts of that length go the usual way.
-		p.refused[n] = true
+		p.refused[n] = now
 	}
 	p.filling[n] = false
 	p.bytes -= uint64(k) * n
@@ -277,6 +321,30 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	}
 	p.free[n] = append(p.free[n], got...)
 	p.bytes += uint64(len(got)) * n
+}
+
+// reclaimLost gives back the slots of a reserve whose answer was lost:
+// asked again with its nonce, the master answers the slots the first call
+// made (waiting for it if it still runs), or makes them now, and they are
+// revoked. Bounded, and run past the client's context, which Close ends.
+func (c *Client) reclaimLost(ctx context.Context, req *storepb.PutReserveRequest) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	var resp *storepb.PutReserveResponse
+	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.PutReserve(ctx, req)
+		return err
+	})
+	if err != nil || resp.Result.AsError() != nil {
+		return // none made, or the master reclaims them after PutStartReleaseTimeout
+	}
+	names := packedNames(resp.GetPacked(), int(req.Count))
+	for _, sl := range resp.Slots {
+		names = append(names, sl.Slot)
+	}
+	if len(names) > 0 {
+		_ = c.revoke(ctx, names)
+	}
 }
 
 // unpackSlots is the slots of n bytes a reserve of at most k, of reps
@@ -356,7 +424,7 @@ func (c *Client) revokeStale(ctx context.Context) {
 			if now.Sub(s.at) > slotMaxAge {
 				stale = append(stale, s.name)
 				p.bytes -= n
-				delete(p.seen, n) // unused: counted again before more
+				p.unused(n)
 			} else {
 				kept = append(kept, s)
 			}
@@ -456,6 +524,6 @@ func (c *Client) commit(ctx context.Context, items []*putItem) (again []*putItem
 
 // init readies the pool; reserves end with ctx (the client's life).
 func (p *slotPool) init(ctx context.Context, auto bool) {
-	p.free, p.filling, p.refused, p.ctx = map[uint64][]slot{}, map[uint64]bool{}, map[uint64]bool{}, ctx
-	p.auto, p.seen = auto, map[uint64]int{}
+	p.free, p.filling, p.refused, p.ctx = map[uint64][]slot{}, map[uint64]bool{}, map[uint64]time.Time{}, ctx
+	p.auto, p.use = auto, map[uint64]*lengthUse{}
 }

@@ -1,6 +1,8 @@
 package client
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -8,12 +10,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/store/master"
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // Without ReservePuts a client takes slots for small values it puts again
-// and again: none for a length put once, slotsMin after the second put of
-// it, which the third put commits into; none for values over
-// autoSlotMaxLen; at most autoSlotBytes in all. Every value reads back.
+// and again: none for a length put once, one after the second put of it,
+// which the third put commits into, and more per reserve as more puts come
+// (half those of the last slotMaxAge); none for values over
+// autoSlotMaxLen; at most autoSlotBytes in all, and no more per reserve
+// than 1/64 of the pool. Every value reads back.
 func TestAutoSlots(t *testing.T) {
 	m := startAdminMaster(t)
 	newClient(t, m.Addr(), 64<<20)
@@ -28,10 +33,17 @@ func TestAutoSlots(t *testing.T) {
 	put("a", 1, small)
 	assert.Zero(t, w.slotsHeld(small), "a length put once reserves nothing")
 	put("b", 2, small)
-	assert.Equal(t, slotsMin, w.slotsHeld(small), "the second put of a length reserves")
+	assert.Equal(t, 1, w.slotsHeld(small), "the second put of a length reserves")
+	assert.Equal(t, 1, masterCounter(t, m, "master_put_reserve_requests_total"))
 	put("c", 3, small)
 	assert.EqualValues(t, 1, w.slots.used.Load(), "the third put went into a slot")
-	assert.Equal(t, 1, masterCounter(t, m, "master_put_reserve_requests_total"))
+	// A writer putting on: reserves grow with the puts seen.
+	for i := range 30 {
+		put(fmt.Sprintf("r%d", i), uint64(100+i), small)
+	}
+	assert.GreaterOrEqual(t, w.slots.used.Load(), uint64(25), "most puts went into slots")
+	assert.LessOrEqual(t, masterCounter(t, m, "master_put_reserve_requests_total"), 12, "reserves grew")
+	assert.GreaterOrEqual(t, masterCounter(t, m, "master_value_size_bytes_count"), 33, "values put into slots are counted")
 
 	const big = autoSlotMaxLen + 1
 	put("big0", 4, big)
@@ -49,6 +61,8 @@ func TestAutoSlots(t *testing.T) {
 	held := w.slotsHeld(small)*small + w.slotsHeld(autoSlotMaxLen)*autoSlotMaxLen
 	assert.Positive(t, w.slotsHeld(autoSlotMaxLen))
 	assert.LessOrEqual(t, held, autoSlotBytes)
+	// 1/64 of the 64 MiB pool per reserve: 16 slots of 64 KiB.
+	assert.LessOrEqual(t, w.slotsHeld(autoSlotMaxLen), 16)
 
 	for i, k := range keys {
 		v, err := w.Get(ctx, k)
@@ -73,7 +87,7 @@ func TestAutoSlotsCountAgainAfterStale(t *testing.T) {
 		require.NoError(t, w.Put(ctx, string(rune('a'+i)), value(uint64(i), 1000), nil))
 	}
 	w.slots.wg.Wait()
-	require.Equal(t, slotsMin, w.slotsHeld(1000))
+	require.Equal(t, 1, w.slotsHeld(1000))
 	w.slots.mu.Lock()
 	for i := range w.slots.free[1000] {
 		w.slots.free[1000][i].at = time.Now().Add(-2 * slotMaxAge)
@@ -87,7 +101,7 @@ func TestAutoSlotsCountAgainAfterStale(t *testing.T) {
 	assert.Zero(t, w.slotsHeld(1000), "the first put after the stale slots reserves nothing")
 	require.NoError(t, w.Put(ctx, "d", value(4, 1000), nil))
 	w.slots.wg.Wait()
-	assert.Equal(t, slotsMin, w.slotsHeld(1000))
+	assert.Equal(t, 1, w.slotsHeld(1000))
 	assert.Zero(t, w.slots.used.Load())
 }
 
@@ -132,4 +146,73 @@ func TestAutoSlotsEnvOff(t *testing.T) {
 		w.slots.wg.Wait()
 	}
 	assert.Zero(t, w.slotsHeld(4096))
+}
+
+// In a pool too small for a slot within 1/64 of it, the master refuses
+// the bounded reserve: the objects put stay (a reserve would evict them),
+// and the length is not asked for again for refuseFor.
+func TestAutoSlotsSmallPool(t *testing.T) {
+	m := startAdminMaster(t)
+	newClient(t, m.Addr(), 1<<20)
+	w := newClient(t, m.Addr(), NoSegment)
+	ctx := ctxT(t)
+	const n = 64 << 10
+	for i := range 4 {
+		require.NoError(t, w.Put(ctx, fmt.Sprintf("k%d", i), value(uint64(i), n), nil))
+		w.slots.wg.Wait()
+	}
+	assert.Zero(t, w.slotsHeld(n))
+	assert.Equal(t, 1, masterCounter(t, m, "master_put_reserve_requests_total"), "refused once, not asked again")
+	w.slots.mu.Lock()
+	assert.False(t, w.slots.refused[n].IsZero())
+	w.slots.mu.Unlock()
+	for i := range 4 {
+		v, err := w.Get(ctx, fmt.Sprintf("k%d", i))
+		require.NoError(t, err)
+		require.Equal(t, value(uint64(i), n), v)
+	}
+	// A length 1/64 of the pool holds: slots, so the refusal was the size.
+	for i := range 2 {
+		require.NoError(t, w.Put(ctx, fmt.Sprintf("s%d", i), value(uint64(i), 4096), nil))
+		w.slots.wg.Wait()
+	}
+	assert.Positive(t, w.slotsHeld(4096))
+}
+
+// A client that closes while a reserve is on the wire leaves no slot on
+// the master: the reserve, canceled, is asked again with its nonce and
+// what it made revoked.
+func TestAutoSlotsNoneLeftAtClose(t *testing.T) {
+	m := startAdminMaster(t)
+	newClient(t, m.Addr(), 64<<20)
+	for i := range 20 {
+		w := newClient(t, m.Addr(), NoSegment)
+		for j := range 2 {
+			require.NoError(t, w.Put(ctxT(t), fmt.Sprintf("c%d/%d", i, j), value(uint64(j), 4096), nil))
+		}
+		require.NoError(t, w.Close()) // the reserve the second put started may run
+	}
+	st := m.Service().Stats()
+	assert.Equal(t, uint64(40*4096), st.Used, "only the objects put hold space: %d slots left", (int64(st.Used)-40*4096)/4096)
+}
+
+// A reserve whose answer was lost (made on the master, never pooled) is
+// reclaimed: asked again with its nonce, its slots are revoked.
+func TestReclaimLostReserve(t *testing.T) {
+	m := startAdminMaster(t)
+	newClient(t, m.Addr(), 16<<20)
+	w := newClient(t, m.Addr(), NoSegment, func(c *Config) { c.NoAutoSlots = true })
+	ctx := ctxT(t)
+	req := &storepb.PutReserveRequest{ClientId: w.id, ValueLength: 4096, Count: 8, Nonce: "lost1", Packed: true}
+	err := w.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
+		resp, err := rpc.PutReserve(ctx, req)
+		if err == nil {
+			require.Len(t, resp.GetPacked().GetIndex(), 8) // the answer the client never got
+		}
+		return err
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, 8*4096, m.Service().Stats().Used)
+	w.reclaimLost(ctx, req)
+	assert.Zero(t, m.Service().Stats().Used, "the lost slots were revoked")
 }

@@ -77,7 +77,7 @@ func newMetrics(s *Server) *metrics {
 	m := &metrics{srv: s, reg: prometheus.NewRegistry(), rpcs: make(map[string]*rpcCounts),
 		sum: summaryState{at: time.Now()}}
 	m.valueSize = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "master_value_size_bytes",
-		Help: "Sizes of the values put (each PutStart that placed its value).", Buckets: valueSizeBuckets})
+		Help: "Sizes of the values put (each PutStart that placed its value, and each put slot reserved).", Buckets: valueSizeBuckets})
 	for _, md := range storepb.Master_ServiceDesc.Methods {
 		m.counters(md.MethodName)
 	}
@@ -364,6 +364,12 @@ func (m *metrics) observe(req, resp any) {
 			if i < len(items) {
 				put(items[i], it)
 			}
+		}
+	case *storepb.PutReserveResponse:
+		// Slots are puts placed ahead of their values.
+		n := float64(req.(*storepb.PutReserveRequest).GetValueLength())
+		for range max(len(v.GetPacked().GetIndex()), len(v.GetSlots())) {
+			m.valueSize.Observe(n)
 		}
 	case *storepb.GetReplicaListResponse:
 		m.lookup(v)

@@ -66,7 +66,7 @@ func isSlot(key string) bool { return strings.HasPrefix(key, slotPrefix) }
 // reserves as many as fit and a batch put may start, at least one, else
 // answers as PutStart would.
 func (s *Service) PutReserve(ctx context.Context, t, clientID string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
-	slots, err := s.reserve(ctx, t, clientID, "", length, count, cfg)
+	slots, err := s.reserve(ctx, t, clientID, "", length, count, cfg, false)
 	return describeSlots(slots), err
 }
 
@@ -131,13 +131,14 @@ func packSlots(slots []reservedSlot, length uint64) (*storepb.PackedSlots, bool)
 }
 
 // reserve is PutReserve with the slots named after clientID and nonce,
-// when nonce is set: a reserve whose answer was lost, asked again with the
+// when nonce is set, and bounded to 1/boundedShare of the DRAM pool when
+// bounded is (PutReserveRequest.bounded): a reserve whose answer was lost, asked again with the
 // same nonce (a retry, maybe to the next leader, which has the slots from
 // the journal), answers the slots it made, still in flight, instead of
 // making more that nobody would use until the master reclaims them. A
 // retry that overtook the first call (its connection dropped while the
 // handler ran on) waits for it, so as to answer every slot it made.
-func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]reservedSlot, error) {
+func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig, bounded bool) ([]reservedSlot, error) {
 	switch {
 	case len(nonce) > maxNonce:
 		return nil, storeErr(storepb.InvalidParams, "reserve nonce of %d bytes (max %d)", len(nonce), maxNonce)
@@ -153,6 +154,18 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		return nil, storeErr(storepb.InvalidParams, "reserve of slots of %d bytes (max_batch_value_size %d)", length, s.cfg.MaxBatchValueBytes)
 	}
 	count = min(count, s.cfg.MaxBatch, int(min(s.cfg.MaxBatchValueBytes/length, uint64(s.cfg.MaxBatch))))
+	if bounded {
+		s.segMu.Lock()
+		capacity, _ := s.usageLocked(storepb.Medium_MEDIUM_DRAM)
+		s.segMu.Unlock()
+		each := length * uint64(max(cfg.GetReplicaNum(), 1))
+		fit := capacity / boundedShare / each
+		if fit == 0 {
+			return nil, storeErr(storepb.InvalidParams, "slots of %d bytes x %d replicas: 1/%d of the DRAM pool (%d bytes) holds none",
+				length, max(cfg.GetReplicaNum(), 1), boundedShare, capacity)
+		}
+		count = int(min(uint64(count), fit))
+	}
 	// A slot is one allocation, which the client fills with values end
 	// to end: never striped. Values that are (asked, or over the master's
 	// StripeMinSize) get no slots; their puts go the usual way.
@@ -234,6 +247,10 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 
 // maxNonce bounds the nonce of a reserve, which is part of its slots' names.
 const maxNonce = 64
+
+// boundedShare: a bounded reserve takes at most 1/boundedShare of the DRAM
+// pool's capacity.
+const boundedShare = 64
 
 // reserved returns the slots stem+from, ..., stem+(count-1) of length
 // bytes that clientID has in flight: those an earlier reserve under the
@@ -373,7 +390,7 @@ func (g *GRPCServer) PutReserve(ctx context.Context, req *storepb.PutReserveRequ
 	if err != nil {
 		return nil, err
 	}
-	slots, err := g.svc.Load().reserve(ctx, t, req.ClientId, req.Nonce, req.ValueLength, int(req.Count), req.Config)
+	slots, err := g.svc.Load().reserve(ctx, t, req.ClientId, req.Nonce, req.ValueLength, int(req.Count), req.Config, req.Bounded)
 	resp := &storepb.PutReserveResponse{Result: storepb.NewResult(err)}
 	if req.Packed {
 		if p, ok := packSlots(slots, req.ValueLength); ok {

@@ -48,14 +48,14 @@ func TestPutReserveRetryWaitsForFirst(t *testing.T) {
 	}
 	firstDone := make(chan answer, 1)
 	go func() {
-		sl, err := s.reserve(context.Background(), DefaultTenant, "a", "nonce1", L, 4, nil)
+		sl, err := s.reserve(context.Background(), DefaultTenant, "a", "nonce1", L, 4, nil, false)
 		firstDone <- answer{len(sl), err}
 	}()
 	<-j.held // the first call made slots 0 and 1 and waits in startEvicting
 
 	retryDone := make(chan answer, 1)
 	go func() {
-		sl, err := s.reserve(context.Background(), DefaultTenant, "a", "nonce1", L, 4, nil)
+		sl, err := s.reserve(context.Background(), DefaultTenant, "a", "nonce1", L, 4, nil, false)
 		retryDone <- answer{len(sl), err}
 	}()
 	var retry answer
@@ -83,7 +83,7 @@ func TestPutReserveNonceCountBounded(t *testing.T) {
 	require.NoError(t, s.MountSegment(t.Context(), "n", seg("1", 1<<20, 1<<20)))
 	done := make(chan int, 1)
 	go func() {
-		sl, _ := s.reserve(context.Background(), DefaultTenant, "a", "big", 4096, int(^uint32(0)), nil)
+		sl, _ := s.reserve(context.Background(), DefaultTenant, "a", "big", 4096, int(^uint32(0)), nil, false)
 		done <- len(sl)
 	}()
 	select {

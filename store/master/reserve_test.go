@@ -233,7 +233,7 @@ func TestSlotKey(t *testing.T) {
 // describedReserve is Service.reserve with its slots as the protocol
 // describes them, to compare.
 func describedReserve(s *Service, ctx context.Context, t, clientID, nonce string, length uint64, count int, cfg *storepb.ReplicateConfig) ([]*storepb.PutSlot, error) {
-	slots, err := s.reserve(ctx, t, clientID, nonce, length, count, cfg)
+	slots, err := s.reserve(ctx, t, clientID, nonce, length, count, cfg, false)
 	return describeSlots(slots), err
 }
 
@@ -245,7 +245,7 @@ func TestPackSlots(t *testing.T) {
 	ctx := t.Context()
 	require.NoError(t, s.MountSegment(ctx, "n1", seg("1", 1<<20, 1<<20)))
 	require.NoError(t, s.MountSegment(ctx, "n2", seg("2", 1<<30, 1<<20)))
-	slots, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 16, &storepb.ReplicateConfig{ReplicaNum: 2})
+	slots, err := s.reserve(ctx, DefaultTenant, "a", "x1", 4096, 16, &storepb.ReplicateConfig{ReplicaNum: 2}, false)
 	require.NoError(t, err)
 	require.Len(t, slots, 16)
 	p, ok := packSlots(slots, 4096)

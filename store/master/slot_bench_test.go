@@ -26,7 +26,7 @@ func BenchmarkSlotPutCycle(b *testing.B) {
 			require.NoError(b, s.MountSegment(b.Context(), "c1", seg("1", 0, uint64(pool)*size)))
 			next := 0
 			cycle := func() {
-				slots, err := s.reserve(b.Context(), DefaultTenant, "c1", "", size, batch, nil)
+				slots, err := s.reserve(b.Context(), DefaultTenant, "c1", "", size, batch, nil, false)
 				require.NoError(b, err)
 				for _, sl := range slots {
 					_, err := s.commitSeq(DefaultTenant, "c1", sl.name, fmt.Sprint("key-", next), 7)

@@ -1257,7 +1257,13 @@ type PutReserveRequest struct {
 	// pack: hundreds of slots then cost a few arrays instead of messages
 	// and strings each. A master that answers slots did not pack them (or
 	// predates the field).
-	Packed        bool `protobuf:"varint,6,opt,name=packed,proto3" json:"packed,omitempty"`
+	Packed bool `protobuf:"varint,6,opt,name=packed,proto3" json:"packed,omitempty"`
+	// bounded: the client reserves on its own, not told to by its user
+	// (slots for small values): the master answers no more slots than
+	// 1/64 of its DRAM capacity holds, and none (INVALID_PARAMS) where not
+	// one fits, so that slots a client may not use never take a small pool
+	// from its objects.
+	Bounded       bool `protobuf:"varint,7,opt,name=bounded,proto3" json:"bounded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1330,6 +1336,13 @@ func (x *PutReserveRequest) GetNonce() string {
 func (x *PutReserveRequest) GetPacked() bool {
 	if x != nil {
 		return x.Packed
+	}
+	return false
+}
+
+func (x *PutReserveRequest) GetBounded() bool {
+	if x != nil {
+		return x.Bounded
 	}
 	return false
 }
@@ -2893,14 +2906,15 @@ const file_master_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bchecksum\x18\x03 \x01(\rR\bchecksum\"L\n" +
 	"\x12BatchPutEndRequest\x126\n" +
-	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\"\xd3\x01\n" +
+	"\x05items\x18\x01 \x03(\v2 .mooncake.store.v1.PutEndRequestR\x05items\"\xed\x01\n" +
 	"\x11PutReserveRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12!\n" +
 	"\fvalue_length\x18\x02 \x01(\x04R\vvalueLength\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12:\n" +
 	"\x06config\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicateConfigR\x06config\x12\x14\n" +
 	"\x05nonce\x18\x05 \x01(\tR\x05nonce\x12\x16\n" +
-	"\x06packed\x18\x06 \x01(\bR\x06packed\"U\n" +
+	"\x06packed\x18\x06 \x01(\bR\x06packed\x12\x18\n" +
+	"\abounded\x18\a \x01(\bR\abounded\"U\n" +
 	"\aPutSlot\x12\x12\n" +
 	"\x04slot\x18\x01 \x01(\tR\x04slot\x126\n" +
 	"\breplicas\x18\x02 \x03(\v2\x1a.mooncake.store.v1.ReplicaR\breplicas\"\xc5\x01\n" +
