@@ -268,8 +268,9 @@ func (c *Client) Close() error {
 		c.shut = true
 		c.gate.Unlock()
 		// Reserves on the wire end first (bounded), so that their slots
-		// are given back below: one canceled may still be made by the
-		// master after its reclaim (put_slots.go, reclaimLost) ran.
+		// are given back below: the master makes a reserve's slots even
+		// when its caller stopped waiting, and would hold them until
+		// PutStartReleaseTimeout.
 		reserved := make(chan struct{})
 		go func() { c.slots.wg.Wait(); close(reserved) }()
 		select {

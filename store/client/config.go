@@ -89,10 +89,11 @@ type Config struct {
 	// others start on the master when they are put.
 	ReservePuts bool
 	// NoAutoSlots turns off the slots a client without ReservePuts takes
-	// for small values: values of at most 64 KiB, once it has put two of
-	// a length within 5 s, about half as many as it put in the last 5 s,
-	// with at most 4 MiB of values reserved (times their replicas), and
-	// no more per reserve than 1/64 of the pool. Zero: small
+	// for small values: values of at most 64 KiB, from its second put
+	// (or batch put) of a length within 5 s of the one before, about half
+	// as many as it put of that length in the last 5 s, with at most
+	// 4 MiB of values reserved (times their replicas), and no more per
+	// reserve than 1/64 of the pool. Zero: small
 	// values put again and again commit with one round trip, unless
 	// MC_STORE_AUTO_SLOTS is 0 or false (for clients through the C ABI
 	// and Python).

@@ -31,14 +31,15 @@ import (
 //
 // Without Config.ReservePuts a client still uses slots for small values,
 // where a put's round trips to the master are most of its time: values of
-// at most autoSlotMaxLen bytes, once it has put autoSlotSeen values of
-// that length within slotMaxAge (a client that puts a value of some length
-// now and then reserves nothing for it), within autoSlotBytes, and as many
-// as half the puts of that length seen in the last slotMaxAge (at least a
-// batch), so that a slow writer's slots are used before they are stale.
-// Those reserves are bounded (PutReserveRequest.bounded): the master
-// answers no more than a small share of its pool holds. Slots of a length
-// that went unused (stale) wait for autoSlotSeen puts of it again.
+// at most autoSlotMaxLen bytes, from its second put (or batch put) of that
+// length within slotMaxAge of the one before (a client that puts a value
+// of some length now and then, or in bursts further apart, reserves
+// nothing for it), within autoSlotBytes, and as many as half its puts of
+// that length in about the last slotMaxAge (at least the batch), so that a
+// slow writer's slots are used before they are stale. Those reserves are
+// bounded (PutReserveRequest.bounded): the master answers no more than a
+// small share of its pool holds. A length whose slots went unused (stale)
+// starts over.
 
 const (
 	// slotMaxAge is how old a slot may be and still take a value: far
@@ -61,9 +62,6 @@ const (
 	// ReservePuts: above it a put's bytes, not its round trips, take
 	// most of its time, and a batch's slots would hold megabytes.
 	autoSlotMaxLen = 64 << 10
-	// autoSlotSeen is how many values of a length a client puts before
-	// it reserves slots of that length without ReservePuts.
-	autoSlotSeen = 2
 	// autoSlotBytes bounds the space a client holds in slots without
 	// ReservePuts: slotsAhead batches of 128 x 4 KiB, 64 values of 64 KiB.
 	autoSlotBytes = 4 << 20
@@ -103,11 +101,13 @@ type slotPool struct {
 	use  map[uint64]*lengthUse
 }
 
-// lengthUse is what an auto pool saw of the puts of one length.
+// lengthUse is what an auto pool saw of the puts of one length: values
+// put in windows of slotMaxAge, the current one and the one before.
 type lengthUse struct {
-	on    bool      // slots are reserved for it
-	puts  int       // values put since since
-	since time.Time // the start of the count, at most slotMaxAge ago
+	on        bool      // slots are reserved for it
+	cur, prev int       // values put in the current window, the one before
+	since     time.Time // the current window's start
+	last      time.Time // the last put; zero: none since the length started over
 }
 
 // slotsFor reports whether a put may use slots: a put (not an upsert) with
@@ -129,8 +129,8 @@ func (p *slotPool) budget() uint64 {
 
 // wants returns how many slots of n bytes the pool may hold after a put
 // of k values of that length at now (p.mu held), 0 for none: any number
-// with ReservePuts, else for small values put often enough, half of those
-// put in the last slotMaxAge and at least k.
+// with ReservePuts, else for small values put again within slotMaxAge,
+// half of those put in about the last slotMaxAge and at least k.
 func (p *slotPool) wants(n uint64, k int, now time.Time) int {
 	if !p.auto {
 		return math.MaxInt
@@ -149,22 +149,30 @@ func (p *slotPool) wants(n uint64, k int, now time.Time) int {
 		u = &lengthUse{since: now}
 		p.use[n] = u
 	}
-	if now.Sub(u.since) > slotMaxAge {
-		u.puts, u.since = 0, now
+	switch age := now.Sub(u.since); {
+	case age > 2*slotMaxAge:
+		u.cur, u.prev, u.since = 0, 0, now
+	case age > slotMaxAge:
+		u.cur, u.prev, u.since = 0, u.cur, now
 	}
-	u.puts += k
-	if !u.on && u.puts < autoSlotSeen {
+	again := !u.last.IsZero() && now.Sub(u.last) <= slotMaxAge
+	u.last = now
+	u.cur += k
+	if !u.on && !again {
 		return 0
 	}
 	u.on = true
-	return max(k, u.puts/2)
+	// The window before, weighed by how much of it is within slotMaxAge.
+	left := slotMaxAge - now.Sub(u.since)
+	recent := u.cur + int(int64(u.prev)*int64(left)/int64(slotMaxAge))
+	return max(k, recent/2)
 }
 
-// unused notes that slots of n bytes went stale (p.mu held): an auto pool
-// reserves more only after autoSlotSeen puts of that length again.
+// unused notes that slots of n bytes went stale (p.mu held): the length
+// starts over, an auto pool reserving more only from its second put again.
 func (p *slotPool) unused(n uint64) {
 	if u := p.use[n]; u != nil {
-		u.on, u.puts = false, 0
+		*u = lengthUse{since: u.since}
 	}
 }
 
@@ -282,10 +290,6 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	})
 	if err == nil {
 		err = resp.Result.AsError()
-	} else if resp == nil && !p.off.Load() {
-		// No answer (the call failed, or Close canceled it on the wire):
-		// the master may have made the slots all the same.
-		c.reclaimLost(ctx, req)
 	}
 	now := time.Now()
 	var got []slot
@@ -321,30 +325,6 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	}
 	p.free[n] = append(p.free[n], got...)
 	p.bytes += uint64(len(got)) * n
-}
-
-// reclaimLost gives back the slots of a reserve whose answer was lost:
-// asked again with its nonce, the master answers the slots the first call
-// made (waiting for it if it still runs), or makes them now, and they are
-// revoked. Bounded, and run past the client's context, which Close ends.
-func (c *Client) reclaimLost(ctx context.Context, req *storepb.PutReserveRequest) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	var resp *storepb.PutReserveResponse
-	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
-		resp, err = rpc.PutReserve(ctx, req)
-		return err
-	})
-	if err != nil || resp.Result.AsError() != nil {
-		return // none made, or the master reclaims them after PutStartReleaseTimeout
-	}
-	names := packedNames(resp.GetPacked(), int(req.Count))
-	for _, sl := range resp.Slots {
-		names = append(names, sl.Slot)
-	}
-	if len(names) > 0 {
-		_ = c.revoke(ctx, names)
-	}
 }
 
 // unpackSlots is the slots of n bytes a reserve of at most k, of reps

@@ -1,8 +1,8 @@
 package client
 
 import (
-	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/store/master"
-	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // Without ReservePuts a client takes slots for small values it puts again
@@ -51,9 +50,16 @@ func TestAutoSlots(t *testing.T) {
 	put("big2", 6, big)
 	assert.Zero(t, w.slotsHeld(big), "no slots for values over autoSlotMaxLen")
 
-	// A batch of 128 x 64 KiB asks for slotsAhead batches' worth, and gets
-	// what autoSlotBytes leaves.
+	// One batch of 128 x 64 KiB reserves nothing (a burst now and then);
+	// the next asks for slotsAhead batches' worth, and gets what
+	// autoSlotBytes leaves and the master's bound allows.
 	keys, vals, _ := batch("m", 0, 128, autoSlotMaxLen)
+	for i, err := range w.BatchPut(ctx, keys, vals, nil) {
+		require.NoError(t, err, keys[i])
+	}
+	w.slots.wg.Wait()
+	assert.Zero(t, w.slotsHeld(autoSlotMaxLen))
+	keys, vals, _ = batch("m", 128, 128, autoSlotMaxLen)
 	for i, err := range w.BatchPut(ctx, keys, vals, nil) {
 		require.NoError(t, err, keys[i])
 	}
@@ -180,8 +186,7 @@ func TestAutoSlotsSmallPool(t *testing.T) {
 }
 
 // A client that closes while a reserve is on the wire leaves no slot on
-// the master: the reserve, canceled, is asked again with its nonce and
-// what it made revoked.
+// the master: Close lets the reserve end, then gives its slots back.
 func TestAutoSlotsNoneLeftAtClose(t *testing.T) {
 	m := startAdminMaster(t)
 	newClient(t, m.Addr(), 64<<20)
@@ -196,23 +201,46 @@ func TestAutoSlotsNoneLeftAtClose(t *testing.T) {
 	assert.Equal(t, uint64(40*4096), st.Used, "only the objects put hold space: %d slots left", (int64(st.Used)-40*4096)/4096)
 }
 
-// A reserve whose answer was lost (made on the master, never pooled) is
-// reclaimed: asked again with its nonce, its slots are revoked.
-func TestReclaimLostReserve(t *testing.T) {
-	m := startAdminMaster(t)
-	newClient(t, m.Addr(), 16<<20)
-	w := newClient(t, m.Addr(), NoSegment, func(c *Config) { c.NoAutoSlots = true })
-	ctx := ctxT(t)
-	req := &storepb.PutReserveRequest{ClientId: w.id, ValueLength: 4096, Count: 8, Nonce: "lost1", Packed: true}
-	err := w.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) error {
-		resp, err := rpc.PutReserve(ctx, req)
-		if err == nil {
-			require.Len(t, resp.GetPacked().GetIndex(), 8) // the answer the client never got
+// The auto policy on a clock of its own: bursts further apart than
+// slotMaxAge never get slots (they would go stale); closer ones do from
+// the second; a steady writer's allowance follows its rate across the
+// windows' turns instead of falling to one batch; a length whose slots
+// went unused starts over.
+func TestAutoSlotsPolicy(t *testing.T) {
+	var p slotPool
+	p.init(t.Context(), true)
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+
+	for i := range 4 {
+		assert.Zero(t, p.wants(4096, 64, at(time.Duration(i)*(slotMaxAge+time.Second))), "burst %d", i)
+	}
+	assert.Zero(t, p.wants(1000, 64, at(0)))
+	assert.Equal(t, 64, p.wants(1000, 64, at(4*time.Second)), "a second burst within slotMaxAge")
+
+	// 128 values every 100 ms: 1280 a second.
+	var before, after int
+	for i := range 120 {
+		d := time.Duration(i) * 100 * time.Millisecond
+		w := p.wants(512, 128, at(d))
+		if i > 0 {
+			assert.Positive(t, w, "at %v", d)
 		}
-		return err
-	})
-	require.NoError(t, err)
-	require.EqualValues(t, 8*4096, m.Service().Stats().Used)
-	w.reclaimLost(ctx, req)
-	assert.Zero(t, m.Service().Stats().Used, "the lost slots were revoked")
+		switch d {
+		case 4900 * time.Millisecond:
+			before = w
+		case 5200 * time.Millisecond:
+			after = w
+		}
+	}
+	assert.Greater(t, before, 128*10)
+	assert.Greater(t, after, before/2, "the window's turn keeps most of the allowance")
+
+	p.unused(1000)
+	assert.Zero(t, p.wants(1000, 1, at(5*time.Second)), "unused: starts over")
+	assert.Equal(t, 1, p.wants(1000, 1, at(6*time.Second)))
+
+	var all slotPool
+	all.init(t.Context(), false)
+	assert.Equal(t, math.MaxInt, all.wants(1<<30, 1, at(0)), "ReservePuts: every length, every time")
 }

@@ -154,18 +154,6 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		return nil, storeErr(storepb.InvalidParams, "reserve of slots of %d bytes (max_batch_value_size %d)", length, s.cfg.MaxBatchValueBytes)
 	}
 	count = min(count, s.cfg.MaxBatch, int(min(s.cfg.MaxBatchValueBytes/length, uint64(s.cfg.MaxBatch))))
-	if bounded {
-		s.segMu.Lock()
-		capacity, _ := s.usageLocked(storepb.Medium_MEDIUM_DRAM)
-		s.segMu.Unlock()
-		each := length * uint64(max(cfg.GetReplicaNum(), 1))
-		fit := capacity / boundedShare / each
-		if fit == 0 {
-			return nil, storeErr(storepb.InvalidParams, "slots of %d bytes x %d replicas: 1/%d of the DRAM pool (%d bytes) holds none",
-				length, max(cfg.GetReplicaNum(), 1), boundedShare, capacity)
-		}
-		count = int(min(uint64(count), fit))
-	}
 	// A slot is one allocation, which the client fills with values end
 	// to end: never striped. Values that are (asked, or over the master's
 	// StripeMinSize) get no slots; their puts go the usual way.
@@ -212,6 +200,15 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 			}
 		}
 	}
+	if bounded {
+		// After the nonce's lookup: a retry answers every slot its first
+		// call made, whatever the pool holds now.
+		fit, err := s.boundedSlots(length, cfg)
+		if err != nil {
+			return nil, err
+		}
+		count = int(min(uint64(count), fit))
+	}
 	var (
 		out  []reservedSlot
 		last uint64
@@ -243,6 +240,26 @@ func (s *Service) reserve(ctx context.Context, t, clientID, nonce string, length
 		return nil, err
 	}
 	return out, nil
+}
+
+// boundedSlots is how many slots of length bytes (cfg's replicas each)
+// 1/boundedShare of the DRAM pool holds: an error when none, refused
+// (InvalidParams) where the pool is too small, NoAvailableHandle before any
+// segment is mounted.
+func (s *Service) boundedSlots(length uint64, cfg *storepb.ReplicateConfig) (uint64, error) {
+	s.segMu.Lock()
+	capacity, _ := s.usageLocked(storepb.Medium_MEDIUM_DRAM)
+	s.segMu.Unlock()
+	if capacity == 0 {
+		return 0, storeErr(storepb.NoAvailableHandle, "no DRAM segment mounted")
+	}
+	reps := uint64(max(cfg.GetReplicaNum(), 1))
+	// Divided, never multiplied: length and replicas are the caller's.
+	if fit := capacity / boundedShare / length / reps; fit > 0 {
+		return fit, nil
+	}
+	return 0, storeErr(storepb.InvalidParams, "slots of %d bytes x %d replicas: 1/%d of the DRAM pool (%d bytes) holds none",
+		length, reps, boundedShare, capacity)
 }
 
 // maxNonce bounds the nonce of a reserve, which is part of its slots' names.

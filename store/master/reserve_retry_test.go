@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
 // gateJournal is a memJournal whose first wait blocks until release is
@@ -92,4 +94,44 @@ func TestPutReserveNonceCountBounded(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a reserve of 2^32-1 slots with a nonce still runs after 10 s (bounded to max_batch_size, it takes microseconds)")
 	}
+}
+
+// A bounded reserve (slots a client takes on its own) makes no more slots
+// than 1/boundedShare of the DRAM pool holds; none where not one fits
+// (InvalidParams), or before any segment is mounted (NoAvailableHandle);
+// lengths and replica counts whose product overflows are refused, not a
+// division by zero. A retry of its nonce answers every slot the first call
+// made, even after the pool shrank.
+func TestPutReserveBounded(t *testing.T) {
+	s, _ := newTestService(t, ServiceConfig{MaxBatchValueBytes: 1 << 44})
+	ctx := t.Context()
+	_, err := s.reserve(ctx, DefaultTenant, "a", "n0", 4096, 8, nil, true)
+	assert.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
+
+	require.NoError(t, s.MountSegment(ctx, "n1", seg("1", 1<<20, 16<<20)))
+	require.NoError(t, s.MountSegment(ctx, "n2", seg("2", 1<<30, 16<<20)))
+	sl, err := s.reserve(ctx, DefaultTenant, "a", "n1", 4096, 1024, nil, true)
+	require.NoError(t, err)
+	assert.Len(t, sl, (32<<20)/boundedShare/4096, "1/64 of 32 MiB")
+	sl, err = s.reserve(ctx, DefaultTenant, "a", "n2", 4096, 1024, &storepb.ReplicateConfig{ReplicaNum: 2}, true)
+	require.NoError(t, err)
+	assert.Len(t, sl, (32<<20)/boundedShare/4096/2, "each slot takes two replicas")
+	sl, err = s.reserve(ctx, DefaultTenant, "a", "n3", 4096, 1024, nil, false)
+	require.NoError(t, err)
+	assert.Len(t, sl, 1024, "unbounded")
+
+	_, err = s.reserve(ctx, DefaultTenant, "a", "n4", 1<<20, 1, nil, true)
+	assert.ErrorIs(t, err, storepb.ErrInvalidParams, "1 MiB > 1/64 of 32 MiB")
+	_, err = s.reserve(ctx, DefaultTenant, "a", "n5", 1<<44, 1, &storepb.ReplicateConfig{ReplicaNum: 1 << 20}, true)
+	assert.ErrorIs(t, err, storepb.ErrInvalidParams)
+
+	// A retry after the pool shrank answers every slot its first call made.
+	on1 := &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}}
+	sl, err = s.reserve(ctx, DefaultTenant, "b", "n6", 4096, 1024, on1, true)
+	require.NoError(t, err)
+	require.Len(t, sl, (32<<20)/boundedShare/4096)
+	require.NoError(t, s.UnmountSegment(ctx, "n2", "2"))
+	again, err := s.reserve(ctx, DefaultTenant, "b", "n6", 4096, 1024, on1, true)
+	require.NoError(t, err)
+	assert.Len(t, again, len(sl), "the retry answers the first call's slots, not 1/64 of what is left")
 }

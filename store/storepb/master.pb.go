@@ -1259,10 +1259,10 @@ type PutReserveRequest struct {
 	// predates the field).
 	Packed bool `protobuf:"varint,6,opt,name=packed,proto3" json:"packed,omitempty"`
 	// bounded: the client reserves on its own, not told to by its user
-	// (slots for small values): the master answers no more slots than
-	// 1/64 of its DRAM capacity holds, and none (INVALID_PARAMS) where not
-	// one fits, so that slots a client may not use never take a small pool
-	// from its objects.
+	// (slots for small values): the master makes no more slots in this
+	// reserve than 1/64 of its DRAM capacity holds, and none
+	// (INVALID_PARAMS) where not one fits, so that a reserve of slots a
+	// client may not use takes little of a small pool from its objects.
 	Bounded       bool `protobuf:"varint,7,opt,name=bounded,proto3" json:"bounded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
