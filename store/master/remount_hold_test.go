@@ -1,8 +1,10 @@
 package master
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -298,4 +300,19 @@ func TestRemountHoldMessage(t *testing.T) {
 	_, err = s.PutStart(ctx, "c", "big", 2<<20, nil)
 	require.ErrorIs(t, err, storepb.ErrNoAvailableHandle)
 	assert.NotContains(t, err.Error(), "held", "a 1 MiB segment held cannot take 2 MiB")
+}
+
+// A hold that starts is logged, naming the segment and how long it lasts;
+// a first mount logs nothing.
+func TestRemountHoldLogged(t *testing.T) {
+	var buf bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	s, _ := newTestService(t, ServiceConfig{})
+	ctx := t.Context()
+	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))
+	assert.NotContains(t, buf.String(), "held from new replicas")
+	require.NoError(t, s.ReMountSegment(ctx, "b", []*storepb.Segment{seg("2", 4<<20, 1<<20)}, true))
+	assert.Contains(t, buf.String(), `msg="master: segment mounted again, held from new replicas" segment=2 name=node-2 client=b for=10s`)
 }

@@ -3,6 +3,7 @@ package master
 import (
 	"cmp"
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -135,6 +136,7 @@ func (s *Service) mountLocked(clientID string, seg *storepb.Segment, heldUntil t
 	}
 	sg := newSegment(clientID, seg, a, len(s.segList))
 	sg.heldUntil = heldUntil
+	s.logHold(sg)
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
 	if sg.medium == storepb.Medium_MEDIUM_DISK {
@@ -516,6 +518,14 @@ func (s *Service) remountHoldEnd(again bool) time.Time {
 		return time.Time{}
 	}
 	return s.now().Add(s.cfg.RemountHold)
+}
+
+// logHold says that sg, just mounted, is held from new replicas.
+func (s *Service) logHold(sg *segment) {
+	if !sg.heldUntil.IsZero() {
+		slog.Info("master: segment mounted again, held from new replicas", "segment", sg.id, "name", sg.name,
+			"client", sg.client, "for", sg.heldUntil.Sub(s.now()).Round(time.Millisecond))
+	}
 }
 
 // placeableLocked reports whether puts may go to sg: DRAM (SSD tiers take

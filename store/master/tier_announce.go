@@ -203,6 +203,7 @@ func (s *Service) MountDisk(ctx context.Context, clientID string, seg *storepb.S
 	}
 	sg := newSegment(clientID, seg, a, len(s.segList))
 	sg.heldUntil = s.remountHoldEnd(again)
+	s.logHold(sg)
 	s.segs[sg.id] = sg
 	s.segList = append(s.segList, sg)
 	s.diskTiers.Add(1)
