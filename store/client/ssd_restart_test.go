@@ -3,16 +3,15 @@ package client
 import (
 	"bytes"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mooncake-go/mooncake/internal/logtest"
 	"github.com/mooncake-go/mooncake/store/master"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -26,33 +25,6 @@ func offloadAll(t *testing.T, m *master.Server, node *Client, n, size int) {
 		require.NoError(t, node.Put(ctx, fmt.Sprintf("s%d", i), value(uint64(i), size), nil))
 	}
 	require.Eventually(t, func() bool { return m.Service().Stats().Offloaded >= uint64(n) }, 10*time.Second, 10*time.Millisecond)
-}
-
-// syncLog is a log the test reads while clients write it.
-type syncLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// captureLog sends the default logger to a buffer for the test.
-func captureLog(t *testing.T) *syncLog {
-	l := &syncLog{}
-	old := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(l, nil)))
-	t.Cleanup(func() { slog.SetDefault(old) })
-	return l
 }
 
 // A node restarted on its SSD directory brings the objects of its tier
@@ -96,7 +68,7 @@ func TestSSDTierSurvivesNodeRestart(t *testing.T) {
 // node drops that object with a log line and does not offer it; the
 // others come back.
 func TestSSDTierRestartDropsDamaged(t *testing.T) {
-	logs := captureLog(t)
+	logs := logtest.Capture(t)
 	m := startMaster(t, master.ServiceConfig{})
 	dir := t.TempDir()
 	const n, size = 6, 256 << 10

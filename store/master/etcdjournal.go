@@ -81,7 +81,7 @@ func newEtcdJournal(cli *clientv3.Client, clusterID string, term int64, last, sn
 	j := &etcdJournal{cli: cli, prefix: journalPrefix(clusterID), viewKey: ha.ViewKey(clusterID), term: term}
 	j.initQueue(last, snap)
 	j.etcdDone, j.recentFirst = last, last+1
-	j.rep.enabled = standbyAcks
+	j.rep.enabled, j.rep.timeout = standbyAcks, standbyTimeout
 	go j.run()
 	return j
 }

@@ -1,10 +1,8 @@
 package master
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/mooncake-go/mooncake/internal/logtest"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
 
@@ -305,10 +304,7 @@ func TestRemountHoldMessage(t *testing.T) {
 // A hold that starts is logged, naming the segment and how long it lasts;
 // a first mount logs nothing.
 func TestRemountHoldLogged(t *testing.T) {
-	var buf bytes.Buffer
-	old := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
-	t.Cleanup(func() { slog.SetDefault(old) })
+	buf := logtest.Capture(t)
 	s, _ := newTestService(t, ServiceConfig{})
 	ctx := t.Context()
 	require.NoError(t, s.MountSegment(ctx, "a", seg("1", 1<<20, 1<<20)))

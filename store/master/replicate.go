@@ -137,12 +137,13 @@ func designee(d string) (id, addr string) {
 
 // replication is the leader's view of its standbys (etcdJournal.mu).
 type replication struct {
-	enabled    bool      // standbyAcks: a designated standby's acks count
-	designated string    // the standby designated, or being designated
-	addr       string    // where it serves
-	insync     bool      // its designation is in etcd: its acks count
-	acked      uint64    // the last record it acknowledged
-	lastAck    time.Time // its last fetch
+	enabled    bool          // standbyAcks: a designated standby's acks count
+	designated string        // the standby designated, or being designated
+	addr       string        // where it serves
+	insync     bool          // its designation is in etcd: its acks count
+	acked      uint64        // the last record it acknowledged
+	lastAck    time.Time     // its last fetch
+	timeout    time.Duration // standbyTimeout (tests holding etcd raise it)
 	// dropTo, when not zero, is the last record acknowledged through a
 	// standby dropped: the designation is deleted once etcd has it.
 	dropTo   uint64
@@ -243,7 +244,7 @@ func (j *etcdJournal) designate(standby, addr string) {
 func (j *etcdJournal) checkStandby() {
 	j.mu.Lock()
 	r := &j.rep
-	if r.designated != "" && time.Since(r.lastAck) > standbyTimeout && (r.acked < j.next-1 || time.Since(r.lastAck) > 2*standbyTimeout) {
+	if r.designated != "" && time.Since(r.lastAck) > r.timeout && (r.acked < j.next-1 || time.Since(r.lastAck) > 2*r.timeout) {
 		r.dropping, r.dropTo = designation(r.designated, j.term, r.addr), j.ackedThroughLocked()
 		r.designated, r.insync = "", false
 		// Records wait for etcd now: write what is queued at once.

@@ -22,7 +22,7 @@ import (
 // lost.
 func TestStandbyAcksNothingAfterHandingItsTail(t *testing.T) {
 	etcd, a, b, j := leaderAndStandby(t, "seal")
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 	putMany(t, a.Service(), 10)                   // acknowledged through b alone
 
@@ -83,7 +83,7 @@ func blockedAck(t *testing.T, j *etcdJournal) (seq uint64, release func()) {
 		defer j.mu.Unlock()
 		return j.etcdDone == j.next-1 && j.committed == j.next-1
 	}, 20*time.Second, time.Millisecond)
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	entered, released := make(chan struct{}), make(chan struct{})
 	release = sync.OnceFunc(func() { close(released) })
 	t.Cleanup(release)
@@ -161,7 +161,8 @@ func TestDroppedStandbyKeepsDesignationForTheAdvanceInFlight(t *testing.T) {
 	etcd, _, b, j := leaderAndStandby(t, "dropadv")
 	seq, release := blockedAck(t, j)
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
-	require.NoError(t, b.Close())                 // silent from now on
+	dropStandbyAfter(j, standbyTimeout)
+	require.NoError(t, b.Close()) // silent from now on
 	require.Eventually(t, func() bool {
 		id, _ := j.standbyState()
 		return id == ""
@@ -194,7 +195,7 @@ func TestStandbyTailBounded(t *testing.T) {
 	t.Cleanup(func() { maxTail = old }) // after the servers' cleanups
 	maxTail = 64
 	_, a, b, j := leaderAndStandby(t, "bounded")
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 	svc := a.Service()
 	require.NoError(t, svc.MountSegment(t.Context(), "node", seg("1", 1<<30, 1<<30)))
@@ -213,9 +214,10 @@ func TestStandbyTailBounded(t *testing.T) {
 // for no fault of its own, and the standby that held them may be gone.
 func TestCloseWritesRecordsOfADroppedStandby(t *testing.T) {
 	etcd, a, b, j := leaderAndStandby(t, "closedrop")
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	putMany(t, a.Service(), 20) // acknowledged through b alone
 	last := j.last()
+	dropStandbyAfter(j, standbyTimeout)
 	require.NoError(t, b.Close()) // b dies
 	require.Eventually(t, func() bool {
 		id, _ := j.standbyState()
@@ -255,7 +257,7 @@ func TestStandbyAcksWhileApplying(t *testing.T) {
 	defer f.stop()
 	waitDesignated(t, a)
 	j := etcdJournalOf(t, a)
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	t.Cleanup(func() { j.holdEtcd.Store(false) }) // a's close writes them then
 
 	svc := a.Service()

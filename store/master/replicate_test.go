@@ -104,7 +104,7 @@ func testStandbyAcksMakePutsDurable(t *testing.T, tlsCfg secure.TLS, peer string
 	waitDesignated(t, a)
 
 	j := etcdJournalOf(t, a)
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	const n = 300
 	putMany(t, a.Service(), n)
 	j.mu.Lock()
@@ -137,7 +137,7 @@ func TestSyncEtcdTakesNoStandbyAcks(t *testing.T) {
 	start()
 	putMany(t, a.Service(), 10)
 	j := etcdJournalOf(t, a)
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	svc := a.Service()
 	_, _, err := svc.startSeq(t.Context(), "node", "held", 64, nil, false)
 	require.NoError(t, err)
@@ -161,7 +161,7 @@ func TestWinnerTakesTheStandbysTail(t *testing.T) {
 			require.Eventually(t, a.Leading, 20*time.Second, 5*time.Millisecond)
 			b := startHA(t, etcd, "tail", false)
 			waitDesignated(t, a)
-			etcdJournalOf(t, a).holdEtcd.Store(true)
+			holdEtcd(etcdJournalOf(t, a))
 			const n = 50
 			putMany(t, a.Service(), n)
 			// b stops campaigning and fetching, as a standby cut off
@@ -286,7 +286,7 @@ func TestTailStore(t *testing.T) {
 // standby acknowledged to etcd before it stops.
 func TestCloseWritesAcknowledgedRecords(t *testing.T) {
 	etcd, a, b, j := leaderAndStandby(t, "close")
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	const n = 100
 	putMany(t, a.Service(), n)
 	require.NoError(t, b.Close())
@@ -310,7 +310,7 @@ func TestAskTailOverTLS(t *testing.T) {
 	b := startSecureHA(t, etcd, "tls-tail", files.ServerTLS())
 	waitDesignated(t, a)
 	j := etcdJournalOf(t, a)
-	j.holdEtcd.Store(true)
+	holdEtcd(j)
 	t.Cleanup(func() { j.holdEtcd.Store(false) })
 	putMany(t, a.Service(), 10) // acknowledged through b alone
 

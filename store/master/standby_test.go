@@ -44,8 +44,29 @@ func putMany(t *testing.T, svc *Service, n int) {
 			require.NoError(t, err)
 			last = seq
 		}
-		require.NoError(t, svc.durable(ctx, last))
+		wait, cancel := context.WithTimeout(ctx, time.Minute)
+		require.NoError(t, svc.durable(wait, last), "puts not durable (a standby dropped while etcd is held?)")
+		cancel()
 	}
+}
+
+// holdEtcd stops j writing to etcd: its puts are then durable through
+// its designated standby alone. The standby is kept however late its
+// acknowledgements come until dropStandbyAfter: on a loaded machine (-race,
+// every package at once) one late by standbyTimeout was dropped, and the
+// puts waited for etcd, held, forever.
+func holdEtcd(j *etcdJournal) {
+	j.mu.Lock()
+	j.rep.timeout = time.Hour
+	j.mu.Unlock()
+	j.holdEtcd.Store(true)
+}
+
+// dropStandbyAfter makes j drop a standby silent for d again.
+func dropStandbyAfter(j *etcdJournal, d time.Duration) {
+	j.mu.Lock()
+	j.rep.timeout = d
+	j.mu.Unlock()
 }
 
 // crash takes old out as a dead process would be: it stops answering and
