@@ -44,7 +44,7 @@ lint:
 NETLAB_REQUIRE := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
 unit:
-	MC_NETLAB_REQUIRE=$(NETLAB_REQUIRE) $(GO) test -race -count=1 -timeout 20m ./...
+	MC_NETLAB_REQUIRE=$(NETLAB_REQUIRE) GO=$(GO) bash scripts/test-go.sh
 
 # faults-table runs the network-fault scenarios (root) and writes their
 # table, with the figures of this run, to docs/faults.md.
