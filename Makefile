@@ -43,6 +43,8 @@ lint:
 # network namespaces, which needs root: as root they must run, never skip.
 NETLAB_REQUIRE := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
+# unit runs the Go tests with -race (scripts/test-go.sh: a failure's tests
+# are named again at the end of the output).
 unit:
 	MC_NETLAB_REQUIRE=$(NETLAB_REQUIRE) GO=$(GO) bash scripts/test-go.sh
 
