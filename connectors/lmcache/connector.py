@@ -133,18 +133,25 @@ class MooncakeGoConnector(RemoteConnector):
     # -- calls in worker threads ------------------------------------------
 
     async def _call(self, objs: Sequence[MemoryObj], fn, *args):
-        """fn(*args) in a worker thread, holding a reference on objs until
-        it returns, even if the awaiting coroutine is cancelled."""
-        for o in objs:
-            o.ref_count_up()
+        """fn(*args) in a worker thread, objs referenced until it returns.
+        The caller holds its references while it awaits; only when it is
+        cancelled, before it can drop them, are references of our own taken
+        here, and dropped once the call returns (so the usual call costs no
+        locked counter per object)."""
         fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if not fut.done():
+                for o in objs:
+                    o.ref_count_up()
 
-        def release(_):
-            for o in objs:
-                o.ref_count_down()
+                def release(_):
+                    for o in objs:
+                        o.ref_count_down()
 
-        fut.add_done_callback(release)
-        return await asyncio.shield(fut)
+                fut.add_done_callback(release)
+            raise
 
     @staticmethod
     def _spans(objs: Sequence[MemoryObj]) -> Tuple[List[int], List[int]]:

@@ -102,6 +102,22 @@ def release(chunks) -> None:
         obj.ref_count_down()
 
 
+def entered(p: Plugin, name: str) -> threading.Event:
+    """An event set when the connector's store client starts a call of its
+    method name (the call itself unchanged): a test that cancels a call
+    in flight waits for it, not for a while."""
+    store = p.conn._link.get()
+    started = threading.Event()
+    call = getattr(store, name)
+
+    def wrapped(*args, **kwargs):
+        started.set()
+        return call(*args, **kwargs)
+
+    setattr(store, name, wrapped)
+    return started
+
+
 def run(p: Plugin, coro):
     return asyncio.run_coroutine_threadsafe(coro, p.remote.loop).result(WAIT)
 
@@ -352,6 +368,7 @@ def test_cancelled_get_keeps_buffers_until_the_store_is_done(mooncake_bin, loop)
         keys = [k for k, _, _ in chunks]
         pool = p.cpu.memory_allocator.pin_allocator
         idle = pool.num_active_allocations
+        in_call = entered(p, "batch_get_into")
 
         async def start():
             return asyncio.ensure_future(p.conn.batched_get(keys))
@@ -360,11 +377,57 @@ def test_cancelled_get_keeps_buffers_until_the_store_is_done(mooncake_bin, loop)
         stopped = True
         task = asyncio.run_coroutine_threadsafe(start(), loop).result(WAIT)
         wait_for(lambda: pool.num_active_allocations == idle + len(keys), "the get to allocate its chunks")
+        assert in_call.wait(WAIT), "the store call did not start"
         loop.call_soon_threadsafe(task.cancel)
         wait_for(task.done, "the get to be cancelled")
         assert task.cancelled()
         assert pool.num_active_allocations == idle + len(keys), \
             "a cancelled get gave buffers back while the store call was still in flight"
+        os.kill(cluster.proc.pid, signal.SIGCONT)
+        stopped = False
+        wait_for(lambda: pool.num_active_allocations == idle, "the buffers to go back once the store call ended")
+    finally:
+        if stopped:
+            os.kill(cluster.proc.pid, signal.SIGCONT)
+        if p is not None:
+            p.close()
+        cluster.stop()
+
+
+def test_cancelled_put_keeps_buffers_until_the_store_is_done(mooncake_bin, loop):
+    """A put cancelled while the store reads the chunks' buffers: LMCache's
+    own wrapper (InstrumentedRemoteConnector) drops the reference it holds
+    for the put as the cancellation reaches it, and the chunks must still
+    not go back to the pool until the store call returns, then all go
+    back. The store is frozen (SIGSTOP) so the call is in flight."""
+    cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "256MiB")
+    p = None
+    stopped = False
+    try:
+        cfg, made = make_backends(cluster.master, loop, timeout=5, retry=0)
+        p = Plugin(cfg, made)
+        pool = p.cpu.memory_allocator.pin_allocator
+        idle = pool.num_active_allocations
+        chunks = chunks_of(p, 3 * CHUNK, 1000)
+        keys, objs = [k for k, _, _ in chunks], [o for _, o, _ in chunks]
+        for o in objs:
+            o.ref_count_up()  # what LMCache's serializer takes for the put, for its wrapper to drop
+        release(chunks)  # the chunks are the put's alone now
+        assert pool.num_active_allocations == idle + len(chunks)
+        in_call = entered(p, "batch_put_from")
+
+        async def start():
+            return asyncio.ensure_future(p.remote.connection.batched_put(keys, objs))
+
+        os.kill(cluster.proc.pid, signal.SIGSTOP)
+        stopped = True
+        task = asyncio.run_coroutine_threadsafe(start(), loop).result(WAIT)
+        assert in_call.wait(WAIT), "the store call did not start"
+        loop.call_soon_threadsafe(task.cancel)
+        wait_for(task.done, "the put to be cancelled")
+        assert task.cancelled()
+        assert pool.num_active_allocations == idle + len(chunks), \
+            "a cancelled put gave buffers back while the store call was still reading them"
         os.kill(cluster.proc.pid, signal.SIGCONT)
         stopped = False
         wait_for(lambda: pool.num_active_allocations == idle, "the buffers to go back once the store call ended")
