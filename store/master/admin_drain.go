@@ -1,10 +1,12 @@
 package master
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,10 +29,12 @@ import (
 // Cancelling stops the job; moves in flight finish, and the segments take
 // replicas again.
 //
-// Jobs live in the Service of the term that created them: a new leader
-// knows none (and its segments are OK again). Units are planned when the
-// job starts, on every query, on the Service's monitor tick, and as moves
-// end.
+// Jobs are journaled (JournalDrain, the whole job in each record): when
+// created, when their counts or status change, so that a new leader (or a
+// restart from the journal) resumes the jobs running, their segments
+// DRAINING again, and answers for those that ended; it keeps the last
+// keepEndedDrains that ended. Units are planned when the job starts, on
+// every query, on the Service's monitor tick, and as moves end.
 
 // Mooncake's job and segment statuses, by number.
 const (
@@ -55,6 +59,10 @@ const drainTries = 3
 // gives no max_concurrency.
 const defaultDrainConcurrency = 64
 
+// keepEndedDrains is how many jobs that ended a Service keeps for queries,
+// the latest; the oldest go first.
+const keepEndedDrains = 64
+
 // drainJob is one job. Its fields are under drainSet.mu.
 type drainJob struct {
 	id               string
@@ -68,6 +76,62 @@ type drainJob struct {
 	migrated                   uint64
 	fails                      map[string]int // failed copies by key
 	givenUp                    int            // units with drainTries failures
+
+	recorded *storepb.JournalDrain // the job's last record, nil before any
+}
+
+func (j *drainJob) running() bool { return j.status == jobCreated || j.status == jobRunning }
+
+// record is j as a journal record. drainSet.mu is held.
+func (j *drainJob) record() *storepb.JournalDrain {
+	return &storepb.JournalDrain{Id: j.id, Segments: j.segs, Targets: j.targets, Concurrency: uint32(j.concurrency),
+		CreatedUnixMs: j.created.UnixMilli(), UpdatedUnixMs: j.updated.UnixMilli(), Status: uint32(j.status),
+		Message: j.message, SucceededUnits: uint64(j.succeeded), FailedUnits: uint64(j.givenUp), MigratedBytes: j.migrated}
+}
+
+// journalDrainLocked appends j's record when its status or counts changed
+// since its last one, and returns the record's sequence number (0: none
+// appended). drains.mu is held, so a job's records go in the order of its
+// changes.
+func (s *Service) journalDrainLocked(j *drainJob) uint64 {
+	r := j.record()
+	if p := j.recorded; p != nil && p.Status == r.Status && p.SucceededUnits == r.SucceededUnits &&
+		p.FailedUnits == r.FailedUnits && p.MigratedBytes == r.MigratedBytes {
+		return 0
+	}
+	j.recorded = r
+	return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drain{Drain: r}})
+}
+
+// pruneDrainsLocked drops the jobs that ended but the latest
+// keepEndedDrains (by their last change), never keep, the job that just
+// ended, whose caller answers for it. drains.mu is held.
+func (s *Service) pruneDrainsLocked(keep *drainJob) {
+	var ended []*drainJob
+	for _, j := range s.drains.jobs {
+		if !j.running() && j != keep {
+			ended = append(ended, j)
+		}
+	}
+	room := keepEndedDrains
+	if keep != nil && !keep.running() {
+		room-- // keep is the latest, whatever the clock says
+	}
+	if len(ended) <= room {
+		return
+	}
+	slices.SortFunc(ended, func(a, b *drainJob) int {
+		if c := a.updated.Compare(b.updated); c != 0 {
+			return c
+		}
+		if c := a.created.Compare(b.created); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	for _, j := range ended[:len(ended)-room] {
+		delete(s.drains.jobs, j.id)
+	}
 }
 
 // drainSet holds a Service's jobs. mu is taken last: never hold it while
@@ -105,8 +169,10 @@ var (
 )
 
 // startDrain creates a job draining the DRAM segments named segs onto
-// those named targets (none: any other), and plans its first units.
-func (s *Service) startDrain(segs, targets []string, concurrency int) (string, error) {
+// those named targets (none: any other), plans its first units, and waits
+// for its record: a job answered created survives a failover. An error
+// after the job was made (the record's wait) comes with its id.
+func (s *Service) startDrain(ctx context.Context, segs, targets []string, concurrency int) (string, error) {
 	if len(segs) == 0 {
 		return "", fmt.Errorf("%w: no segments", errDrainBad)
 	}
@@ -154,9 +220,10 @@ func (s *Service) startDrain(segs, targets []string, concurrency int) (string, e
 		s.drains.jobs = map[string]*drainJob{}
 	}
 	s.drains.jobs[j.id] = j
+	seq := s.journalDrainLocked(j)
 	s.drains.mu.Unlock()
-	s.stepDrain(j)
-	return j.id, nil
+	seq = max(seq, s.stepDrain(j))
+	return j.id, s.durable(ctx, seq)
 }
 
 func cmpErr(a, b error) error {
@@ -184,12 +251,13 @@ func (s *Service) stepDrains() {
 // stepDrain plans j's units: a move for each object with a replica on a
 // drained segment and none in flight, while the job's concurrency allows
 // and a target has room; it counts the units in flight and those blocked,
-// and ends the job when none is left.
-func (s *Service) stepDrain(j *drainJob) {
+// and ends the job when none is left. It returns the sequence number of
+// the job's record when it appended one (0: none).
+func (s *Service) stepDrain(j *drainJob) uint64 {
 	s.drains.mu.Lock()
-	if j.status != jobCreated && j.status != jobRunning {
+	if !j.running() {
 		s.drains.mu.Unlock()
-		return
+		return 0
 	}
 	segs, targets, concurrency := j.segs, j.targets, j.concurrency
 	fails := make(map[string]int, len(j.fails))
@@ -253,27 +321,30 @@ func (s *Service) stepDrain(j *drainJob) {
 	}
 
 	s.drains.mu.Lock()
-	if j.status != jobCreated && j.status != jobRunning {
+	if !j.running() {
 		s.drains.mu.Unlock()
-		return // cancelled meanwhile
+		return 0 // cancelled meanwhile
 	}
 	j.active, j.blocked, j.givenUp, j.updated = active, blocked, givenUp, s.now()
+	var to uint8
 	switch {
 	case active+blocked+waiting > 0:
 		j.status, j.message = jobRunning, "Drain job running"
+		seq := s.journalDrainLocked(j)
 		s.drains.mu.Unlock()
-		return
+		return seq
 	case givenUp > 0:
 		// The objects left there stay readable; the segments take puts
 		// again, as after a cancel.
 		j.status, j.message = jobFailed, "Drain job failed: unrecoverable units remain"
-		s.drains.mu.Unlock()
-		s.setDrainState(segs, 0, segDraining)
-		return
+	default:
+		j.status, j.message, to = jobSucceeded, "Drain job finished successfully", segDrained
 	}
-	j.status, j.message = jobSucceeded, "Drain job finished successfully"
+	seq := s.journalDrainLocked(j)
+	s.pruneDrainsLocked(j)
 	s.drains.mu.Unlock()
-	s.setDrainState(segs, segDrained, segDraining)
+	s.setDrainState(segs, to, segDraining)
+	return seq
 }
 
 // setDrainState moves the DRAM segments named in names from drain state
@@ -400,6 +471,9 @@ func (s *Service) drainMovedLocked(t *moveTask, o *object) uint64 {
 	s.drains.mu.Lock()
 	t.drain.succeeded++
 	t.drain.migrated += t.src.size
+	t.drain.updated = now
+	// The job's counts, right behind the move (the caller waits for both).
+	seq = max(seq, s.journalDrainLocked(t.drain))
 	s.drains.mu.Unlock()
 	return seq
 }
@@ -440,25 +514,68 @@ func (s *Service) drainJobView(id string) *drainView {
 		Active: j.active, MigratedByte: j.migrated, Message: j.message}
 }
 
-// cancelDrain cancels job id: false if unknown. A job that ended stays as
-// it ended.
-func (s *Service) cancelDrain(id string) (found bool) {
+// cancelDrain cancels job id, and waits for its record: false if unknown.
+// A job that ended stays as it ended.
+func (s *Service) cancelDrain(ctx context.Context, id string) (found bool, err error) {
 	s.drains.mu.Lock()
 	j := s.drains.jobs[id]
 	if j == nil {
 		s.drains.mu.Unlock()
-		return false
+		return false, nil
 	}
-	running := j.status == jobCreated || j.status == jobRunning
+	running, seq := j.running(), uint64(0)
 	if running {
 		j.status, j.message, j.updated = jobCanceled, "Drain job canceled", s.now()
+		seq = s.journalDrainLocked(j)
+		s.pruneDrainsLocked(j)
 	}
 	segs := j.segs
 	s.drains.mu.Unlock()
 	if running {
 		s.setDrainState(segs, 0, segDraining)
 	}
-	return true
+	return true, s.durable(ctx, seq)
+}
+
+// drainRecords adds the jobs s keeps to drains, as their records.
+func (s *Service) drainRecords(drains map[string]*storepb.JournalDrain) {
+	s.drains.mu.Lock()
+	defer s.drains.mu.Unlock()
+	for id, j := range s.drains.jobs {
+		drains[id] = j.record()
+	}
+}
+
+// restoreDrainsLocked makes the jobs of drains s's own, the latest
+// keepEndedDrains of those that ended, and marks the segments of those
+// running DRAINING (DRAINED for those that succeeded). segMu is held.
+func (s *Service) restoreDrainsLocked(drains map[string]*storepb.JournalDrain) {
+	s.drains.mu.Lock()
+	defer s.drains.mu.Unlock()
+	s.drains.jobs = make(map[string]*drainJob, len(drains))
+	for id, r := range drains {
+		s.drains.jobs[id] = &drainJob{id: id, segs: r.Segments, targets: r.Targets, concurrency: int(r.Concurrency),
+			created: time.UnixMilli(r.CreatedUnixMs), updated: time.UnixMilli(r.UpdatedUnixMs), status: int(r.Status),
+			message: r.Message, succeeded: int(r.SucceededUnits), givenUp: int(r.FailedUnits), migrated: r.MigratedBytes,
+			fails: map[string]int{}, recorded: r}
+	}
+	s.pruneDrainsLocked(nil)
+	for _, j := range s.drains.jobs {
+		var to uint8
+		switch {
+		case j.running():
+			to = segDraining
+		case j.status == jobSucceeded:
+			to = segDrained
+		default:
+			continue
+		}
+		for _, sg := range s.segList {
+			if sg.medium == storepb.Medium_MEDIUM_DRAM && slices.Contains(j.segs, sg.name) {
+				sg.drain = to
+			}
+		}
+	}
 }
 
 // segmentStatus is the drain status of the DRAM segments named name (1

@@ -23,7 +23,7 @@ func TestDrainMoveJournalKeepsOtherReplicas(t *testing.T) {
 	reps := put(t, s, "c1", "k", 4096, &storepb.ReplicateConfig{ReplicaNum: 2})
 	require.Len(t, reps, 2)
 	drained := reps[0].GetMemory().SegmentName
-	_, err := s.startDrain([]string{drained}, nil, 0)
+	_, err := s.startDrain(t.Context(), []string{drained}, nil, 0)
 	require.NoError(t, err)
 	owner := "c" + drained[len("node-"):]
 	tasks := s.takeTasks(t.Context(), owner)

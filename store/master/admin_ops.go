@@ -86,10 +86,13 @@ func createDrainJob(svc *Service, w http.ResponseWriter, r *http.Request) {
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "Invalid JSON body: "+err.Error())
 		return
 	}
-	id, err := svc.startDrain(req.Segments, req.TargetSegments, int(req.MaxConcurrency))
+	id, err := svc.startDrain(r.Context(), req.Segments, req.TargetSegments, int(req.MaxConcurrency))
 	switch {
 	case errors.Is(err, errDrainNoSegment):
 		adminFail(w, http.StatusNotFound, storepb.SegmentNotFound, "")
+	case id != "" && err != nil:
+		// The job runs here, but a new leader may not know it.
+		adminFail(w, http.StatusInternalServerError, codeOf(err), "drain job "+id+" created, its record not durable: "+err.Error())
 	case err != nil:
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "")
 	default:
@@ -135,8 +138,13 @@ func cancelDrainJob(svc *Service, w http.ResponseWriter, r *http.Request) {
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "Missing or invalid job_id")
 		return
 	}
-	if !svc.cancelDrain(id) {
+	found, err := svc.cancelDrain(r.Context(), id)
+	switch {
+	case !found:
 		adminFail(w, http.StatusNotFound, codeJobNotFound, "")
+		return
+	case err != nil:
+		adminFail(w, http.StatusInternalServerError, codeOf(err), "drain job "+id+" canceled, its record not durable: "+err.Error())
 		return
 	}
 	v := svc.drainJobView(id)

@@ -366,12 +366,13 @@ type state struct {
 	// id; lastMoveID is the highest id handed out.
 	moves      map[uint64]*storepb.JournalMoveStart
 	lastMoveID uint64
-	snapSeq    uint64 // the snapshot the state was loaded from (0: none)
+	drains     map[string]*storepb.JournalDrain // drain jobs by id, as last recorded
+	snapSeq    uint64                           // the snapshot the state was loaded from (0: none)
 }
 
 func newState() *state {
 	return &state{segs: make(map[string]*storepb.JournalMount), objects: make(map[string]*storepb.ObjectState),
-		moves: make(map[uint64]*storepb.JournalMoveStart)}
+		moves: make(map[uint64]*storepb.JournalMoveStart), drains: make(map[string]*storepb.JournalDrain)}
 }
 
 // apply replays one record. Records are the leader's own, in its order; one
@@ -451,6 +452,11 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		st.lastMoveID = max(st.lastMoveID, m.Id)
 	case *storepb.JournalRecord_MoveAbort:
 		delete(st.moves, op.MoveAbort.Id)
+	case *storepb.JournalRecord_Drain:
+		if op.Drain.Id == "" {
+			return fmt.Errorf("%w: drain job without an id", ErrBadRecord)
+		}
+		st.drains[op.Drain.Id] = op.Drain
 	case *storepb.JournalRecord_Move:
 		mv := op.Move
 		delete(st.moves, mv.Id) // its target is the replica's now
@@ -619,6 +625,9 @@ func (s *Service) restore(st *state) error {
 		s.tasks[id] = &moveTask{id: id, key: m.Key, dst: reps([]*storepb.ReplicaLocation{m.To})[0],
 			client: m.ClientId, created: now, handed: true, journaled: true}
 	}
+	// Drain jobs go on: their segments are DRAINING again (planned on the
+	// monitor's next tick).
+	s.restoreDrainsLocked(st.drains)
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
 		clear(s.shards[i].objects)
@@ -694,6 +703,7 @@ func (s *Service) snapshotShards() (*state, uint64, error) {
 		st.segs[sg.id] = mountOf(sg)
 	}
 	st.lastMoveID = s.movesLocked(st.moves)
+	s.drainRecords(st.drains) // records appended after from replace them
 	s.segMu.Unlock()
 	defer tap.stopTap()
 
@@ -876,7 +886,7 @@ func objectState(key string, o *object) *storepb.ObjectState {
 // chunks is st as snapshot chunks: the segments, then the objects, at
 // most perChunk a chunk.
 func (st *state) chunks(perChunk int) []*storepb.SnapshotChunk {
-	first := &storepb.SnapshotChunk{LastMoveId: st.lastMoveID}
+	first := &storepb.SnapshotChunk{LastMoveId: st.lastMoveID, Drains: slices.Collect(maps.Values(st.drains))}
 	for _, m := range st.segs {
 		first.Segments = append(first.Segments, m)
 	}
@@ -923,6 +933,9 @@ func (s *Service) snapshotLocked(perChunk int) (chunks []*storepb.SnapshotChunk,
 	}
 	moves := make(map[uint64]*storepb.JournalMoveStart)
 	first.LastMoveId = s.movesLocked(moves)
+	drains := make(map[string]*storepb.JournalDrain)
+	s.drainRecords(drains)
+	first.Drains = slices.Collect(maps.Values(drains))
 	s.segMu.Unlock()
 	chunks = append(chunks, first)
 	cur := first
@@ -946,6 +959,9 @@ func (st *state) loadChunk(c *storepb.SnapshotChunk) {
 	}
 	for _, m := range c.Moves {
 		st.moves[m.Id] = m
+	}
+	for _, d := range c.Drains {
+		st.drains[d.Id] = d
 	}
 	st.lastMoveID = max(st.lastMoveID, c.LastMoveId)
 	for _, o := range c.Objects {

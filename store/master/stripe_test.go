@@ -249,7 +249,7 @@ func TestDrainMovesAPiece(t *testing.T) {
 	before := stripesOf(t, mem(reps[0]), 8<<20)
 	require.Len(t, before, 4)
 	drained := before[1]
-	_, err := s.startDrain([]string{drained}, nil, 0)
+	_, err := s.startDrain(t.Context(), []string{drained}, nil, 0)
 	require.NoError(t, err)
 	owner := "c" + drained[len("node-"):]
 	tasks := s.takeTasks(t.Context(), owner)
@@ -442,7 +442,7 @@ func TestDrainMoveRacingSourceUnmount(t *testing.T) {
 		reps := put(t, s, "c1", key, 8<<20, &storepb.ReplicateConfig{StripeCount: stripes})
 		drained := stripesOf(t, mem(reps[0]), 8<<20)[0]
 		id := drained[len("node-"):]
-		_, err := s.startDrain([]string{drained}, nil, 0)
+		_, err := s.startDrain(t.Context(), []string{drained}, nil, 0)
 		require.NoError(t, err)
 		tasks := s.takeTasks(t.Context(), "c"+id)
 		require.Len(t, tasks, 1)

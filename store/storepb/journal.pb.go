@@ -1,6 +1,6 @@
 // The master's journal: under HA the leader appends every change of
 // durable state (segments mounted and unmounted, puts started, ended and
-// revoked, objects dropped) to etcd before it answers, and writes
+// revoked, objects dropped and moved, drain jobs) to etcd before it answers, and writes
 // snapshots of the whole state from time to time. A new leader loads the
 // latest snapshot and the records after it, so no object whose put
 // completed is lost in a failover. Leases, soft pins and LRU order are
@@ -786,6 +786,137 @@ func (x *JournalMoveAbort) GetId() uint64 {
 	return 0
 }
 
+// JournalDrain: drain job id as it stands (admin_drain.go): written when
+// the job is created, when its counts change and when it ends, each record
+// the whole job, so the last one is its state. A new leader resumes the
+// jobs that were CREATED or RUNNING (their segments DRAINING again) and
+// answers queries of the others; the failed copies of a unit are not kept
+// (a resumed job gives each unit drainTries again).
+type JournalDrain struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Segments      []string               `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	Targets       []string               `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
+	Concurrency   uint32                 `protobuf:"varint,4,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	CreatedUnixMs int64                  `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	UpdatedUnixMs int64                  `protobuf:"varint,6,opt,name=updated_unix_ms,json=updatedUnixMs,proto3" json:"updated_unix_ms,omitempty"`
+	// Mooncake's job status (CREATED 0 ... CANCELED 5) and message.
+	Status         uint32 `protobuf:"varint,7,opt,name=status,proto3" json:"status,omitempty"`
+	Message        string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	SucceededUnits uint64 `protobuf:"varint,9,opt,name=succeeded_units,json=succeededUnits,proto3" json:"succeeded_units,omitempty"`
+	FailedUnits    uint64 `protobuf:"varint,10,opt,name=failed_units,json=failedUnits,proto3" json:"failed_units,omitempty"`
+	MigratedBytes  uint64 `protobuf:"varint,11,opt,name=migrated_bytes,json=migratedBytes,proto3" json:"migrated_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *JournalDrain) Reset() {
+	*x = JournalDrain{}
+	mi := &file_journal_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalDrain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalDrain) ProtoMessage() {}
+
+func (x *JournalDrain) ProtoReflect() protoreflect.Message {
+	mi := &file_journal_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalDrain.ProtoReflect.Descriptor instead.
+func (*JournalDrain) Descriptor() ([]byte, []int) {
+	return file_journal_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *JournalDrain) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JournalDrain) GetSegments() []string {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *JournalDrain) GetTargets() []string {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *JournalDrain) GetConcurrency() uint32 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
+func (x *JournalDrain) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *JournalDrain) GetUpdatedUnixMs() int64 {
+	if x != nil {
+		return x.UpdatedUnixMs
+	}
+	return 0
+}
+
+func (x *JournalDrain) GetStatus() uint32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *JournalDrain) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *JournalDrain) GetSucceededUnits() uint64 {
+	if x != nil {
+		return x.SucceededUnits
+	}
+	return 0
+}
+
+func (x *JournalDrain) GetFailedUnits() uint64 {
+	if x != nil {
+		return x.FailedUnits
+	}
+	return 0
+}
+
+func (x *JournalDrain) GetMigratedBytes() uint64 {
+	if x != nil {
+		return x.MigratedBytes
+	}
+	return 0
+}
+
 type JournalRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Op:
@@ -801,6 +932,7 @@ type JournalRecord struct {
 	//	*JournalRecord_Commit
 	//	*JournalRecord_MoveStart
 	//	*JournalRecord_MoveAbort
+	//	*JournalRecord_Drain
 	Op            isJournalRecord_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -808,7 +940,7 @@ type JournalRecord struct {
 
 func (x *JournalRecord) Reset() {
 	*x = JournalRecord{}
-	mi := &file_journal_proto_msgTypes[12]
+	mi := &file_journal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +952,7 @@ func (x *JournalRecord) String() string {
 func (*JournalRecord) ProtoMessage() {}
 
 func (x *JournalRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[12]
+	mi := &file_journal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +965,7 @@ func (x *JournalRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalRecord.ProtoReflect.Descriptor instead.
 func (*JournalRecord) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{12}
+	return file_journal_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *JournalRecord) GetOp() isJournalRecord_Op {
@@ -942,6 +1074,15 @@ func (x *JournalRecord) GetMoveAbort() *JournalMoveAbort {
 	return nil
 }
 
+func (x *JournalRecord) GetDrain() *JournalDrain {
+	if x != nil {
+		if x, ok := x.Op.(*JournalRecord_Drain); ok {
+			return x.Drain
+		}
+	}
+	return nil
+}
+
 type isJournalRecord_Op interface {
 	isJournalRecord_Op()
 }
@@ -990,6 +1131,10 @@ type JournalRecord_MoveAbort struct {
 	MoveAbort *JournalMoveAbort `protobuf:"bytes,11,opt,name=move_abort,json=moveAbort,proto3,oneof"`
 }
 
+type JournalRecord_Drain struct {
+	Drain *JournalDrain `protobuf:"bytes,12,opt,name=drain,proto3,oneof"`
+}
+
 func (*JournalRecord_Mount) isJournalRecord_Op() {}
 
 func (*JournalRecord_Unmount) isJournalRecord_Op() {}
@@ -1012,6 +1157,8 @@ func (*JournalRecord_MoveStart) isJournalRecord_Op() {}
 
 func (*JournalRecord_MoveAbort) isJournalRecord_Op() {}
 
+func (*JournalRecord_Drain) isJournalRecord_Op() {}
+
 // JournalBatch is one etcd value of the log: consecutive records from
 // first_seq on.
 type JournalBatch struct {
@@ -1024,7 +1171,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_journal_proto_msgTypes[13]
+	mi := &file_journal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1183,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[13]
+	mi := &file_journal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1196,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{13}
+	return file_journal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *JournalBatch) GetFirstSeq() uint64 {
@@ -1082,7 +1229,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_journal_proto_msgTypes[14]
+	mi := &file_journal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1241,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[14]
+	mi := &file_journal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1254,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{14}
+	return file_journal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ObjectState) GetKey() string {
@@ -1167,15 +1314,17 @@ type SnapshotChunk struct {
 	Objects  []*ObjectState         `protobuf:"bytes,2,rep,name=objects,proto3" json:"objects,omitempty"`
 	// The first chunk: the moves whose targets are taken, and the highest
 	// move id handed out so far (a next leader numbers its moves after it).
-	Moves         []*JournalMoveStart `protobuf:"bytes,3,rep,name=moves,proto3" json:"moves,omitempty"`
-	LastMoveId    uint64              `protobuf:"varint,4,opt,name=last_move_id,json=lastMoveId,proto3" json:"last_move_id,omitempty"`
+	Moves      []*JournalMoveStart `protobuf:"bytes,3,rep,name=moves,proto3" json:"moves,omitempty"`
+	LastMoveId uint64              `protobuf:"varint,4,opt,name=last_move_id,json=lastMoveId,proto3" json:"last_move_id,omitempty"`
+	// The first chunk: the drain jobs the leader keeps.
+	Drains        []*JournalDrain `protobuf:"bytes,5,rep,name=drains,proto3" json:"drains,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_journal_proto_msgTypes[15]
+	mi := &file_journal_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1336,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_journal_proto_msgTypes[15]
+	mi := &file_journal_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1349,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_journal_proto_rawDescGZIP(), []int{15}
+	return file_journal_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotChunk) GetSegments() []*JournalMount {
@@ -1229,6 +1378,13 @@ func (x *SnapshotChunk) GetLastMoveId() uint64 {
 		return x.LastMoveId
 	}
 	return 0
+}
+
+func (x *SnapshotChunk) GetDrains() []*JournalDrain {
+	if x != nil {
+		return x.Drains
+	}
+	return nil
 }
 
 var File_journal_proto protoreflect.FileDescriptor
@@ -1287,7 +1443,20 @@ const file_journal_proto_rawDesc = "" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x122\n" +
 	"\x02to\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x02to\"\"\n" +
 	"\x10JournalMoveAbort\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xa5\x05\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xeb\x02\n" +
+	"\fJournalDrain\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\bsegments\x18\x02 \x03(\tR\bsegments\x12\x18\n" +
+	"\atargets\x18\x03 \x03(\tR\atargets\x12 \n" +
+	"\vconcurrency\x18\x04 \x01(\rR\vconcurrency\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12&\n" +
+	"\x0fupdated_unix_ms\x18\x06 \x01(\x03R\rupdatedUnixMs\x12\x16\n" +
+	"\x06status\x18\a \x01(\rR\x06status\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\x12'\n" +
+	"\x0fsucceeded_units\x18\t \x01(\x04R\x0esucceededUnits\x12!\n" +
+	"\ffailed_units\x18\n" +
+	" \x01(\x04R\vfailedUnits\x12%\n" +
+	"\x0emigrated_bytes\x18\v \x01(\x04R\rmigratedBytes\"\xde\x05\n" +
 	"\rJournalRecord\x127\n" +
 	"\x05mount\x18\x01 \x01(\v2\x1f.mooncake.store.v1.JournalMountH\x00R\x05mount\x12=\n" +
 	"\aunmount\x18\x02 \x01(\v2!.mooncake.store.v1.JournalUnmountH\x00R\aunmount\x12:\n" +
@@ -1302,7 +1471,8 @@ const file_journal_proto_rawDesc = "" +
 	"move_start\x18\n" +
 	" \x01(\v2#.mooncake.store.v1.JournalMoveStartH\x00R\tmoveStart\x12D\n" +
 	"\n" +
-	"move_abort\x18\v \x01(\v2#.mooncake.store.v1.JournalMoveAbortH\x00R\tmoveAbortB\x04\n" +
+	"move_abort\x18\v \x01(\v2#.mooncake.store.v1.JournalMoveAbortH\x00R\tmoveAbort\x127\n" +
+	"\x05drain\x18\f \x01(\v2\x1f.mooncake.store.v1.JournalDrainH\x00R\x05drainB\x04\n" +
 	"\x02op\"g\n" +
 	"\fJournalBatch\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12:\n" +
@@ -1314,13 +1484,14 @@ const file_journal_proto_rawDesc = "" +
 	"\breplicas\x18\x04 \x03(\v2\".mooncake.store.v1.ReplicaLocationR\breplicas\x12\x16\n" +
 	"\x06writer\x18\x05 \x01(\tR\x06writer\x12\x19\n" +
 	"\bhard_pin\x18\x06 \x01(\bR\ahardPin\x129\n" +
-	"\apending\x18\a \x01(\v2\x1f.mooncake.store.v1.JournalStartR\apending\"\xe3\x01\n" +
+	"\apending\x18\a \x01(\v2\x1f.mooncake.store.v1.JournalStartR\apending\"\x9c\x02\n" +
 	"\rSnapshotChunk\x12;\n" +
 	"\bsegments\x18\x01 \x03(\v2\x1f.mooncake.store.v1.JournalMountR\bsegments\x128\n" +
 	"\aobjects\x18\x02 \x03(\v2\x1e.mooncake.store.v1.ObjectStateR\aobjects\x129\n" +
 	"\x05moves\x18\x03 \x03(\v2#.mooncake.store.v1.JournalMoveStartR\x05moves\x12 \n" +
 	"\flast_move_id\x18\x04 \x01(\x04R\n" +
-	"lastMoveIdB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
+	"lastMoveId\x127\n" +
+	"\x06drains\x18\x05 \x03(\v2\x1f.mooncake.store.v1.JournalDrainR\x06drainsB/Z-github.com/mooncake-go/mooncake/store/storepbb\x06proto3"
 
 var (
 	file_journal_proto_rawDescOnce sync.Once
@@ -1334,7 +1505,7 @@ func file_journal_proto_rawDescGZIP() []byte {
 	return file_journal_proto_rawDescData
 }
 
-var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_journal_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_journal_proto_goTypes = []any{
 	(*ReplicaLocation)(nil),  // 0: mooncake.store.v1.ReplicaLocation
 	(*JournalMount)(nil),     // 1: mooncake.store.v1.JournalMount
@@ -1348,15 +1519,16 @@ var file_journal_proto_goTypes = []any{
 	(*JournalMove)(nil),      // 9: mooncake.store.v1.JournalMove
 	(*JournalMoveStart)(nil), // 10: mooncake.store.v1.JournalMoveStart
 	(*JournalMoveAbort)(nil), // 11: mooncake.store.v1.JournalMoveAbort
-	(*JournalRecord)(nil),    // 12: mooncake.store.v1.JournalRecord
-	(*JournalBatch)(nil),     // 13: mooncake.store.v1.JournalBatch
-	(*ObjectState)(nil),      // 14: mooncake.store.v1.ObjectState
-	(*SnapshotChunk)(nil),    // 15: mooncake.store.v1.SnapshotChunk
-	(*Segment)(nil),          // 16: mooncake.store.v1.Segment
+	(*JournalDrain)(nil),     // 12: mooncake.store.v1.JournalDrain
+	(*JournalRecord)(nil),    // 13: mooncake.store.v1.JournalRecord
+	(*JournalBatch)(nil),     // 14: mooncake.store.v1.JournalBatch
+	(*ObjectState)(nil),      // 15: mooncake.store.v1.ObjectState
+	(*SnapshotChunk)(nil),    // 16: mooncake.store.v1.SnapshotChunk
+	(*Segment)(nil),          // 17: mooncake.store.v1.Segment
 }
 var file_journal_proto_depIdxs = []int32{
 	0,  // 0: mooncake.store.v1.ReplicaLocation.stripes:type_name -> mooncake.store.v1.ReplicaLocation
-	16, // 1: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
+	17, // 1: mooncake.store.v1.JournalMount.segment:type_name -> mooncake.store.v1.Segment
 	0,  // 2: mooncake.store.v1.JournalStart.replicas:type_name -> mooncake.store.v1.ReplicaLocation
 	0,  // 3: mooncake.store.v1.JournalMove.from:type_name -> mooncake.store.v1.ReplicaLocation
 	0,  // 4: mooncake.store.v1.JournalMove.to:type_name -> mooncake.store.v1.ReplicaLocation
@@ -1372,17 +1544,19 @@ var file_journal_proto_depIdxs = []int32{
 	6,  // 14: mooncake.store.v1.JournalRecord.commit:type_name -> mooncake.store.v1.JournalCommit
 	10, // 15: mooncake.store.v1.JournalRecord.move_start:type_name -> mooncake.store.v1.JournalMoveStart
 	11, // 16: mooncake.store.v1.JournalRecord.move_abort:type_name -> mooncake.store.v1.JournalMoveAbort
-	12, // 17: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
-	0,  // 18: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
-	4,  // 19: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
-	1,  // 20: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
-	14, // 21: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
-	10, // 22: mooncake.store.v1.SnapshotChunk.moves:type_name -> mooncake.store.v1.JournalMoveStart
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	12, // 17: mooncake.store.v1.JournalRecord.drain:type_name -> mooncake.store.v1.JournalDrain
+	13, // 18: mooncake.store.v1.JournalBatch.records:type_name -> mooncake.store.v1.JournalRecord
+	0,  // 19: mooncake.store.v1.ObjectState.replicas:type_name -> mooncake.store.v1.ReplicaLocation
+	4,  // 20: mooncake.store.v1.ObjectState.pending:type_name -> mooncake.store.v1.JournalStart
+	1,  // 21: mooncake.store.v1.SnapshotChunk.segments:type_name -> mooncake.store.v1.JournalMount
+	15, // 22: mooncake.store.v1.SnapshotChunk.objects:type_name -> mooncake.store.v1.ObjectState
+	10, // 23: mooncake.store.v1.SnapshotChunk.moves:type_name -> mooncake.store.v1.JournalMoveStart
+	12, // 24: mooncake.store.v1.SnapshotChunk.drains:type_name -> mooncake.store.v1.JournalDrain
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_journal_proto_init() }
@@ -1391,7 +1565,7 @@ func file_journal_proto_init() {
 		return
 	}
 	file_master_proto_init()
-	file_journal_proto_msgTypes[12].OneofWrappers = []any{
+	file_journal_proto_msgTypes[13].OneofWrappers = []any{
 		(*JournalRecord_Mount)(nil),
 		(*JournalRecord_Unmount)(nil),
 		(*JournalRecord_Expire)(nil),
@@ -1403,6 +1577,7 @@ func file_journal_proto_init() {
 		(*JournalRecord_Commit)(nil),
 		(*JournalRecord_MoveStart)(nil),
 		(*JournalRecord_MoveAbort)(nil),
+		(*JournalRecord_Drain)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1410,7 +1585,7 @@ func file_journal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_journal_proto_rawDesc), len(file_journal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
