@@ -165,3 +165,31 @@ func TestSnapshotDue(t *testing.T) {
 	assert.True(t, snapshotDue(snapshotRecordsPerEntry*n, 0, s))
 	assert.True(t, snapshotDue(50, 50, s), "a set SnapshotEvery is taken as it is")
 }
+
+// A master without HA restarted on its directory goes on with the drain
+// job it was running, its counts and its segment's DRAINING as they were,
+// from a snapshot and the records after it.
+func TestLocalPersistDrainJob(t *testing.T) {
+	dir := t.TempDir()
+	m := startLocal(t, dir, 20)
+	svc := m.Service()
+	for _, c := range []string{"1", "2"} {
+		require.NoError(t, svc.MountSegment(t.Context(), "c"+c, seg(c, uint64(c[0]-'0')<<24, 1<<20)))
+	}
+	for i := range 30 {
+		put(t, svc, "c1", fmt.Sprint("k", i), 4096, &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}})
+	}
+	id, err := svc.startDrain(t.Context(), []string{"node-1"}, nil, 1)
+	require.NoError(t, err)
+	moveOne(t, svc, true)
+	require.Eventually(t, func() bool { return m.SnapshotSeq() > 0 }, 10*time.Second, 10*time.Millisecond)
+	moveOne(t, svc, true)
+	require.NoError(t, m.Close())
+
+	m2 := startLocal(t, dir, 20)
+	got := jobOf(t, m2.Service(), id)
+	assert.Equal(t, "RUNNING", got.StatusName)
+	assert.Equal(t, 2, got.Succeeded)
+	assert.Equal(t, uint64(2*4096), got.MigratedByte)
+	assert.Equal(t, "DRAINING", segStatus(t, m2.Service(), "node-1"))
+}
