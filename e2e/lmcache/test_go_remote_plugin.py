@@ -350,15 +350,39 @@ def test_allocator_without_pool(plugin, loop):
         p.close()
 
 
+def cancel_in_flight(cluster, loop, p: Plugin, method: str, call, what: str, busy: int, idle: int) -> None:
+    """Runs call() (a coroutine of the connector) on LMCache's loop with the
+    store frozen (SIGSTOP), cancels it once its store call (the store
+    client's method) is in flight, and checks that the pool keeps busy
+    allocations until the store is back and the call returned, and idle
+    after: buffers the store may still use are not handed out again."""
+    pool = p.cpu.memory_allocator.pin_allocator
+    in_call = entered(p, method)
+
+    async def start():
+        return asyncio.ensure_future(call())
+
+    os.kill(cluster.proc.pid, signal.SIGSTOP)
+    try:
+        task = asyncio.run_coroutine_threadsafe(start(), loop).result(WAIT)
+        assert in_call.wait(WAIT), "the store call did not start"
+        loop.call_soon_threadsafe(task.cancel)
+        wait_for(task.done, f"the {what} to be cancelled")
+        assert task.cancelled()
+        assert pool.num_active_allocations == busy, \
+            f"a cancelled {what} gave buffers back while the store call was still using them"
+    finally:
+        os.kill(cluster.proc.pid, signal.SIGCONT)
+    wait_for(lambda: pool.num_active_allocations == idle, "the buffers to go back once the store call ended")
+
+
 def test_cancelled_get_keeps_buffers_until_the_store_is_done(mooncake_bin, loop):
     """LMCache cancels a get that outlives blocking_timeout_secs, while the
     store may still be writing into the chunks' buffers: they must not go
     back to the pool (to be handed out again) until the store call
-    returns, and must all go back then. The store is frozen (SIGSTOP) so
-    the call is certainly in flight when the get is cancelled."""
+    returns, and must all go back then."""
     cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "256MiB")
     p = None
-    stopped = False
     try:
         cfg, made = make_backends(cluster.master, loop, timeout=5, retry=0)
         p = Plugin(cfg, made)
@@ -366,29 +390,10 @@ def test_cancelled_get_keeps_buffers_until_the_store_is_done(mooncake_bin, loop)
         put_all(p, chunks)
         release(chunks)
         keys = [k for k, _, _ in chunks]
-        pool = p.cpu.memory_allocator.pin_allocator
-        idle = pool.num_active_allocations
-        in_call = entered(p, "batch_get_into")
-
-        async def start():
-            return asyncio.ensure_future(p.conn.batched_get(keys))
-
-        os.kill(cluster.proc.pid, signal.SIGSTOP)
-        stopped = True
-        task = asyncio.run_coroutine_threadsafe(start(), loop).result(WAIT)
-        wait_for(lambda: pool.num_active_allocations == idle + len(keys), "the get to allocate its chunks")
-        assert in_call.wait(WAIT), "the store call did not start"
-        loop.call_soon_threadsafe(task.cancel)
-        wait_for(task.done, "the get to be cancelled")
-        assert task.cancelled()
-        assert pool.num_active_allocations == idle + len(keys), \
-            "a cancelled get gave buffers back while the store call was still in flight"
-        os.kill(cluster.proc.pid, signal.SIGCONT)
-        stopped = False
-        wait_for(lambda: pool.num_active_allocations == idle, "the buffers to go back once the store call ended")
+        idle = p.cpu.memory_allocator.pin_allocator.num_active_allocations
+        cancel_in_flight(cluster, loop, p, "batch_get_into", lambda: p.conn.batched_get(keys), "get",
+                         busy=idle + len(keys), idle=idle)
     finally:
-        if stopped:
-            os.kill(cluster.proc.pid, signal.SIGCONT)
         if p is not None:
             p.close()
         cluster.stop()
@@ -399,41 +404,21 @@ def test_cancelled_put_keeps_buffers_until_the_store_is_done(mooncake_bin, loop)
     own wrapper (InstrumentedRemoteConnector) drops the reference it holds
     for the put as the cancellation reaches it, and the chunks must still
     not go back to the pool until the store call returns, then all go
-    back. The store is frozen (SIGSTOP) so the call is in flight."""
+    back."""
     cluster = start_cluster(mooncake_bin, "--no-ha", "--nodes", "1", "--global_segment_size", "256MiB")
     p = None
-    stopped = False
     try:
         cfg, made = make_backends(cluster.master, loop, timeout=5, retry=0)
         p = Plugin(cfg, made)
-        pool = p.cpu.memory_allocator.pin_allocator
-        idle = pool.num_active_allocations
+        idle = p.cpu.memory_allocator.pin_allocator.num_active_allocations
         chunks = chunks_of(p, 3 * CHUNK, 1000)
         keys, objs = [k for k, _, _ in chunks], [o for _, o, _ in chunks]
         for o in objs:
             o.ref_count_up()  # what LMCache's serializer takes for the put, for its wrapper to drop
         release(chunks)  # the chunks are the put's alone now
-        assert pool.num_active_allocations == idle + len(chunks)
-        in_call = entered(p, "batch_put_from")
-
-        async def start():
-            return asyncio.ensure_future(p.remote.connection.batched_put(keys, objs))
-
-        os.kill(cluster.proc.pid, signal.SIGSTOP)
-        stopped = True
-        task = asyncio.run_coroutine_threadsafe(start(), loop).result(WAIT)
-        assert in_call.wait(WAIT), "the store call did not start"
-        loop.call_soon_threadsafe(task.cancel)
-        wait_for(task.done, "the put to be cancelled")
-        assert task.cancelled()
-        assert pool.num_active_allocations == idle + len(chunks), \
-            "a cancelled put gave buffers back while the store call was still reading them"
-        os.kill(cluster.proc.pid, signal.SIGCONT)
-        stopped = False
-        wait_for(lambda: pool.num_active_allocations == idle, "the buffers to go back once the store call ended")
+        cancel_in_flight(cluster, loop, p, "batch_put_from", lambda: p.remote.connection.batched_put(keys, objs),
+                         "put", busy=idle + len(chunks), idle=idle)
     finally:
-        if stopped:
-            os.kill(cluster.proc.pid, signal.SIGCONT)
         if p is not None:
             p.close()
         cluster.stop()
