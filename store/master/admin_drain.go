@@ -67,6 +67,7 @@ const keepEndedDrains = 64
 type drainJob struct {
 	id               string
 	segs, targets    []string
+	segIDs           []string // the segments it made DRAINING
 	concurrency      int
 	created, updated time.Time
 	status           int
@@ -78,6 +79,7 @@ type drainJob struct {
 	givenUp                    int            // units with drainTries failures
 
 	recorded *storepb.JournalDrain // the job's last record, nil before any
+	seq      uint64                // that record's sequence number (0: none, or a new leader's restored job)
 }
 
 func (j *drainJob) running() bool { return j.status == jobCreated || j.status == jobRunning }
@@ -86,26 +88,29 @@ func (j *drainJob) running() bool { return j.status == jobCreated || j.status ==
 func (j *drainJob) record() *storepb.JournalDrain {
 	return &storepb.JournalDrain{Id: j.id, Segments: j.segs, Targets: j.targets, Concurrency: uint32(j.concurrency),
 		CreatedUnixMs: j.created.UnixMilli(), UpdatedUnixMs: j.updated.UnixMilli(), Status: uint32(j.status),
-		Message: j.message, SucceededUnits: uint64(j.succeeded), FailedUnits: uint64(j.givenUp), MigratedBytes: j.migrated}
+		Message: j.message, SucceededUnits: uint64(j.succeeded), FailedUnits: uint64(j.givenUp), MigratedBytes: j.migrated,
+		SegmentIds: j.segIDs}
 }
 
 // journalDrainLocked appends j's record when its status or counts changed
 // since its last one, and returns the record's sequence number (0: none
 // appended). drains.mu is held, so a job's records go in the order of its
-// changes.
+// changes. A job no longer kept (pruned) records nothing more.
 func (s *Service) journalDrainLocked(j *drainJob) uint64 {
 	r := j.record()
-	if p := j.recorded; p != nil && p.Status == r.Status && p.SucceededUnits == r.SucceededUnits &&
-		p.FailedUnits == r.FailedUnits && p.MigratedBytes == r.MigratedBytes {
+	if p := j.recorded; (p != nil && p.Status == r.Status && p.SucceededUnits == r.SucceededUnits &&
+		p.FailedUnits == r.FailedUnits && p.MigratedBytes == r.MigratedBytes) || s.drains.jobs[j.id] != j {
 		return 0
 	}
 	j.recorded = r
-	return s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drain{Drain: r}})
+	j.seq = s.record(&storepb.JournalRecord{Op: &storepb.JournalRecord_Drain{Drain: r}})
+	return j.seq
 }
 
 // pruneDrainsLocked drops the jobs that ended but the latest
-// keepEndedDrains (by their last change), never keep, the job that just
-// ended, whose caller answers for it. drains.mu is held.
+// keepEndedDrains (by their last record, then their last change: a new
+// leader's restored jobs are older than its own), never keep, the job
+// that just ended, whose caller answers for it. drains.mu is held.
 func (s *Service) pruneDrainsLocked(keep *drainJob) {
 	var ended []*drainJob
 	for _, j := range s.drains.jobs {
@@ -121,6 +126,9 @@ func (s *Service) pruneDrainsLocked(keep *drainJob) {
 		return
 	}
 	slices.SortFunc(ended, func(a, b *drainJob) int {
+		if c := cmpU64(a.seq, b.seq); c != 0 {
+			return c
+		}
 		if c := a.updated.Compare(b.updated); c != 0 {
 			return c
 		}
@@ -204,16 +212,18 @@ func (s *Service) startDrain(ctx context.Context, segs, targets []string, concur
 		s.segMu.Unlock()
 		return "", bad
 	}
+	var ids []string
 	for _, n := range segs {
 		for _, sg := range byName[n] {
 			sg.drain = segDraining
+			ids = append(ids, sg.id)
 		}
 	}
 	s.segMu.Unlock()
 
 	now := s.now()
 	j := &drainJob{id: fmt.Sprintf("%d-%d", rand.Uint64(), rand.Uint64()), segs: slices.Clone(segs),
-		targets: slices.Clone(targets), concurrency: concurrency, created: now, updated: now,
+		targets: slices.Clone(targets), segIDs: ids, concurrency: concurrency, created: now, updated: now,
 		status: jobCreated, message: "Drain job created", fails: map[string]int{}}
 	s.drains.mu.Lock()
 	if s.drains.jobs == nil {
@@ -514,27 +524,28 @@ func (s *Service) drainJobView(id string) *drainView {
 		Active: j.active, MigratedByte: j.migrated, Message: j.message}
 }
 
-// cancelDrain cancels job id, and waits for its record: false if unknown.
-// A job that ended stays as it ended.
-func (s *Service) cancelDrain(ctx context.Context, id string) (found bool, err error) {
+// cancelDrain cancels job id, and waits for its last record: its status
+// name then, "" if unknown. A job that ended stays as it ended.
+func (s *Service) cancelDrain(ctx context.Context, id string) (status string, err error) {
 	s.drains.mu.Lock()
 	j := s.drains.jobs[id]
 	if j == nil {
 		s.drains.mu.Unlock()
-		return false, nil
+		return "", nil
 	}
-	running, seq := j.running(), uint64(0)
+	running := j.running()
 	if running {
 		j.status, j.message, j.updated = jobCanceled, "Drain job canceled", s.now()
-		seq = s.journalDrainLocked(j)
+		s.journalDrainLocked(j)
 		s.pruneDrainsLocked(j)
 	}
-	segs := j.segs
+	segs, seq, status := j.segs, j.seq, jobStatusNames[j.status]
 	s.drains.mu.Unlock()
 	if running {
 		s.setDrainState(segs, 0, segDraining)
 	}
-	return true, s.durable(ctx, seq)
+	// The end it answers may be another call's, not durable yet.
+	return status, s.durable(ctx, seq)
 }
 
 // drainRecords adds the jobs s keeps to drains, as their records.
@@ -547,35 +558,20 @@ func (s *Service) drainRecords(drains map[string]*storepb.JournalDrain) {
 }
 
 // restoreDrainsLocked makes the jobs of drains s's own, the latest
-// keepEndedDrains of those that ended, and marks the segments of those
-// running DRAINING (DRAINED for those that succeeded). segMu is held.
+// keepEndedDrains of those that ended. (Their segments' drain states come
+// with the segments: restore.) segMu is held.
 func (s *Service) restoreDrainsLocked(drains map[string]*storepb.JournalDrain) {
 	s.drains.mu.Lock()
 	defer s.drains.mu.Unlock()
 	s.drains.jobs = make(map[string]*drainJob, len(drains))
 	for id, r := range drains {
-		s.drains.jobs[id] = &drainJob{id: id, segs: r.Segments, targets: r.Targets, concurrency: int(r.Concurrency),
-			created: time.UnixMilli(r.CreatedUnixMs), updated: time.UnixMilli(r.UpdatedUnixMs), status: int(r.Status),
-			message: r.Message, succeeded: int(r.SucceededUnits), givenUp: int(r.FailedUnits), migrated: r.MigratedBytes,
+		s.drains.jobs[id] = &drainJob{id: id, segs: r.Segments, targets: r.Targets, segIDs: r.SegmentIds,
+			concurrency: int(r.Concurrency), created: time.UnixMilli(r.CreatedUnixMs),
+			updated: time.UnixMilli(r.UpdatedUnixMs), status: int(r.Status), message: r.Message,
+			succeeded: int(r.SucceededUnits), givenUp: int(r.FailedUnits), migrated: r.MigratedBytes,
 			fails: map[string]int{}, recorded: r}
 	}
 	s.pruneDrainsLocked(nil)
-	for _, j := range s.drains.jobs {
-		var to uint8
-		switch {
-		case j.running():
-			to = segDraining
-		case j.status == jobSucceeded:
-			to = segDrained
-		default:
-			continue
-		}
-		for _, sg := range s.segList {
-			if sg.medium == storepb.Medium_MEDIUM_DRAM && slices.Contains(j.segs, sg.name) {
-				sg.drain = to
-			}
-		}
-	}
 }
 
 // segmentStatus is the drain status of the DRAM segments named name (1

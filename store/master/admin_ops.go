@@ -138,17 +138,15 @@ func cancelDrainJob(svc *Service, w http.ResponseWriter, r *http.Request) {
 		adminFail(w, http.StatusBadRequest, storepb.InvalidParams, "Missing or invalid job_id")
 		return
 	}
-	found, err := svc.cancelDrain(r.Context(), id)
+	status, err := svc.cancelDrain(r.Context(), id)
 	switch {
-	case !found:
+	case status == "":
 		adminFail(w, http.StatusNotFound, codeJobNotFound, "")
-		return
 	case err != nil:
-		adminFail(w, http.StatusInternalServerError, codeOf(err), "drain job "+id+" canceled, its record not durable: "+err.Error())
-		return
+		adminFail(w, http.StatusInternalServerError, codeOf(err), "drain job "+id+" "+status+", its record not durable: "+err.Error())
+	default:
+		writeJSON(w, http.StatusOK, jobAnswer{Success: true, JobID: id, Status: status})
 	}
-	v := svc.drainJobView(id)
-	writeJSON(w, http.StatusOK, jobAnswer{Success: true, JobID: id, Status: v.StatusName})
 }
 
 // removeAll is POST /api/v1/remove_all: every readable object goes, those

@@ -110,9 +110,9 @@ func TestDrainJobResumedFromTheJournal(t *testing.T) {
 // its failed units.
 func TestDrainJobEndsReplayed(t *testing.T) {
 	s, j, canceled, _ := drainFixture(t, 2)
-	found, err := s.cancelDrain(t.Context(), canceled)
+	status, err := s.cancelDrain(t.Context(), canceled)
 	require.NoError(t, err)
-	require.True(t, found)
+	require.Equal(t, "CANCELED", status)
 	moveOne(t, s, false) // the cancelled job's move in flight ends
 	failed, err := s.startDrain(t.Context(), []string{"node-1"}, nil, 1)
 	require.NoError(t, err)
@@ -201,4 +201,66 @@ func TestEndedDrainsBounded(t *testing.T) {
 	assert.Equal(t, keepEndedDrains+1, n2)
 	assert.NotNil(t, s2.drainJobView(ids[len(ids)-1]))
 	assert.Equal(t, "RUNNING", jobOf(t, s2, running).StatusName)
+}
+
+// A segment's drain status replays as the leader set it, job by job in
+// the order of their records: a drained segment mounted again (same id or
+// a new one, same name) takes replicas again; a job started on it then
+// cancelled leaves it so. The states ride in snapshots too.
+func TestDrainStatesReplayed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		id   string // the segment mounted again under node-1's name
+	}{{"same id", "1"}, {"new id", "9"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, j, id, _ := drainFixture(t, 1)
+			moveOne(t, s, true)
+			require.Equal(t, "SUCCEEDED", jobOf(t, s, id).StatusName)
+			require.Equal(t, "DRAINED", segStatus(t, s, "node-1"))
+			s2, _ := replayed(t, j.recs)
+			assert.Equal(t, "DRAINED", segStatus(t, s2, "node-1"))
+
+			require.NoError(t, s.UnmountSegment(t.Context(), "c1", "1"))
+			again := seg("1", 1<<24, 1<<20)
+			again.Id = tc.id
+			require.NoError(t, s.MountSegment(t.Context(), "c1", again))
+			require.Equal(t, "OK", segStatus(t, s, "node-1"))
+			s3, _ := replayed(t, j.recs)
+			assert.Equal(t, "OK", segStatus(t, s3, "node-1"), "mounted again after its drain")
+
+			put(t, s, "c1", "k-again", 4096, &storepb.ReplicateConfig{PreferredSegments: []string{"node-1"}})
+			b, err := s.startDrain(t.Context(), []string{"node-1"}, nil, 1)
+			require.NoError(t, err)
+			require.Equal(t, "DRAINING", segStatus(t, s, "node-1"))
+			s4, _ := replayed(t, j.recs)
+			assert.Equal(t, "DRAINING", segStatus(t, s4, "node-1"))
+			status, err := s.cancelDrain(t.Context(), b)
+			require.NoError(t, err)
+			require.Equal(t, "CANCELED", status)
+			require.Equal(t, "OK", segStatus(t, s, "node-1"))
+			for range 20 { // the jobs' records, not their order in a map
+				s5, _ := replayed(t, j.recs)
+				require.Equal(t, "OK", segStatus(t, s5, "node-1"))
+			}
+
+			// A snapshot holds the states: node-2 DRAINED by a third job.
+			c, err := s.startDrain(t.Context(), []string{"node-2"}, nil, 0)
+			require.NoError(t, err)
+			s.stepDrains()
+			require.NoError(t, s.MoveEnd(t.Context(), "c2", s.takeTasks(t.Context(), "c2")[0].Id, true))
+			require.Equal(t, "SUCCEEDED", jobOf(t, s, c).StatusName)
+			chunks, seq := s.snapshot(1000)
+			st := newState()
+			for _, ch := range chunks {
+				st.loadChunk(ch)
+			}
+			for _, r := range j.recs[seq:] {
+				require.NoError(t, st.apply(r))
+			}
+			s6, _ := newTestService(t, ServiceConfig{})
+			require.NoError(t, s6.restore(st))
+			assert.Equal(t, "DRAINED", segStatus(t, s6, "node-2"))
+			assert.Equal(t, "OK", segStatus(t, s6, "node-1"))
+		})
+	}
 }

@@ -453,10 +453,21 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 	case *storepb.JournalRecord_MoveAbort:
 		delete(st.moves, op.MoveAbort.Id)
 	case *storepb.JournalRecord_Drain:
-		if op.Drain.Id == "" {
+		d := op.Drain
+		if d.Id == "" {
 			return fmt.Errorf("%w: drain job without an id", ErrBadRecord)
 		}
-		st.drains[op.Drain.Id] = op.Drain
+		st.drains[d.Id] = d
+		// The job's segments, as startDrain and stepDrain (or a cancel)
+		// set them on the leader.
+		switch d.Status {
+		case jobCreated:
+			st.setDrain(d.SegmentIds, segDraining, func(uint32) bool { return true })
+		case jobSucceeded:
+			st.setDrain(d.SegmentIds, segDrained, func(was uint32) bool { return was == segDraining })
+		case jobFailed, jobCanceled:
+			st.setDrain(d.SegmentIds, 0, func(was uint32) bool { return was == segDraining })
+		}
 	case *storepb.JournalRecord_Move:
 		mv := op.Move
 		delete(st.moves, mv.Id) // its target is the replica's now
@@ -482,6 +493,18 @@ func (st *state) apply(rec *storepb.JournalRecord) error {
 		return fmt.Errorf("%w: record of unknown kind %T", ErrBadRecord, rec.Op)
 	}
 	return nil
+}
+
+// setDrain sets the drain status of the segments of ids that are mounted
+// and whose status passes from.
+func (st *state) setDrain(ids []string, to uint32, from func(uint32) bool) {
+	for _, id := range ids {
+		if m := st.segs[id]; m != nil && from(m.Drain) && m.Drain != to {
+			m = proto.CloneOf(m) // records are shared: the state changes copies
+			m.Drain = to
+			st.segs[id] = m
+		}
+	}
 }
 
 // unmountClient takes the segments of clientID, expired, out of the state
@@ -595,6 +618,9 @@ func (s *Service) restore(st *state) error {
 		if m.HeldUntilUnixMs != 0 {
 			sg.heldUntil = time.UnixMilli(m.HeldUntilUnixMs) // heldLocked ends a hold past
 		}
+		if sg.medium == storepb.Medium_MEDIUM_DRAM && (m.Drain == segDraining || m.Drain == segDrained) {
+			sg.drain = uint8(m.Drain)
+		}
 		s.segs[id] = sg
 		s.segList = append(s.segList, sg)
 		if sg.medium == storepb.Medium_MEDIUM_DISK {
@@ -625,8 +651,8 @@ func (s *Service) restore(st *state) error {
 		s.tasks[id] = &moveTask{id: id, key: m.Key, dst: reps([]*storepb.ReplicaLocation{m.To})[0],
 			client: m.ClientId, created: now, handed: true, journaled: true}
 	}
-	// Drain jobs go on: their segments are DRAINING again (planned on the
-	// monitor's next tick).
+	// Drain jobs go on (planned on the monitor's next tick), their
+	// segments DRAINING as restored above.
 	s.restoreDrainsLocked(st.drains)
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
@@ -854,6 +880,7 @@ func mountOf(sg *segment) *storepb.JournalMount {
 	if !sg.heldUntil.IsZero() {
 		m.HeldUntilUnixMs = sg.heldUntil.UnixMilli()
 	}
+	m.Drain = uint32(sg.drain)
 	return m
 }
 

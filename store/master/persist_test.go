@@ -182,7 +182,9 @@ func TestLocalPersistDrainJob(t *testing.T) {
 	id, err := svc.startDrain(t.Context(), []string{"node-1"}, nil, 1)
 	require.NoError(t, err)
 	moveOne(t, svc, true)
-	require.Eventually(t, func() bool { return m.SnapshotSeq() > 0 }, 10*time.Second, 10*time.Millisecond)
+	created := svc.j.last()
+	// A snapshot that holds the job, then a record after it.
+	require.Eventually(t, func() bool { return m.SnapshotSeq() >= created }, 10*time.Second, 10*time.Millisecond)
 	moveOne(t, svc, true)
 	require.NoError(t, m.Close())
 

@@ -109,8 +109,12 @@ type JournalMount struct {
 	// segment takes no new replicas until then (Unix milliseconds; 0: none),
 	// on a next leader too.
 	HeldUntilUnixMs int64 `protobuf:"varint,3,opt,name=held_until_unix_ms,json=heldUntilUnixMs,proto3" json:"held_until_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// In snapshots: the segment's drain status (admin_drain.go: 2 DRAINING,
+	// 3 DRAINED; 0 none). A mount itself has none: a segment mounted again
+	// under a drained one's id is not drained.
+	Drain         uint32 `protobuf:"varint,4,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JournalMount) Reset() {
@@ -160,6 +164,13 @@ func (x *JournalMount) GetSegment() *Segment {
 func (x *JournalMount) GetHeldUntilUnixMs() int64 {
 	if x != nil {
 		return x.HeldUntilUnixMs
+	}
+	return 0
+}
+
+func (x *JournalMount) GetDrain() uint32 {
+	if x != nil {
+		return x.Drain
 	}
 	return 0
 }
@@ -806,8 +817,13 @@ type JournalDrain struct {
 	SucceededUnits uint64 `protobuf:"varint,9,opt,name=succeeded_units,json=succeededUnits,proto3" json:"succeeded_units,omitempty"`
 	FailedUnits    uint64 `protobuf:"varint,10,opt,name=failed_units,json=failedUnits,proto3" json:"failed_units,omitempty"`
 	MigratedBytes  uint64 `protobuf:"varint,11,opt,name=migrated_bytes,json=migratedBytes,proto3" json:"migrated_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The segments the job made DRAINING when it was created. Its creation
+	// (status CREATED) makes them DRAINING in a replay too; its end makes
+	// those still DRAINING DRAINED (SUCCEEDED) or not drained (FAILED,
+	// CANCELED), as the leader did.
+	SegmentIds    []string `protobuf:"bytes,12,rep,name=segment_ids,json=segmentIds,proto3" json:"segment_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JournalDrain) Reset() {
@@ -915,6 +931,13 @@ func (x *JournalDrain) GetMigratedBytes() uint64 {
 		return x.MigratedBytes
 	}
 	return 0
+}
+
+func (x *JournalDrain) GetSegmentIds() []string {
+	if x != nil {
+		return x.SegmentIds
+	}
+	return nil
 }
 
 type JournalRecord struct {
@@ -1397,11 +1420,12 @@ const file_journal_proto_rawDesc = "" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12<\n" +
-	"\astripes\x18\x04 \x03(\v2\".mooncake.store.v1.ReplicaLocationR\astripes\"\x8e\x01\n" +
+	"\astripes\x18\x04 \x03(\v2\".mooncake.store.v1.ReplicaLocationR\astripes\"\xa4\x01\n" +
 	"\fJournalMount\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x124\n" +
 	"\asegment\x18\x02 \x01(\v2\x1a.mooncake.store.v1.SegmentR\asegment\x12+\n" +
-	"\x12held_until_unix_ms\x18\x03 \x01(\x03R\x0fheldUntilUnixMs\"/\n" +
+	"\x12held_until_unix_ms\x18\x03 \x01(\x03R\x0fheldUntilUnixMs\x12\x14\n" +
+	"\x05drain\x18\x04 \x01(\rR\x05drain\"/\n" +
 	"\x0eJournalUnmount\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\",\n" +
@@ -1443,7 +1467,7 @@ const file_journal_proto_rawDesc = "" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x122\n" +
 	"\x02to\x18\x04 \x01(\v2\".mooncake.store.v1.ReplicaLocationR\x02to\"\"\n" +
 	"\x10JournalMoveAbort\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\xeb\x02\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\x8c\x03\n" +
 	"\fJournalDrain\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bsegments\x18\x02 \x03(\tR\bsegments\x12\x18\n" +
@@ -1456,7 +1480,9 @@ const file_journal_proto_rawDesc = "" +
 	"\x0fsucceeded_units\x18\t \x01(\x04R\x0esucceededUnits\x12!\n" +
 	"\ffailed_units\x18\n" +
 	" \x01(\x04R\vfailedUnits\x12%\n" +
-	"\x0emigrated_bytes\x18\v \x01(\x04R\rmigratedBytes\"\xde\x05\n" +
+	"\x0emigrated_bytes\x18\v \x01(\x04R\rmigratedBytes\x12\x1f\n" +
+	"\vsegment_ids\x18\f \x03(\tR\n" +
+	"segmentIds\"\xde\x05\n" +
 	"\rJournalRecord\x127\n" +
 	"\x05mount\x18\x01 \x01(\v2\x1f.mooncake.store.v1.JournalMountH\x00R\x05mount\x12=\n" +
 	"\aunmount\x18\x02 \x01(\v2!.mooncake.store.v1.JournalUnmountH\x00R\aunmount\x12:\n" +
