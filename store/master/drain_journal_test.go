@@ -150,17 +150,9 @@ func TestDrainJobInSnapshot(t *testing.T) {
 	s, j, id, _ := drainFixture(t, 3)
 	moveOne(t, s, true)
 	chunks, seq := s.snapshot(2)
-	st := newState()
-	for _, c := range chunks {
-		st.loadChunk(c)
-	}
 	assert.Len(t, chunks[0].Drains, 1, "the first chunk holds the jobs")
 	moveOne(t, s, true)
-	for _, r := range j.recs[seq:] {
-		require.NoError(t, st.apply(r))
-	}
-	s2, _ := newTestService(t, ServiceConfig{})
-	require.NoError(t, s2.restore(st))
+	s2 := restoredAfter(t, chunks, j.recs[seq:])
 	got := jobOf(t, s2, id)
 	assert.Equal(t, "RUNNING", got.StatusName)
 	assert.Equal(t, 2, got.Succeeded)
@@ -250,15 +242,7 @@ func TestDrainStatesReplayed(t *testing.T) {
 			require.NoError(t, s.MoveEnd(t.Context(), "c2", s.takeTasks(t.Context(), "c2")[0].Id, true))
 			require.Equal(t, "SUCCEEDED", jobOf(t, s, c).StatusName)
 			chunks, seq := s.snapshot(1000)
-			st := newState()
-			for _, ch := range chunks {
-				st.loadChunk(ch)
-			}
-			for _, r := range j.recs[seq:] {
-				require.NoError(t, st.apply(r))
-			}
-			s6, _ := newTestService(t, ServiceConfig{})
-			require.NoError(t, s6.restore(st))
+			s6 := restoredAfter(t, chunks, j.recs[seq:])
 			assert.Equal(t, "DRAINED", segStatus(t, s6, "node-2"))
 			assert.Equal(t, "OK", segStatus(t, s6, "node-1"))
 		})

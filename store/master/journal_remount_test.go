@@ -69,16 +69,7 @@ func TestSnapshotBetweenExpiryAndSweep(t *testing.T) {
 	put(t, s, "a", "after", 4096, nil)
 	want := view(s)
 
-	st := newState()
-	for _, c := range chunks {
-		st.loadChunk(c)
-	}
-	for _, r := range j.recs[seq:] {
-		require.NoError(t, st.apply(r))
-	}
-	s2, _ := newTestService(t, ServiceConfig{})
-	require.NoError(t, s2.restore(st), "the snapshot and the journal after it restore")
-	assert.Equal(t, want, view(s2))
+	assert.Equal(t, want, view(restoredAfter(t, chunks, j.recs[seq:])))
 }
 
 // A record can name a segment after the record of its unmount (a put's

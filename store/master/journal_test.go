@@ -42,6 +42,22 @@ func (j *memJournal) last() uint64 {
 	return uint64(len(j.recs))
 }
 
+// restoredAfter is a Service restored from a snapshot's chunks and the
+// records after it, as a new leader loads them.
+func restoredAfter(t *testing.T, chunks []*storepb.SnapshotChunk, after []*storepb.JournalRecord) *Service {
+	t.Helper()
+	st := newState()
+	for _, c := range chunks {
+		st.loadChunk(c)
+	}
+	for i, r := range after {
+		require.NoError(t, st.apply(r), "record %d after the snapshot", i+1)
+	}
+	s, _ := newTestService(t, ServiceConfig{})
+	require.NoError(t, s.restore(st), "the snapshot and the journal after it restore")
+	return s
+}
+
 // view is what must survive a failover: objects, their replicas by
 // segment and address, the allocators' use, and the targets of moves
 // handed out.
