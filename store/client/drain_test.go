@@ -14,12 +14,16 @@ import (
 	"github.com/mooncake-go/mooncake/store/master"
 )
 
+// adminHTTP asks masters' admin servers in tests; a master that hangs
+// fails the call, not the package's timeout.
+var adminHTTP = &http.Client{Timeout: 30 * time.Second}
+
 // adminJSON asks the master's admin server and decodes its JSON answer.
 func adminJSON(t *testing.T, method, url, body string) (int, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminHTTP.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var out map[string]any
