@@ -440,7 +440,9 @@ func readEtcdSnapshot(ctx context.Context, cli *clientv3.Client, clusterID strin
 			if err := proto.Unmarshal(v, &c); err != nil {
 				return fmt.Errorf("master: journal snapshot chunk %s: %w", key, err)
 			}
-			st.loadChunk(&c)
+			if err := st.loadChunk(&c); err != nil {
+				return fmt.Errorf("master: journal snapshot chunk %s: %w", key, err)
+			}
 			return nil
 		})
 		if err != nil {

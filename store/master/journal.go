@@ -979,10 +979,28 @@ func (s *Service) snapshotLocked(perChunk int) (chunks []*storepb.SnapshotChunk,
 	return addMoves(chunks, slices.Collect(maps.Values(moves)), perChunk), seq
 }
 
-// loadChunk adds a snapshot chunk to st.
-func (st *state) loadChunk(c *storepb.SnapshotChunk) {
+// loadChunk adds a snapshot chunk to st. A segment, move or drain job the
+// chunk holds without its id (or a move without its target) is an error,
+// as the same record would be in the log: a damaged snapshot is noticed,
+// not restored into a master.
+func (st *state) loadChunk(c *storepb.SnapshotChunk) error {
 	for _, m := range c.Segments {
-		st.segs[m.Segment.GetId()] = m
+		if m.GetSegment().GetId() == "" {
+			return fmt.Errorf("%w: snapshot of a segment without its id", ErrBadRecord)
+		}
+	}
+	for _, m := range c.Moves {
+		if m.Id == 0 || m.To == nil {
+			return fmt.Errorf("%w: snapshot of a move without an id or a target", ErrBadRecord)
+		}
+	}
+	for _, d := range c.Drains {
+		if d.Id == "" {
+			return fmt.Errorf("%w: snapshot of a drain job without an id", ErrBadRecord)
+		}
+	}
+	for _, m := range c.Segments {
+		st.segs[m.Segment.Id] = m
 	}
 	for _, m := range c.Moves {
 		st.moves[m.Id] = m
@@ -994,6 +1012,7 @@ func (st *state) loadChunk(c *storepb.SnapshotChunk) {
 	for _, o := range c.Objects {
 		st.objects[o.Key] = o
 	}
+	return nil
 }
 
 func b2i(b bool) int {

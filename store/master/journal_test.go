@@ -48,7 +48,7 @@ func restoredAfter(t *testing.T, chunks []*storepb.SnapshotChunk, after []*store
 	t.Helper()
 	st := newState()
 	for _, c := range chunks {
-		st.loadChunk(c)
+		require.NoError(t, st.loadChunk(c))
 	}
 	for i, r := range after {
 		require.NoError(t, st.apply(r), "record %d after the snapshot", i+1)
@@ -102,7 +102,7 @@ func loadChunks(t *testing.T, chunks []*storepb.SnapshotChunk) *state {
 		require.NoError(t, err)
 		var back storepb.SnapshotChunk
 		require.NoError(t, proto.Unmarshal(b, &back))
-		st.loadChunk(&back)
+		require.NoError(t, st.loadChunk(&back))
 	}
 	return st
 }
@@ -240,7 +240,7 @@ func FuzzJournal(f *testing.F) {
 			To: &storepb.ReplicaLocation{SegmentId: "2", Offset: 8192, Size: 200}}}},
 		{Op: &storepb.JournalRecord_MoveAbort{MoveAbort: &storepb.JournalMoveAbort{Id: 4}}},
 	}
-	b, _ := proto.Marshal(&storepb.JournalBatch{FirstSeq: 1, Records: seedRecs})
+	b, _ := proto.Marshal(&storepb.JournalBatch{FirstSeq: 1, Records: append(seedRecs, fuzzDrainRecs()...)})
 	f.Add(b)
 	f.Add([]byte{0x12, 0x03, 0x0a, 0x01, 0x00})
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -254,35 +254,109 @@ func FuzzJournal(f *testing.F) {
 				return
 			}
 		}
-		s, err := NewService(ServiceConfig{Seed: 1})
-		if err != nil {
-			t.Fatal(err)
+		checkFuzzRestore(t, st)
+	})
+}
+
+// fuzzDrainRecs seeds the fuzzers with a slot's commit and drain jobs
+// that start, run and end: the records whose replay sets segments'
+// statuses and resumes jobs.
+func fuzzDrainRecs() []*storepb.JournalRecord {
+	slot := slotPrefix + "c/1"
+	return []*storepb.JournalRecord{
+		{Op: &storepb.JournalRecord_Start{Start: &storepb.JournalStart{ClientId: "a", Key: slot, Size: 64,
+			Replicas: []*storepb.ReplicaLocation{{SegmentId: "1", Offset: 1 << 16, Size: 64}}}}},
+		{Op: &storepb.JournalRecord_Commit{Commit: &storepb.JournalCommit{ClientId: "a", Slot: slot, Key: "c", Checksum: 3}}},
+		{Op: &storepb.JournalRecord_Drain{Drain: &storepb.JournalDrain{Id: "j1", Segments: []string{"node-1"},
+			Concurrency: 2, CreatedUnixMs: 1, UpdatedUnixMs: 1, SegmentIds: []string{"1"}}}},
+		{Op: &storepb.JournalRecord_Move{Move: &storepb.JournalMove{Id: 3, Key: "s", OnlyFrom: true,
+			From: &storepb.ReplicaLocation{SegmentId: "1", Offset: 4096, Size: 120},
+			To:   &storepb.ReplicaLocation{SegmentId: "2", Offset: 4096, Size: 120}}}},
+		{Op: &storepb.JournalRecord_Drain{Drain: &storepb.JournalDrain{Id: "j1", Segments: []string{"node-1"},
+			Concurrency: 2, CreatedUnixMs: 1, UpdatedUnixMs: 2, Status: jobRunning, SucceededUnits: 1,
+			MigratedBytes: 120, SegmentIds: []string{"1"}}}},
+		{Op: &storepb.JournalRecord_Drain{Drain: &storepb.JournalDrain{Id: "j2", Segments: []string{"node-2"},
+			Targets: []string{"node-1"}, CreatedUnixMs: 2, UpdatedUnixMs: 3, Status: jobCanceled, SegmentIds: []string{"2"}}}},
+	}
+}
+
+// checkFuzzRestore restores st into a new Service, which must fail
+// cleanly or succeed; a restored one must allocate without overlapping
+// what it restored, and step its resumed drain jobs without panicking.
+func checkFuzzRestore(t *testing.T, st *state) {
+	s, err := NewService(ServiceConfig{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.restore(st) != nil {
+		return
+	}
+	defer s.stepDrains()
+	// Whatever was restored, new allocations never overlap it.
+	for _, sg := range s.segList {
+		var used []alloc.Span
+		for i := range s.shards {
+			for _, o := range s.shards[i].objects {
+				for _, r := range o.replicas {
+					r.pieces(func(p replica) {
+						if p.seg == sg {
+							used = append(used, alloc.Span{Off: p.off, Size: p.size})
+						}
+					})
+				}
+			}
 		}
-		if s.restore(st) != nil {
+		for _, m := range s.tasks {
+			if m.dst.seg == sg {
+				used = append(used, alloc.Span{Off: m.dst.off, Size: m.dst.size})
+			}
+		}
+		if off, ok := sg.alloc.Alloc(64); ok && slices.ContainsFunc(used, func(u alloc.Span) bool { return off < u.Off+u.Size && u.Off < off+64 }) {
+			t.Fatalf("allocation at %d overlaps a restored replica", off)
+		}
+	}
+}
+
+// FuzzSnapshot feeds arbitrary bytes where a new leader, a standby or a
+// restarted master reads a snapshot chunk (the first chunk of a snapshot
+// carries segments, moves and drain jobs), followed by records: loading,
+// replay and restore must fail cleanly or succeed, never panic.
+func FuzzSnapshot(f *testing.F) {
+	st := newState()
+	for _, r := range append([]*storepb.JournalRecord{
+		{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{ClientId: "a", Segment: seg("1", 4096, 1<<20)}}},
+		{Op: &storepb.JournalRecord_Mount{Mount: &storepb.JournalMount{ClientId: "b", Segment: seg("2", 1<<30, 1<<20)}}},
+		{Op: &storepb.JournalRecord_Start{Start: &storepb.JournalStart{ClientId: "a", Key: "s", Size: 120,
+			Replicas: []*storepb.ReplicaLocation{{SegmentId: "1", Offset: 4096, Size: 120}}}}},
+		{Op: &storepb.JournalRecord_End{End: &storepb.JournalEnd{ClientId: "a", Key: "s", Checksum: 2}}},
+		{Op: &storepb.JournalRecord_MoveStart{MoveStart: &storepb.JournalMoveStart{Id: 3, ClientId: "b", Key: "s",
+			To: &storepb.ReplicaLocation{SegmentId: "2", Offset: 4096, Size: 120}}}},
+	}, fuzzDrainRecs()...) {
+		if err := st.apply(r); err != nil {
+			f.Fatal(err)
+		}
+	}
+	for _, c := range st.chunks(2) {
+		b, _ := proto.Marshal(c)
+		f.Add(b, []byte(nil))
+	}
+	after, _ := proto.Marshal(&storepb.JournalBatch{FirstSeq: 1, Records: fuzzDrainRecs()[2:]})
+	f.Add([]byte{0x2a, 0x02, 0x0a, 0x00}, after)
+	f.Fuzz(func(t *testing.T, chunk, records []byte) {
+		var c storepb.SnapshotChunk
+		var batch storepb.JournalBatch
+		if proto.Unmarshal(chunk, &c) != nil || proto.Unmarshal(records, &batch) != nil {
 			return
 		}
-		// Whatever was restored, new allocations never overlap it.
-		for _, sg := range s.segList {
-			var used []alloc.Span
-			for i := range s.shards {
-				for _, o := range s.shards[i].objects {
-					for _, r := range o.replicas {
-						r.pieces(func(p replica) {
-							if p.seg == sg {
-								used = append(used, alloc.Span{Off: p.off, Size: p.size})
-							}
-						})
-					}
-				}
-			}
-			for _, m := range s.tasks {
-				if m.dst.seg == sg {
-					used = append(used, alloc.Span{Off: m.dst.off, Size: m.dst.size})
-				}
-			}
-			if off, ok := sg.alloc.Alloc(64); ok && slices.ContainsFunc(used, func(u alloc.Span) bool { return off < u.Off+u.Size && u.Off < off+64 }) {
-				t.Fatalf("allocation at %d overlaps a restored replica", off)
+		st := newState()
+		if st.loadChunk(&c) != nil {
+			return
+		}
+		for i, r := range batch.Records {
+			if st.applyAfter(r, uint64(i+1), func(string, uint64) bool { return false }) != nil {
+				return
 			}
 		}
+		checkFuzzRestore(t, st)
 	})
 }

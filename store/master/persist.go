@@ -218,7 +218,9 @@ func readSnapshot(path string, st *state) error {
 		if err := proto.Unmarshal(b, &c); err != nil {
 			return fmt.Errorf("%w: snapshot %s: %v", ErrDamagedJournal, path, err)
 		}
-		st.loadChunk(&c)
+		if err := st.loadChunk(&c); err != nil {
+			return fmt.Errorf("%w: snapshot %s: %w", ErrDamagedJournal, path, err)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -132,6 +133,20 @@ func TestLocalJournalTornTail(t *testing.T) {
 	require.NoError(t, os.WriteFile(first, data, 0o644))
 	_, err = Start(ServerConfig{Listen: "127.0.0.1:0", Persist: &PersistConfig{Dir: dir}})
 	assert.ErrorIs(t, err, ErrDamagedJournal)
+}
+
+// A snapshot whose frames are whole but whose chunk does not hold up (a
+// segment without its id) is damage: the master refuses to start on it,
+// with the file named, instead of restoring it or panicking.
+func TestLocalPersistDamagedSnapshotChunk(t *testing.T) {
+	dir := t.TempDir()
+	payload, err := proto.Marshal(&storepb.SnapshotChunk{Segments: []*storepb.JournalMount{{ClientId: "a"}}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, snapName(7)), appendFrame(nil, payload), 0o644))
+	_, err = Start(ServerConfig{Listen: "127.0.0.1:0", Persist: &PersistConfig{Dir: dir}})
+	require.ErrorIs(t, err, ErrDamagedJournal)
+	assert.ErrorIs(t, err, ErrBadRecord)
+	assert.Contains(t, err.Error(), snapName(7))
 }
 
 // Fresh starts empty and discards the directory's state.

@@ -131,7 +131,7 @@ func TestRemountHoldSurvivesFailover(t *testing.T) {
 	}
 	fromSnapshot := newState()
 	for _, c := range chunks {
-		fromSnapshot.loadChunk(c)
+		require.NoError(t, fromSnapshot.loadChunk(c))
 	}
 	for name, st := range map[string]*state{"journal": fromJournal, "snapshot": fromSnapshot} {
 		t.Run(name, func(t *testing.T) {

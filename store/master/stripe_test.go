@@ -331,7 +331,7 @@ func TestStripedJournalReplay(t *testing.T) {
 		snap, _ := s.snapshot(2)
 		st3 := newState()
 		for _, c := range snap {
-			st3.loadChunk(c)
+			require.NoError(t, st3.loadChunk(c))
 		}
 		s3, _ := newTestService(t, ServiceConfig{})
 		require.NoError(t, s3.restore(st3))
