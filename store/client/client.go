@@ -228,6 +228,7 @@ func (c *Client) heartbeat(ctx context.Context) {
 		c.unmountSSD(ctx) // a failed tier the master could not be told of
 		if err == nil {
 			c.revokeStale(ctx)
+			c.giveBackLost()
 		}
 		if len(tasks) > 0 {
 			c.runMoves(ctx, tasks)
@@ -280,13 +281,15 @@ func (c *Client) Close() error {
 		c.stop()
 		c.wg.Wait()
 		c.slots.wg.Wait()
+		// Sessions never ended, slots never used and those of reserves
+		// without an answer give their space back now rather than when the
+		// master reclaims stale starts.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if keys := append(c.puts.keys(), c.dropSlots()...); len(keys) > 0 {
-			// Sessions never ended and slots never used give their space
-			// back now rather than when the master reclaims stale starts.
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = c.revoke(ctx, keys)
-			cancel()
 		}
+		c.revokeLost(ctx, c.slots.takeLost())
+		cancel()
 		var errs []error
 		for _, seg := range c.segments() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

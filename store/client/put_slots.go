@@ -71,6 +71,12 @@ const (
 	// refuseFor is how long a length the master refused slots of goes
 	// without: the refusal may be the pool's size, which nodes change.
 	refuseFor = time.Minute
+	// lostMax bounds the reserves without an answer a client keeps to ask
+	// again, and lostFor how long it keeps one: by then the master has
+	// reclaimed what it made (PutStartReleaseTimeout, 10 minutes by
+	// default).
+	lostMax = 64
+	lostFor = 10 * time.Minute
 )
 
 // slot is a put the master started under its own name, not yet committed.
@@ -99,6 +105,19 @@ type slotPool struct {
 	// of each length seen.
 	auto bool
 	use  map[uint64]*lengthUse
+	// lost: reserves whose answer did not come (the call failed, or the
+	// client closed, while it was on the wire), oldest first. The master
+	// may have made their slots, which no put would take and it would
+	// hold until PutStartReleaseTimeout; asked again under the same
+	// nonce it answers them, and they are given back (giveBackLost).
+	lost       []lostReserve
+	recovering bool // a giveBackLost is running
+}
+
+// lostReserve is a reserve without an answer, first asked at at.
+type lostReserve struct {
+	req *storepb.PutReserveRequest
+	at  time.Time
 }
 
 // lengthUse is what an auto pool saw of the puts of one length: values
@@ -280,14 +299,11 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	// was lost gets the slots it made rather than more.
 	req := &storepb.PutReserveRequest{ClientId: c.id, ValueLength: n, Count: uint32(k), Config: rc,
 		Nonce: strconv.FormatUint(rand.Uint64(), 36), Packed: !p.unpacked.Load(), Bounded: p.auto}
-	var resp *storepb.PutReserveResponse
-	err := c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
-		resp, err = rpc.PutReserve(ctx, req)
-		if status.Code(err) == codes.Unimplemented {
-			c.slots.off.Store(true) // a master older than slots
-		}
-		return err
-	})
+	asked := time.Now()
+	resp, err := c.askReserve(ctx, req)
+	if err != nil && status.Code(err) != codes.Unimplemented {
+		p.noteLost(req, asked)
+	}
 	if err == nil {
 		err = resp.Result.AsError()
 	}
@@ -325,6 +341,93 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 	}
 	p.free[n] = append(p.free[n], got...)
 	p.bytes += uint64(len(got)) * n
+}
+
+// askReserve makes the reserve call req; an error is the call's, not the
+// master's answer (resp.Result).
+func (c *Client) askReserve(ctx context.Context, req *storepb.PutReserveRequest) (resp *storepb.PutReserveResponse, err error) {
+	err = c.master.call(ctx, func(ctx context.Context, rpc storepb.MasterClient) (err error) {
+		resp, err = rpc.PutReserve(ctx, req)
+		if status.Code(err) == codes.Unimplemented {
+			c.slots.off.Store(true) // a master older than slots
+		}
+		return err
+	})
+	return resp, err
+}
+
+// noteLost keeps req, first asked at at, to ask again: its call failed
+// without the master's answer.
+func (p *slotPool) noteLost(req *storepb.PutReserveRequest, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.lost) == lostMax {
+		p.lost = append(p.lost[:0], p.lost[1:]...) // the oldest: reclaimed first
+	}
+	p.lost = append(p.lost, lostReserve{req: req, at: at})
+}
+
+// giveBackLost asks the master again, in the background, for the reserves
+// whose answer did not come, each under its nonce, and gives back the
+// slots it answers: made when first asked (more than an RPC timeout ago,
+// past slotMaxAge) or, where the first call never reached it, made now.
+// Those it still cannot ask are kept for the next time, until lostFor.
+// The heartbeat calls it once the master answers.
+func (c *Client) giveBackLost() {
+	p := &c.slots
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.lost) == 0 || p.recovering || p.ctx == nil || p.ctx.Err() != nil {
+		return
+	}
+	lost := p.lost
+	p.lost, p.recovering = nil, true
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		kept := c.revokeLost(p.ctx, lost)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.lost = append(kept, p.lost...)[:min(len(kept)+len(p.lost), lostMax)]
+		p.recovering = false
+	}()
+}
+
+// revokeLost asks each of lost again and revokes the slots answered; it
+// returns those whose call failed again and are younger than lostFor.
+func (c *Client) revokeLost(ctx context.Context, lost []lostReserve) (kept []lostReserve) {
+	var names []string
+	for _, l := range lost {
+		if time.Since(l.at) > lostFor {
+			continue
+		}
+		resp, err := c.askReserve(ctx, l.req)
+		switch {
+		case err != nil:
+			if status.Code(err) != codes.Unimplemented {
+				kept = append(kept, l)
+			}
+		case resp.Packed != nil:
+			names = append(names, packedNames(resp.Packed, int(l.req.Count))...)
+		default:
+			for _, s := range resp.Slots {
+				names = append(names, s.Slot)
+			}
+		}
+	}
+	if len(names) > 0 {
+		_ = c.revoke(ctx, names)
+	}
+	return kept
+}
+
+// takeLost empties the reserves without an answer, for Close.
+func (p *slotPool) takeLost() []lostReserve {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lost := p.lost
+	p.lost = nil
+	return lost
 }
 
 // unpackSlots is the slots of n bytes a reserve of at most k, of reps
