@@ -32,7 +32,9 @@
 // value with Config.ReservePuts) go into put slots instead: space reserved
 // on the master while the puts before them were written, written and then
 // committed with one master call (BatchPutCommit) in place of PutStart and
-// PutEnd (put_slots.go).
+// PutEnd (put_slots.go). The slots of a reserve whose answer was lost are
+// asked for again under the reserve's nonce once the master answers, and
+// given back, as at Close.
 //
 // Get looks the replicas up (BatchGetReplicaList, which grants a lease),
 // reads from the nearest complete one — DRAM before SSD; this process,
