@@ -373,6 +373,7 @@ static int other_build(void) {
         CHECK(strstr(E.message, "not the Go library") != NULL);
         if (h_failures) fprintf(stderr, "  message: %s\n", E.message);
     }
+    snprintf(dst, sizeof dst, "%s/libmooncake_go.so", tmp);
     unlink(dst);
     snprintf(dst, sizeof dst, "%s/libmooncake.so", tmp);
     unlink(dst);

@@ -393,6 +393,15 @@ var (
 	flagRe  = regexp.MustCompile(`--([a-z0-9][a-z0-9_-]*)`)
 )
 
+// TestMain removes the binary mooncakeFlags built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
 // mooncakeFlags are the flags `mooncake <sub> --help` lists, from a binary
 // built from this checkout.
 func mooncakeFlags(t *testing.T, sub string) map[string]bool {
