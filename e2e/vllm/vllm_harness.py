@@ -3,10 +3,13 @@ the offline runner, the prompts and HTTP helpers."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,11 +27,17 @@ START_TIMEOUT = 420  # an engine starts in 16-38 s alone; several at once on 2 c
 # "gpu_memory_utilization": 0.05} (the CPU's block size; several engines
 # sharing one GPU). run_llm.py reads the same variable.
 ENGINE_ARGS = json.loads(os.environ.get("MOONCAKE_E2E_VLLM_ENGINE_ARGS") or "{}")
+# Where the vLLM processes put their ZMQ sockets (VLLM_RPC_BASE_PATH, else
+# the temp directory): a process stopped with SIGKILL leaves them, dozens
+# a run, so they go in a directory of this run's, removed when it ends.
+RPC_DIR = tempfile.mkdtemp(prefix="mooncake-e2e-vllm-rpc-")
+atexit.register(shutil.rmtree, RPC_DIR, True)
 
 
 def vllm_env(**extra: str) -> dict:
     """The environment of every vLLM process: no hub, a small CPU KV cache,
-    and the harness's CPU workaround (cpu_workaround/sitecustomize.py)."""
+    the harness's CPU workaround (cpu_workaround/sitecustomize.py) and this
+    run's directory for its sockets."""
     env = dict(os.environ)
     env.update(
         HF_HUB_OFFLINE="1",
@@ -39,6 +48,7 @@ def vllm_env(**extra: str) -> dict:
         VLLM_LOGGING_LEVEL="WARNING",
         PYTHONUNBUFFERED="1",
         MOONCAKE_E2E_CPU_WORKAROUND="1",
+        VLLM_RPC_BASE_PATH=RPC_DIR,
         PYTHONPATH=os.pathsep.join(filter(None, [str(HERE / "cpu_workaround"), env.get("PYTHONPATH")])),
     )
     env.update(extra)
