@@ -4,16 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mooncake-go/mooncake/internal/nettest"
 	"github.com/mooncake-go/mooncake/store/master"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
@@ -214,52 +212,6 @@ func TestReserveDoesNotStarveOwnPut(t *testing.T) {
 	}
 }
 
-// answerGate forwards TCP connections to addr; while held, the answers
-// (bytes from addr) wait in it, as on a path that lost them for a while.
-type answerGate struct {
-	ln   net.Listener
-	gate sync.RWMutex
-}
-
-func startAnswerGate(t *testing.T, addr string) *answerGate {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := &answerGate{ln: ln}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", addr)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
-			go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					g.gate.RLock()
-					if n > 0 {
-						_, _ = c.Write(buf[:n])
-					}
-					g.gate.RUnlock()
-					if err != nil {
-						_ = c.Close()
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return g
-}
-
 // A reserve whose answer does not come within the RPC timeout leaves the
 // slots the master made, which no put takes: the client asks again under
 // the same nonce once the master answers its pings, and gives them back,
@@ -270,12 +222,12 @@ func TestLostReserveGivesSlotsBack(t *testing.T) {
 		t.Run(fmt.Sprintf("atClose=%v", atClose), func(t *testing.T) {
 			m := startMaster(t, master.ServiceConfig{})
 			newClient(t, m.Addr(), 16<<20)
-			g := startAnswerGate(t, m.Addr())
+			proxy := nettest.NewProxy(t, m.Addr())
 			ping := 50 * time.Millisecond
 			if atClose {
 				ping = time.Hour // no heartbeat: only Close gives them back
 			}
-			w := newClient(t, g.ln.Addr().String(), NoSegment, reservePuts, func(c *Config) {
+			w := newClient(t, proxy.Addr(), NoSegment, reservePuts, func(c *Config) {
 				c.RPCTimeout, c.PingInterval = 300*time.Millisecond, ping
 			})
 			used := func() uint64 { return m.Service().Stats().Used }
@@ -287,12 +239,12 @@ func TestLostReserveGivesSlotsBack(t *testing.T) {
 			p.filling[restartSize], p.bytes = true, p.bytes+k*restartSize
 			p.wg.Add(1)
 			p.mu.Unlock()
-			g.gate.Lock() // the answers wait
+			release := proxy.HoldAnswers()
 			w.reserve(p.ctx, nil, restartSize, k)
 			require.Zero(t, w.slotsHeld(restartSize), "the reserve had no answer")
 			require.Equal(t, before+k*restartSize, used(), "the master made the slots")
 			require.Len(t, p.lostNow(), 1, "kept to ask again")
-			g.gate.Unlock()
+			release()
 
 			if atClose {
 				require.NoError(t, w.Close())

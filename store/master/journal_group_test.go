@@ -2,9 +2,6 @@ package master
 
 import (
 	"context"
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,55 +9,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/mooncake-go/mooncake/internal/embedetcd"
+	"github.com/mooncake-go/mooncake/internal/nettest"
 	"github.com/mooncake-go/mooncake/store/ha"
 	"github.com/mooncake-go/mooncake/store/storepb"
 )
-
-// gatedProxy forwards TCP connections to addr; while paused, nothing
-// reaches addr (what was sent waits in the proxy).
-type gatedProxy struct {
-	ln   net.Listener
-	gate sync.RWMutex
-}
-
-func startGatedProxy(t *testing.T, addr string) *gatedProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &gatedProxy{ln: ln}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", addr)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					p.gate.RLock()
-					if n > 0 {
-						_, _ = s.Write(buf[:n])
-					}
-					p.gate.RUnlock()
-					if err != nil {
-						_ = s.Close()
-						return
-					}
-				}
-			}()
-			go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
-		}
-	}()
-	return p
-}
 
 // While a journal transaction is in flight, small batches wait for it and
 // go together in the next one, instead of one transaction each: etcd
@@ -76,8 +28,8 @@ func TestEtcdJournalSmallBatchesWaitTheOneInFlight(t *testing.T) {
 	defer e.Close()
 	direct := e.Client()
 	defer direct.Close()
-	p := startGatedProxy(t, e.Addr())
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.ln.Addr().String()}, DialTimeout: 5 * time.Second})
+	p := nettest.NewProxy(t, e.Addr())
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.Addr()}, DialTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	defer cli.Close()
 	l, err := ha.Campaign(t.Context(), direct, "g", "me:1", 0)
@@ -94,7 +46,7 @@ func TestEtcdJournalSmallBatchesWaitTheOneInFlight(t *testing.T) {
 	}
 	before := rev()
 
-	p.gate.Lock()
+	release := p.HoldRequests()
 	j.append(rec, nil) // in flight, held in the proxy
 	var last uint64
 	for range 8 {
@@ -103,7 +55,7 @@ func TestEtcdJournalSmallBatchesWaitTheOneInFlight(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		last = j.append(rec, nil)
 	}
-	p.gate.Unlock()
+	release()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, j.wait(ctx, last), "the records appended while one was in flight")
