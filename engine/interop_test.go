@@ -23,7 +23,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +33,7 @@ import (
 	"github.com/mooncake-go/mooncake/engine"
 	"github.com/mooncake-go/mooncake/engine/metadata"
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/internal/logtest"
 	"github.com/mooncake-go/mooncake/internal/nettest"
 )
 
@@ -77,8 +77,8 @@ func officialPython(t *testing.T) string {
 type officialPeer struct {
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
-	replies chan []byte // one reply line each; closed at EOF
-	stderr  *syncBuffer
+	replies chan []byte     // one reply line each; closed at EOF
+	stderr  *logtest.Buffer // the peer's, for failure reports
 
 	Segment string // its segment name
 	Addr    uint64 // its registered buffer
@@ -100,24 +100,10 @@ type peerReply struct {
 	Notifies []struct{ Name, Msg string }
 }
 
-// syncBuffer collects the peer's stderr for failure reports.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.buf.String()
+// tail is the last n bytes of s, marked as cut when it is.
+func tail(s string, n int) string {
 	if len(s) > n {
-		s = "..." + s[len(s)-n:]
+		return "..." + s[len(s)-n:]
 	}
 	return s
 }
@@ -134,7 +120,7 @@ func startOfficial(t *testing.T, py, metadataURL string, env ...string) *officia
 	if metadataURL != metadata.P2PHandshake {
 		cmd.Env = append(cmd.Env, "MC_TCP_BIND_ADDRESS=127.0.0.1")
 	}
-	p := &officialPeer{cmd: cmd, replies: make(chan []byte, 1), stderr: &syncBuffer{}}
+	p := &officialPeer{cmd: cmd, replies: make(chan []byte, 1), stderr: &logtest.Buffer{}}
 	cmd.Stderr = p.stderr
 	cmd.WaitDelay = 5 * time.Second
 	var err error
@@ -162,7 +148,7 @@ func startOfficial(t *testing.T, py, metadataURL string, env ...string) *officia
 		<-readerDone
 		cmd.Wait()
 		if t.Failed() {
-			t.Logf("official peer stderr:\n%s", p.stderr.tail(8000))
+			t.Logf("official peer stderr:\n%s", tail(p.stderr.String(), 8000))
 		}
 	})
 

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,26 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mooncake-go/mooncake/engine/transport"
+	"github.com/mooncake-go/mooncake/internal/logtest"
 )
-
-// lockedBuffer is a log sink the server's goroutines may write to while
-// the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // dialFrom connects to addr from the loopback address ip (all of
 // 127.0.0.0/8 is local on Linux), so that one test plays several peers.
@@ -83,7 +64,7 @@ func TestServerConnectionLimits(t *testing.T) {
 		remote[i] = byte(i * 7)
 	}
 	base := uint64(uintptr(unsafe.Pointer(&remote[0])))
-	var logs lockedBuffer
+	var logs logtest.Buffer // the server's goroutines write it while the test reads
 	s, err := Listen("127.0.0.1:0", ServerConfig{Memory: &testMem{base: remote}, MaxConns: 6, MaxConnsPerPeer: 4,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
