@@ -14,6 +14,9 @@ type Proxy struct {
 	ln   net.Listener
 	to   sync.RWMutex // bytes to the target
 	from sync.RWMutex // bytes from the target
+
+	mu   sync.Mutex
+	held []func() // the releases of the holds, run at the end of the test
 }
 
 // NewProxy starts a Proxy to target, closed with its connections when the
@@ -25,7 +28,16 @@ func NewProxy(t testing.TB, target string) *Proxy {
 		t.Fatalf("nettest: proxy: %v", err)
 	}
 	p := &Proxy{ln: ln}
-	t.Cleanup(func() { _ = ln.Close() })
+	t.Cleanup(func() {
+		_ = ln.Close()
+		// A test that failed while holding a direction must not leave
+		// the pumps blocked behind it.
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, release := range p.held {
+			release()
+		}
+	})
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -66,14 +78,19 @@ func pump(dst, src net.Conn, gate *sync.RWMutex) {
 // Addr is the address to dial instead of the target's.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// HoldRequests stops the bytes to the target until release is called.
-func (p *Proxy) HoldRequests() (release func()) {
-	p.to.Lock()
-	return sync.OnceFunc(p.to.Unlock)
-}
+// HoldRequests stops the bytes to the target until release is called (or
+// the test ends).
+func (p *Proxy) HoldRequests() (release func()) { return p.hold(&p.to) }
 
-// HoldAnswers stops the bytes from the target until release is called.
-func (p *Proxy) HoldAnswers() (release func()) {
-	p.from.Lock()
-	return sync.OnceFunc(p.from.Unlock)
+// HoldAnswers stops the bytes from the target until release is called (or
+// the test ends).
+func (p *Proxy) HoldAnswers() (release func()) { return p.hold(&p.from) }
+
+func (p *Proxy) hold(gate *sync.RWMutex) func() {
+	gate.Lock()
+	release := sync.OnceFunc(gate.Unlock)
+	p.mu.Lock()
+	p.held = append(p.held, release)
+	p.mu.Unlock()
+	return release
 }

@@ -228,7 +228,7 @@ func (c *Client) heartbeat(ctx context.Context) {
 		c.unmountSSD(ctx) // a failed tier the master could not be told of
 		if err == nil {
 			c.revokeStale(ctx)
-			c.giveBackLost()
+			c.giveBackLost(ctx)
 		}
 		if len(tasks) > 0 {
 			c.runMoves(ctx, tasks)

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -301,11 +302,17 @@ func (c *Client) reserve(ctx context.Context, rc *storepb.ReplicateConfig, n uin
 		Nonce: strconv.FormatUint(rand.Uint64(), 36), Packed: !p.unpacked.Load(), Bounded: p.auto}
 	asked := time.Now()
 	resp, err := c.askReserve(ctx, req)
-	if err != nil && status.Code(err) != codes.Unimplemented {
+	if unanswered(err) {
 		p.noteLost(req, asked)
 	}
 	if err == nil {
-		err = resp.Result.AsError()
+		if err = resp.Result.AsError(); err != nil {
+			// Slots named beside an error (made, but not durable in
+			// time) are not this client's to use: given back.
+			if names := answeredNames(resp, k); len(names) > 0 {
+				_ = c.revoke(ctx, names)
+			}
+		}
 	}
 	now := time.Now()
 	var got []slot
@@ -356,67 +363,101 @@ func (c *Client) askReserve(ctx context.Context, req *storepb.PutReserveRequest)
 	return resp, err
 }
 
+// unanswered reports whether err, a reserve call's, came without the
+// master's answer, which may have made the slots: a timeout, or a
+// connection that failed. A refusal (an older master without PutReserve,
+// a request over its limits, credentials it does not take) made none.
+func unanswered(err error) bool {
+	switch status.Code(err) {
+	case codes.Unimplemented, codes.InvalidArgument, codes.ResourceExhausted, codes.FailedPrecondition,
+		codes.PermissionDenied, codes.Unauthenticated:
+		return false
+	}
+	return errors.Is(err, storepb.ErrRPCFail) || errors.Is(err, storepb.ErrRPCTimeout)
+}
+
+// answeredNames is the names of the slots resp names, of a reserve of at
+// most k.
+func answeredNames(resp *storepb.PutReserveResponse, k int) []string {
+	if resp.GetPacked() != nil {
+		return packedNames(resp.Packed, k)
+	}
+	names := make([]string, 0, len(resp.GetSlots()))
+	for _, s := range resp.GetSlots() {
+		names = append(names, s.Slot)
+	}
+	return names
+}
+
 // noteLost keeps req, first asked at at, to ask again: its call failed
 // without the master's answer.
 func (p *slotPool) noteLost(req *storepb.PutReserveRequest, at time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.lost) == lostMax {
-		p.lost = append(p.lost[:0], p.lost[1:]...) // the oldest: reclaimed first
+	p.keepLost([]lostReserve{{req: req, at: at}})
+}
+
+// keepLost adds lost to the pool's, the newest lostMax kept: the oldest
+// are those the master reclaims first. p.mu is held.
+func (p *slotPool) keepLost(lost []lostReserve) {
+	p.lost = append(p.lost, lost...)
+	slices.SortStableFunc(p.lost, func(a, b lostReserve) int { return a.at.Compare(b.at) })
+	if n := len(p.lost) - lostMax; n > 0 {
+		p.lost = append(p.lost[:0], p.lost[n:]...)
 	}
-	p.lost = append(p.lost, lostReserve{req: req, at: at})
 }
 
 // giveBackLost asks the master again, in the background, for the reserves
 // whose answer did not come, each under its nonce, and gives back the
 // slots it answers: made when first asked (more than an RPC timeout ago,
 // past slotMaxAge) or, where the first call never reached it, made now.
-// Those it still cannot ask are kept for the next time, until lostFor.
-// The heartbeat calls it once the master answers.
-func (c *Client) giveBackLost() {
+// Those it cannot ask or give back yet are kept for the next time, until
+// lostFor. The heartbeat calls it once the master answers; the goroutine
+// counts in c.wg, as the heartbeat itself (Close stops and waits for both
+// before it gives back what is left).
+func (c *Client) giveBackLost(ctx context.Context) {
 	p := &c.slots
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.lost) == 0 || p.recovering || p.ctx == nil || p.ctx.Err() != nil {
+	if len(p.lost) == 0 || p.recovering || ctx.Err() != nil {
 		return
 	}
 	lost := p.lost
 	p.lost, p.recovering = nil, true
-	p.wg.Add(1)
+	c.wg.Add(1)
 	go func() {
-		defer p.wg.Done()
-		kept := c.revokeLost(p.ctx, lost)
+		defer c.wg.Done()
+		kept := c.revokeLost(ctx, lost)
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		p.lost = append(kept, p.lost...)[:min(len(kept)+len(p.lost), lostMax)]
+		p.keepLost(kept)
 		p.recovering = false
 	}()
 }
 
 // revokeLost asks each of lost again and revokes the slots answered; it
-// returns those whose call failed again and are younger than lostFor.
+// returns those it could not ask, or whose slots it could not give back,
+// younger than lostFor. (A master whose PutStartReleaseTimeout is above
+// lostFor has reclaimed nothing by then: it does later.)
 func (c *Client) revokeLost(ctx context.Context, lost []lostReserve) (kept []lostReserve) {
-	var names []string
 	for _, l := range lost {
 		if time.Since(l.at) > lostFor {
 			continue
 		}
 		resp, err := c.askReserve(ctx, l.req)
-		switch {
-		case err != nil:
-			if status.Code(err) != codes.Unimplemented {
+		if err != nil {
+			if unanswered(err) {
 				kept = append(kept, l)
 			}
-		case resp.Packed != nil:
-			names = append(names, packedNames(resp.Packed, int(l.req.Count))...)
-		default:
-			for _, s := range resp.Slots {
-				names = append(names, s.Slot)
-			}
+			continue
 		}
-	}
-	if len(names) > 0 {
-		_ = c.revoke(ctx, names)
+		// One reserve's slots, one revoke: no more than a batch.
+		names := answeredNames(resp, int(l.req.Count))
+		if len(names) > 0 && slices.ContainsFunc(c.revoke(ctx, names), func(err error) bool {
+			return err != nil && !errors.Is(err, storepb.ErrObjectNotFound)
+		}) {
+			kept = append(kept, l) // asked again, the same nonce names the same slots
+		}
 	}
 	return kept
 }

@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/mooncake-go/mooncake/internal/nettest"
 	"github.com/mooncake-go/mooncake/store/master"
@@ -212,53 +215,70 @@ func TestReserveDoesNotStarveOwnPut(t *testing.T) {
 	}
 }
 
+// lostReserveFixture starts a master, a storage node and a writer that
+// reaches the master through a proxy and pings every ping, and makes one
+// reserve of 16 slots whose answer the proxy holds past the writer's RPC
+// timeout. It returns the writer, the proxy and the master's use of its
+// pool before the reserve, with a function reading it now.
+func lostReserveFixture(t *testing.T, ping time.Duration) (w *Client, proxy *nettest.Proxy, before uint64, used func() uint64) {
+	t.Helper()
+	m := startMaster(t, master.ServiceConfig{})
+	newClient(t, m.Addr(), 16<<20)
+	proxy = nettest.NewProxy(t, m.Addr())
+	w = newClient(t, proxy.Addr(), NoSegment, reservePuts, func(c *Config) {
+		c.RPCTimeout, c.PingInterval = 300*time.Millisecond, ping
+	})
+	used = func() uint64 { return m.Service().Stats().Used }
+	before = used()
+
+	const k = 16
+	p := &w.slots
+	p.mu.Lock()
+	p.filling[restartSize], p.bytes = true, p.bytes+k*restartSize
+	p.wg.Add(1)
+	p.mu.Unlock()
+	release := proxy.HoldAnswers()
+	defer release()
+	w.reserve(p.ctx, nil, restartSize, k)
+	require.Zero(t, w.slotsHeld(restartSize), "the reserve had no answer")
+	require.Len(t, p.lostNow(), 1, "kept to ask again")
+	require.Eventually(t, func() bool { return used() == before+k*restartSize }, 5*time.Second, time.Millisecond,
+		"the master made the slots")
+	return w, proxy, before, used
+}
+
 // A reserve whose answer does not come within the RPC timeout leaves the
 // slots the master made, which no put takes: the client asks again under
 // the same nonce once the master answers its pings, and gives them back,
 // rather than leaving the master to hold them until PutStartReleaseTimeout
 // (10 minutes). Close does the same for those still without an answer.
 func TestLostReserveGivesSlotsBack(t *testing.T) {
-	for _, atClose := range []bool{false, true} {
-		t.Run(fmt.Sprintf("atClose=%v", atClose), func(t *testing.T) {
-			m := startMaster(t, master.ServiceConfig{})
-			newClient(t, m.Addr(), 16<<20)
-			proxy := nettest.NewProxy(t, m.Addr())
-			ping := 50 * time.Millisecond
-			if atClose {
-				ping = time.Hour // no heartbeat: only Close gives them back
-			}
-			w := newClient(t, proxy.Addr(), NoSegment, reservePuts, func(c *Config) {
-				c.RPCTimeout, c.PingInterval = 300*time.Millisecond, ping
-			})
-			used := func() uint64 { return m.Service().Stats().Used }
-			before := used()
-
-			const k = 16
-			p := &w.slots
-			p.mu.Lock()
-			p.filling[restartSize], p.bytes = true, p.bytes+k*restartSize
-			p.wg.Add(1)
-			p.mu.Unlock()
-			release := proxy.HoldAnswers()
-			w.reserve(p.ctx, nil, restartSize, k)
-			require.Zero(t, w.slotsHeld(restartSize), "the reserve had no answer")
-			require.Equal(t, before+k*restartSize, used(), "the master made the slots")
-			require.Len(t, p.lostNow(), 1, "kept to ask again")
-			release()
-
-			if atClose {
-				require.NoError(t, w.Close())
-			}
-			require.Eventually(t, func() bool { return used() == before }, 5*time.Second, 10*time.Millisecond,
-				"the slots of the lost answer given back")
-			assert.Empty(t, p.lostNow())
-			if !atClose {
-				// Puts take slots again as before.
-				require.NoError(t, w.Put(ctxT(t), "after", value(2, restartSize), nil))
-				require.Eventually(t, func() bool { return w.slotsHeld(restartSize) > 0 }, 5*time.Second, time.Millisecond)
-			}
-		})
-	}
+	t.Run("heartbeat", func(t *testing.T) {
+		w, _, before, used := lostReserveFixture(t, 50*time.Millisecond)
+		require.Eventually(t, func() bool { return used() == before }, 5*time.Second, 10*time.Millisecond,
+			"the slots of the lost answer given back")
+		assert.Empty(t, w.slots.lostNow())
+		// Puts take slots again as before.
+		require.NoError(t, w.Put(ctxT(t), "after", value(2, restartSize), nil))
+		require.Eventually(t, func() bool { return w.slotsHeld(restartSize) > 0 }, 5*time.Second, time.Millisecond)
+	})
+	t.Run("close", func(t *testing.T) {
+		w, _, before, used := lostReserveFixture(t, time.Hour) // no ping: only Close gives them back
+		require.NoError(t, w.Close())
+		assert.Equal(t, before, used(), "the slots of the lost answer given back")
+	})
+	t.Run("close during a give-back", func(t *testing.T) {
+		// The give-back's own answer held: Close stops it, tries once
+		// more itself and returns within its bounds.
+		w, proxy, before, used := lostReserveFixture(t, time.Hour)
+		release := proxy.HoldAnswers()
+		defer release()
+		w.giveBackLost(w.slots.ctx)
+		start := time.Now()
+		require.NoError(t, w.Close())
+		assert.Less(t, time.Since(start), 5*time.Second)
+		assert.Greater(t, used(), before, "still without an answer: the master reclaims them")
+	})
 }
 
 // lostNow is the reserves kept without an answer.
@@ -266,4 +286,41 @@ func (p *slotPool) lostNow() []lostReserve {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return slices.Clone(p.lost)
+}
+
+// A reserve call counts as without an answer (its slots may exist) when it
+// timed out or its connection failed; not when the master refused it.
+func TestReserveUnanswered(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{rpcErr(context.Background(), status.Error(codes.DeadlineExceeded, "late")), true},
+		{rpcErr(context.Background(), status.Error(codes.Unavailable, "gone")), true},
+		{&storepb.Error{Code: storepb.RPCFail, Err: errNoAnswer}, true},
+		{rpcErr(context.Background(), status.Error(codes.Unimplemented, "old master")), false},
+		{rpcErr(context.Background(), status.Error(codes.InvalidArgument, "too big")), false},
+		{rpcErr(context.Background(), status.Error(codes.PermissionDenied, "no")), false},
+		{storepb.ErrInvalidParams, false},
+	} {
+		assert.Equal(t, c.want, unanswered(c.err), "%v", c.err)
+	}
+}
+
+// The pool keeps the newest lostMax reserves without an answer, oldest
+// first: the oldest are those the master reclaims first.
+func TestLostReservesBounded(t *testing.T) {
+	var p slotPool
+	t0 := time.Now()
+	for i := range lostMax + 5 {
+		p.noteLost(&storepb.PutReserveRequest{Nonce: fmt.Sprint(i)}, t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	p.mu.Lock()
+	p.keepLost([]lostReserve{{req: &storepb.PutReserveRequest{Nonce: "old"}, at: t0.Add(-time.Hour)}})
+	p.mu.Unlock()
+	lost := p.lostNow()
+	require.Len(t, lost, lostMax)
+	assert.Equal(t, "5", lost[0].req.Nonce)
+	assert.Equal(t, fmt.Sprint(lostMax+4), lost[lostMax-1].req.Nonce)
 }
