@@ -50,6 +50,10 @@ func Restore(size uint64, used []Span) (*Allocator, error) {
 	}
 	cursor := uint64(0)
 	for _, s := range used {
+		if s.Size > a.size {
+			// Rounded up, a size near 2^64 would wrap to a block of none.
+			return nil, fmt.Errorf("%w %#x+%d: outside the segment of %d", ErrBadSpan, s.Off, s.Size, a.size)
+		}
 		n := (s.Size + a.align - 1) &^ (a.align - 1)
 		switch {
 		case s.Size == 0 || s.Off%a.align != 0:

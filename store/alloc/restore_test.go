@@ -68,6 +68,7 @@ func TestRestoreAllocatorRejects(t *testing.T) {
 		{"unaligned", []Span{{3, 64}}},
 		{"outside", []Span{{1 << 20, 64}}},
 		{"empty", []Span{{0, 0}}},
+		{"size that rounds past 2^64", []Span{{0, ^uint64(0) - 10}}},
 	}
 	for _, c := range cases {
 		_, err := Restore(1<<20, c.spans)

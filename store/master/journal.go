@@ -1004,6 +1004,7 @@ func (st *state) loadChunk(c *storepb.SnapshotChunk) error {
 	}
 	for _, m := range c.Moves {
 		st.moves[m.Id] = m
+		st.lastMoveID = max(st.lastMoveID, m.Id) // as apply: no new move takes its id
 	}
 	for _, d := range c.Drains {
 		st.drains[d.Id] = d
